@@ -1,0 +1,1 @@
+"""The ``tvm-memplan`` command line."""

@@ -1,0 +1,43 @@
+"""Entry point of ``tvm-memplan``: each command module registers its own subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from ..errors import UserError
+
+# Each module defines ``register(subparsers)``; a subcommand sets ``func(args) -> int``.
+COMMAND_MODULES = [
+    "tvm_memplan.cli.plan",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tvm-memplan",
+        description="Memory planning for Apache TVM Relax models: reports, plans, builds and benchmarks.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"tvm-memplan: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tvm-memplan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

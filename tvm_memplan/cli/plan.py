@@ -1,0 +1,194 @@
+"""``tvm-memplan plan`` (a model) and ``tvm-memplan solve`` (a raw MiniMalloc CSV problem)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..errors import UserError
+from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
+from .format import console, human_bytes, key_value_table, memory_profile, print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    plan = subparsers.add_parser(
+        "plan",
+        help="plan a model's intermediate tensors into one arena and compare with TVM's planner",
+        description="Plan MODEL (an ONNX file or zoo:NAME[?k=v&...]) and report naive, TVM default, "
+        "lower-bound and arena bytes.",
+    )
+    plan.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME, e.g. zoo:mobilenet_v2?width=0.35&resolution=144")
+    plan.add_argument("--target", default="host", help="TVM target: host (this CPU, default), llvm, c, cuda, ... or a JSON dict")
+    plan.add_argument("--verify", action="store_true", help="build and run: compare with stock TVM and onnxruntime, trace the VM's allocations")
+    plan.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
+    plan.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    _planner_options(plan)
+    plan.set_defaults(func=run_plan)
+
+    solve = subparsers.add_parser(
+        "solve",
+        help="plan a raw problem in MiniMalloc's CSV format (id,lower,upper,size)",
+        description="Place every buffer of PROBLEM.csv (half-open lifetimes [lower, upper)) at an offset.",
+    )
+    solve.add_argument("problem", metavar="PROBLEM.csv")
+    solve.add_argument("--out", metavar="OFFSETS.csv", help="write id,lower,upper,size,offset")
+    solve.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
+    solve.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    _planner_options(solve, default_alignment=1)
+    solve.set_defaults(func=run_solve)
+
+
+def _planner_options(parser: argparse.ArgumentParser, default_alignment: int = 64) -> None:
+    parser.add_argument("--alignment", type=int, default=default_alignment, help=f"offset alignment in bytes (default {default_alignment})")
+    parser.add_argument("--time-budget", type=float, default=10.0, metavar="S", help="seconds the search may spend once the greedy orderings miss the lower bound (default 10)")
+
+
+def _target_arg(text: str):
+    import json
+
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--target is not valid JSON: {exc}") from None
+    return text
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from ..frontend import load_model
+    from ..planner import plan_model
+    from ..verify import verify_plan
+
+    model = load_model(args.model)
+    plan = plan_model(model, _target_arg(args.target), alignment=args.alignment, time_budget=args.time_budget)
+    verified = None
+    verify_result = None
+    if args.verify:
+        verify_result = verify_plan(plan)
+        verified = verify_result.ok
+    main = plan.main
+    layouts = main.layouts()
+    if args.plot and layouts:
+        from ..plot import plot_layout
+
+        problem, offsets, arena = max(layouts, key=lambda layout: layout[2])
+        plot_layout(problem, offsets, args.plot, title=f"{model.name}: arena {human_bytes(arena)}", arena_bytes=arena)
+
+    bound = plan.total("lower_bound_bytes")
+    arena = plan.total("arena_bytes")
+    summary = {
+        "model": model.name,
+        "target": str(plan.target.kind.name),
+        "tensors": plan.total("tensors"),
+        "naive_bytes": plan.total("naive_bytes"),
+        "tvm_default_bytes": plan.tvm_default_bytes,
+        "lower_bound_bytes": bound,
+        "arena_bytes": arena,
+        "arena_over_bound": round(arena / bound, 4) if bound else 1.0,
+        "plan_seconds": round(plan.total("plan_seconds"), 4),
+        "optimal": all(r.optimal for r in plan.reports),
+        "allocators": sorted({a for r in plan.reports for a in r.allocators}),
+        "functions": [r.function for r in plan.reports],
+        "unplanned": {f"{r.function}.{k}": v for r in plan.reports for k, v in r.unplanned.items()},
+        "verified": verified,
+    }
+    if verify_result is not None:
+        summary["verify"] = {
+            "identical_to_stock": verify_result.identical_to_stock,
+            "max_abs_diff_vs_onnxruntime": verify_result.max_abs_diff_vs_onnxruntime,
+            "vm_storage_bytes": verify_result.trace_bytes,
+            "planned_storage_bytes": verify_result.expected_trace_bytes,
+            "problems": verify_result.problems,
+        }
+    if args.plot:
+        summary["plot"] = str(args.plot)
+    if args.json:
+        print_json(summary)
+    else:
+        _print_plan_report(summary, layouts)
+    return 0 if verified in (None, True) else 1
+
+
+def _print_plan_report(summary: dict, layouts) -> None:
+    out = console()
+    default = summary["tvm_default_bytes"]
+    arena = summary["arena_bytes"]
+    bound = summary["lower_bound_bytes"]
+    rows = [
+        ("model", summary["model"]),
+        ("target", summary["target"]),
+        ("planned tensors", f"{summary['tensors']:,}"),
+        ("naive (no reuse)", human_bytes(summary["naive_bytes"])),
+        ("TVM default (StaticPlanBlockMemory)", human_bytes(default)),
+        ("lower bound (max live bytes)", human_bytes(bound)),
+        ("memplan arena", human_bytes(arena)),
+        ("arena / lower bound", f"{summary['arena_over_bound']:.3f}" + ("  (optimal)" if summary["optimal"] else "")),
+        ("arena / TVM default", f"{arena / default:.3f}" if default else "-"),
+        ("planning time", f"{summary['plan_seconds'] * 1000:,.1f} ms  ({', '.join(summary['allocators'])})"),
+    ]
+    if summary["verified"] is not None:
+        verify = summary["verify"]
+        status = "PASS" if summary["verified"] else "FAIL"
+        diff = verify["max_abs_diff_vs_onnxruntime"]
+        rows.append(("verified", f"{status}: identical to stock TVM={verify['identical_to_stock']}, "
+                     f"max |diff| vs onnxruntime={diff:.2g}" if diff is not None else status))
+        rows.append(("VM storage requests", ", ".join(human_bytes(b) for b in verify["vm_storage_bytes"])))
+    out.print(key_value_table("tvm-memplan plan", rows))
+    if layouts:
+        problem, _, arena_bytes = max(layouts, key=lambda layout: layout[2])
+        out.print()
+        out.print(memory_profile(problem, arena_bytes))
+    for name, reason in summary["unplanned"].items():
+        out.print(f"  unplanned {name}: {reason}")
+    if summary["verified"] is False:
+        for problem_text in summary["verify"]["problems"]:
+            out.print(f"  [red]problem[/red]: {problem_text}")
+    if "plot" in summary:
+        out.print(f"layout plot written to {summary['plot']}")
+
+
+def run_solve(args: argparse.Namespace) -> int:
+    try:
+        problem = read_minimalloc_csv(args.problem, alignment=args.alignment)
+    except ProblemFormatError as exc:
+        raise UserError(str(exc)) from None
+    started = time.monotonic()
+    plan = plan_memory(problem, time_budget=args.time_budget)
+    seconds = time.monotonic() - started
+    if args.out:
+        write_offsets_csv(args.out, problem, plan.offsets)
+    if args.plot:
+        from ..plot import plot_layout
+
+        plot_layout(problem, plan.offsets, args.plot, title=Path(args.problem).name, arena_bytes=plan.arena_bytes)
+    bound = problem.lower_bound()
+    summary = {
+        "problem": str(args.problem),
+        "buffers": len(problem),
+        "arena_bytes": plan.arena_bytes,
+        "lower_bound_bytes": bound,
+        "arena_over_bound": round(plan.arena_bytes / bound, 4) if bound else 1.0,
+        "seconds": round(seconds, 3),
+        "allocator": plan.allocator,
+        "optimal": plan.optimal,
+        "tried": plan.tried,
+    }
+    if args.json:
+        print_json(summary)
+        return 0
+    rows = [
+        ("problem", summary["problem"]),
+        ("buffers", f"{len(problem):,}"),
+        ("lower bound", f"{bound:,}"),
+        ("arena", f"{plan.arena_bytes:,}"),
+        ("arena / lower bound", f"{summary['arena_over_bound']:.3f}" + ("  (optimal)" if plan.optimal else "")),
+        ("time", f"{seconds:.2f} s ({plan.allocator})"),
+    ]
+    out = console()
+    out.print(key_value_table("tvm-memplan solve", rows))
+    out.print(memory_profile(problem, plan.arena_bytes))
+    if args.out:
+        out.print(f"offsets written to {args.out}")
+    return 0

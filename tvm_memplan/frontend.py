@@ -1,0 +1,93 @@
+"""Models in: ONNX files and zoo specs become Relax modules, with one-line errors for bad input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .errors import UserError
+
+ZOO_PREFIX = "zoo:"
+
+
+@dataclass
+class LoadedModel:
+    """An ONNX model and where it came from."""
+
+    name: str
+    onnx_model: onnx.ModelProto
+
+    def input_specs(self) -> list[tuple[str, tuple[int | str, ...], np.dtype]]:
+        """Graph inputs that are not initializers: (name, shape with symbolic dims as str, dtype)."""
+        initializers = {init.name for init in self.onnx_model.graph.initializer}
+        specs = []
+        for value in self.onnx_model.graph.input:
+            if value.name in initializers:
+                continue
+            tensor_type = value.type.tensor_type
+            dims: list[int | str] = []
+            for dim in tensor_type.shape.dim:
+                dims.append(dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or "?"))
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+            specs.append((value.name, tuple(dims), np.dtype(dtype)))
+        return specs
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Reproducible inputs for every graph input; dynamic shapes cannot be run."""
+        rng = np.random.default_rng(seed)
+        inputs = {}
+        for name, shape, dtype in self.input_specs():
+            if not all(isinstance(d, int) and d > 0 for d in shape):
+                raise UserError(f"input {name!r} has a dynamic shape {shape}; export the model with static shapes to run it")
+            if np.issubdtype(dtype, np.floating):
+                inputs[name] = rng.standard_normal(shape).astype(dtype)
+            else:
+                inputs[name] = rng.integers(0, 10, size=shape).astype(dtype)
+        return inputs
+
+
+def load_model(spec: str) -> LoadedModel:
+    """Load ``spec``: an ONNX file path, or ``zoo:NAME[?key=value&...]``."""
+    if spec.startswith(ZOO_PREFIX):
+        from . import zoo
+
+        name, params = zoo.parse_spec(spec)
+        return LoadedModel(spec[len(ZOO_PREFIX):], zoo.build(name, **params))
+    path = Path(spec)
+    if not path.exists():
+        raise UserError(f"no such model file: {spec}")
+    if path.is_dir():
+        raise UserError(f"{spec} is a directory, not an ONNX file")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as exc:  # onnx raises DecodeError, ValidationError, ...
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{spec} is not a valid ONNX model: {first_line}") from None
+    return LoadedModel(path.stem, model)
+
+
+def unsupported_operators(model: onnx.ModelProto) -> list[str]:
+    """ONNX operator types TVM's Relax frontend cannot import."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    supported = _get_convert_map()
+    used = {node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}
+    return sorted(used - set(supported))
+
+
+def to_relax(model: LoadedModel):
+    """Import into a Relax IRModule with weights as constants (what the planner sees)."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    missing = unsupported_operators(model.onnx_model)
+    if missing:
+        raise UserError(f"{model.name}: unsupported ONNX operator(s) {', '.join(missing)} (TVM 0.27 Relax frontend)")
+    try:
+        return from_onnx(model.onnx_model, keep_params_in_input=False)
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{model.name}: TVM could not import the model: {first_line}") from None

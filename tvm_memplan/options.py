@@ -1,0 +1,59 @@
+"""Planner options, settable per call or for a scope with :func:`config`.
+
+TVM 0.27 rejects ``PassContext`` config keys that its C++ side did not register and offers no
+Python hook to register new ones, so tvm_memplan keeps its own scoped configuration. Passes
+read it when they run, the way TVM passes read ``PassContext.current().config``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .errors import UserError
+from .planning import DEFAULT_ALIGNMENT
+
+
+@dataclass(frozen=True)
+class MemplanOptions:
+    """What the memory planning passes do."""
+
+    alignment: int = DEFAULT_ALIGNMENT
+    """Byte alignment of every offset. Below 64, TVM copies instead of aliasing (field notes)."""
+    time_budget: float = 10.0
+    """Seconds the allocator search may spend per arena once the greedy orderings miss the bound."""
+
+    def __post_init__(self) -> None:
+        if self.alignment < 1 or self.alignment & (self.alignment - 1):
+            raise UserError(f"alignment must be a positive power of two, got {self.alignment}")
+        if self.time_budget < 0:
+            raise UserError(f"time_budget must be >= 0 seconds, got {self.time_budget}")
+
+    def updated(self, **changes: Any) -> "MemplanOptions":
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise UserError(f"unknown tvm_memplan option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+_scope = threading.local()
+
+
+def current_options() -> MemplanOptions:
+    """The options of the innermost :func:`config` scope (defaults outside any)."""
+    return getattr(_scope, "options", None) or MemplanOptions()
+
+
+@contextlib.contextmanager
+def config(**changes: Any) -> Iterator[MemplanOptions]:
+    """Set planner options for everything compiled inside the ``with`` block."""
+    previous = getattr(_scope, "options", None)
+    _scope.options = current_options().updated(**changes)
+    try:
+        yield _scope.options
+    finally:
+        _scope.options = previous

@@ -1,0 +1,54 @@
+"""One interface for every heap algorithm, as in XLA's heap simulator."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..problem import Problem, align_up
+
+
+@dataclass
+class Plan:
+    """Offsets for every buffer of a problem, in the problem's buffer order."""
+
+    offsets: list[int]
+    arena_bytes: int
+    allocator: str
+    seconds: float = 0.0
+    optimal: bool = False
+    """True when the allocator proved no smaller arena exists (e.g. it reached the lower bound)."""
+    tried: dict[str, int] = field(default_factory=dict)
+    """Arena bytes each allocator reached, when a driver ran several."""
+
+
+def arena_bytes(problem: Problem, offsets: Sequence[int]) -> int:
+    """Arena size a placement needs: end of the highest buffer, padded to the alignment."""
+    return max(
+        (off + align_up(b.size, problem.alignment) for b, off in zip(problem.buffers, offsets)),
+        default=0,
+    )
+
+
+class Allocator(ABC):
+    """Places every buffer of a problem; subclasses are heap algorithms."""
+
+    name: str = "allocator"
+
+    @abstractmethod
+    def place(self, problem: Problem, deadline: float | None) -> list[int]:
+        """Return one offset a buffer. ``deadline`` is a ``time.monotonic()`` value or None."""
+
+    def allocate(self, problem: Problem, deadline: float | None = None) -> Plan:
+        started = time.monotonic()
+        offsets = self.place(problem, deadline)
+        arena = arena_bytes(problem, offsets)
+        return Plan(
+            offsets=offsets,
+            arena_bytes=arena,
+            allocator=self.name,
+            seconds=time.monotonic() - started,
+            optimal=arena == problem.lower_bound(),
+        )

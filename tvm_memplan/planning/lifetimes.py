@@ -1,0 +1,70 @@
+"""Tensor lifetimes from an operator DAG and an execution order (algorithm 1 of seed 000)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable, Mapping, Sequence
+
+from .problem import DEFAULT_ALIGNMENT, Buffer, Problem
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One node of the graph: the tensors it reads and the tensors it writes."""
+
+    name: Hashable
+    inputs: tuple[Hashable, ...]
+    outputs: tuple[Hashable, ...]
+
+
+def resolve_alias(tensor: Hashable, aliases: Mapping[Hashable, Hashable]) -> Hashable:
+    """Follow view-of-view chains to the tensor that owns the bytes."""
+    seen = set()
+    while tensor in aliases:
+        if tensor in seen:
+            raise ValueError(f"alias cycle through {tensor!r}")
+        seen.add(tensor)
+        tensor = aliases[tensor]
+    return tensor
+
+
+def tensor_lifetimes(
+    operators: Sequence[Operator],
+    order: Sequence[int] | None = None,
+    aliases: Mapping[Hashable, Hashable] | None = None,
+) -> dict[Hashable, tuple[int, int]]:
+    """Half-open lifetime ``[first step, last step + 1)`` of every tensor an operator touches.
+
+    ``order`` lists operator indices in execution order (default: as given). A tensor in
+    ``aliases`` is a view: its uses count as uses of the tensor it views, and it gets no
+    lifetime of its own.
+    """
+    aliases = aliases or {}
+    order = range(len(operators)) if order is None else order
+    first: dict[Hashable, int] = {}
+    last: dict[Hashable, int] = {}
+    for step, op_index in enumerate(order):
+        op = operators[op_index]
+        for tensor in (*op.inputs, *op.outputs):
+            owner = resolve_alias(tensor, aliases)
+            first.setdefault(owner, step)
+            last[owner] = step
+    return {t: (first[t], last[t] + 1) for t in first}
+
+
+def problem_from_graph(
+    operators: Sequence[Operator],
+    sizes: Mapping[Hashable, int],
+    order: Sequence[int] | None = None,
+    aliases: Mapping[Hashable, Hashable] | None = None,
+    is_planned: Callable[[Hashable], bool] | None = None,
+    alignment: int = DEFAULT_ALIGNMENT,
+) -> Problem:
+    """The planning problem for the tensors that ``is_planned`` accepts (default: all sized ones)."""
+    lifetimes = tensor_lifetimes(operators, order, aliases)
+    buffers = []
+    for tensor, (start, end) in lifetimes.items():
+        if tensor not in sizes or (is_planned is not None and not is_planned(tensor)):
+            continue
+        buffers.append(Buffer(tensor, sizes[tensor], start, end))
+    return Problem(buffers, alignment=alignment)

@@ -1,0 +1,156 @@
+"""The planning problem: buffers with sizes and half-open lifetimes, plus extra conflicts.
+
+This module is TVM-free on purpose: everything here runs and tests in milliseconds.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Hashable, Iterable, Sequence
+
+DEFAULT_ALIGNMENT = 64
+
+
+def align_up(value: int, alignment: int) -> int:
+    """Round ``value`` up to a multiple of ``alignment``."""
+    return -(-value // alignment) * alignment
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One tensor to place: ``size`` bytes alive over the steps ``[start, end)``."""
+
+    name: Hashable
+    size: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            raise ValueError(f"buffer {self.name!r}: negative size {self.size}")
+        if self.end <= self.start:
+            raise ValueError(f"buffer {self.name!r}: empty lifetime [{self.start}, {self.end})")
+
+    def lives_with(self, other: "Buffer") -> bool:
+        """True when the two half-open lifetimes intersect."""
+        return self.start < other.end and other.start < self.end
+
+
+@dataclass
+class Problem:
+    """Buffers to place in one arena.
+
+    ``conflicts`` holds extra index pairs that may not share bytes even when their lifetimes
+    are disjoint (the F-predicate of layer grouping). ``alignment`` applies to every offset;
+    sizes are padded to it when placing, so the lower bound is taken over padded sizes.
+    """
+
+    buffers: list[Buffer]
+    conflicts: frozenset[tuple[int, int]] = field(default_factory=frozenset)
+    alignment: int = DEFAULT_ALIGNMENT
+
+    def __post_init__(self) -> None:
+        if self.alignment < 1:
+            raise ValueError(f"alignment must be positive, got {self.alignment}")
+        n = len(self.buffers)
+        normalised = set()
+        for i, j in self.conflicts:
+            if not (0 <= i < n and 0 <= j < n) or i == j:
+                raise ValueError(f"conflict pair ({i}, {j}) does not name two buffers")
+            normalised.add((min(i, j), max(i, j)))
+        self.conflicts = frozenset(normalised)
+
+    def __len__(self) -> int:
+        return len(self.buffers)
+
+    def padded_size(self, index: int) -> int:
+        return align_up(self.buffers[index].size, self.alignment)
+
+    def padded_sizes(self) -> list[int]:
+        return [align_up(b.size, self.alignment) for b in self.buffers]
+
+    def must_not_overlap(self, i: int, j: int) -> bool:
+        """Whether buffers ``i`` and ``j`` need disjoint byte ranges."""
+        if i == j:
+            return False
+        if self.buffers[i].lives_with(self.buffers[j]):
+            return True
+        return (min(i, j), max(i, j)) in self.conflicts
+
+    def naive_bytes(self) -> int:
+        """Bytes needed when every buffer gets its own memory."""
+        return sum(self.padded_sizes())
+
+    def lower_bound(self) -> int:
+        """Maximum over time of the padded bytes alive at once (a bound for any placement)."""
+        events: list[tuple[int, int]] = []
+        for b, size in zip(self.buffers, self.padded_sizes()):
+            events.append((b.start, size))
+            events.append((b.end, -size))
+        # At equal times frees (negative) come first: lifetimes are half-open.
+        events.sort(key=lambda e: (e[0], e[1]))
+        live = peak = 0
+        for _, delta in events:
+            live += delta
+            peak = max(peak, live)
+        return peak
+
+    def horizon(self) -> int:
+        """One past the last step any buffer is alive."""
+        return max((b.end for b in self.buffers), default=0)
+
+    @classmethod
+    def from_rows(
+        cls,
+        rows: Iterable[tuple[Hashable, int, int, int]],
+        alignment: int = DEFAULT_ALIGNMENT,
+    ) -> "Problem":
+        """Build from ``(name, start, end, size)`` rows."""
+        return cls([Buffer(name, size, start, end) for name, start, end, size in rows], alignment=alignment)
+
+
+class ProblemFormatError(ValueError):
+    """A problem file that cannot be read; the message is one line for the CLI."""
+
+
+def read_minimalloc_csv(path: str | Path, alignment: int = DEFAULT_ALIGNMENT) -> Problem:
+    """Read MiniMalloc's CSV format: a header ``id,lower,upper,size`` then one buffer a row."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ProblemFormatError(f"no such file: {path}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ProblemFormatError(f"cannot read {path}: {exc}") from None
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None)
+    expected = ["id", "lower", "upper", "size"]
+    if header is None or [h.strip().lower() for h in header] != expected:
+        raise ProblemFormatError(f"{path}: expected the header 'id,lower,upper,size', got {header!r}")
+    rows = []
+    for line_no, row in enumerate(reader, start=2):
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) != 4:
+            raise ProblemFormatError(f"{path}:{line_no}: expected 4 columns, got {len(row)}")
+        try:
+            name = row[0].strip()
+            lower, upper, size = (int(cell) for cell in row[1:])
+        except ValueError:
+            raise ProblemFormatError(f"{path}:{line_no}: lower, upper and size must be integers") from None
+        if upper <= lower or size < 0:
+            raise ProblemFormatError(f"{path}:{line_no}: need lower < upper and size >= 0")
+        rows.append((name, lower, upper, size))
+    if not rows:
+        raise ProblemFormatError(f"{path}: no buffers")
+    return Problem.from_rows(rows, alignment=alignment)
+
+
+def write_offsets_csv(path: str | Path, problem: Problem, offsets: Sequence[int]) -> None:
+    """Write MiniMalloc's solution format: ``id,lower,upper,size,offset``."""
+    lines = ["id,lower,upper,size,offset"]
+    for b, offset in zip(problem.buffers, offsets):
+        lines.append(f"{b.name},{b.start},{b.end},{b.size},{offset}")
+    Path(path).write_text("\n".join(lines) + "\n")

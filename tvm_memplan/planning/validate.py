@@ -1,0 +1,60 @@
+"""An independent check of a placement: nothing here shares code with the allocators."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .problem import Problem
+
+
+class InvalidPlanError(AssertionError):
+    """A placement that breaks the problem's rules."""
+
+
+def validate_offsets(problem: Problem, offsets: Sequence[int], arena_bytes: int | None = None) -> int:
+    """Prove the placement valid and return the arena it needs.
+
+    Checks: one non-negative offset a buffer, every offset a multiple of the alignment, every
+    buffer inside ``arena_bytes`` (when given), and no two buffers that are alive together or
+    named in ``problem.conflicts`` sharing a byte.
+    """
+    n = len(problem.buffers)
+    if len(offsets) != n:
+        raise InvalidPlanError(f"{len(offsets)} offsets for {n} buffers")
+    if n == 0:
+        return 0
+    off = np.asarray(offsets, dtype=np.int64)
+    size = np.array([b.size for b in problem.buffers], dtype=np.int64)
+    start = np.array([b.start for b in problem.buffers], dtype=np.int64)
+    end = np.array([b.end for b in problem.buffers], dtype=np.int64)
+    if (off < 0).any():
+        raise InvalidPlanError(f"negative offset for buffer {problem.buffers[int(np.argmin(off))].name!r}")
+    misaligned = np.nonzero(off % problem.alignment)[0]
+    if misaligned.size:
+        i = int(misaligned[0])
+        raise InvalidPlanError(
+            f"buffer {problem.buffers[i].name!r} at offset {off[i]} is not {problem.alignment}-byte aligned"
+        )
+    needed = int((off + size).max())
+    if arena_bytes is not None and needed > arena_bytes:
+        raise InvalidPlanError(f"buffers reach byte {needed}, beyond the arena of {arena_bytes}")
+
+    # Pairwise: alive together (or an explicit conflict) and byte ranges intersect.
+    # Zero-size buffers occupy no bytes and never collide.
+    together = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
+    for i, j in problem.conflicts:
+        together[i, j] = together[j, i] = True
+    np.fill_diagonal(together, False)
+    overlap = (off[:, None] < (off + size)[None, :]) & (off[None, :] < (off + size)[:, None])
+    nonempty = size > 0
+    bad = together & overlap & nonempty[:, None] & nonempty[None, :]
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        bi, bj = problem.buffers[i], problem.buffers[j]
+        raise InvalidPlanError(
+            f"buffers {bi.name!r} [{off[i]}, {off[i] + size[i]}) and {bj.name!r} "
+            f"[{off[j]}, {off[j] + size[j]}) overlap while both are live"
+        )
+    return needed

@@ -1,0 +1,192 @@
+"""Relax IR → planning problem.
+
+Works on a Relax function after ``CallTIRRewrite``: every intermediate tensor is a binding
+``alloc = R.builtin.alloc_tensor(shape, dtype, device, scope)`` followed by a
+destination-passing call that writes it. Each top-level binding is one step of execution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax, tirx
+
+from ..planning import DEFAULT_ALIGNMENT, Operator, Problem, problem_from_graph
+
+_BUILTIN_ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
+
+
+@dataclass(frozen=True)
+class AllocSite:
+    """One ``R.builtin.alloc_tensor`` binding at a known step of the function."""
+
+    var: relax.Var
+    step: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    device_index: int
+    scope: str
+
+
+@dataclass
+class ArenaProblem:
+    """The planning problem of one arena: tensors of one (device, storage scope)."""
+
+    device_index: int
+    scope: str
+    sites: list[AllocSite]
+    problem: Problem
+
+
+@dataclass
+class FunctionPlanInput:
+    """Everything the planner needs from one Relax function, and what it leaves alone."""
+
+    arenas: list[ArenaProblem]
+    unplanned: dict[str, str] = field(default_factory=dict)
+    """Allocation name → why it is left to TVM (function output, symbolic shape, ...)."""
+    steps: int = 0
+
+    @property
+    def planned_sites(self) -> list[AllocSite]:
+        return [site for arena in self.arenas for site in arena.sites]
+
+
+def top_level_bindings(func: relax.Function) -> list[relax.Binding]:
+    """The function body's bindings in execution order (nested control flow stays inside its binding)."""
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return []
+    return [binding for block in body.blocks for binding in block.bindings]
+
+
+def _int_value(expr: object) -> int | None:
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    return None
+
+
+def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    if not isinstance(expr, relax.ShapeExpr):
+        return None
+    dims = []
+    for dim in expr.values:
+        if not isinstance(dim, tirx.IntImm):
+            return None
+        dims.append(int(dim.value))
+    return tuple(dims)
+
+
+def _string_value(expr: object) -> str:
+    if isinstance(expr, tvm.ir.StringImm):
+        return str(expr.value)
+    return str(expr)
+
+
+def _dtype_value(expr: object) -> str:
+    value = getattr(expr, "value", expr)
+    return str(value)
+
+
+def _alloc_site(binding: relax.Binding, step: int) -> tuple[AllocSite | None, str | None]:
+    """The allocation a binding makes, or why it cannot be planned (None, None: not an allocation)."""
+    value = getattr(binding, "value", None)
+    if not (isinstance(value, relax.Call) and value.op.same_as(_BUILTIN_ALLOC)):
+        return None, None
+    shape_arg, dtype_arg, device_arg = value.args[0], value.args[1], value.args[2]
+    scope = _string_value(value.args[3]) if len(value.args) > 3 else "global"
+    shape = _static_shape(shape_arg)
+    if shape is None:
+        return None, "symbolic shape (left to StaticPlanBlockMemory)"
+    dtype = _dtype_value(dtype_arg)
+    device_index = _int_value(device_arg)
+    if device_index is None:
+        return None, "dynamic device index"
+    data_type = tvm.runtime.DataType(dtype)
+    bits = data_type.bits * data_type.lanes
+    count = 1
+    for dim in shape:
+        count *= dim
+    nbytes = (count * bits + 7) // 8
+    return AllocSite(binding.var, step, shape, dtype, nbytes, device_index, scope), None
+
+
+def _is_prim_func_call(value: relax.Expr, mod: tvm.IRModule) -> bool:
+    """A destination-passing call of a PrimFunc: it writes its arguments, its result aliases nothing."""
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.GlobalVar):
+        return False
+    return value.op in mod and isinstance(mod[value.op], tirx.PrimFunc)
+
+
+def _may_alias(value: relax.Expr, var: relax.Var) -> bool:
+    """Whether the binding's result may point into the bytes of the tensors it reads.
+
+    Views (reshape, memory.view, plain var copies), tuples and calls we cannot see into
+    (packed functions, Relax subfunctions, control flow) are assumed to; results that hold no
+    tensor (shapes, scalars, void) cannot.
+    """
+    ty = getattr(var, "ty", None)
+    if isinstance(ty, (relax.ShapeType, tvm.ir.PrimType)):
+        return False
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)) and len(ty.fields) == 0:
+        return False
+    return True
+
+
+def extract_plan_input(
+    func: relax.Function, mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT
+) -> FunctionPlanInput:
+    """Find the statically shaped intermediate tensors of ``func`` and their lifetimes.
+
+    A view or tuple of a tensor extends the tensor's lifetime to the view's last use;
+    tensors reachable from the function's result are outputs and stay unplanned.
+    """
+    bindings = top_level_bindings(func)
+    sites: dict[relax.Var, AllocSite] = {}
+    unplanned: dict[str, str] = {}
+    owners: dict[relax.Var, frozenset[relax.Var]] = {}  # var → planned tensors it may point into
+    operators: list[Operator] = []
+
+    def owners_of(expr: relax.Expr) -> set[relax.Var]:
+        found: set[relax.Var] = set()
+        for used in relax.analysis.free_vars(expr):
+            found |= owners.get(used, frozenset())
+        return found
+
+    for step, binding in enumerate(bindings):
+        site, reason = _alloc_site(binding, step)
+        if site is not None:
+            sites[binding.var] = site
+            owners[binding.var] = frozenset([binding.var])
+            operators.append(Operator(step, (), (binding.var,)))
+            continue
+        if reason is not None:
+            unplanned[binding.var.name] = reason
+            operators.append(Operator(step, (), ()))
+            continue
+        value = binding.value
+        read = owners_of(value)
+        operators.append(Operator(step, tuple(read), ()))
+        if read and not _is_prim_func_call(value, mod) and _may_alias(value, binding.var):
+            owners[binding.var] = frozenset(read)
+
+    outputs = owners_of(func.body.body) if isinstance(func.body, relax.SeqExpr) else set()
+    for var in outputs:
+        unplanned[var.name] = "function output (returned to the caller)"
+        del sites[var]
+
+    sizes = {var: site.nbytes for var, site in sites.items()}
+    groups: dict[tuple[int, str], list[relax.Var]] = {}
+    for var, site in sites.items():
+        groups.setdefault((site.device_index, site.scope), []).append(var)
+    arenas = []
+    for (device_index, scope), members in sorted(groups.items()):
+        member_set = set(members)
+        problem = problem_from_graph(
+            operators, sizes, is_planned=member_set.__contains__, alignment=alignment
+        )
+        arena_sites = [sites[buffer.name] for buffer in problem.buffers]
+        arenas.append(ArenaProblem(device_index, scope, arena_sites, problem))
+    return FunctionPlanInput(arenas=arenas, unplanned=unplanned, steps=len(bindings))

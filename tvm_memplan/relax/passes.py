@@ -1,0 +1,126 @@
+"""The module pass that replaces StaticPlanBlockMemory's whole-buffer reuse with an offset arena."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import tvm
+from tvm import relax
+
+from ..options import MemplanOptions, current_options
+from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem, plan_memory
+from .extract import extract_plan_input
+from .rewrite import apply_plans
+
+PASS_NAME = "tvm_memplan.ArenaPlanBlockMemory"
+
+
+@dataclass
+class PlanReport:
+    """What the planner did to one Relax function."""
+
+    function: str
+    tensors: int
+    naive_bytes: int
+    lower_bound_bytes: int
+    arena_bytes: int
+    plan_seconds: float
+    allocators: list[str]
+    optimal: bool
+    unplanned: dict[str, str] = field(default_factory=dict)
+    arenas: list[dict] = field(default_factory=list)
+    """Per arena: device, scope, and each tensor's name, size, lifetime and offset (for plots)."""
+    alignment: int = DEFAULT_ALIGNMENT
+
+    def layouts(self) -> list[tuple[Problem, list[int], int]]:
+        """Each arena as (problem, offsets, arena bytes), rebuilt from the report alone."""
+        result = []
+        for arena in self.arenas:
+            tensors = arena["tensors"]
+            problem = Problem(
+                [Buffer(t["name"], t["bytes"], t["start"], t["end"]) for t in tensors], alignment=self.alignment
+            )
+            result.append((problem, [t["offset"] for t in tensors], arena["arena_bytes"]))
+        return result
+
+
+def plan_function(
+    func: relax.Function, mod: tvm.IRModule, name: str, options: MemplanOptions
+) -> tuple[relax.Function, PlanReport]:
+    """Plan one function's statically shaped intermediates into arenas."""
+    started = time.monotonic()
+    plan_input = extract_plan_input(func, mod, options.alignment)
+    plans = [plan_memory(arena.problem, time_budget=options.time_budget) for arena in plan_input.arenas]
+    new_func = apply_plans(func, plan_input.arenas, plans)
+    arenas = []
+    for arena, plan in zip(plan_input.arenas, plans):
+        arenas.append(
+            {
+                "device_index": arena.device_index,
+                "scope": arena.scope,
+                "arena_bytes": plan.arena_bytes,
+                "lower_bound_bytes": arena.problem.lower_bound(),
+                "allocator": plan.allocator,
+                "tensors": [
+                    {
+                        "name": site.var.name,
+                        "bytes": site.nbytes,
+                        "shape": list(site.shape),
+                        "dtype": site.dtype,
+                        "start": buffer.start,
+                        "end": buffer.end,
+                        "offset": offset,
+                    }
+                    for site, buffer, offset in zip(arena.sites, arena.problem.buffers, plan.offsets)
+                ],
+            }
+        )
+    report = PlanReport(
+        function=name,
+        tensors=sum(len(arena.sites) for arena in plan_input.arenas),
+        naive_bytes=sum(arena.problem.naive_bytes() for arena in plan_input.arenas),
+        lower_bound_bytes=sum(arena.problem.lower_bound() for arena in plan_input.arenas),
+        arena_bytes=sum(plan.arena_bytes for plan in plans),
+        plan_seconds=time.monotonic() - started,
+        allocators=[plan.allocator for plan in plans],
+        optimal=all(plan.optimal for plan in plans),
+        unplanned=plan_input.unplanned,
+        arenas=arenas,
+        alignment=options.alignment,
+    )
+    return new_func, report
+
+
+def ArenaPlanBlockMemory(  # noqa: N802 - named like TVM's passes
+    options: MemplanOptions | None = None,
+    on_report: Callable[[PlanReport], None] | None = None,
+) -> tvm.transform.Pass:
+    """Plan every Relax function's intermediates into one offset arena each.
+
+    Run after ``CallTIRRewrite`` and before ``StaticPlanBlockMemory``; tensors it leaves alone
+    (symbolic shapes) stay ``R.builtin.alloc_tensor`` for SPBM. Options default to
+    :func:`tvm_memplan.config`'s scope at the time the pass runs.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name=PASS_NAME)
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        resolved = options or current_options()
+        updates = {}
+        for gvar, func in mod.functions.items():
+            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+                continue
+            new_func, report = plan_function(func, mod, gvar.name_hint, resolved)
+            if on_report is not None:
+                on_report(report)
+            if not new_func.same_as(func):
+                updates[gvar] = new_func
+        if not updates:
+            return mod
+        new_mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        for gvar, func in updates.items():
+            new_mod[gvar] = func
+        return new_mod
+
+    return _pass

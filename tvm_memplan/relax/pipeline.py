@@ -1,0 +1,86 @@
+"""TVM's default Relax pipeline with the memplan passes in place of StaticPlanBlockMemory."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import tvm
+from tvm import relax
+
+from ..errors import UserError
+from ..options import MemplanOptions, current_options
+from .passes import ArenaPlanBlockMemory, PlanReport
+
+_SPBM = "StaticPlanBlockMemory"
+
+
+def resolve_target(target: Any) -> tvm.target.Target:
+    """A ``tvm.target.Target`` from a Target, a dict, a kind name, or None (this machine's CPU)."""
+    if target is None or target == "host":
+        return tvm.target.Target.from_device("cpu")
+    if isinstance(target, tvm.target.Target):
+        return target
+    try:
+        return tvm.target.Target(target)
+    except Exception as exc:  # TVM raises several types for a bad target
+        raise UserError(f"invalid target {target!r}: {str(exc).splitlines()[0]}") from None
+
+
+def _backend_module(target: tvm.target.Target):
+    """The ``relax.backend`` pipeline module TVM's ``get_default_pipeline`` would use."""
+    kind = target.kind.name
+    if kind in ("llvm", "c"):
+        name = "cpu_generic"
+    elif kind in ("cuda", "rocm"):
+        name = kind
+    elif kind == "opencl" and "adreno" in target.keys:
+        name = "adreno"
+    elif kind in ("metal", "vulkan", "opencl", "webgpu"):
+        name = "gpu_generic"
+    else:
+        raise UserError(f"target kind {kind!r} has no Relax pipeline in TVM 0.27")
+    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
+
+
+def stage_passes(target: tvm.target.Target) -> tuple[list, list]:
+    """TVM's passes for ``target`` split at SPBM: (everything before it, SPBM and after)."""
+    backend = _backend_module(target)
+    before = (
+        backend.library_dispatch_passes(target)
+        + backend.legalize_passes(target)
+        + backend.dataflow_lower_passes(target)
+    )
+    finalize = list(backend.finalize_passes(target))
+    names = [p.info.name for p in finalize]
+    if _SPBM not in names:
+        raise UserError(f"TVM's pipeline for {target.kind.name} has no {_SPBM} to replace")
+    at = names.index(_SPBM)
+    return before + finalize[:at], finalize[at:]
+
+
+def pipeline(
+    target: Any = None,
+    on_report: Callable[[PlanReport], None] | None = None,
+    **options: Any,
+) -> tvm.transform.Pass:
+    """A Pass equal to TVM's default pipeline for ``target`` with the arena planner before SPBM.
+
+    SPBM stays in the pipeline only for what the arena planner leaves (tensors with symbolic
+    shapes). ``options`` are :class:`~tvm_memplan.options.MemplanOptions` fields; unset ones
+    come from :func:`tvm_memplan.config` when the pipeline runs.
+    """
+    resolved_target = resolve_target(target)
+    before, finalize = stage_passes(resolved_target)
+    explicit = MemplanOptions().updated(**options) if options else None
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        run_options = current_options().updated(**options) if explicit else current_options()
+        with resolved_target:
+            seq = tvm.transform.Sequential(
+                before + [ArenaPlanBlockMemory(run_options, on_report)] + finalize
+            )
+            return seq(mod)
+
+    return _pipeline

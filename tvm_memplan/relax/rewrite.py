@@ -1,0 +1,63 @@
+"""Plan → Relax IR: one ``alloc_storage`` arena per (device, scope), tensors at byte offsets."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tvm import relax
+
+from ..planning import Plan
+from .extract import ArenaProblem
+
+
+def apply_plans(func: relax.Function, arenas: Sequence[ArenaProblem], plans: Sequence[Plan]) -> relax.Function:
+    """Rewrite ``func`` so every planned tensor lives at its offset in its arena.
+
+    Each planned ``alloc = R.builtin.alloc_tensor(...)`` becomes
+    ``R.memory.alloc_tensor(arena, offset, ...)`` wrapped in ``R.memory.ensure_zero_offset``:
+    generated kernels assert a zero byte offset, and the wrapper folds a 64-byte-aligned offset
+    into the data pointer without copying.
+    """
+    replacements: dict[relax.Var, list[relax.Binding]] = {}
+    arena_bindings: list[relax.Binding] = []
+    for index, (arena, plan) in enumerate(zip(arenas, plans)):
+        if not arena.sites:
+            continue
+        storage = relax.Var(f"memplan_arena{index if index else ''}", relax.ObjectType())
+        arena_bindings.append(
+            relax.VarBinding(
+                storage,
+                relax.op.memory.alloc_storage(
+                    relax.ShapeExpr([plan.arena_bytes]),
+                    arena.device_index,
+                    arena.scope,
+                    "uint8",
+                ),
+            )
+        )
+        for site, offset in zip(arena.sites, plan.offsets):
+            placed = relax.Var(f"{site.var.name}_at{offset}", site.var.ty)
+            replacements[site.var] = [
+                relax.VarBinding(
+                    placed,
+                    relax.op.memory.alloc_tensor(
+                        storage,
+                        offset,
+                        relax.ShapeExpr(list(site.shape)),
+                        site.dtype,
+                        site.device_index,
+                    ),
+                ),
+                relax.VarBinding(site.var, relax.op.memory.ensure_zero_offset(placed)),
+            ]
+    if not replacements:
+        return func
+
+    new_blocks = []
+    for position, block in enumerate(func.body.blocks):
+        new_bindings: list[relax.Binding] = list(arena_bindings) if position == 0 else []
+        for binding in block.bindings:
+            new_bindings.extend(replacements.get(binding.var, [binding]))
+        new_blocks.append(type(block)(new_bindings))
+    body = relax.SeqExpr(new_blocks, func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)

@@ -1,0 +1,92 @@
+"""Prove a plan by running it: same outputs as stock TVM, close to onnxruntime, VM trace = plan."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..planner import ModelPlan
+from ..planning import validate_offsets
+from .run import run_vm
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of running a planned model beside its references."""
+
+    identical_to_stock: bool
+    max_abs_diff_vs_stock: float
+    max_abs_diff_vs_onnxruntime: float | None
+    trace_bytes: list[int]
+    expected_trace_bytes: list[int]
+    offsets_valid: bool
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def trace_matches_plan(self) -> bool:
+        return Counter(self.trace_bytes) == Counter(self.expected_trace_bytes)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _onnxruntime_outputs(plan: ModelPlan, inputs: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    session = ort.InferenceSession(plan.model.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)
+
+
+def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-4) -> VerifyResult:
+    """Build the planned and stock programs, run both on the same random inputs, and compare.
+
+    The VM's storage requests must be exactly the planned arenas plus the function outputs
+    (which no planner places) — anything else means the plan is not what runs.
+    """
+    problems: list[str] = []
+    offsets_valid = True
+    for report in plan.reports:
+        for problem, offsets, arena_bytes in report.layouts():
+            try:
+                validate_offsets(problem, offsets, arena_bytes)
+            except AssertionError as exc:
+                offsets_valid = False
+                problems.append(f"{report.function}: {exc}")
+
+    inputs = plan.model.random_inputs(seed)
+    outputs, trace = run_vm(plan.build(), inputs)
+    stock_outputs, _ = run_vm(plan.build_stock(), inputs)
+
+    identical = len(outputs) == len(stock_outputs) and all(
+        a.shape == b.shape and np.array_equal(a, b) for a, b in zip(outputs, stock_outputs)
+    )
+    diff_stock = max((float(np.max(np.abs(a - b))) for a, b in zip(outputs, stock_outputs) if a.size), default=0.0)
+    if not identical:
+        problems.append(f"outputs differ from TVM's stock pipeline (max |diff| {diff_stock:.3g})")
+
+    diff_ort = None
+    reference = _onnxruntime_outputs(plan, inputs)
+    if reference is not None:
+        diff_ort = max((float(np.max(np.abs(a - r))) for a, r in zip(outputs, reference) if a.size), default=0.0)
+        if not all(np.allclose(a, r, rtol=rtol, atol=atol) for a, r in zip(outputs, reference)):
+            problems.append(f"outputs differ from onnxruntime beyond rtol={rtol}, atol={atol} (max |diff| {diff_ort:.3g})")
+
+    main = plan.main
+    expected = [arena["arena_bytes"] for arena in main.arenas] + [int(o.nbytes) for o in outputs]
+    result = VerifyResult(
+        identical_to_stock=identical,
+        max_abs_diff_vs_stock=diff_stock,
+        max_abs_diff_vs_onnxruntime=diff_ort,
+        trace_bytes=trace.storage_bytes,
+        expected_trace_bytes=expected,
+        offsets_valid=offsets_valid,
+        problems=problems,
+    )
+    if not result.trace_matches_plan:
+        problems.append(f"VM requested {sorted(trace.storage_bytes)} bytes, plan expects {sorted(expected)}")
+    return result

@@ -1,0 +1,45 @@
+"""Run a Relax VM executable and record every storage allocation it requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+@dataclass
+class AllocationTrace:
+    """The byte sizes of the VM's ``alloc_storage`` calls, in order."""
+
+    storage_bytes: list[int] = field(default_factory=list)
+
+    def instrument(self, func, func_symbol: str, before_run: bool, ret_value, *args) -> int:
+        # vm.builtin.alloc_storage(ctx, Shape([nbytes]), device_index, dtype_hint, scope)
+        if before_run and func_symbol == "vm.builtin.alloc_storage":
+            self.storage_bytes.append(int(args[1][0]))
+        return 0
+
+
+def _flatten(value) -> list[np.ndarray]:
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return [array for item in value for array in _flatten(item)]
+    return [value.numpy()]
+
+
+def run_vm(
+    executable: "tvm.runtime.Executable",
+    inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+    device: tvm.runtime.Device | None = None,
+    function: str = "main",
+) -> tuple[list[np.ndarray], AllocationTrace]:
+    """Run ``function`` once on ``inputs`` and return its outputs and allocation trace."""
+    device = device or tvm.cpu()
+    vm = relax.VirtualMachine(executable, device)
+    trace = AllocationTrace()
+    vm.set_instrument(trace.instrument)
+    arrays = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs)
+    result = vm[function](*[tvm.runtime.tensor(a, device) for a in arrays])
+    return _flatten(result), trace
