@@ -25,12 +25,20 @@ class MemplanOptions:
     """Byte alignment of every offset. Below 64, TVM copies instead of aliasing (field notes)."""
     time_budget: float = 10.0
     """Seconds the allocator search may spend per arena once the greedy orderings miss the bound."""
+    inplace: bool = True
+    """In-place kernels and concat elimination (seed 001): tensors share bytes by design."""
+    order: str = "search"
+    """Execution order: ``program`` (as imported), ``dfs``/``bfs`` (TVM's TopologicalSort), ``search``."""
+    order_seconds: float = 10.0
+    """Seconds the execution-order search may spend per function."""
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
             raise UserError(f"alignment must be a positive power of two, got {self.alignment}")
-        if self.time_budget < 0:
-            raise UserError(f"time_budget must be >= 0 seconds, got {self.time_budget}")
+        if self.time_budget < 0 or self.order_seconds < 0:
+            raise UserError("time budgets must be >= 0 seconds")
+        if self.order not in ("program", "dfs", "bfs", "search"):
+            raise UserError(f"unknown order {self.order!r}; choose one of program, dfs, bfs, search")
 
     def updated(self, **changes: Any) -> "MemplanOptions":
         known = {f.name for f in dataclasses.fields(self)}

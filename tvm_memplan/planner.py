@@ -6,11 +6,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
+from tvm import relax
 
 from .frontend import LoadedModel, to_relax
 from .options import MemplanOptions, current_options
+from .relax.extract import extract_plan_input
 from .relax.passes import ArenaPlanBlockMemory, PlanReport
 from .relax.pipeline import resolve_target, stage_passes
+from .relax.reorder import OrderReport, ReorderForMemory
 from .relax.stock import stock_planned_bytes
 
 
@@ -20,10 +23,13 @@ class ModelPlan:
 
     model: LoadedModel
     target: tvm.target.Target
-    staged: tvm.IRModule
-    """The module right before memory planning: shared by the stock and memplan builds."""
+    stock_staged: tvm.IRModule
+    """TVM's module right before memory planning, in program order: what stock TVM builds."""
     planned: tvm.IRModule
+    """The memplan module: reordered, arena planned, ready for TVM's remaining passes."""
     reports: list[PlanReport]
+    order_reports: list[OrderReport]
+    program_order_lower_bound_bytes: int
     tvm_default_bytes: int
     options: MemplanOptions
     finalize: list = field(default_factory=list)
@@ -40,8 +46,8 @@ class ModelPlan:
         return _build(self.planned, self.target, self.finalize)
 
     def build_stock(self) -> "tvm.runtime.Executable":
-        """Compile the same staged module with TVM's own planner: identical kernels."""
-        return _build(self.staged, self.target, self.finalize)
+        """Compile with TVM's own order and planner; the kernels are the same as in :meth:`build`."""
+        return _build(self.stock_staged, self.target, self.finalize)
 
 
 def _build(mod: tvm.IRModule, target: tvm.target.Target, passes: list) -> "tvm.runtime.Executable":
@@ -49,26 +55,47 @@ def _build(mod: tvm.IRModule, target: tvm.target.Target, passes: list) -> "tvm.r
         return tvm.compile(mod, target, relax_pipeline=tvm.transform.Sequential(passes))
 
 
+def _sequential(passes: list, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    with target:
+        return tvm.transform.Sequential(passes)(mod)
+
+
 def plan_model(model: LoadedModel, target: Any = None, **options: Any) -> ModelPlan:
-    """Import ``model``, run TVM's passes up to memory planning, and plan its arenas."""
+    """Import ``model``, run TVM's passes up to memory planning, reorder, and plan its arenas.
+
+    The dataflow stage is shared: the stock module continues from it in program order, the
+    memplan module after reordering, so both builds use the very same kernels.
+    """
     resolved_target = resolve_target(target)
     resolved = current_options().updated(**options)
-    mod = to_relax(model)
-    before, finalize = stage_passes(resolved_target)
-    with resolved_target:
-        staged = tvm.transform.Sequential(before)(mod)
+    stages = stage_passes(resolved_target)
+    dataflow = _sequential(stages.dataflow, to_relax(model), resolved_target)
+    stock_staged = _sequential(stages.lowering, dataflow, resolved_target)
+
+    order_reports: list[OrderReport] = []
+    reordered = _sequential(
+        [ReorderForMemory(resolved.order, resolved.order_seconds, resolved.inplace, order_reports.append)], dataflow, resolved_target
+    )
+    staged = _sequential(stages.lowering, reordered, resolved_target)
     reports: list[PlanReport] = []
-    with resolved_target:
-        planned = ArenaPlanBlockMemory(resolved, reports.append)(staged)
+    planned = _sequential([ArenaPlanBlockMemory(resolved, reports.append)], staged, resolved_target)
     if not reports:
         reports.append(PlanReport("main", 0, 0, 0, 0, 0.0, [], True))
+    program_bound = sum(
+        arena.problem.lower_bound()
+        for func in stock_staged.functions.values()
+        if isinstance(func, relax.Function)
+        for arena in extract_plan_input(func, stock_staged, resolved.alignment).arenas
+    )
     return ModelPlan(
         model=model,
         target=resolved_target,
-        staged=staged,
+        stock_staged=stock_staged,
         planned=planned,
         reports=reports,
-        tvm_default_bytes=stock_planned_bytes(staged, resolved_target),
+        order_reports=order_reports,
+        program_order_lower_bound_bytes=program_bound,
+        tvm_default_bytes=stock_planned_bytes(stock_staged, resolved_target),
         options=resolved,
-        finalize=finalize,
+        finalize=stages.finalize,
     )

@@ -65,9 +65,9 @@ def dynamic_batch() -> tvm.IRModule:
 
 
 def staged(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    before, _ = stage_passes(target)
+    stages = stage_passes(target)
     with target:
-        return tvm.transform.Sequential(before)(mod)
+        return tvm.transform.Sequential(stages.dataflow + stages.lowering)(mod)
 
 
 def random_input(shape, seed=0) -> np.ndarray:

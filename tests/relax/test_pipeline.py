@@ -4,7 +4,7 @@ import tvm
 from tvm import relax
 
 import tvm_memplan
-from tvm_memplan.relax import PASS_NAME
+from tvm_memplan.relax import ARENA_PASS_NAME, REORDER_PASS_NAME
 from tvm_memplan.verify import run_vm
 
 from .modules import chain_with_view, dynamic_batch, random_input, two_functions
@@ -65,7 +65,7 @@ def test_scoped_config_reaches_the_pass(target):
 
 def test_disabled_pass_falls_back_to_stock_planning(target):
     reports = []
-    with tvm.transform.PassContext(disabled_pass=[PASS_NAME]):
+    with tvm.transform.PassContext(disabled_pass=[ARENA_PASS_NAME, REORDER_PASS_NAME]):
         exe = tvm.compile(two_functions(), target, relax_pipeline=tvm_memplan.pipeline(target, on_report=reports.append))
     assert reports == []
     out, _ = run_vm(exe, [random_input((4, 32))])

@@ -50,6 +50,10 @@ class Problem:
     buffers: list[Buffer]
     conflicts: frozenset[tuple[int, int]] = field(default_factory=frozenset)
     alignment: int = DEFAULT_ALIGNMENT
+    aliases: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Buffer ``i`` → ``(j, delta)``: ``i`` must sit at ``offset(j) + delta`` (in-place outputs,
+    concat inputs written into their slice of the output). Buffers joined this way form an
+    alias group; they may share bytes while alive, by design."""
 
     def __post_init__(self) -> None:
         if self.alignment < 1:
@@ -61,6 +65,22 @@ class Problem:
                 raise ValueError(f"conflict pair ({i}, {j}) does not name two buffers")
             normalised.add((min(i, j), max(i, j)))
         self.conflicts = frozenset(normalised)
+        for i, (j, delta) in self.aliases.items():
+            if not (0 <= i < n and 0 <= j < n) or i == j:
+                raise ValueError(f"alias ({i} -> {j}) does not name two buffers")
+            if delta < 0 or delta % self.alignment:
+                raise ValueError(f"alias offset {delta} of buffer {i} is not a non-negative multiple of {self.alignment}")
+
+    def alias_root(self, index: int) -> tuple[int, int]:
+        """The buffer at the top of ``index``'s alias chain and ``index``'s offset from it."""
+        delta, seen = 0, set()
+        while index in self.aliases:
+            if index in seen:
+                raise ValueError(f"alias cycle through buffer {index}")
+            seen.add(index)
+            index, step = self.aliases[index]
+            delta += step
+        return index, delta
 
     def __len__(self) -> int:
         return len(self.buffers)

@@ -17,8 +17,9 @@ def validate_offsets(problem: Problem, offsets: Sequence[int], arena_bytes: int 
     """Prove the placement valid and return the arena it needs.
 
     Checks: one non-negative offset a buffer, every offset a multiple of the alignment, every
-    buffer inside ``arena_bytes`` (when given), and no two buffers that are alive together or
-    named in ``problem.conflicts`` sharing a byte.
+    buffer inside ``arena_bytes`` (when given), every alias at its declared offset, and no two
+    buffers that are alive together or named in ``problem.conflicts`` sharing a byte — unless
+    they belong to the same alias group, whose sharing is by design.
     """
     n = len(problem.buffers)
     if len(offsets) != n:
@@ -41,6 +42,16 @@ def validate_offsets(problem: Problem, offsets: Sequence[int], arena_bytes: int 
     if arena_bytes is not None and needed > arena_bytes:
         raise InvalidPlanError(f"buffers reach byte {needed}, beyond the arena of {arena_bytes}")
 
+    group = np.arange(n)
+    for i in range(n):
+        root, delta = problem.alias_root(i)
+        group[i] = root
+        if off[i] != off[root] + delta:
+            raise InvalidPlanError(
+                f"buffer {problem.buffers[i].name!r} at offset {off[i]} should alias "
+                f"{problem.buffers[root].name!r} at {off[root]} + {delta}"
+            )
+
     # Pairwise: alive together (or an explicit conflict) and byte ranges intersect.
     # Zero-size buffers occupy no bytes and never collide.
     together = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
@@ -49,7 +60,7 @@ def validate_offsets(problem: Problem, offsets: Sequence[int], arena_bytes: int 
     np.fill_diagonal(together, False)
     overlap = (off[:, None] < (off + size)[None, :]) & (off[None, :] < (off + size)[:, None])
     nonempty = size > 0
-    bad = together & overlap & nonempty[:, None] & nonempty[None, :]
+    bad = together & overlap & nonempty[:, None] & nonempty[None, :] & (group[:, None] != group[None, :])
     if bad.any():
         i, j = (int(v) for v in np.argwhere(bad)[0])
         bi, bj = problem.buffers[i], problem.buffers[j]

@@ -1,16 +1,21 @@
 """Relax adapters (IR → problem, plan → IR), the planning pass, and the pipeline."""
 
 from .extract import AllocSite, ArenaProblem, FunctionPlanInput, extract_plan_input
-from .passes import PASS_NAME, ArenaPlanBlockMemory, PlanReport, plan_function
-from .pipeline import pipeline, resolve_target, stage_passes
+from .passes import ARENA_PASS_NAME, ArenaPlanBlockMemory, PlanReport, plan_function
+from .pipeline import Stages, pipeline, resolve_target, stage_passes
+from .reorder import REORDER_PASS_NAME, OrderReport, ReorderForMemory
 
 __all__ = [
-    "PASS_NAME",
+    "ARENA_PASS_NAME",
+    "REORDER_PASS_NAME",
     "AllocSite",
     "ArenaPlanBlockMemory",
     "ArenaProblem",
     "FunctionPlanInput",
+    "OrderReport",
     "PlanReport",
+    "ReorderForMemory",
+    "Stages",
     "extract_plan_input",
     "pipeline",
     "plan_function",

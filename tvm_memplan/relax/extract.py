@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from ..planning import DEFAULT_ALIGNMENT, Operator, Problem, problem_from_graph
+from ..planning import DEFAULT_ALIGNMENT, Buffer, Operator, Problem, tensor_lifetimes
+from .inplace import AliasDecisions, decide_aliases
+from .tensor_types import dtype_nbytes
 
 _BUILTIN_ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
+_VIEW_OPS = (tvm.ir.Op.get("relax.reshape"), tvm.ir.Op.get("relax.memory.view"))
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class FunctionPlanInput:
     unplanned: dict[str, str] = field(default_factory=dict)
     """Allocation name → why it is left to TVM (function output, symbolic shape, ...)."""
     steps: int = 0
+    decisions: AliasDecisions = field(default_factory=AliasDecisions)
+    removable_ops: int = 0
+    """View bindings (reshape and friends): no kernel runs, the output aliases the input."""
 
     @property
     def planned_sites(self) -> list[AllocSite]:
@@ -104,13 +110,10 @@ def _alloc_site(binding: relax.Binding, step: int) -> tuple[AllocSite | None, st
     device_index = _int_value(device_arg)
     if device_index is None:
         return None, "dynamic device index"
-    data_type = tvm.runtime.DataType(dtype)
-    bits = data_type.bits * data_type.lanes
     count = 1
     for dim in shape:
         count *= dim
-    nbytes = (count * bits + 7) // 8
-    return AllocSite(binding.var, step, shape, dtype, nbytes, device_index, scope), None
+    return AllocSite(binding.var, step, shape, dtype, dtype_nbytes(dtype, count), device_index, scope), None
 
 
 def _is_prim_func_call(value: relax.Expr, mod: tvm.IRModule) -> bool:
@@ -136,18 +139,20 @@ def _may_alias(value: relax.Expr, var: relax.Var) -> bool:
 
 
 def extract_plan_input(
-    func: relax.Function, mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT
+    func: relax.Function, mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT, inplace: bool = False
 ) -> FunctionPlanInput:
     """Find the statically shaped intermediate tensors of ``func`` and their lifetimes.
 
     A view or tuple of a tensor extends the tensor's lifetime to the view's last use;
-    tensors reachable from the function's result are outputs and stay unplanned.
+    tensors reachable from the function's result are outputs and stay unplanned. With
+    ``inplace``, in-place kernels and removable concats become aliases in the problem.
     """
     bindings = top_level_bindings(func)
     sites: dict[relax.Var, AllocSite] = {}
     unplanned: dict[str, str] = {}
     owners: dict[relax.Var, frozenset[relax.Var]] = {}  # var → planned tensors it may point into
     operators: list[Operator] = []
+    removable_ops = 0
 
     def owners_of(expr: relax.Expr) -> set[relax.Var]:
         found: set[relax.Var] = set()
@@ -169,6 +174,8 @@ def extract_plan_input(
         value = binding.value
         read = owners_of(value)
         operators.append(Operator(step, tuple(read), ()))
+        if isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _VIEW_OPS):
+            removable_ops += 1
         if read and not _is_prim_func_call(value, mod) and _may_alias(value, binding.var):
             owners[binding.var] = frozenset(read)
 
@@ -177,16 +184,26 @@ def extract_plan_input(
         unplanned[var.name] = "function output (returned to the caller)"
         del sites[var]
 
-    sizes = {var: site.nbytes for var, site in sites.items()}
+    lifetimes = tensor_lifetimes(operators)
+    decisions = AliasDecisions()
+    if inplace:
+        decisions = decide_aliases(bindings, sites, owners, lifetimes, mod, alignment)
+
     groups: dict[tuple[int, str], list[relax.Var]] = {}
     for var, site in sites.items():
         groups.setdefault((site.device_index, site.scope), []).append(var)
     arenas = []
     for (device_index, scope), members in sorted(groups.items()):
-        member_set = set(members)
-        problem = problem_from_graph(
-            operators, sizes, is_planned=member_set.__contains__, alignment=alignment
-        )
-        arena_sites = [sites[buffer.name] for buffer in problem.buffers]
-        arenas.append(ArenaProblem(device_index, scope, arena_sites, problem))
-    return FunctionPlanInput(arenas=arenas, unplanned=unplanned, steps=len(bindings))
+        members.sort(key=lambda var: sites[var].step)
+        index = {var: i for i, var in enumerate(members)}
+        buffers = [Buffer(var, sites[var].nbytes, *lifetimes[var]) for var in members]
+        aliases = {
+            index[var]: (index[target], delta)
+            for var, (target, delta) in decisions.aliases.items()
+            if var in index and target in index
+        }
+        problem = Problem(buffers, alignment=alignment, aliases=aliases)
+        arenas.append(ArenaProblem(device_index, scope, [sites[var] for var in members], problem))
+    return FunctionPlanInput(
+        arenas=arenas, unplanned=unplanned, steps=len(bindings), decisions=decisions, removable_ops=removable_ops
+    )

@@ -10,11 +10,12 @@ import tvm
 from tvm import relax
 
 from ..options import MemplanOptions, current_options
-from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem, plan_memory
+from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem
+from ..planning.aliasing import plan_aliased
 from .extract import extract_plan_input
 from .rewrite import apply_plans
 
-PASS_NAME = "tvm_memplan.ArenaPlanBlockMemory"
+ARENA_PASS_NAME = "tvm_memplan.ArenaPlanBlockMemory"
 
 
 @dataclass
@@ -30,8 +31,13 @@ class PlanReport:
     allocators: list[str]
     optimal: bool
     unplanned: dict[str, str] = field(default_factory=dict)
+    concats_removed: int = 0
+    concats_kept: dict[str, str] = field(default_factory=dict)
+    inplace_ops: int = 0
+    removable_ops: int = 0
     arenas: list[dict] = field(default_factory=list)
-    """Per arena: device, scope, and each tensor's name, size, lifetime and offset (for plots)."""
+    """Per arena: device, scope, and each tensor's name, size, lifetime, offset and the index of
+    the tensor it lives inside (``alias_of``, at ``alias_delta`` bytes) — enough to re-validate."""
     alignment: int = DEFAULT_ALIGNMENT
 
     def layouts(self) -> list[tuple[Problem, list[int], int]]:
@@ -40,7 +46,9 @@ class PlanReport:
         for arena in self.arenas:
             tensors = arena["tensors"]
             problem = Problem(
-                [Buffer(t["name"], t["bytes"], t["start"], t["end"]) for t in tensors], alignment=self.alignment
+                [Buffer(t["name"], t["bytes"], t["start"], t["end"]) for t in tensors],
+                alignment=self.alignment,
+                aliases={i: (t["alias_of"], t["alias_delta"]) for i, t in enumerate(tensors) if t["alias_of"] is not None},
             )
             result.append((problem, [t["offset"] for t in tensors], arena["arena_bytes"]))
         return result
@@ -51,17 +59,20 @@ def plan_function(
 ) -> tuple[relax.Function, PlanReport]:
     """Plan one function's statically shaped intermediates into arenas."""
     started = time.monotonic()
-    plan_input = extract_plan_input(func, mod, options.alignment)
-    plans = [plan_memory(arena.problem, time_budget=options.time_budget) for arena in plan_input.arenas]
-    new_func = apply_plans(func, plan_input.arenas, plans)
+    plan_input = extract_plan_input(func, mod, options.alignment, inplace=options.inplace)
+    planned = [plan_aliased(arena.problem, time_budget=options.time_budget) for arena in plan_input.arenas]
+    plans = [plan for plan, _ in planned]
+    bounds = [coalesced.lower_bound() for _, coalesced in planned]
+    new_func = apply_plans(func, plan_input.arenas, plans, plan_input.decisions.removed_calls)
     arenas = []
-    for arena, plan in zip(plan_input.arenas, plans):
+    for arena, plan, bound in zip(plan_input.arenas, plans, bounds):
+        alias_of = arena.problem.aliases
         arenas.append(
             {
                 "device_index": arena.device_index,
                 "scope": arena.scope,
                 "arena_bytes": plan.arena_bytes,
-                "lower_bound_bytes": arena.problem.lower_bound(),
+                "lower_bound_bytes": bound,
                 "allocator": plan.allocator,
                 "tensors": [
                     {
@@ -72,8 +83,10 @@ def plan_function(
                         "start": buffer.start,
                         "end": buffer.end,
                         "offset": offset,
+                        "alias_of": alias_of.get(i, (None, 0))[0],
+                        "alias_delta": alias_of.get(i, (None, 0))[1],
                     }
-                    for site, buffer, offset in zip(arena.sites, arena.problem.buffers, plan.offsets)
+                    for i, (site, buffer, offset) in enumerate(zip(arena.sites, arena.problem.buffers, plan.offsets))
                 ],
             }
         )
@@ -81,12 +94,16 @@ def plan_function(
         function=name,
         tensors=sum(len(arena.sites) for arena in plan_input.arenas),
         naive_bytes=sum(arena.problem.naive_bytes() for arena in plan_input.arenas),
-        lower_bound_bytes=sum(arena.problem.lower_bound() for arena in plan_input.arenas),
+        lower_bound_bytes=sum(bounds),
         arena_bytes=sum(plan.arena_bytes for plan in plans),
         plan_seconds=time.monotonic() - started,
         allocators=[plan.allocator for plan in plans],
         optimal=all(plan.optimal for plan in plans),
         unplanned=plan_input.unplanned,
+        concats_removed=plan_input.decisions.concats_removed,
+        concats_kept=plan_input.decisions.concats_kept,
+        inplace_ops=plan_input.decisions.inplace_ops,
+        removable_ops=plan_input.removable_ops,
         arenas=arenas,
         alignment=options.alignment,
     )
@@ -104,7 +121,7 @@ def ArenaPlanBlockMemory(  # noqa: N802 - named like TVM's passes
     :func:`tvm_memplan.config`'s scope at the time the pass runs.
     """
 
-    @tvm.transform.module_pass(opt_level=0, name=PASS_NAME)
+    @tvm.transform.module_pass(opt_level=0, name=ARENA_PASS_NAME)
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         resolved = options or current_options()
         updates = {}

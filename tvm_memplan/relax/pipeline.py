@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import tvm
@@ -11,8 +12,10 @@ from tvm import relax
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from .passes import ArenaPlanBlockMemory, PlanReport
+from .reorder import OrderReport, ReorderForMemory
 
 _SPBM = "StaticPlanBlockMemory"
+_RESHAPE = "RewriteDataflowReshape"
 
 
 def resolve_target(target: Any) -> tvm.target.Target:
@@ -43,8 +46,20 @@ def _backend_module(target: tvm.target.Target):
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
-def stage_passes(target: tvm.target.Target) -> tuple[list, list]:
-    """TVM's passes for ``target`` split at SPBM: (everything before it, SPBM and after)."""
+@dataclass
+class Stages:
+    """TVM's default passes for a target, cut where tvm_memplan inserts its own."""
+
+    dataflow: list
+    """Up to ``RewriteDataflowReshape``: fused kernels in dataflow blocks, reshapes are views."""
+    lowering: list
+    """The rest before memory planning (``ToNonDataflow`` ... ``CallTIRRewrite``)."""
+    finalize: list
+    """``StaticPlanBlockMemory`` and everything after it."""
+
+
+def stage_passes(target: tvm.target.Target) -> Stages:
+    """TVM's passes for ``target`` split at the insertion points of reordering and arena planning."""
     backend = _backend_module(target)
     before = (
         backend.library_dispatch_passes(target)
@@ -56,30 +71,39 @@ def stage_passes(target: tvm.target.Target) -> tuple[list, list]:
     if _SPBM not in names:
         raise UserError(f"TVM's pipeline for {target.kind.name} has no {_SPBM} to replace")
     at = names.index(_SPBM)
-    return before + finalize[:at], finalize[at:]
+    before += finalize[:at]
+    before_names = [p.info.name for p in before]
+    cut = before_names.index(_RESHAPE) + 1 if _RESHAPE in before_names else len(before)
+    return Stages(before[:cut], before[cut:], finalize[at:])
 
 
 def pipeline(
     target: Any = None,
     on_report: Callable[[PlanReport], None] | None = None,
+    on_order_report: Callable[[OrderReport], None] | None = None,
     **options: Any,
 ) -> tvm.transform.Pass:
-    """A Pass equal to TVM's default pipeline for ``target`` with the arena planner before SPBM.
+    """A Pass equal to TVM's default pipeline for ``target`` with the memplan passes inserted.
 
-    SPBM stays in the pipeline only for what the arena planner leaves (tensors with symbolic
-    shapes). ``options`` are :class:`~tvm_memplan.options.MemplanOptions` fields; unset ones
-    come from :func:`tvm_memplan.config` when the pipeline runs.
+    Dataflow bindings are reordered for memory after ``RewriteDataflowReshape``; the arena
+    planner runs before SPBM, which stays only for what the planner leaves (tensors with
+    symbolic shapes). ``options`` are :class:`~tvm_memplan.options.MemplanOptions` fields;
+    unset ones come from :func:`tvm_memplan.config` when the pipeline runs.
     """
     resolved_target = resolve_target(target)
-    before, finalize = stage_passes(resolved_target)
-    explicit = MemplanOptions().updated(**options) if options else None
+    stages = stage_passes(resolved_target)
+    MemplanOptions().updated(**options)  # reject unknown options now, not at compile time
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        run_options = current_options().updated(**options) if explicit else current_options()
+        run_options = current_options().updated(**options)
         with resolved_target:
             seq = tvm.transform.Sequential(
-                before + [ArenaPlanBlockMemory(run_options, on_report)] + finalize
+                stages.dataflow
+                + [ReorderForMemory(run_options.order, run_options.order_seconds, run_options.inplace, on_order_report)]
+                + stages.lowering
+                + [ArenaPlanBlockMemory(run_options, on_report)]
+                + stages.finalize
             )
             return seq(mod)
 

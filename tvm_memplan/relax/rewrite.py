@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 from tvm import relax
 
@@ -10,13 +10,19 @@ from ..planning import Plan
 from .extract import ArenaProblem
 
 
-def apply_plans(func: relax.Function, arenas: Sequence[ArenaProblem], plans: Sequence[Plan]) -> relax.Function:
+def apply_plans(
+    func: relax.Function,
+    arenas: Sequence[ArenaProblem],
+    plans: Sequence[Plan],
+    removed_calls: AbstractSet[relax.Var] = frozenset(),
+) -> relax.Function:
     """Rewrite ``func`` so every planned tensor lives at its offset in its arena.
 
     Each planned ``alloc = R.builtin.alloc_tensor(...)`` becomes
     ``R.memory.alloc_tensor(arena, offset, ...)`` wrapped in ``R.memory.ensure_zero_offset``:
     generated kernels assert a zero byte offset, and the wrapper folds a 64-byte-aligned offset
-    into the data pointer without copying.
+    into the data pointer without copying. Bindings in ``removed_calls`` (concats whose inputs
+    were written in place) are dropped.
     """
     replacements: dict[relax.Var, list[relax.Binding]] = {}
     arena_bindings: list[relax.Binding] = []
@@ -50,14 +56,15 @@ def apply_plans(func: relax.Function, arenas: Sequence[ArenaProblem], plans: Seq
                 ),
                 relax.VarBinding(site.var, relax.op.memory.ensure_zero_offset(placed)),
             ]
-    if not replacements:
+    if not replacements and not removed_calls:
         return func
 
     new_blocks = []
     for position, block in enumerate(func.body.blocks):
         new_bindings: list[relax.Binding] = list(arena_bindings) if position == 0 else []
         for binding in block.bindings:
-            new_bindings.extend(replacements.get(binding.var, [binding]))
+            if binding.var not in removed_calls:
+                new_bindings.extend(replacements.get(binding.var, [binding]))
         new_blocks.append(type(block)(new_bindings))
     body = relax.SeqExpr(new_blocks, func.body.body)
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)

@@ -1,0 +1,96 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tvm_memplan.cli.main import main
+
+CHALLENGING = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "minimalloc-challenging"
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_plan_json_has_the_documented_keys_and_reaches_the_bound(capsys, small_onnx):
+    code, out, _ = run_cli(capsys, "plan", small_onnx, "--json")
+    assert code == 0
+    report = json.loads(out)
+    for key in ("model", "tensors", "naive_bytes", "tvm_default_bytes", "lower_bound_bytes", "arena_bytes", "plan_seconds", "verified"):
+        assert key in report
+    assert report["verified"] is None
+    assert report["lower_bound_bytes"] <= report["arena_bytes"] <= report["naive_bytes"]
+    assert report["arena_bytes"] == report["lower_bound_bytes"]
+
+
+def test_plan_verify_and_plot(capsys, small_onnx, tmp_path):
+    picture = tmp_path / "layout.png"
+    code, out, _ = run_cli(capsys, "plan", small_onnx, "--verify", "--plot", str(picture))
+    assert code == 0
+    assert "PASS" in out and "memplan arena" in out
+    assert picture.stat().st_size > 10_000
+    code, out, _ = run_cli(capsys, "plan", small_onnx, "--verify", "--json")
+    report = json.loads(out)
+    assert report["verified"] is True
+    assert sorted(report["verify"]["vm_storage_bytes"]) == sorted(report["verify"]["planned_storage_bytes"])
+
+
+@pytest.mark.parametrize(
+    "make_input, message",
+    [
+        (lambda tmp: str(tmp / "missing.onnx"), "no such model file"),
+        (lambda tmp: (tmp / "bad.onnx").write_bytes(b"not a protobuf at all") and str(tmp / "bad.onnx"), "not a valid ONNX model"),
+    ],
+)
+def test_bad_model_files_give_one_line_and_exit_2(capsys, tmp_path, make_input, message):
+    code, out, err = run_cli(capsys, "plan", make_input(tmp_path))
+    assert code == 2
+    assert message in err and err.count("\n") == 1
+
+
+def test_unsupported_operator_is_named(capsys, unsupported_onnx):
+    code, _, err = run_cli(capsys, "plan", unsupported_onnx)
+    assert code == 2 and "Det" in err and err.count("\n") == 1
+
+
+def test_solve_reports_and_writes_offsets(capsys, tmp_path):
+    problem = tmp_path / "p.csv"
+    problem.write_text("id,lower,upper,size\n0,0,2,64\n1,1,3,128\n2,2,4,64\n3,3,5,128\n")
+    out_csv = tmp_path / "offsets.csv"
+    code, out, _ = run_cli(capsys, "solve", str(problem), "--json", "--out", str(out_csv))
+    assert code == 0
+    report = json.loads(out)
+    assert report["arena_bytes"] == report["lower_bound_bytes"] == 192
+    rows = out_csv.read_text().splitlines()
+    assert rows[0] == "id,lower,upper,size,offset" and len(rows) == 5
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("a,b,c\n1,2,3\n", "header"),
+        ("id,lower,upper,size\n0,0,x,64\n", "integers"),
+        ("id,lower,upper,size\n0,5,2,64\n", "lower < upper"),
+    ],
+)
+def test_bad_csv_gives_one_line_and_exit_2(capsys, tmp_path, content, message):
+    problem = tmp_path / "bad.csv"
+    problem.write_text(content)
+    code, _, err = run_cli(capsys, "solve", str(problem))
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not CHALLENGING.exists(), reason="shared benchmarks not beside the checkout")
+def test_solve_challenging_instance_stays_within_budget(capsys):
+    code, out, _ = run_cli(capsys, "solve", str(CHALLENGING / "A.1048576.csv"), "--json", "--time-budget", "5")
+    report = json.loads(out)
+    assert code == 0 and report["lower_bound_bytes"] <= report["arena_bytes"]
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "tvm_memplan.cli.main", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "plan" in result.stdout

@@ -1,0 +1,243 @@
+"""In-place kernels and concat elimination (seed 001), decided on a function after ``CallTIRRewrite``.
+
+Two kinds of aliases are proposed to the planner:
+
+- **merge** (concat): when the concat's inputs are contiguous slices of its output (batch-1
+  NCHW on the channel axis, or any concat on the outermost non-unit axis), each input is
+  allocated inside the output, the producers write straight into place and the concat call
+  disappears;
+- **in-place**: a kernel writes its output over an input that dies at that kernel, when the
+  PrimFunc provably reads that input only at the output's own index (an elementwise tail such
+  as conv + bias + residual add + relu).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import tvm
+from tvm import relax, s_tir, tirx
+
+from .tensor_types import static_nbytes, static_shape
+
+if TYPE_CHECKING:
+    from .extract import AllocSite
+
+_CONCAT_NAME = re.compile(r"^concatenate\d*$")
+
+
+@dataclass
+class AliasDecisions:
+    """What the analysis decided for one function."""
+
+    aliases: dict[relax.Var, tuple[relax.Var, int]] = field(default_factory=dict)
+    """Allocation → (allocation it lives inside, byte offset)."""
+    removed_calls: set[relax.Var] = field(default_factory=set)
+    """Bindings of concat calls that no longer need to run."""
+    concats_removed: int = 0
+    concats_kept: dict[str, str] = field(default_factory=dict)
+    inplace_ops: int = 0
+
+
+def prim_func_of(value: relax.Expr, mod: tvm.IRModule) -> tirx.PrimFunc | None:
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar) and value.op in mod:
+        func = mod[value.op]
+        if isinstance(func, tirx.PrimFunc):
+            return func
+    return None
+
+
+def is_concat_kernel(prim: tirx.PrimFunc, name: str) -> bool:
+    """An unfused concat PrimFunc: TVM names a lone legalized ``concat`` ``concatenate[N]``."""
+    return bool(_CONCAT_NAME.match(name))
+
+
+def _identity_access(region, iter_vars) -> bool:
+    """The region is exactly one element at the block's spatial iterators, in order."""
+    if len(region) != len(iter_vars):
+        return False
+    for rng, iv in zip(region, iter_vars):
+        if not (isinstance(rng.extent, tirx.IntImm) and int(rng.extent.value) == 1):
+            return False
+        if not rng.min.same_as(iv.var):
+            return False
+    return True
+
+
+def _all_blocks(sch: s_tir.Schedule, parent) -> list:
+    blocks = []
+    for child in sch.get_child_blocks(parent):
+        blocks.append(child)
+        blocks.extend(_all_blocks(sch, child))
+    return blocks
+
+
+def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> bool:
+    """Whether writing parameter ``output_index`` over parameter ``source_index`` is safe.
+
+    Proven from the PrimFunc's blocks: the source is only ever read elementwise (each block
+    reading it has no reduction iterator and reads exactly its own index), the output is only
+    written elementwise and never read, and no block reads the source after the first block
+    that writes the output. Then every element is read before the write that replaces it.
+    """
+    params = list(func.params)
+    source, output = params[source_index], params[output_index]
+    if [int(d) for d in source.shape] != [int(d) for d in output.shape] or str(source.dtype) != str(output.dtype):
+        return False
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = [sch.get(b) for b in _all_blocks(sch, sch.get_sblock("root"))]
+    except Exception:  # not a block-structured PrimFunc: nothing can be proven
+        return False
+    last_source_read = first_output_write = None
+    for position, block in enumerate(blocks):
+        spatial = all(int(iv.iter_type) == 0 for iv in block.iter_vars)
+        for read in block.reads:
+            if read.source.same_as(output):
+                return False
+            if read.source.same_as(source):
+                if not (spatial and _identity_access(read.region, block.iter_vars)):
+                    return False
+                last_source_read = position
+        for write in block.writes:
+            if write.source.same_as(source):
+                return False
+            if write.source.same_as(output):
+                if not (spatial and _identity_access(write.region, block.iter_vars)):
+                    return False
+                if first_output_write is None:
+                    first_output_write = position
+    if first_output_write is None:
+        return False
+    return last_source_read is None or last_source_read <= first_output_write
+
+
+def concat_layout(
+    input_shapes: list[tuple[int, ...]], output_shape: tuple[int, ...], itemsize: int
+) -> list[int] | None:
+    """Byte offsets of each input inside the output, when every input is a contiguous slice."""
+    rank = len(output_shape)
+    if any(len(shape) != rank for shape in input_shapes):
+        return None
+    for axis in range(rank):
+        others_match = all(
+            shape[:axis] == output_shape[:axis] and shape[axis + 1:] == output_shape[axis + 1:] for shape in input_shapes
+        )
+        if not others_match or sum(shape[axis] for shape in input_shapes) != output_shape[axis]:
+            continue
+        if any(dim != 1 for dim in output_shape[:axis]):
+            return None  # slices along an inner axis interleave in memory
+        inner = 1
+        for dim in output_shape[axis + 1:]:
+            inner *= dim
+        offsets, position = [], 0
+        for shape in input_shapes:
+            offsets.append(position * inner * itemsize)
+            position += shape[axis]
+        return offsets
+    return None
+
+
+def _itemsize(site: "AllocSite") -> int:
+    return tvm.runtime.DataType(site.dtype).bits // 8
+
+
+def decide_aliases(
+    bindings: list[relax.Binding],
+    sites: dict[relax.Var, "AllocSite"],
+    owners: dict[relax.Var, frozenset[relax.Var]],
+    lifetimes: dict[relax.Var, tuple[int, int]],
+    mod: tvm.IRModule,
+    alignment: int,
+) -> AliasDecisions:
+    """Walk the kernels in execution order and pin concat inputs and in-place outputs."""
+    decisions = AliasDecisions()
+    group_end: dict[relax.Var, int] = {var: end for var, (_, end) in lifetimes.items() if var in sites}
+
+    def root(var: relax.Var) -> relax.Var:
+        while var in decisions.aliases:
+            var = decisions.aliases[var][0]
+        return var
+
+    def join(member: relax.Var, target: relax.Var, delta: int) -> None:
+        decisions.aliases[member] = (target, delta)
+        top = root(target)
+        group_end[top] = max(group_end[top], group_end.pop(member, 0), lifetimes[member][1])
+
+    def sole_owner(arg: relax.Expr) -> relax.Var | None:
+        """The planned allocation ``arg`` views in full, if exactly one."""
+        if not isinstance(arg, relax.Var):
+            return None
+        found = owners.get(arg, frozenset())
+        if len(found) != 1:
+            return None
+        (owner,) = found
+        if owner not in sites or static_nbytes(arg.ty) != sites[owner].nbytes:
+            return None
+        return owner
+
+    first_reader: dict[relax.Var, int] = {}
+    for step, binding in enumerate(bindings):
+        for var in relax.analysis.free_vars(binding.value):
+            for owner in owners.get(var, ()):
+                first_reader.setdefault(owner, step)
+
+    for step, binding in enumerate(bindings):
+        prim = prim_func_of(binding.value, mod)
+        if prim is None:
+            continue
+        args = list(binding.value.args)
+        arg_owners = [sole_owner(arg) for arg in args]
+        out_positions = [i for i, owner in enumerate(arg_owners) if owner is not None and first_reader.get(owner) == step]
+        if len(out_positions) != 1:
+            continue
+        out_position = out_positions[0]
+        out = arg_owners[out_position]
+        name = binding.value.op.name_hint
+        if is_concat_kernel(prim, name):
+            inputs = [(i, arg) for i, arg in enumerate(args) if i != out_position]
+            reason = _concat_blocker(inputs, arg_owners, out, sites, decisions, alignment)
+            if reason is not None:
+                decisions.concats_kept[name] = reason
+                continue
+            offsets = concat_layout([static_shape(arg.ty) for _, arg in inputs], sites[out].shape, _itemsize(sites[out]))
+            for (i, _), delta in zip(inputs, offsets):
+                join(arg_owners[i], out, delta)
+            decisions.removed_calls.add(binding.var)
+            decisions.concats_removed += 1
+            continue
+        if out in decisions.aliases:
+            continue
+        for i, source in enumerate(arg_owners):
+            if i == out_position or source is None or source == out:
+                continue
+            if sites[source].nbytes != sites[out].nbytes or group_end[root(source)] != step + 1:
+                continue
+            if args.count(args[i]) > 1 or not inplace_safe(prim, i, out_position):
+                continue
+            join(out, source, 0)
+            decisions.inplace_ops += 1
+            break
+    return decisions
+
+
+def _concat_blocker(inputs, arg_owners, out, sites, decisions: AliasDecisions, alignment: int) -> str | None:
+    """Why a concat must stay a copy, or None when its inputs can be written in place."""
+    seen = set()
+    for i, arg in inputs:
+        owner = arg_owners[i]
+        if owner is None:
+            return f"input {getattr(arg, 'name', arg)} is not an intermediate this planner places (graph input, constant or partial view)"
+        if owner in seen:
+            return f"input {owner.name} appears twice"
+        if owner in decisions.aliases:
+            return f"input {owner.name} already lives inside another tensor (second concat or in-place)"
+        seen.add(owner)
+    offsets = concat_layout([static_shape(arg.ty) for _, arg in inputs], sites[out].shape, _itemsize(sites[out]))
+    if offsets is None:
+        return "inputs are not contiguous slices of the output (concat on an inner axis)"
+    if any(delta % alignment for delta in offsets):
+        return f"a slice offset is not {alignment}-byte aligned (a view there would copy)"
+    return None
