@@ -29,6 +29,7 @@ def plot_layout(
     for index, (buffer, offset) in enumerate(zip(problem.buffers, offsets)):
         if buffer.size == 0:
             continue
+        aliased = index in problem.aliases
         ax.add_patch(
             Rectangle(
                 (buffer.start, offset / scale),
@@ -37,6 +38,10 @@ def plot_layout(
                 facecolor=cmap(index % 20),
                 edgecolor="black",
                 linewidth=0.3,
+                # Tensors living inside another (in-place outputs, concat slices) are hatched
+                # and translucent so the tensor they share bytes with shows through.
+                hatch="///" if aliased else None,
+                alpha=0.55 if aliased else 1.0,
             )
         )
     bound = problem.lower_bound()
@@ -49,6 +54,8 @@ def plot_layout(
     ax.set_xlabel("execution step")
     ax.set_ylabel(f"offset ({unit})")
     ax.set_title(title or "memory layout")
+    if problem.aliases:
+        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor="white", edgecolor="black", hatch="///", label="shares bytes (in-place / concat slice)"))
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -72,3 +72,62 @@ def staged(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
 
 def random_input(shape, seed=0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+def concat_cases() -> tvm.IRModule:
+    """Concats the planner must handle: one of each kind the elimination has to get right.
+
+    - ``cat_ab``: inputs are kernel outputs, ``a`` is also read after the concat → removed;
+    - ``cat_ac``: ``a`` already lives inside ``cat_ab`` (feeds two concats) → kept as a copy;
+    - ``cat_nested``: a concat of a concat output and a kernel output → removed (nested);
+    - ``cat_x``: one input is the function parameter → kept;
+    - ``cat_inner``: concat on an inner axis, slices interleave → kept.
+    """
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", tensor((1, 32)))
+    m = relax.Var("m", tensor((2, 32)))
+    w = relax.const(np.linspace(-1, 1, 32 * 32, dtype="float32").reshape(32, 32))
+    with bb.function("main", [x, m]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, w))
+            b = bb.emit(relax.op.matmul(a, w))
+            c = bb.emit(relax.op.matmul(b, w))
+            cat_ab = bb.emit(relax.op.concat([a, b], axis=1))  # (1, 64)
+            cat_ac = bb.emit(relax.op.concat([a, c], axis=1))  # (1, 64)
+            d = bb.emit(relax.op.matmul(c, w))
+            cat_nested = bb.emit(relax.op.concat([cat_ab, d], axis=1))  # (1, 96)
+            cat_x = bb.emit(relax.op.concat([x, d], axis=1))  # (1, 64)
+            e = bb.emit(relax.op.matmul(m, w))  # (2, 32)
+            f = bb.emit(relax.op.matmul(e, w))
+            cat_inner = bb.emit(relax.op.concat([e, f], axis=1))  # (2, 64): rows interleave
+            late = bb.emit(relax.op.matmul(a, w))  # ``a`` is read again after its concat
+            s0 = bb.emit(relax.op.sum(cat_ab))  # a second reader keeps ``cat_ab`` from fusing into ``cat_nested``
+            s1 = bb.emit(relax.op.add(relax.op.sum(cat_nested), s0))
+            s2 = bb.emit(relax.op.sum(cat_ac))
+            s3 = bb.emit(relax.op.sum(cat_x))
+            s4 = bb.emit(relax.op.sum(cat_inner))
+            s5 = bb.emit(relax.op.sum(late))
+            out = bb.emit_output(relax.op.add(relax.op.add(relax.op.add(s1, s2), relax.op.add(s3, s4)), s5))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def residual_block(n: int = 64) -> tvm.IRModule:
+    """A bottleneck ``relu(matmul(matmul(s, down), up) + s)``: the fused tail may write over ``s``.
+
+    The peak is that kernel (bottleneck input, shortcut and output alive), so writing the output
+    over the dying shortcut lowers it.
+    """
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", tensor((n, n)))
+    w = relax.const(np.linspace(-0.05, 0.05, n * n, dtype="float32").reshape(n, n))
+    down = relax.const(np.linspace(-0.1, 0.1, n * n // 4, dtype="float32").reshape(n, n // 4))
+    up = relax.const(np.linspace(-0.1, 0.1, n * n // 4, dtype="float32").reshape(n // 4, n))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            shortcut = bb.emit(relax.op.matmul(x, w))
+            h = bb.emit(relax.op.matmul(shortcut, down))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.matmul(h, up), shortcut)))
+            out = bb.emit_output(relax.op.sum(relax.op.matmul(y, w), axis=[0]))
+        bb.emit_func_output(out)
+    return bb.get()

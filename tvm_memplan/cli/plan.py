@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--verify", action="store_true", help="build and run: compare with stock TVM and onnxruntime, trace the VM's allocations")
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
-    _planner_options(plan)
+    model_planner_options(plan)
     plan.set_defaults(func=run_plan)
 
     solve = subparsers.add_parser(
@@ -44,6 +44,26 @@ def _planner_options(parser: argparse.ArgumentParser, default_alignment: int = 6
     parser.add_argument("--time-budget", type=float, default=10.0, metavar="S", help="seconds the search may spend once the greedy orderings miss the lower bound (default 10)")
 
 
+def model_planner_options(parser: argparse.ArgumentParser) -> None:
+    """Options of every command that plans a model (plan, build, measure)."""
+    _planner_options(parser)
+    parser.add_argument("--inplace", action=argparse.BooleanOptionalAction, default=True,
+                        help="in-place kernels and concat elimination (default on)")
+    parser.add_argument("--order", choices=["program", "dfs", "bfs", "search"], default="search",
+                        help="execution order: as imported, TVM's depth-/breadth-first TopologicalSort, or searched (default)")
+    parser.add_argument("--order-seconds", type=float, default=10.0, metavar="S", help="time budget of the order search (default 10)")
+
+
+def model_planner_kwargs(args: argparse.Namespace) -> dict:
+    return {
+        "alignment": args.alignment,
+        "time_budget": args.time_budget,
+        "inplace": args.inplace,
+        "order": args.order,
+        "order_seconds": args.order_seconds,
+    }
+
+
 def _target_arg(text: str):
     import json
 
@@ -62,7 +82,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..verify import verify_plan
 
     model = load_model(args.model)
-    plan = plan_model(model, _target_arg(args.target), alignment=args.alignment, time_budget=args.time_budget)
+    plan = plan_model(model, _target_arg(args.target), **model_planner_kwargs(args))
     verified = None
     verify_result = None
     if args.verify:
@@ -85,9 +105,19 @@ def run_plan(args: argparse.Namespace) -> int:
         "naive_bytes": plan.total("naive_bytes"),
         "tvm_default_bytes": plan.tvm_default_bytes,
         "lower_bound_bytes": bound,
+        "program_order_lower_bound_bytes": plan.program_order_lower_bound_bytes,
         "arena_bytes": arena,
         "arena_over_bound": round(arena / bound, 4) if bound else 1.0,
         "plan_seconds": round(plan.total("plan_seconds"), 4),
+        "order": plan.options.order,
+        "order_strategy": ", ".join(sorted({r.strategy for r in plan.order_reports})) or None,
+        "order_optimal": bool(plan.order_reports) and all(r.optimal for r in plan.order_reports),
+        "order_seconds": round(sum(r.seconds for r in plan.order_reports), 3),
+        "inplace": plan.options.inplace,
+        "concats_removed": plan.total("concats_removed"),
+        "concats_kept": {f"{r.function}.{k}": v for r in plan.reports for k, v in r.concats_kept.items()},
+        "inplace_ops": plan.total("inplace_ops"),
+        "removable_ops": plan.total("removable_ops"),
         "optimal": all(r.optimal for r in plan.reports),
         "allocators": sorted({a for r in plan.reports for a in r.allocators}),
         "functions": [r.function for r in plan.reports],
@@ -122,10 +152,15 @@ def _print_plan_report(summary: dict, layouts) -> None:
         ("planned tensors", f"{summary['tensors']:,}"),
         ("naive (no reuse)", human_bytes(summary["naive_bytes"])),
         ("TVM default (StaticPlanBlockMemory)", human_bytes(default)),
-        ("lower bound (max live bytes)", human_bytes(bound)),
+        ("lower bound, program order", human_bytes(summary["program_order_lower_bound_bytes"])),
+        ("lower bound, order used", human_bytes(bound) + f"  (order {summary['order']}"
+         + (f": {summary['order_strategy']}" if summary["order_strategy"] else "")
+         + (", proved optimal" if summary["order_optimal"] else "") + ")"),
         ("memplan arena", human_bytes(arena)),
         ("arena / lower bound", f"{summary['arena_over_bound']:.3f}" + ("  (optimal)" if summary["optimal"] else "")),
         ("arena / TVM default", f"{arena / default:.3f}" if default else "-"),
+        ("aliasing", f"{summary['inplace_ops']} in-place kernels, {summary['concats_removed']} concats removed, "
+         f"{summary['removable_ops']} views" if summary["inplace"] else "off"),
         ("planning time", f"{summary['plan_seconds'] * 1000:,.1f} ms  ({', '.join(summary['allocators'])})"),
     ]
     if summary["verified"] is not None:
@@ -142,6 +177,8 @@ def _print_plan_report(summary: dict, layouts) -> None:
         out.print(memory_profile(problem, arena_bytes))
     for name, reason in summary["unplanned"].items():
         out.print(f"  unplanned {name}: {reason}")
+    for name, reason in summary["concats_kept"].items():
+        out.print(f"  concat kept {name}: {reason}")
     if summary["verified"] is False:
         for problem_text in summary["verify"]["problems"]:
             out.print(f"  [red]problem[/red]: {problem_text}")

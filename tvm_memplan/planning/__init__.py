@@ -2,8 +2,10 @@
 
 from .allocators import Allocator, GreedyBestFit, Plan, default_allocators, plan_memory
 from .lifetimes import Operator, problem_from_graph, tensor_lifetimes
+from .aliasing import coalesce, plan_aliased
 from .problem import (
     DEFAULT_ALIGNMENT,
+    AliasGroup,
     Buffer,
     Problem,
     ProblemFormatError,
@@ -15,6 +17,7 @@ from .validate import InvalidPlanError, validate_offsets
 
 __all__ = [
     "DEFAULT_ALIGNMENT",
+    "AliasGroup",
     "Allocator",
     "Buffer",
     "GreedyBestFit",
@@ -24,6 +27,8 @@ __all__ = [
     "Problem",
     "ProblemFormatError",
     "align_up",
+    "coalesce",
+    "plan_aliased",
     "default_allocators",
     "plan_memory",
     "problem_from_graph",

@@ -14,23 +14,14 @@ from .validate import validate_offsets
 
 def coalesce(problem: Problem) -> tuple[Problem, list[tuple[int, int]]]:
     """One buffer per alias group; returns it and, per original buffer, (group index, offset in group)."""
-    roots: dict[int, int] = {}
-    placement: list[tuple[int, int]] = []
-    members: list[list[int]] = []
-    for index in range(len(problem.buffers)):
-        root, delta = problem.alias_root(index)
-        if root not in roots:
-            roots[root] = len(members)
-            members.append([])
-        members[roots[root]].append(index)
-        placement.append((roots[root], delta))
+    groups = problem.alias_groups()
+    placement: list[tuple[int, int]] = [(0, 0)] * len(problem.buffers)
     buffers = []
-    for group in members:
-        start = min(problem.buffers[i].start for i in group)
-        end = max(problem.buffers[i].end for i in group)
-        size = max(placement[i][1] + align_up(problem.buffers[i].size, problem.alignment) for i in group)
-        root_name = problem.buffers[min(group, key=lambda i: placement[i][1])].name
-        buffers.append(Buffer(root_name, size, start, end))
+    for g, group in enumerate(groups):
+        for member, delta in zip(group.members, group.deltas):
+            placement[member] = (g, delta)
+        first = group.members[group.deltas.index(min(group.deltas))]
+        buffers.append(Buffer(problem.buffers[first].name, group.size, group.start, group.end))
     conflicts = set()
     for i, j in problem.conflicts:
         gi, gj = placement[i][0], placement[j][0]

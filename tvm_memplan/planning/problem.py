@@ -39,6 +39,17 @@ class Buffer:
 
 
 @dataclass
+class AliasGroup:
+    """Buffers that share one block of memory at fixed offsets (a single buffer when unaliased)."""
+
+    members: list[int]
+    deltas: list[int]
+    start: int
+    end: int
+    size: int
+
+
+@dataclass
 class Problem:
     """Buffers to place in one arena.
 
@@ -103,12 +114,32 @@ class Problem:
         """Bytes needed when every buffer gets its own memory."""
         return sum(self.padded_sizes())
 
+    def alias_groups(self) -> list[AliasGroup]:
+        """Buffers joined by aliases, each group with its lifetime hull and byte extent."""
+        index_of: dict[int, int] = {}
+        groups: list[AliasGroup] = []
+        for i in range(len(self.buffers)):
+            root, delta = self.alias_root(i)
+            if root not in index_of:
+                index_of[root] = len(groups)
+                groups.append(AliasGroup([], [], self.buffers[i].start, self.buffers[i].end, 0))
+            group = groups[index_of[root]]
+            group.members.append(i)
+            group.deltas.append(delta)
+            group.start = min(group.start, self.buffers[i].start)
+            group.end = max(group.end, self.buffers[i].end)
+            group.size = max(group.size, delta + self.padded_size(i))
+        return groups
+
     def lower_bound(self) -> int:
-        """Maximum over time of the padded bytes alive at once (a bound for any placement)."""
+        """Maximum over time of the padded bytes alive at once (a bound for any placement).
+
+        An alias group counts once, with its byte extent, over its lifetime hull.
+        """
         events: list[tuple[int, int]] = []
-        for b, size in zip(self.buffers, self.padded_sizes()):
-            events.append((b.start, size))
-            events.append((b.end, -size))
+        for group in self.alias_groups():
+            events.append((group.start, group.size))
+            events.append((group.end, -group.size))
         # At equal times frees (negative) come first: lifetimes are half-open.
         events.sort(key=lambda e: (e[0], e[1]))
         live = peak = 0

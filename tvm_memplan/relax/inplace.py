@@ -200,7 +200,7 @@ def decide_aliases(
             inputs = [(i, arg) for i, arg in enumerate(args) if i != out_position]
             reason = _concat_blocker(inputs, arg_owners, out, sites, decisions, alignment)
             if reason is not None:
-                decisions.concats_kept[name] = reason
+                decisions.concats_kept[f"{out.name} = {name}(...)"] = reason
                 continue
             offsets = concat_layout([static_shape(arg.ty) for _, arg in inputs], sites[out].shape, _itemsize(sites[out]))
             for (i, _), delta in zip(inputs, offsets):
