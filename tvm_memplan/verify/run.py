@@ -23,9 +23,10 @@ class AllocationTrace:
         return 0
 
 
-def _flatten(value) -> list[np.ndarray]:
+def flatten_outputs(value) -> list[np.ndarray]:
+    """A VM result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
     if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [array for item in value for array in _flatten(item)]
+        return [array for item in value for array in flatten_outputs(item)]
     return [value.numpy()]
 
 
@@ -42,4 +43,4 @@ def run_vm(
     vm.set_instrument(trace.instrument)
     arrays = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs)
     result = vm[function](*[tvm.runtime.tensor(a, device) for a in arrays])
-    return _flatten(result), trace
+    return flatten_outputs(result), trace

@@ -1,0 +1,45 @@
+"""Shared pieces for the deploy tests: a loopback device farm and CLI helpers.
+
+Every process the farm starts listens on 127.0.0.1, exits by itself after its lifetime or when
+this test process is gone, and is killed at teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tvm_memplan.cli.main import main
+from tvm_memplan.deploy.rpc import LocalFarm, start_farm
+
+FARM_LIFETIME_S = 300
+
+needs_aarch64_gxx = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
+                                       reason="aarch64-linux-gnu-g++ missing (Debian: g++-aarch64-linux-gnu)")
+
+
+def opt_in(variable: str):
+    """Skip unless ``variable=1``: env vars, so no pytest option collides with other conftests."""
+    return pytest.mark.skipif(os.environ.get(variable) != "1", reason=f"opt-in: set {variable}=1")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def run_cli_json(capsys, *argv: str) -> dict:
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="session")
+def farm() -> LocalFarm:
+    """A tracker and one server under key ``local`` for the whole session."""
+    with start_farm({"local": 1}, lifetime=FARM_LIFETIME_S) as running:
+        yield running

@@ -1,0 +1,46 @@
+"""Build for aarch64 and measure on the emulated arm64 device (opt-in: TVM_MEMPLAN_RUN_ARM64=1).
+
+Prepares the device with ``scripts/arm64_device.sh prepare`` when it is not there yet (about a
+minute; needs qemu-user, the Debian archive and PyPI), then registers it with a loopback tracker
+under key ``arm64-emu``. Set TVM_MEMPLAN_ARM64_ROOT to keep the device somewhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tvm_memplan.deploy.rpc import start_farm
+
+from .conftest import needs_aarch64_gxx, opt_in, run_cli_json
+
+pytestmark = [pytest.mark.arm64, opt_in("TVM_MEMPLAN_RUN_ARM64"), needs_aarch64_gxx]
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "arm64_device.sh"
+ROOT = Path(os.environ.get("TVM_MEMPLAN_ARM64_ROOT", Path.home() / ".cache" / "tvm_memplan" / "arm64-device"))
+
+
+@pytest.fixture(scope="module")
+def arm64_farm():
+    if shutil.which("qemu-aarch64") is None:
+        pytest.skip("qemu-aarch64 missing (Debian: qemu-user)")
+    if not (ROOT / "bin" / "python3").exists():
+        subprocess.run([str(SCRIPT), "prepare"], check=True, timeout=900)
+    with start_farm({}, lifetime=600) as farm:
+        farm.add_server("arm64-emu", wait=300, command=[str(SCRIPT), "start", "--lifetime", "600"])
+        yield farm
+
+
+@pytest.mark.parametrize("target", ["llvm-aarch64", "c-aarch64"])
+def test_build_and_measure_on_the_emulated_arm64_device(capsys, tmp_path, arm64_farm, target):
+    artifact = tmp_path / f"{target}.so"
+    run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(artifact), "--target", target)
+    report = run_cli_json(capsys, "measure", str(artifact), "--rpc-tracker", arm64_farm.tracker, "--rpc-key",
+                          "arm64-emu", "--repeat", "1", "--min-repeat-ms", "1", "--log", str(tmp_path / "log.jsonl"))
+    assert report["correct"], report["max_abs_diff"]
+    assert report["requested_bytes"] == report["planned_bytes"]
+    assert report["device"] == f"rpc:arm64-emu@{arm64_farm.tracker}"

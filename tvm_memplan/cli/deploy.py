@@ -1,0 +1,233 @@
+"""``tvm-memplan build | measure | rpc-local | tune``: artifacts for devices, and numbers from them."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from contextlib import nullcontext
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..errors import UserError
+from .format import console, human_bytes, key_value_table, print_json
+from .plan import model_planner_kwargs, model_planner_options
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..deploy.targets import TARGETS
+
+    target_help = "; ".join(f"{name}: {t.what}" for name, t in TARGETS.items())
+
+    build = subparsers.add_parser(
+        "build", help="build a model into a shared library for a device (memplan pipeline)",
+        description=f"Compile MODEL for --target and write OUT.so plus OUT.so.json (its manifest). Targets: {target_help}.",
+    )
+    build.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
+    build.add_argument("-o", "--output", required=True, metavar="OUT.so")
+    build.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET", help=f"one of {', '.join(TARGETS)} (default host)")
+    build.add_argument("--pipeline", default="memplan", choices=["memplan", "stock"], help="memplan (default) or TVM's stock planner")
+    build.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
+    build.add_argument("--emit-c", metavar="DIR", help="also write the kernels as standalone C with an example main.c")
+    build.add_argument("--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)")
+    build.add_argument("--json", action="store_true", help="print one JSON object")
+    model_planner_options(build)
+    build.set_defaults(func=run_build)
+
+    measure = subparsers.add_parser(
+        "measure", help="latency, requested memory and correctness of a model or an artifact, here or over RPC",
+        description="Measure MODEL (built here for --target) or OUT.so (built by 'tvm-memplan build'); "
+        "results are appended to a JSON-lines log.",
+    )
+    measure.add_argument("source", metavar="MODEL|OUT.so")
+    measure.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET", help="target to build MODEL for (default host)")
+    measure.add_argument("--rpc-tracker", metavar="HOST:PORT", help="RPC tracker to get the device from")
+    measure.add_argument("--rpc-key", metavar="KEY", help="device key at the tracker")
+    measure.add_argument("--repeat", type=int, default=10, metavar="N", help="timed repeats (default 10)")
+    measure.add_argument("--min-repeat-ms", type=int, default=50, metavar="MS", help="each repeat runs the model for at least this long (default 50)")
+    measure.add_argument("--compare", action="store_true", help="measure TVM's stock pipeline and memplan side by side")
+    measure.add_argument("--work-dir", metavar="DIR", help="apply kernels tuned by 'tvm-memplan tune' in DIR")
+    measure.add_argument("--cross-compiler", metavar="CXX", help="link MODEL's build with CXX instead of the target's compiler")
+    measure.add_argument("--log", default=None, metavar="FILE.jsonl", help="results log (default results/measurements.jsonl)")
+    measure.add_argument("--json", action="store_true", help="print one JSON object (with --compare: under stock and memplan)")
+    model_planner_options(measure)
+    measure.set_defaults(func=run_measure)
+
+    farm = subparsers.add_parser(
+        "rpc-local", help="run an RPC tracker and servers on 127.0.0.1 until Ctrl-C",
+        description="Start a tracker and servers on 127.0.0.1 (first free ports from 9190 / 9090); "
+        "Ctrl-C, SIGTERM or --lifetime stops them all.",
+    )
+    farm.add_argument("--port", type=int, default=9190, help="first tracker port to try (default 9190)")
+    farm.add_argument("--key", default="local", help="device key of the servers (default local)")
+    farm.add_argument("--servers", type=int, default=1, help="number of servers (default 1; 0: only the tracker, e.g. for a phone)")
+    farm.add_argument("--lifetime", type=float, default=3600.0, metavar="S", help="stop after S seconds (default 3600)")
+    farm.set_defaults(func=run_rpc_local)
+
+    tune = subparsers.add_parser(
+        "tune", help="tune the model's kernels with MetaSchedule (XGBoost cost model), resumable",
+        description="Tune MODEL's kernels into the database in --work-dir; a second run continues up to "
+        "--trials in total. build/measure --work-dir apply it.",
+    )
+    tune.add_argument("model", metavar="MODEL")
+    tune.add_argument("--trials", type=int, required=True, metavar="N", help="total trials over the selected kernels")
+    tune.add_argument("--work-dir", required=True, metavar="DIR")
+    cpu_targets = [n for n, t in TARGETS.items() if t.kind == "llvm" and t.device == "cpu"]
+    tune.add_argument("--target", default="host", choices=cpu_targets, metavar="TARGET", help=f"one of {', '.join(cpu_targets)} (default host)")
+    tune.add_argument("--kernels", metavar="REGEX", help="tune only kernels whose name matches")
+    tune.add_argument("--rpc-tracker", metavar="HOST:PORT")
+    tune.add_argument("--rpc-key", metavar="KEY")
+    tune.add_argument("--json", action="store_true")
+    tune.set_defaults(func=run_tune)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from ..deploy.build import Manifest, build
+
+    started = time.monotonic()
+    output = build(args.model, args.target, args.output, args.pipeline, args.work_dir, args.emit_c,
+                   args.cross_compiler, **model_planner_kwargs(args))
+    manifest = Manifest.load(output)
+    summary = {
+        "artifact": str(output),
+        "manifest": str(output) + ".json",
+        "target": manifest.target,
+        "pipeline": manifest.pipeline,
+        "storage_bytes": manifest.storage_bytes,
+        "planned_bytes": manifest.planned_bytes,
+        "tuned": manifest.tuning_dir,
+        "emit_c": args.emit_c,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    if args.json:
+        print_json(summary)
+        return 0
+    rows = [
+        ("artifact", summary["artifact"]),
+        ("target", f"{manifest.target}  {manifest.tvm_target}"),
+        ("pipeline", manifest.pipeline + (f" (tuned kernels from {manifest.tuning_dir})" if manifest.tuning_dir else "")),
+        ("planned storage", human_bytes(manifest.storage_bytes)),
+        ("VM should request", f"{human_bytes(manifest.planned_bytes)} (storage + outputs)"),
+        ("build time", f"{summary['seconds']:.1f} s"),
+    ]
+    if args.emit_c:
+        rows.append(("standalone C", f"{args.emit_c} (see its README.md)"))
+    console().print(key_value_table("tvm-memplan build", rows))
+    return 0
+
+
+def _progress_display(enabled: bool):
+    if not enabled:
+        return nullcontext(None)
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(file=sys.stderr), transient=True,
+    )
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    from ..deploy.measure import measure
+    from ..deploy.results import DEFAULT_LOG, ResultsLog
+
+    log = ResultsLog(args.log or DEFAULT_LOG)
+    with _progress_display(sys.stderr.isatty()) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(pipeline: str, step: str, done: int, total: int) -> None:
+            if bar is None:
+                return
+            if pipeline not in tasks:
+                tasks[pipeline] = bar.add_task(pipeline, total=total)
+            bar.update(tasks[pipeline], completed=done, description=f"{pipeline}: {step}")
+
+        results = measure(
+            args.source, target=args.target, compare=args.compare, repeat=args.repeat,
+            tracker=args.rpc_tracker, key=args.rpc_key, log=log, tuning_dir=args.work_dir,
+            progress=progress, min_repeat_ms=args.min_repeat_ms, cross_compiler=args.cross_compiler, **model_planner_kwargs(args),
+        )
+    if args.json:
+        if args.compare:
+            print_json({pipeline: m.summary() for pipeline, m in results.items()})
+        else:
+            print_json(next(iter(results.values())).summary())
+    else:
+        _print_measurements(results, log.path)
+    return 0 if all(m.correct for m in results.values()) else 1
+
+
+def _print_measurements(results: dict, log_path) -> None:
+    first = next(iter(results.values()))
+    table = Table(title=f"{first.model} on {first.device} ({first.target})", title_justify="left")
+    # median latency, its interquartile range, the VM's storage requests and the plan's bytes
+    for column in ("pipeline", "latency", "IQR", "requested", "planned", "= plan", "correct"):
+        table.add_column(column, justify="left" if column == "pipeline" else "right")
+    for m in results.values():
+        requested = m.requested_bytes
+        table.add_row(
+            m.pipeline, f"{m.latency_ms:.3f} ms", f"{m.latency_spread_ms:.3f} ms",
+            human_bytes(requested) if requested is not None else "unknown",
+            human_bytes(m.planned_bytes),
+            "-" if requested is None else ("yes" if requested == m.planned_bytes else "NO"),
+            "yes" if m.correct else f"NO (max |diff| {m.max_abs_diff:.3g})",
+        )
+    out = console()
+    out.print(table)
+    if "stock" in results and "memplan" in results:
+        stock, memplan = results["stock"], results["memplan"]
+        if stock.requested_bytes and memplan.requested_bytes is not None:
+            out.print(f"memplan requests {memplan.requested_bytes / stock.requested_bytes:.3f}x stock's memory")
+        out.print(f"memplan latency is {memplan.latency_ms / stock.latency_ms:.3f}x stock's "
+                  f"(spreads {stock.latency_spread_ms:.3f} / {memplan.latency_spread_ms:.3f} ms)")
+    if first.requested_bytes is None:
+        out.print("requested bytes unknown: the server has no tvm_memplan.vm_alloc_trace (start it with tvm-memplan rpc-local)")
+    out.print(f"TVM_NUM_THREADS on the device: {first.tvm_num_threads or 'unset'}; results appended to {log_path}")
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_rpc_local(args: argparse.Namespace) -> int:
+    from ..deploy.rpc import start_farm
+
+    if args.servers < 0:
+        raise UserError(f"--servers must be >= 0, got {args.servers}")
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM must run the same clean-up as Ctrl-C
+    out = console()
+    with start_farm({args.key: args.servers}, lifetime=args.lifetime, port=args.port) as farm:
+        out.print(f"tracker {farm.tracker}; {args.servers} server(s) under key {args.key!r}; stops in {args.lifetime:.0f} s or on Ctrl-C")
+        out.print(f"  tvm-memplan measure MODEL --rpc-tracker {farm.tracker} --rpc-key {args.key}")
+        out.print(f"  scripts/arm64_device.sh start --tracker {farm.tracker}   # add the emulated arm64 device")
+        sys.stdout.flush()
+        try:
+            time.sleep(args.lifetime)
+        except KeyboardInterrupt:
+            pass
+    out.print("stopped tracker and servers")
+    return 0
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from ..deploy.tune import tune
+
+    result = tune(
+        args.model, args.target, args.trials, args.work_dir, kernels=args.kernels,
+        tracker=args.rpc_tracker, key=args.rpc_key,
+    )
+    if args.json:
+        print_json(result.summary())
+        return 0
+    rows = [
+        ("kernels tuned", ", ".join(result.kernels)),
+        ("trials this run", str(result.trials_run)),
+        ("records in database", str(result.records)),
+        ("database", f"{result.work_dir} (tuning logs in its logs/)"),
+        ("runner", result.runner),
+        ("time", f"{result.seconds:.1f} s"),
+    ]
+    console().print(key_value_table("tvm-memplan tune", rows))
+    console().print(f"apply with: tvm-memplan build {args.model} -o OUT.so --work-dir {args.work_dir}")
+    return 0

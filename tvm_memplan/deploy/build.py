@@ -1,0 +1,179 @@
+"""Build deployable artifacts: a shared library for the Relax VM plus a JSON manifest beside it.
+
+The manifest (``OUT.so.json``) says what the library is (model, target, pipeline, input shapes) and
+what the plan expects the VM to request, so ``measure OUT.so`` can run it on a remote device and
+check it against a local reference without the user repeating any of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import tvm
+
+from ..errors import UserError
+from ..frontend import LoadedModel, load_model
+from ..planner import ModelPlan, plan_model
+from . import error_line
+from .targets import DeployTarget, get_target
+
+PIPELINES = ("stock", "memplan")
+
+
+@dataclass
+class Manifest:
+    """What an artifact is and what its VM should request."""
+
+    model: str
+    """How to load the model again: ``zoo:...`` or an absolute ONNX path."""
+    target: str
+    pipeline: str
+    tvm_target: str
+    storage_bytes: int
+    """Storage the planner allocates: memplan's arenas, or StaticPlanBlockMemory's blocks (stock)."""
+    output_bytes: int
+    """Function outputs, which no planner places: the VM allocates them on every call."""
+    inputs: list[dict[str, Any]]
+    options: dict[str, Any] = field(default_factory=dict)
+    tuning_dir: str | None = None
+    cross_compiler: str | None = None
+    """The linker named with ``--cross-compiler`` instead of the target's own."""
+    tvm_version: str = tvm.__version__
+
+    @property
+    def planned_bytes(self) -> int:
+        """What the VM should request in total when the plan is what runs."""
+        return self.storage_bytes + self.output_bytes
+
+    def save(self, artifact: Path) -> None:
+        manifest_path(artifact).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, artifact: Path) -> "Manifest":
+        path = manifest_path(artifact)
+        if not path.exists():
+            raise UserError(f"{artifact} has no manifest {path.name}: build it with tvm-memplan build")
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise UserError(f"{path} is not a tvm-memplan manifest: {exc}") from None
+
+
+def manifest_path(artifact: Path) -> Path:
+    return Path(str(artifact) + ".json")
+
+
+def model_reference(spec: str) -> str:
+    """A spec that loads the same model from any directory."""
+    return spec if spec.startswith("zoo:") else str(Path(spec).resolve())
+
+
+def output_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the graph outputs (static shapes; a dynamic output cannot be measured anyway)."""
+    total = 0
+    for value in model.graph.output:
+        tensor_type = value.type.tensor_type
+        dims = [d.dim_value for d in tensor_type.shape.dim]
+        if not all(dims):
+            raise UserError(f"output {value.name!r} has a dynamic shape; export the model with static shapes")
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).itemsize
+        total += int(np.prod(dims)) * itemsize
+    return total
+
+
+def plan_for(model: LoadedModel, target: DeployTarget, tuning_dir: str | None = None, **options: Any) -> ModelPlan:
+    """Plan ``model`` for ``target``, with kernels from a MetaSchedule database when given one."""
+    target.check_codegen()
+    tvm_target = target.tvm_target()
+    with tvm_target:  # some backends (Adreno) read the current target while composing passes
+        plan = plan_model(model, tvm_target, **options)
+    if tuning_dir:
+        from .tune import apply_tuning
+
+        plan = apply_tuning(plan, tuning_dir)
+    return plan
+
+
+def compile_plan(plan: ModelPlan, pipeline: str) -> "tvm.runtime.Executable":
+    if pipeline not in PIPELINES:
+        raise UserError(f"unknown pipeline {pipeline!r}; known: {', '.join(PIPELINES)}")
+    try:
+        return plan.build() if pipeline == "memplan" else plan.build_stock()
+    except (RuntimeError, ValueError) as exc:
+        raise UserError(f"{plan.model.name}: TVM could not compile for {plan.target.kind.name}: {error_line(exc)}") from None
+
+
+def manifest_for(plan: ModelPlan, spec: str, target: DeployTarget, pipeline: str, tuning_dir: str | None,
+                 cross_compiler: str | None) -> Manifest:
+    storage = plan.total("arena_bytes") if pipeline == "memplan" else plan.tvm_default_bytes
+    return Manifest(
+        model=model_reference(spec),
+        target=target.name,
+        pipeline=pipeline,
+        tvm_target=str(plan.target),
+        storage_bytes=int(storage),
+        output_bytes=output_bytes(plan.model.onnx_model),
+        inputs=[{"name": n, "shape": list(s), "dtype": str(d)} for n, s, d in plan.model.input_specs()],
+        options=dataclasses.asdict(plan.options),
+        tuning_dir=str(Path(tuning_dir).resolve()) if tuning_dir else None,
+        cross_compiler=cross_compiler,
+    )
+
+
+def export(executable: "tvm.runtime.Executable", target: DeployTarget, manifest: Manifest, output: Path) -> Path:
+    """Write the library and its manifest; the library goes to a temporary name first."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.name}.partial.so")
+    try:
+        target.export(executable, str(partial))
+    except RuntimeError as exc:
+        partial.unlink(missing_ok=True)
+        raise UserError(f"linking {output.name} for {target.name} failed: {error_line(exc)}") from None
+    partial.replace(output)
+    manifest.save(output)
+    return output
+
+
+def build_artifacts(
+    spec: str,
+    target_name: str,
+    outputs: dict[str, Path],
+    tuning_dir: str | None = None,
+    cross_compiler: str | None = None,
+    **options: Any,
+) -> dict[str, Path]:
+    """Plan once and build one artifact per pipeline (``{pipeline: path}``): the kernels are identical."""
+    target = get_target(target_name, cross_compiler)
+    plan = plan_for(load_model(spec), target, tuning_dir, **options)
+    for pipeline, path in outputs.items():
+        manifest = manifest_for(plan, spec, target, pipeline, tuning_dir, cross_compiler)
+        export(compile_plan(plan, pipeline), target, manifest, Path(path))
+    return outputs
+
+
+def build(
+    spec: str,
+    target_name: str,
+    output: str | Path,
+    pipeline: str = "memplan",
+    tuning_dir: str | None = None,
+    emit_c_dir: str | Path | None = None,
+    cross_compiler: str | None = None,
+    **options: Any,
+) -> Path:
+    """Build one artifact at ``output`` (and, with ``emit_c_dir``, the kernels as standalone C)."""
+    output = Path(output)
+    if output.suffix != ".so":
+        raise UserError(f"the artifact must be a .so file, got {output}")
+    build_artifacts(spec, target_name, {pipeline: output}, tuning_dir, cross_compiler, **options)
+    if emit_c_dir is not None:
+        from .emit_c import emit_c
+
+        emit_c(load_model(spec), emit_c_dir, **options)
+    return output

@@ -1,0 +1,302 @@
+"""Write a model's kernels as standalone C for microcontroller projects (``build --emit-c DIR``).
+
+TVM's C target emits each kernel as a packed function that needs only header-only tvm-ffi and
+dlpack headers plus three runtime symbols (error reporting and workspace allocation). This module
+writes those headers, stubs for the three symbols, a header that documents the calling convention,
+and an example ``main.c`` that runs one kernel on embedded inputs and checks it against outputs
+computed here by TVM's LLVM build of the same kernel (an independent code generator).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+
+from ..errors import UserError
+from ..frontend import LoadedModel
+from .build import compile_plan, plan_for
+from .targets import get_target
+
+_DEFINITION = re.compile(r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M)
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+_DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1), "int8": ("int8_t", 0)}
+"""numpy dtype -> (C type, DLDataTypeCode)."""
+
+
+@dataclass
+class Param:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class EmittedC:
+    directory: Path
+    kernels: list[str]
+    example_kernel: str
+
+
+def _include_roots() -> list[Path]:
+    import tvm.libinfo
+    import tvm_ffi.libinfo
+
+    roots: list[Path] = []
+    for found in (tvm_ffi.libinfo.find_include_path(), tvm.libinfo.find_include_path()):
+        roots += [Path(p) for p in ([found] if isinstance(found, str) else found)]
+    return roots
+
+
+def _copy_headers(source: str, destination: Path) -> list[str]:
+    """Copy every header ``source`` includes (transitively) from TVM's include dirs; return them."""
+    roots = _include_roots()
+    copied: list[str] = []
+    pending = _INCLUDE.findall(source)
+    while pending:
+        name = pending.pop()
+        found = next((root / name for root in roots if (root / name).is_file()), None)
+        if found is None or name in copied:
+            continue  # a system header (math.h, stdint.h, ...)
+        copied.append(name)
+        (destination / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(found, destination / name)
+        pending += _INCLUDE.findall(found.read_text())
+    return sorted(copied)
+
+
+def _params(func: tvm.tirx.PrimFunc) -> list[Param] | None:
+    """Static tensor parameters of a kernel, or None if one is symbolic or of an unsupported dtype."""
+    params = []
+    for var in func.params:  # in TVM 0.27 a tensor parameter is the buffer itself
+        if not isinstance(var.ty, tvm.tirx.buffer.BufferType) or str(var.dtype) not in _DTYPES:
+            return None
+        if not all(isinstance(d, tvm.tirx.IntImm) for d in var.shape):
+            return None
+        params.append(Param(var.name, tuple(int(d) for d in var.shape), str(var.dtype)))
+    return params
+
+
+def _c_array(name: str, values: np.ndarray, ctype: str) -> str:
+    body = ", ".join(f"{v:.9g}" if ctype == "float" else str(int(v)) for v in values.ravel())
+    return f"static {ctype} {name}[{values.size}] __attribute__((aligned(64))) = {{{body}}};\n"
+
+
+def _example_data(name: str, func: tvm.tirx.PrimFunc, params: list[Param]) -> str:
+    """Inputs and TVM LLVM's outputs for ``name``: the last parameter is the output (TVM's
+    destination-passing style after CallTIRRewrite)."""
+    rng = np.random.default_rng(0)
+    arrays = []
+    for p in params:
+        if p.dtype.startswith("float"):
+            arrays.append(rng.standard_normal(p.shape).astype(p.dtype))
+        else:
+            arrays.append(rng.integers(0, 10, size=p.shape).astype(p.dtype))
+    arrays[-1][...] = 0
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    tensors = [tvm.runtime.tensor(a) for a in arrays]
+    lib["main"](*tensors)
+    expected = tensors[-1].numpy()
+
+    text = [f"/* Example data for {name}: inputs from numpy (seed 0), expected output from TVM's LLVM build. */\n"]
+    text.append("#include <stdint.h>\n")
+    for index, (p, array) in enumerate(zip(params, arrays)):
+        ctype, code = _DTYPES[p.dtype]
+        text.append(_c_array(f"arg{index}_data", array, ctype))
+        text.append(f"static int64_t arg{index}_shape[{max(len(p.shape), 1)}] = {{{', '.join(map(str, p.shape)) or '1'}}};\n")
+    ctype, _ = _DTYPES[params[-1].dtype]
+    text.append(_c_array("expected_output", expected, ctype))
+    text.append(f"#define EXAMPLE_NUM_ARGS {len(params)}\n#define EXAMPLE_OUTPUT_SIZE {expected.size}\n")
+    text.append("static DLTensor example_args[EXAMPLE_NUM_ARGS] = {\n")
+    for index, p in enumerate(params):
+        ctype, code = _DTYPES[p.dtype]
+        bits = np.dtype(p.dtype).itemsize * 8
+        text.append(f"  {{arg{index}_data, {{kDLCPU, 0}}, {len(p.shape)}, {{{code}, {bits}, 1}}, arg{index}_shape, NULL, 0}},  /* {p.name}: {p.dtype}{list(p.shape)} */\n")
+    text.append("};\n")
+    return "".join(text)
+
+
+_HEADER = """\
+/* {model}: {count} kernels generated by TVM {version}'s C target (tvm-memplan build --emit-c).
+ *
+ * Calling convention (TVM FFI packed functions, no TVM runtime needed):
+ *   int32_t __tvm_ffi_NAME(void* self, void* args, int32_t num_args, void* result);
+ *   - self and result: pass NULL.
+ *   - args: an array of num_args TVMFFIAny (tvm/ffi/c_api.h), one per tensor parameter, in the
+ *     order listed below; each with type_index = kTVMFFIDLTensorPtr and v_ptr = a DLTensor*.
+ *   - every DLTensor: device {{kDLCPU, 0}}, the exact ndim/shape/dtype below, strides NULL
+ *     (compact row-major), byte_offset 0, data aligned to 64 bytes.
+ *   - outputs are passed like inputs (destination-passing): the LAST parameter is written.
+ *   - returns 0 on success; otherwise tvm_memplan_last_error() says why (a shape/type check).
+ * Scratch memory some kernels need goes through TVMBackendAllocWorkspace/FreeWorkspace in
+ * tvm_memplan_runtime.c (malloc/free: replace with a static pool on a microcontroller).
+ */
+#ifndef TVM_MEMPLAN_KERNELS_H_
+#define TVM_MEMPLAN_KERNELS_H_
+#include <stdint.h>
+#include "tvm/ffi/c_api.h"
+
+#ifdef __cplusplus
+extern "C" {{
+#endif
+
+/* Message of the last failed kernel call (set by the stub of TVMFFIErrorSetRaisedFromCStrParts). */
+const char* tvm_memplan_last_error(void);
+
+/* Call a kernel on num_args tensors: packs them as TVMFFIAny and returns the kernel's status. */
+static inline int32_t tvm_memplan_call(int32_t (*kernel)(void*, void*, int32_t, void*),
+                                       DLTensor* tensors, int32_t num_args) {{
+  TVMFFIAny packed[64];
+  if (num_args > 64) return -1;
+  for (int32_t i = 0; i < num_args; ++i) {{
+    packed[i].type_index = kTVMFFIDLTensorPtr;
+    packed[i].zero_padding = 0;
+    packed[i].v_int64 = 0;
+    packed[i].v_ptr = &tensors[i];
+  }}
+  return kernel(NULL, packed, num_args, NULL);
+}}
+
+{declarations}
+#ifdef __cplusplus
+}}
+#endif
+#endif  /* TVM_MEMPLAN_KERNELS_H_ */
+"""
+
+_RUNTIME = """\
+/* The three runtime symbols TVM's C kernels call, for programs without libtvm_runtime. */
+#include <stdlib.h>
+#include <string.h>
+#include "tvm/ffi/c_api.h"
+
+static char last_error[512];
+
+const char* tvm_memplan_last_error(void) { return last_error; }
+
+void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
+  size_t used = 0;
+  const char* pieces[2] = {kind, ": "};
+  for (int i = 0; i < 2 + num_parts && used + 1 < sizeof(last_error); ++i) {
+    const char* piece = i < 2 ? pieces[i] : parts[i - 2];
+    size_t n = strlen(piece);
+    if (n > sizeof(last_error) - 1 - used) n = sizeof(last_error) - 1 - used;
+    memcpy(last_error + used, piece, n);
+    used += n;
+  }
+  last_error[used] = 0;
+}
+
+/* Kernel scratch memory (e.g. padded inputs): 64-byte aligned like TVM's own allocator. */
+void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int dtype_code_hint,
+                               int dtype_bits_hint) {
+  (void)device_type; (void)device_id; (void)dtype_code_hint; (void)dtype_bits_hint;
+  void* ptr = NULL;
+  return posix_memalign(&ptr, 64, nbytes ? nbytes : 1) == 0 ? ptr : NULL;
+}
+
+int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {
+  (void)device_type; (void)device_id;
+  free(ptr);
+  return 0;
+}
+"""
+
+_MAIN = """\
+/* Runs {kernel} once on the inputs in example_data.h and checks the output TVM's LLVM build gave. */
+#include <math.h>
+#include <stdio.h>
+#include "kernels.h"
+#include "example_data.h"
+
+int main(void) {{
+  if (tvm_memplan_call(__tvm_ffi_{kernel}, example_args, EXAMPLE_NUM_ARGS) != 0) {{
+    printf("FAIL: {kernel}: %s\\n", tvm_memplan_last_error());
+    return 1;
+  }}
+  const {ctype}* out = (const {ctype}*)example_args[EXAMPLE_NUM_ARGS - 1].data;
+  double worst = 0;
+  for (int i = 0; i < EXAMPLE_OUTPUT_SIZE; ++i) {{
+    double diff = fabs((double)out[i] - (double)expected_output[i]);
+    double scale = fabs((double)expected_output[i]) > 1 ? fabs((double)expected_output[i]) : 1;
+    if (diff / scale > worst) worst = diff / scale;
+  }}
+  printf("%s {kernel}: %d outputs, max relative difference %.3g\\n", worst <= 1e-4 ? "PASS" : "FAIL",
+         EXAMPLE_OUTPUT_SIZE, worst);
+  return worst <= 1e-4 ? 0 : 1;
+}}
+"""
+
+_MAKEFILE = """\
+# make                      -> ./example (this machine)
+# make CC=aarch64-linux-gnu-gcc LDFLAGS=-static   -> an arm64 binary (run it with qemu-aarch64)
+CC ?= gcc
+CFLAGS ?= -O2
+example: example_main.c kernels.c tvm_memplan_runtime.c kernels.h example_data.h
+\t$(CC) $(CFLAGS) -Iinclude -o $@ example_main.c kernels.c tvm_memplan_runtime.c $(LDFLAGS) -lm
+clean:
+\trm -f example
+"""
+
+_README = """\
+# {model}: kernels as standalone C
+
+Generated by `tvm-memplan build --emit-c` from TVM {version}'s C target. Nothing here needs
+the TVM runtime: `include/` holds the header-only tvm-ffi and dlpack headers the kernels use, and
+`tvm_memplan_runtime.c` defines the three runtime symbols they call.
+
+| file | what |
+|---|---|
+| `kernels.c` | the {count} kernels (`__tvm_ffi_<name>`), unchanged TVM output |
+| `kernels.h` | calling convention, one prototype per kernel with its tensor parameters |
+| `tvm_memplan_runtime.c` | error message buffer, 64-byte aligned workspace via `posix_memalign` (replace with a static pool on a microcontroller) |
+| `example_main.c`, `example_data.h` | runs `{example}` on fixed inputs and checks TVM's LLVM output |
+| `Makefile` | `make && ./example`; `make CC=aarch64-linux-gnu-gcc LDFLAGS=-static` for arm64 |
+
+Compile flags for a microcontroller: `-O2 -Iinclude kernels.c tvm_memplan_runtime.c your_main.c -lm`.
+"""
+
+
+def emit_c(model: LoadedModel, directory: str | Path, **options: Any) -> EmittedC:
+    """Write ``model``'s kernels (TVM's C target, memplan pipeline) as a standalone C project."""
+    directory = Path(directory)
+    target = get_target("c")
+    plan = plan_for(model, target, **options)
+    executable = compile_plan(plan, "memplan")
+    c_modules = [m for m in executable.mod.imports if m.kind == "c"]
+    if not c_modules:
+        raise UserError(f"{model.name}: TVM's C target produced no C module")
+    source = c_modules[0].inspect_source()
+    kernels = _DEFINITION.findall(source)
+    functions = {gv.name_hint: f for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    signatures = {name: _params(functions[name]) if name in functions else None for name in kernels}
+    runnable = [name for name, params in signatures.items() if params and len(params) >= 2]
+    if not runnable:
+        raise UserError(f"{model.name}: no kernel with static tensor parameters to run in the example")
+    # The smallest kernel that computes something from weights (3+ tensors), not a plain copy.
+    example = min(runnable, key=lambda name: (len(signatures[name]) < 3, sum(int(np.prod(p.shape)) for p in signatures[name])))
+
+    directory.mkdir(parents=True, exist_ok=True)
+    headers = _copy_headers(source, directory / "include")
+    if not headers:
+        raise UserError("TVM's C headers were not found next to the installed tvm and tvm_ffi packages")
+    declarations = []
+    for name in kernels:
+        params = signatures[name]
+        described = ", ".join(f"{p.name}: {p.dtype}{list(p.shape)}" for p in params) if params else "see kernels.c"
+        declarations.append(f"/* {name}({described}) */\nint32_t __tvm_ffi_{name}(void* self, void* args, int32_t num_args, void* result);\n")
+    (directory / "kernels.c").write_text(source)
+    fields = {"model": model.name, "count": len(kernels), "version": tvm.__version__, "example": example}
+    (directory / "kernels.h").write_text(_HEADER.format(declarations="\n".join(declarations), **fields))
+    (directory / "tvm_memplan_runtime.c").write_text(_RUNTIME)
+    (directory / "example_data.h").write_text(_example_data(example, functions[example], signatures[example]))
+    ctype = _DTYPES[signatures[example][-1].dtype][0]
+    (directory / "example_main.c").write_text(_MAIN.format(kernel=example, ctype=ctype))
+    (directory / "Makefile").write_text(_MAKEFILE)
+    (directory / "README.md").write_text(_README.format(**fields))
+    return EmittedC(directory, kernels, example)

@@ -1,0 +1,132 @@
+"""Named deployment targets: the TVM target, how the artifact is compiled, and what runs it.
+
+TVM 0.27 wants target dicts (strings with options are rejected) and knows nothing of cross
+compilers, so each name here bundles the target with the compiler that links the artifact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+
+from ..errors import UserError
+
+# num-cores: MetaSchedule needs it; 4 is a phone's big cluster (used only to tune for it).
+_AARCH64_LLVM = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 4}
+_AARCH64_CXX = "aarch64-linux-gnu-g++"
+_ANDROID_LLVM = {"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": ["+neon"], "num-cores": 4}
+_ANDROID_CXX = "aarch64-linux-android28-clang++"
+"""The Android NDK's compiler for API 28; its toolchains/llvm/prebuilt/*/bin must be on PATH."""
+DEFAULT_CUDA_ARCH = "sm_75"
+"""CUDA arch when building without a GPU: the oldest that CUDA 11 to 13 all compile for."""
+
+
+@dataclass(frozen=True)
+class DeployTarget:
+    """A named target: TVM target config, the device that runs it, and how to link the artifact."""
+
+    name: str
+    config: dict[str, Any] | None
+    """TVM target config; None means this machine's CPU (``Target.from_device``)."""
+    device: str
+    """TVM device name the artifact runs on: cpu, cuda, vulkan, opencl."""
+    cross_compiler: str | None = None
+    """C++ compiler that links the artifact for another architecture (None: the host's)."""
+    what: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.config["kind"] if self.config else "llvm"
+
+    @property
+    def is_c(self) -> bool:
+        return self.kind == "c"
+
+    def tvm_target(self) -> tvm.target.Target:
+        """The TVM target (``host``: this CPU with its core count, which MetaSchedule needs)."""
+        if self.config is None:
+            config = json.loads(str(tvm.target.Target.from_device("cpu")))
+            config["num-cores"] = os.cpu_count() or 1
+        else:
+            config = dict(self.config)
+        if config["kind"] == "cuda" and not tvm.cuda().exist:
+            # TVM reads the arch from the GPU; without one it falls back to sm_50, which CUDA 13 dropped.
+            config["arch"] = DEFAULT_CUDA_ARCH
+        return tvm.target.Target(config)
+
+    def check_codegen(self) -> None:
+        """Raise a one-line UserError when this TVM build cannot generate code for the target."""
+        builder = f"target.build.{self.kind}"
+        if tvm.get_global_func(builder, allow_missing=True) is None:
+            flag = f"USE_{self.kind.upper()}"
+            raise UserError(
+                f"target {self.name}: the installed TVM {tvm.__version__} has no {self.kind} code generator "
+                f"({builder} missing; it was built with {flag}=OFF): install a TVM built with {flag}=ON"
+            )
+        if self.cross_compiler and shutil.which(self.cross_compiler) is None:
+            hint = ("put the Android NDK's toolchains/llvm/prebuilt/linux-x86_64/bin on PATH"
+                    if "android" in self.cross_compiler else "Debian: apt-get install g++-aarch64-linux-gnu")
+            raise UserError(f"target {self.name}: cross compiler {self.cross_compiler} not found ({hint}), "
+                            "or name another with --cross-compiler")
+        if self.kind == "cuda" and shutil.which("nvcc") is None:
+            raise UserError(f"target {self.name}: nvcc not found: TVM compiles CUDA kernels with the CUDA toolkit's nvcc")
+
+    def runtime_problem(self) -> str | None:
+        """Why this machine cannot run the artifact, or None when it can."""
+        if self.device != "cpu" and not tvm.device(self.device, 0).exist:
+            return (f"target {self.name}: no {self.device} device on this machine (the installed TVM has no "
+                    f"{self.device} runtime or no driver loads it): run the artifact through --rpc-tracker/--rpc-key")
+        if self.cross_compiler:
+            return (f"target {self.name} is linked by {self.cross_compiler} for another machine: "
+                    "run it there through --rpc-tracker/--rpc-key")
+        return None
+
+    def export(self, executable: "tvm.runtime.Executable", path: str) -> None:
+        """Link ``executable`` into a shared library at ``path``."""
+        options = ["-O2"] if self.is_c else None  # the C target compiles at -O0 without it
+        fcompile = None
+        if self.cross_compiler:
+            # C sources carry no triple: export_library asks the compiler (-dumpmachine) instead.
+            fcompile = tvm.support.cc.cross_compiler(
+                self.cross_compiler, output_format="so",
+                get_target_triple=tvm.support.cc.get_target_by_dump_machine(self.cross_compiler),
+            )
+        executable.export_library(path, fcompile=fcompile, options=options)
+
+
+def _opencl(device: str) -> dict[str, Any]:
+    config: dict[str, Any] = {"kind": "opencl", "device": device, "host": _AARCH64_LLVM}
+    if device == "adreno":
+        config["keys"] = ["adreno", "opencl", "gpu"]  # selects TVM's Adreno Relax pipeline
+    return config
+
+
+TARGETS: dict[str, DeployTarget] = {
+    t.name: t
+    for t in (
+        DeployTarget("host", None, "cpu", what="this machine's CPU (LLVM, Target.from_device)"),
+        DeployTarget("llvm-aarch64", _AARCH64_LLVM, "cpu", _AARCH64_CXX, "arm64 Linux CPU (LLVM + NEON), cross-linked"),
+        DeployTarget("android-arm64", _ANDROID_LLVM, "cpu", _ANDROID_CXX, "Android phone CPU (LLVM + NEON), linked by the NDK"),
+        DeployTarget("c", {"kind": "c"}, "cpu", what="C source compiled with -O2 on this machine, bytecode VM"),
+        DeployTarget("c-aarch64", {"kind": "c"}, "cpu", _AARCH64_CXX, "C source cross-compiled -O2 for arm64 Linux"),
+        DeployTarget("cuda", {"kind": "cuda", "host": "llvm"}, "cuda", what="NVIDIA GPU (CUDA, needs nvcc to build)"),
+        DeployTarget("vulkan", {"kind": "vulkan", "host": "llvm"}, "vulkan", what="Vulkan GPU (needs TVM with USE_VULKAN=ON)"),
+        DeployTarget("opencl-mali", _opencl("mali"), "opencl", _AARCH64_CXX, "Arm Mali GPU on an arm64 phone (OpenCL)"),
+        DeployTarget("opencl-adreno", _opencl("adreno"), "opencl", _AARCH64_CXX, "Qualcomm Adreno GPU on an arm64 phone (OpenCL)"),
+    )
+}
+
+
+def get_target(name: str, cross_compiler: str | None = None) -> DeployTarget:
+    """The named target (linked by ``cross_compiler`` when given), or a one-line UserError."""
+    try:
+        target = TARGETS[name]
+    except KeyError:
+        raise UserError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+    return dataclasses.replace(target, cross_compiler=cross_compiler) if cross_compiler else target
