@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
-from tvm import relax
 
 from .frontend import LoadedModel, to_relax
 from .options import MemplanOptions, current_options
 from .relax.extract import extract_plan_input
+from .relax.module import relax_functions
 from .relax.passes import ArenaPlanBlockMemory, PlanReport
 from .relax.pipeline import resolve_target, stage_passes
 from .relax.reorder import OrderReport, ReorderForMemory
@@ -83,8 +83,7 @@ def plan_model(model: LoadedModel, target: Any = None, **options: Any) -> ModelP
         reports.append(PlanReport("main", 0, 0, 0, 0, 0.0, [], True))
     program_bound = sum(
         arena.problem.lower_bound()
-        for func in stock_staged.functions.values()
-        if isinstance(func, relax.Function)
+        for _, func in relax_functions(stock_staged)
         for arena in extract_plan_input(func, stock_staged, resolved.alignment).arenas
     )
     return ModelPlan(

@@ -13,6 +13,7 @@ from ..options import MemplanOptions, current_options
 from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem
 from ..planning.aliasing import plan_aliased
 from .extract import extract_plan_input
+from .module import relax_functions, with_functions
 from .rewrite import apply_plans
 
 ARENA_PASS_NAME = "tvm_memplan.ArenaPlanBlockMemory"
@@ -125,19 +126,12 @@ def ArenaPlanBlockMemory(  # noqa: N802 - named like TVM's passes
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         resolved = options or current_options()
         updates = {}
-        for gvar, func in mod.functions.items():
-            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-                continue
+        for gvar, func in relax_functions(mod):
             new_func, report = plan_function(func, mod, gvar.name_hint, resolved)
             if on_report is not None:
                 on_report(report)
             if not new_func.same_as(func):
                 updates[gvar] = new_func
-        if not updates:
-            return mod
-        new_mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-        for gvar, func in updates.items():
-            new_mod[gvar] = func
-        return new_mod
+        return with_functions(mod, updates)
 
     return _pass

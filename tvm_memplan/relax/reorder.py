@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..planning import Operator
 from ..planning.order import OrderGraph, OrderResult, search_order
 from .inplace import inplace_safe, is_concat_kernel
+from .module import relax_functions, with_blocks, with_functions
 from .tensor_types import static_nbytes
 
 ORDERS = ("program", "dfs", "bfs", "search")
@@ -132,9 +133,7 @@ def ReorderForMemory(  # noqa: N802 - named like TVM's passes
         if order in tvm_sorts:
             mod = tvm_sorts[order](mod)
         updates = {}
-        for gvar, func in mod.functions.items():
-            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-                continue
+        for gvar, func in relax_functions(mod):
             new_blocks, changed = [], False
             for index, block in enumerate(func.body.blocks):
                 if not isinstance(block, relax.DataflowBlock) or len(block.bindings) < 2:
@@ -164,14 +163,7 @@ def ReorderForMemory(  # noqa: N802 - named like TVM's passes
                 else:
                     new_blocks.append(block)
             if changed:
-                updates[gvar] = relax.Function(
-                    func.params, relax.SeqExpr(new_blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs, func.span
-                )
-        if not updates:
-            return mod
-        new_mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-        for gvar, func in updates.items():
-            new_mod[gvar] = func
-        return new_mod
+                updates[gvar] = with_blocks(func, new_blocks)
+        return with_functions(mod, updates)
 
     return _pass

@@ -8,6 +8,7 @@ from tvm import relax
 
 from ..planning import Plan
 from .extract import ArenaProblem
+from .module import with_blocks
 
 
 def apply_plans(
@@ -66,5 +67,4 @@ def apply_plans(
             if binding.var not in removed_calls:
                 new_bindings.extend(replacements.get(binding.var, [binding]))
         new_blocks.append(type(block)(new_bindings))
-    body = relax.SeqExpr(new_blocks, func.body.body)
-    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+    return with_blocks(func, new_blocks)
