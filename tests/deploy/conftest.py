@@ -7,7 +7,6 @@ this test process is gone, and is killed at teardown.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
@@ -19,11 +18,6 @@ FARM_LIFETIME_S = 300
 
 needs_aarch64_gxx = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
                                        reason="aarch64-linux-gnu-g++ missing (Debian: g++-aarch64-linux-gnu)")
-
-
-def opt_in(variable: str):
-    """Skip unless ``variable=1``: env vars, so no pytest option collides with other conftests."""
-    return pytest.mark.skipif(os.environ.get(variable) != "1", reason=f"opt-in: set {variable}=1")
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -16,9 +16,9 @@ import pytest
 
 from tvm_memplan.deploy.rpc import start_farm
 
-from .conftest import needs_aarch64_gxx, opt_in, run_cli_json
+from .conftest import needs_aarch64_gxx, run_cli_json
 
-pytestmark = [pytest.mark.arm64, opt_in("TVM_MEMPLAN_RUN_ARM64"), needs_aarch64_gxx]
+pytestmark = [pytest.mark.arm64, needs_aarch64_gxx]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "arm64_device.sh"
 ROOT = Path(os.environ.get("TVM_MEMPLAN_ARM64_ROOT", Path.home() / ".cache" / "tvm_memplan" / "arm64-device"))

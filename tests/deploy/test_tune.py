@@ -9,9 +9,9 @@ import pytest
 
 from tvm_memplan.deploy.tune import tune
 
-from .conftest import opt_in, run_cli_json
+from .conftest import run_cli_json
 
-pytestmark = [pytest.mark.tuning, opt_in("TVM_MEMPLAN_RUN_TUNING")]
+pytestmark = [pytest.mark.tuning]
 
 MODEL = "zoo:mlp"
 KERNEL = "fused_matmul1_add1"  # the 512 -> 10 layer

@@ -12,6 +12,8 @@ from ..errors import UserError
 # Each module defines ``register(subparsers)``; a subcommand sets ``func(args) -> int``.
 COMMAND_MODULES = [
     "tvm_memplan.cli.plan",
+    "tvm_memplan.cli.deploy",
+    "tvm_memplan.cli.lq",
 ]
 
 

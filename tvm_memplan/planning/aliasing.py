@@ -50,5 +50,6 @@ def plan_aliased(problem: Problem, time_budget: float = 10.0) -> tuple[Plan, Pro
         seconds=group_plan.seconds,
         optimal=group_plan.optimal,
         tried=group_plan.tried,
+        tried_seconds=group_plan.tried_seconds,
     )
     return plan, coalesced

@@ -22,6 +22,8 @@ class Plan:
     """True when the allocator proved no smaller arena exists (e.g. it reached the lower bound)."""
     tried: dict[str, int] = field(default_factory=dict)
     """Arena bytes each allocator reached, when a driver ran several."""
+    tried_seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds each allocator took, keyed like ``tried``."""
 
 
 def arena_bytes(problem: Problem, offsets: Sequence[int]) -> int:
@@ -41,14 +43,22 @@ class Allocator(ABC):
     def place(self, problem: Problem, deadline: float | None) -> list[int]:
         """Return one offset a buffer. ``deadline`` is a ``time.monotonic()`` value or None."""
 
+    def place_proven(self, problem: Problem, deadline: float | None) -> tuple[list[int], bool]:
+        """Offsets, and whether the allocator proved that no smaller arena exists.
+
+        Heuristics prove nothing; exact searches override this to report their proofs.
+        """
+        return self.place(problem, deadline), False
+
     def allocate(self, problem: Problem, deadline: float | None = None) -> Plan:
+        """Place and time it; the plan is optimal when proven so or when it meets the lower bound."""
         started = time.monotonic()
-        offsets = self.place(problem, deadline)
+        offsets, proven = self.place_proven(problem, deadline)
         arena = arena_bytes(problem, offsets)
         return Plan(
             offsets=offsets,
             arena_bytes=arena,
             allocator=self.name,
             seconds=time.monotonic() - started,
-            optimal=arena == problem.lower_bound(),
+            optimal=proven or arena <= problem.lower_bound(),
         )

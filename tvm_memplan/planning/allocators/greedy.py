@@ -29,7 +29,7 @@ def by_lifetime(problem: Problem, i: int) -> tuple:
 
 
 def conflict_lists(problem: Problem) -> list[list[int]]:
-    """For every buffer, the buffers it may not overlap (a sweep over lifetimes)."""
+    """For every buffer, the buffers it may not overlap: a sweep over lifetimes, then conflicts."""
     n = len(problem.buffers)
     neighbours: list[list[int]] = [[] for _ in range(n)]
     by_start = sorted(range(n), key=lambda i: problem.buffers[i].start)
@@ -42,7 +42,7 @@ def conflict_lists(problem: Problem) -> list[list[int]]:
             neighbours[j].append(i)
         active.append(i)
     for i, j in problem.conflicts:
-        if j not in neighbours[i]:
+        if not problem.buffers[i].lives_with(problem.buffers[j]):  # else the sweep listed them
             neighbours[i].append(j)
             neighbours[j].append(i)
     return neighbours
@@ -75,8 +75,10 @@ class GreedyBestFit(Allocator):
     def place(self, problem: Problem, deadline: float | None) -> list[int]:
         sizes = problem.padded_sizes()
         neighbours = conflict_lists(problem)
-        offsets: list[int | None] = [None] * len(sizes)
+        offsets = [0] * len(sizes)
+        is_placed = [False] * len(sizes)
         for i in sorted(range(len(sizes)), key=lambda i: self.key(problem, i)):
-            placed = [(offsets[j], offsets[j] + sizes[j]) for j in neighbours[i] if offsets[j] is not None and sizes[j]]
+            placed = [(offsets[j], offsets[j] + sizes[j]) for j in neighbours[i] if is_placed[j] and sizes[j]]
             offsets[i] = best_fit_offset(sizes[i], placed, problem.alignment)
-        return [o for o in offsets]  # type: ignore[misc]
+            is_placed[i] = True
+        return offsets

@@ -1,0 +1,24 @@
+"""Opt-in test groups, switched on by environment variables (CI runs neither).
+
+- ``@pytest.mark.arm64``: cross-built aarch64 code run under qemu (needs Debian's
+  gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu, qemu-user): ``TVM_MEMPLAN_RUN_ARM64=1``;
+- ``@pytest.mark.tuning``: MetaSchedule tuning runs (minutes): ``TVM_MEMPLAN_RUN_TUNING=1``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+OPT_IN = {"arm64": "TVM_MEMPLAN_RUN_ARM64", "tuning": "TVM_MEMPLAN_RUN_TUNING"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for marker, variable in OPT_IN.items():
+        if os.environ.get(variable) == "1":
+            continue
+        skip = pytest.mark.skip(reason=f"opt-in: set {variable}=1")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)

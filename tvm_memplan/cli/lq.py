@@ -1,0 +1,222 @@
+"""``tvm-memplan quantize`` and ``tvm-memplan lq-bench``: LQ-Nets low-bit dense layers (seed 002)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    import tvm
+
+TARGETS = ("native", "x86-64", "aarch64")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    quantize = subparsers.add_parser(
+        "quantize",
+        help="quantize the dense layers of an ONNX model to learned low-bit codes and compile it",
+        description="Calibrate LQ-Nets quantizers (QEM) on real data, replace dense/Gemm/MatMul layers "
+        "with bitserial popcount kernels, compile, and write the library plus a JSON report.",
+    )
+    quantize.add_argument("model", type=Path, help="ONNX model")
+    quantize.add_argument("--calib", type=Path, required=True, help=".npz with one (samples, ...) array per model input")
+    quantize.add_argument("--wbits", type=int, default=2, help="weight bits, 1-4 (default 2)")
+    quantize.add_argument("--abits", type=int, default=2, help="activation bits, 1-4 (default 2)")
+    quantize.add_argument("--finetune", action="store_true", help="fit each layer on the quantized upstream path")
+    quantize.add_argument(
+        "--act-codes",
+        choices=("auto", "pm1", "01"),
+        default="auto",
+        help="activation codes: {0,1} for non-negative inputs and ±1 otherwise (auto, default), or forced",
+    )
+    quantize.add_argument("--keep-first-last", action="store_true", help="leave the first and last dense layer in float")
+    quantize.add_argument("--batch", type=int, default=1, help="batch size for a dynamic batch dimension (default 1)")
+    quantize.add_argument("--target", choices=TARGETS, default="native", help="native CPU, generic x86-64, or aarch64 (cross)")
+    quantize.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials per LQ kernel (0: hand schedule)")
+    quantize.add_argument("--tune-dir", type=Path, default=Path("lq_tuning"), help="MetaSchedule database directory")
+    quantize.add_argument("-o", "--output", type=Path, required=True, help="library to write (.so); the report goes next to it (.json)")
+    quantize.set_defaults(func=run_quantize)
+
+    bench = subparsers.add_parser(
+        "lq-bench",
+        help="reproduce the seed's LQ table on real digits: accuracy, size, latency, kernel speed",
+        description="Train a 784-512-10 tanh MLP on scikit-learn's digits (upsampled to 28x28), quantize it "
+        "at several bit widths, and time the LQ kernels against scheduled fp32 TVM and numpy. "
+        "Set TVM_NUM_THREADS (e.g. 2) for timings; without it TVM runs one thread.",
+    )
+    bench.add_argument("--json", action="store_true", help='print {"rows": [...], "kernels": [...]} as JSON')
+    bench.add_argument("--finetune", action="store_true", help="use the fine-tuning calibration mode")
+    bench.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    bench.add_argument("--epochs", type=int, default=60, help="training epochs (default 60)")
+    bench.add_argument("--hidden", type=int, default=512, help="hidden units of the MLP (default 512, as the seed)")
+    bench.add_argument(
+        "--settings",
+        default="32/32,4/4,3/3,2/2,1/1,1/2,2/1",
+        help="comma-separated WBITS/ABITS rows; 32/32 is the float model (default: %(default)s)",
+    )
+    bench.add_argument("--no-kernels", action="store_true", help="skip the kernel timings")
+    bench.add_argument("--no-accuracy", action="store_true", help="skip the accuracy table")
+    bench.add_argument("--quick", action="store_true", help="fewer timing repeats")
+    bench.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_memplan",
+        help="where the trained MLP is cached",
+    )
+    bench.set_defaults(func=run_bench)
+
+
+def _target(name: str) -> "tvm.target.Target":
+    import tvm
+
+    from ..lq.calibrate import default_target
+    from ..lq.cross import arm64_target
+
+    if name == "aarch64":
+        return arm64_target()
+    if name == "x86-64":
+        return tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": os.cpu_count() or 1})
+    return default_target()
+
+
+def load_onnx_module(path: Path, batch: int) -> "tvm.IRModule":
+    """ONNX file → Relax module with a static batch; malformed files become one-line errors."""
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    if not path.is_file():
+        raise UserError(f"model not found: {path}")
+    if batch < 1:
+        raise UserError(f"--batch must be at least 1, got {batch}")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as exc:  # onnx raises several unrelated exception types
+        raise UserError(f"cannot read ONNX model {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    initializers = {init.name for init in model.graph.initializer}
+    shapes = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dims = []
+        for index, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                dims.append(dim.dim_value)
+            elif index == 0:
+                dims.append(batch)
+            else:
+                raise UserError(f"input {value.name} has a dynamic dimension {index}; only the batch may be dynamic")
+        shapes[value.name] = dims
+    try:
+        return from_onnx(model, shape_dict=shapes)
+    except Exception as exc:  # the importer raises on unsupported operators
+        first = str(exc).strip().splitlines()
+        raise UserError(f"cannot import {path}: {first[-1] if first else type(exc).__name__}") from exc
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    from ..lq.calibrate import LQConfig, build, load_npz, quantize_module
+    from ..lq.quantizer import check_bits
+
+    check_bits(args.wbits, "--wbits")
+    check_bits(args.abits, "--abits")
+    if args.tune_trials < 0:
+        raise UserError(f"--tune-trials must be >= 0, got {args.tune_trials}")
+    if args.tune_trials and args.target != "native":
+        raise UserError("--tune-trials measures kernels on this machine: use it with --target native")
+    calib = load_npz(args.calib)
+    mod = load_onnx_module(args.model, args.batch)
+    target = _target(args.target)
+    config = LQConfig(
+        args.wbits,
+        args.abits,
+        act_codes=args.act_codes,
+        finetune=args.finetune,
+        keep_first_last=args.keep_first_last,
+        tune_trials=args.tune_trials,
+        tune_dir=str(args.tune_dir),
+    )
+    # Calibration runs the model here, so it is always built for this machine.
+    fit_target = target if args.target == "native" else _target("native")
+    result = quantize_module(mod, calib, config, fit_target)
+    if args.target != "native":
+        from ..lq.calibrate import apply_layers
+
+        module = apply_layers(mod, result.layers, target, config)
+    else:
+        module = result.module
+    library = args.output if args.output.suffix else args.output.with_suffix(".so")
+    library.parent.mkdir(parents=True, exist_ok=True)
+    executable = build(module, target)
+    if args.target == "aarch64":
+        import tvm
+
+        executable.export_library(str(library), fcompile=tvm.support.cc.cross_compiler("aarch64-linux-gnu-g++"))
+    else:
+        executable.export_library(str(library))
+    report = result.as_json(config)
+    report.update({"model": str(args.model), "library": str(library), "target": str(target)})
+    report_path = library.with_suffix(".json")
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    converted = sum(1 for layer in result.report if layer.status == "lq")
+    print(
+        f"{converted}/{len(result.report)} dense layers quantized to W{args.wbits}A{args.abits}; "
+        f"parameters {result.float_bytes:,} -> {result.lq_bytes:,} bytes"
+    )
+    for layer in result.report:
+        if layer.status != "lq":
+            print(f"  {layer.name} ({layer.n}->{layer.o}) left in float: {layer.reason}")
+    print(f"wrote {library} and {report_path}")
+    return 0
+
+
+def parse_settings(text: str) -> list[tuple[int, int]]:
+    """"32/32,2/2,1/1" → [(32, 32), (2, 2), (1, 1)]; 32/32 is float, other widths must be 1-4."""
+    from ..lq.quantizer import check_bits
+
+    settings = []
+    for item in text.split(","):
+        parts = item.strip().split("/")
+        try:
+            wbits, abits = (int(p) for p in parts)
+        except ValueError:
+            raise UserError(f"--settings entries look like 2/2, got {item.strip()!r}") from None
+        if (wbits, abits) != (32, 32):
+            check_bits(wbits, "weight bits")
+            check_bits(abits, "activation bits")
+        settings.append((wbits, abits))
+    return settings
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    # TVM's pool runs one thread unless told otherwise (field notes, section 4).
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    from ..lq import bench
+
+    timing = bench.Timing(number=3, repeat=3, min_repeat_ms=20) if args.quick else bench.Timing()
+    if args.epochs < 1 or args.hidden < 1:
+        raise UserError("--epochs and --hidden must be at least 1")
+    result = bench.run(
+        accuracy=not args.no_accuracy,
+        kernel=not args.no_kernels,
+        seed=args.seed,
+        epochs=args.epochs,
+        hidden=args.hidden,
+        finetune=args.finetune,
+        settings=parse_settings(args.settings),
+        cache_dir=args.cache_dir,
+        timing=timing,
+    )
+    if args.json:
+        print(json.dumps({"rows": result["rows"], "kernels": result["kernels"]}, indent=2))
+        return 0
+    from .format import console
+
+    out = console()
+    out.print(bench.markdown(result))
+    return 0

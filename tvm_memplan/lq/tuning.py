@@ -1,0 +1,52 @@
+"""Optional MetaSchedule tuning of the LQ dense kernels (XGBoost cost model, database on disk).
+
+Tuning is slow (≈5 s a trial on two cores, plus an 18 s import of the tensor intrinsics), so it
+is opt-in (``--tune-trials N``). The JSON database in ``work_dir`` is reused: a kernel whose
+workload already has records is compiled from them without new trials.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import tvm
+from tvm import tirx
+
+
+def tune_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, trials: int, work_dir: Path) -> tirx.PrimFunc:
+    """The best schedule MetaSchedule finds for ``func`` in ``trials`` measured candidates."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if "num-cores" not in target.attrs:
+        raise ValueError("MetaSchedule needs a target with num-cores")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    func = func.without_attr("tir.is_scheduled").with_attr("global_symbol", "main")
+    mod = tvm.IRModule({"main": func})
+    database = ms.database.JSONDatabase(work_dir=str(work_dir))
+    if not database.has_workload(mod) or not database.get_top_k(database.commit_workload(mod), 1):
+        database = ms.tune_tir(
+            mod,
+            target,
+            str(work_dir),
+            max_trials_global=trials,
+            num_trials_per_iter=min(16, trials),
+            cost_model="xgb",
+            # The default 30 s builder timeout kills most builds (field notes, section 5).
+            builder=ms.builder.LocalBuilder(timeout_sec=120),
+            runner=ms.runner.LocalRunner(timeout_sec=60),
+            database=database,
+        )
+    sch = ms.tir_integration.compile_tir(database, mod, target)
+    if sch is None:
+        raise RuntimeError("MetaSchedule found no valid schedule; raise --tune-trials")
+    return sch.mod["main"].with_attr("tir.is_scheduled", True)
+
+
+def metaschedule_dense(trials: int, work_dir: Path) -> Callable[[tirx.PrimFunc, tvm.target.Target], tirx.PrimFunc]:
+    """A ``schedule_dense`` hook for :class:`~tvm_memplan.lq.relax_pass.LQDense`."""
+
+    def schedule(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
+        return tune_primfunc(func, target, trials, work_dir)
+
+    return schedule
