@@ -1,6 +1,6 @@
 """Arena sizes and planning times of the offset planners, as Markdown tables.
 
-    python scripts/bench_memory.py --minimalloc /work/shared/benchmarks/minimalloc-challenging \
+    python scripts/bench_memory.py --zoo --minimalloc ../shared/benchmarks/minimalloc-challenging \
         --seconds 60 --out results/bench_memory.md
 
 One section per benchmark family; each is a function returning Markdown so more families (the
@@ -10,12 +10,16 @@ model zoo) can join ``main`` without touching the others.
 from __future__ import annotations
 
 import argparse
+import random
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
-from tvm_memplan.planning import Problem, plan_memory, read_minimalloc_csv
+from tvm_memplan.planning import Operator, Problem, plan_memory, problem_from_graph, read_minimalloc_csv, validate_offsets
+from tvm_memplan.planning.allocators import CanonicalSearch, greedy_allocators
+from tvm_memplan.planning.order import OrderGraph, search_order
 
 GREEDY_SIZE = "greedy-size"
 SEARCH = "search-minimalloc"
@@ -75,23 +79,141 @@ def minimalloc_table(directory: Path, seconds: float, instances: list[str] | Non
     return header + "".join(rows) + summary
 
 
+def zoo_table(names: list[str], seconds: float) -> str:
+    """Two tables over zoo models at their published input sizes.
+
+    The foundation planner (program order, no aliasing): naive bytes, TVM's
+    StaticPlanBlockMemory on the same module, the liveness lower bound, the arena, and every
+    heap algorithm on the same problem side by side. Then the defaults (in-place kernels and
+    concat elimination on, execution order searched) against that arena.
+    """
+    from tvm_memplan import zoo
+    from tvm_memplan.frontend import LoadedModel
+    from tvm_memplan.planner import plan_model
+
+    mib = 1 << 20
+    planners = [*greedy_allocators(), CanonicalSearch()]
+    first = [
+        "### Model zoo: the arena planner against TVM (program order, no aliasing)\n",
+        "MiB, batch 1, float32, published input sizes; ratios to the lower bound per heap algorithm.\n",
+        "| model | tensors | naive | TVM default | lower bound | arena | arena / bound | arena / TVM default | "
+        + " | ".join(p.name for p in planners)
+        + " | plan s |",
+        "|---|" + "---:|" * (8 + len(planners)),
+    ]
+    second = [
+        "\n### Model zoo: below the bound (in-place, concat elimination, order search)\n",
+        "Defaults of `tvm_memplan.pipeline` against the arena above; the bound is for the order used, "
+        "with aliased tensors counted once.\n",
+        "| model | program-order arena | memplan arena | change | bound (order used) | arena / bound | order found by "
+        "| concats removed | in-place kernels | views | memplan / TVM default |",
+        "|---|" + "---:|" * 5 + "---|" + "---:|" * 4,
+    ]
+    for name in names:
+        model = LoadedModel(name, zoo.build(name))
+        base = plan_model(model, inplace=False, order="program", time_budget=seconds)
+        problem = base.main.layouts()[0][0]
+        bound = problem.lower_bound()
+        cells = []
+        for planner in planners:
+            plan = planner.allocate(problem, time.monotonic() + seconds)
+            validate_offsets(problem, plan.offsets, plan.arena_bytes)
+            cells.append(f"{plan.arena_bytes / bound:.3f}")
+        arena, lower = base.total("arena_bytes"), base.total("lower_bound_bytes")
+        first.append(
+            f"| {name} | {base.total('tensors')} | {base.total('naive_bytes') / mib:.2f} | {base.tvm_default_bytes / mib:.2f} "
+            f"| {lower / mib:.2f} | {arena / mib:.2f} | {arena / lower:.3f} | {arena / base.tvm_default_bytes:.3f} | "
+            + " | ".join(cells) + f" | {base.total('plan_seconds'):.2f} |"
+        )
+        best = plan_model(model, time_budget=seconds)
+        new, new_bound = best.total("arena_bytes"), best.total("lower_bound_bytes")
+        strategy = ", ".join(sorted({r.strategy for r in best.order_reports}))
+        proved = " (proved optimal)" if best.order_reports and all(r.optimal for r in best.order_reports) else ""
+        second.append(
+            f"| {name} | {arena / mib:.2f} | {new / mib:.2f} | {new / arena - 1:+.1%} | {new_bound / mib:.2f} "
+            f"| {new / new_bound:.3f} | {strategy}{proved} | {best.total('concats_removed')} "
+            f"| {best.total('inplace_ops')} | {best.total('removable_ops')} | {new / best.tvm_default_bytes:.3f} |"
+        )
+        print(f"{name}: arena {arena / lower:.3f} x bound, memplan {new / arena - 1:+.1%}", file=sys.stderr, flush=True)
+    return "\n".join(first) + "\n" + "\n".join(second) + "\n"
+
+
+def nn_like_graph(num_operators: int, seed: int = 0, branchy: bool = False) -> tuple[list[Operator], dict[int, int]]:
+    """A CNN-like operator chain with random skip connections and mixed tensor sizes.
+
+    ``branchy``: each operator reads one or two of the last 16 tensors instead of its
+    predecessor, so many orders are valid (the order search's stress case, like NAS cells).
+    """
+    rng = random.Random(seed)
+    operators, sizes = [], {}
+    for i in range(num_operators):
+        if i == 0:
+            reads: tuple = ("input",)
+        elif branchy:
+            reads = tuple(sorted(rng.sample(range(max(0, i - 16), i), min(i, rng.randint(1, 2)))))
+        else:
+            reads = (i - 1,)
+            if i > 2 and rng.random() < 0.3:
+                reads += (rng.randrange(max(0, i - 12), i - 1),)
+        operators.append(Operator(i, reads, (i,)))
+        sizes[i] = 64 * rng.choice([16, 64, 256, 1024, 4096])
+    return operators, sizes
+
+
+def scaling_table(counts: list[int], repeats: int = 5) -> str:
+    """Planning time against graph size: the greedy path (three best-fit orderings, validated)
+    and the execution-order search under its default 10 s budget."""
+    rows = [
+        "### Scaling: planning time against graph size\n",
+        f"Greedy path: synthetic CNN-like chains with random skip connections, median of {repeats} runs. "
+        "Order search: branchy graphs (each operator reads one or two of the 16 latest tensors), 10 s budget.\n",
+        "| operators | greedy path s | arena / bound | order search s | order peak / program peak | order strategy |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    for count in counts:
+        operators, sizes = nn_like_graph(count)
+        problem = problem_from_graph(operators, sizes)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            plan = plan_memory(problem, allocators=greedy_allocators())
+            times.append(time.perf_counter() - started)
+        graph = OrderGraph.from_operators(*nn_like_graph(count, branchy=True))
+        order = search_order(graph, time_budget=10.0)
+        rows.append(
+            f"| {count} | {statistics.median(times):.3f} | {plan.arena_bytes / problem.lower_bound():.3f} "
+            f"| {order.seconds:.2f} | {order.peak / order.program_peak:.3f} | {order.strategy} |"
+        )
+        print(f"{count} operators: greedy {statistics.median(times):.3f} s, order {order.seconds:.1f} s", file=sys.stderr, flush=True)
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minimalloc", type=Path, help="folder of MiniMalloc CSV instances")
     parser.add_argument("--instances", nargs="*", help="instance names to keep (e.g. A B); default all")
     parser.add_argument("--seconds", type=float, default=60.0, help="planning budget per instance")
+    parser.add_argument("--zoo", nargs="*", metavar="MODEL", help="zoo models to plan (no names: all of them)")
+    parser.add_argument("--scaling", nargs="*", type=int, metavar="N", help="planning time on synthetic graphs of N operators (default 150 300 600 1200)")
     parser.add_argument("--out", type=Path, help="Markdown file to write (default: print)")
     args = parser.parse_args(argv)
     sections = []
+    if args.zoo is not None:
+        from tvm_memplan import zoo
+
+        sections.append(zoo_table(args.zoo or zoo.names(), args.seconds))
     if args.minimalloc:
         sections.append(minimalloc_table(args.minimalloc, args.seconds, args.instances))
-    # A zoo_table(models, seconds) -> str section for the model zoo's arenas appends here.
+    if args.scaling is not None:
+        sections.append(scaling_table(args.scaling or [150, 300, 600, 1200]))
     if not sections:
-        parser.error("nothing to benchmark: give --minimalloc")
+        parser.error("nothing to benchmark: give --zoo, --minimalloc and/or --scaling")
     report = "# Memory planning benchmark\n\n" + "\n".join(sections)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+        partial = args.out.with_suffix(args.out.suffix + ".partial")
+        partial.write_text(report)
+        partial.replace(args.out)  # atomic: a crash never leaves half a table
     else:
         print(report)
 

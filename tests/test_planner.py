@@ -41,11 +41,15 @@ def test_arena_reaches_lower_bound_and_beats_tvm_default(name):
     assert arena <= plan.total("naive_bytes")
 
 
+# Every plan here uses the defaults: in-place kernels, concat elimination and order search.
 VERIFIED = [
     ("mcu_cnn", {}),
     ("mlp", {}),
     ("mobilenet_v2", {"width": 0.35, "resolution": 64}),
     ("squeezenet1_0", {"resolution": 64}),
+    ("resnext50_32x4d", {"resolution": 32}),
+    ("densenet121", {"resolution": 32}),
+    ("nasnet_a_mobile", {"resolution": 33}),
 ]
 
 
@@ -53,6 +57,8 @@ VERIFIED = [
 @pytest.mark.parametrize("name, params", VERIFIED, ids=[v[0] for v in VERIFIED])
 def test_plan_runs_identically_to_stock_and_vm_requests_equal_plan(name, params):
     plan = plan_model(LoadedModel(name, zoo.build(name, **params)))
+    baseline = plan_model(LoadedModel(name, zoo.build(name, **params)), inplace=False, order="program")
+    assert plan.total("arena_bytes") <= baseline.total("arena_bytes")  # never worse than the plain arena
     result = verify_plan(plan)
     assert result.identical_to_stock, result.problems
     assert result.trace_matches_plan, result.problems

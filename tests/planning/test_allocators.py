@@ -73,20 +73,18 @@ def test_best_fit_picks_the_smallest_gap_that_fits():
     assert best_fit_offset(5, [(0, 3)], 4) == 4  # tops round up to the alignment
 
 
+# Planning time on 600 tensors is measured by scripts/bench_memory.py, not asserted here.
 @pytest.mark.parametrize("key", [by_size, by_area, by_lifetime])
-def test_greedy_plans_a_600_tensor_graph_in_well_under_a_second(key):
+def test_greedy_plans_a_600_tensor_graph(key):
     problem = nn_like_problem(600)
-    started = time.perf_counter()
     plan = GreedyBestFit(key).allocate(problem)
-    assert time.perf_counter() - started < 1.0
     validate_offsets(problem, plan.offsets, plan.arena_bytes)
 
 
-def test_driver_greedy_path_on_600_tensors_is_fast():
+def test_driver_greedy_path_on_600_tensors():
     problem = nn_like_problem(600)
-    started = time.perf_counter()
     plan = plan_memory(problem, allocators=greedy_allocators())
-    assert time.perf_counter() - started < 1.0
+    validate_offsets(problem, plan.offsets, plan.arena_bytes)
     assert plan.arena_bytes >= problem.lower_bound()
 
 
