@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tvm_memplan.lq.quantizer import LQQuantizer
+
 
 def mlp(sizes: tuple[int, ...] = (40, 24, 6), batch: int | str = 1, seed: int = 0, relu: bool = True) -> onnx.ModelProto:
     """Gemm/activation stack: the shape every dense test needs (bias folding, {0,1} and ±1 inputs)."""
@@ -90,3 +92,19 @@ def convnet(batch: int = 2, seed: int = 0) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def kernel_case(m, n, o, kx, kw, seed=0):
+    """Random activations quantized by a random basis, random weight bits, integer-valued scales.
+
+    Integer scales make the float epilogue exact, so the comparison can be exact too.
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(m, n)).astype(np.float32)
+    act = LQQuantizer(np.sort(rng.uniform(0.1, 1.0, (1, kx)), axis=1), "pm1")
+    xbits = act.code_bits(x.reshape(1, -1)).reshape(kx, m, n)
+    wbits = rng.integers(0, 2, (kw, o, n)).astype(np.uint8)
+    ax = rng.integers(1, 5, kx).astype(np.float32)
+    aw = rng.integers(-4, 5, (kw, o)).astype(np.float32)
+    bias = rng.integers(-8, 9, o).astype(np.float32)
+    return x, act, xbits, wbits, ax, aw, bias

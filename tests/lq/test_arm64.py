@@ -10,7 +10,8 @@ import pytest
 
 from tvm_memplan.lq import kernels
 from tvm_memplan.lq.cross import arm64_target, have_arm64_toolchain, run_under_qemu
-from tvm_memplan.lq.quantizer import LQQuantizer
+
+from .models import kernel_case
 
 pytestmark = [
     pytest.mark.arm64,
@@ -24,14 +25,7 @@ pytestmark = [
 )
 def test_neon_kernels_bit_exact_under_qemu(m, n, o, kx, kw, tmp_path):
     assert kernels.kernel_flavor(arm64_target()) == "neon"
-    rng = np.random.default_rng(m * 100 + n)
-    x = rng.normal(size=(m, n)).astype(np.float32)
-    act = LQQuantizer(np.sort(rng.uniform(0.1, 1.0, (1, kx)), axis=1), "pm1")
-    xbits = act.code_bits(x.reshape(1, -1)).reshape(kx, m, n)
-    wbits = rng.integers(0, 2, (kw, o, n)).astype(np.uint8)
-    ax = rng.integers(1, 5, kx).astype(np.float32)
-    aw = rng.integers(-4, 5, (kw, o)).astype(np.float32)
-    bias = rng.integers(-8, 9, o).astype(np.float32)
+    x, act, xbits, wbits, ax, aw, bias = kernel_case(m, n, o, kx, kw, seed=m * 100 + n)
     lanes = kernels.LANES["neon"]
 
     pack = kernels.schedule_lq_pack(kernels.lq_pack_func(m, n, act), "neon")

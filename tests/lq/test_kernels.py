@@ -9,7 +9,9 @@ import pytest
 import tvm
 
 from tvm_memplan.lq import kernels
-from tvm_memplan.lq.quantizer import LQQuantizer, fit_activations
+from tvm_memplan.lq.quantizer import fit_activations
+
+from .models import kernel_case
 
 NATIVE = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
 # The generic fallback: plain x86-64 (SSE2 only) and AVX2 without VPOPCNTDQ.
@@ -28,24 +30,8 @@ def _run(func, target, arrays):
     return [t.numpy() for t in tensors]
 
 
-def _case(m, n, o, kx, kw, seed=0):
-    """Random activations quantized by a random basis, random weight bits, integer-valued scales.
-
-    Integer scales make the float epilogue exact, so the comparison can be exact too.
-    """
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(m, n)).astype(np.float32)
-    act = LQQuantizer(np.sort(rng.uniform(0.1, 1.0, (1, kx)), axis=1), "pm1")
-    xbits = act.code_bits(x.reshape(1, -1)).reshape(kx, m, n)
-    wbits = rng.integers(0, 2, (kw, o, n)).astype(np.uint8)
-    ax = rng.integers(1, 5, kx).astype(np.float32)
-    aw = rng.integers(-4, 5, (kw, o)).astype(np.float32)
-    bias = rng.integers(-8, 9, o).astype(np.float32)
-    return x, act, xbits, wbits, ax, aw, bias
-
-
 def _check(flavor, target, m, n, o, kx, kw, seed=0):
-    x, act, xbits, wbits, ax, aw, bias = _case(m, n, o, kx, kw, seed)
+    x, act, xbits, wbits, ax, aw, bias = kernel_case(m, n, o, kx, kw, seed)
     lanes = kernels.LANES[flavor]
     pack = kernels.schedule_lq_pack(kernels.lq_pack_func(m, n, act), flavor)
     xp = _run(pack, target, [x, np.zeros((kx, m, kernels.words(n)), np.uint32)])[1]

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import tvm
-from tvm import relax
 
 from ..errors import UserError
 from ..options import MemplanOptions, current_options

@@ -105,6 +105,20 @@ def same_pads(size: int, k: int, s: int, d: int = 1) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
+def resolve_pads(pad, size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int], dilation: int = 1) -> tuple[int, int, int, int]:
+    """ONNX ``pads`` order (top, left, bottom, right) from "same", one int, (vertical, horizontal) or all four."""
+    if pad == "same":
+        pt, pb = same_pads(size[0], kernel[0], stride[0], dilation)
+        pl, pr = same_pads(size[1], kernel[1], stride[1], dilation)
+        return pt, pl, pb, pr
+    if isinstance(pad, int):
+        return pad, pad, pad, pad
+    if len(pad) == 2:
+        return int(pad[0]), int(pad[1]), int(pad[0]), int(pad[1])
+    pt, pl, pb, pr = (int(p) for p in pad)
+    return pt, pl, pb, pr
+
+
 def _out_size(n: int, k: int, s: int, before: int, after: int, d: int = 1, ceil: bool = False) -> int:
     eff = (k - 1) * d + 1
     span = n + before + after - eff
@@ -202,16 +216,7 @@ class GraphBuilder:
             raise ValueError(f"{self.model_name}: channels {cin}->{cout} not divisible by group {group}")
         if pad is None:
             pad = ((kh - 1) // 2 * dilation, (kw - 1) // 2 * dilation)
-        if pad == "same":
-            pt, pb = same_pads(h, kh, sh, dilation)
-            pl, pr = same_pads(w, kw, sw, dilation)
-        elif isinstance(pad, int):
-            pt = pb = pl = pr = pad
-        elif len(pad) == 2:
-            pt = pb = int(pad[0])
-            pl = pr = int(pad[1])
-        else:
-            pt, pl, pb, pr = (int(p) for p in pad)
+        pt, pl, pb, pr = resolve_pads(pad, (h, w), (kh, kw), (sh, sw), dilation)
         oh = _out_size(h, kh, sh, pt, pb, dilation)
         ow = _out_size(w, kw, sw, pl, pr, dilation)
         fan_in = cin // group * kh * kw
@@ -269,16 +274,7 @@ class GraphBuilder:
         n, c, h, w = x.shape
         kh, kw = _pair(k)
         sh, sw = _pair(stride if stride is not None else (kh, kw))
-        if pad == "same":
-            pt, pb = same_pads(h, kh, sh)
-            pl, pr = same_pads(w, kw, sw)
-        elif isinstance(pad, int):
-            pt = pb = pl = pr = pad
-        elif len(pad) == 2:
-            pt = pb = int(pad[0])
-            pl = pr = int(pad[1])
-        else:
-            pt, pl, pb, pr = (int(p) for p in pad)
+        pt, pl, pb, pr = resolve_pads(pad, (h, w), (kh, kw), (sh, sw))
         oh = _out_size(h, kh, sh, pt, pb, ceil=ceil)
         ow = _out_size(w, kw, sw, pl, pr, ceil=ceil)
         attrs = dict(kernel_shape=[kh, kw], strides=[sh, sw], pads=[pt, pl, pb, pr], **extra)
