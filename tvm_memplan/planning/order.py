@@ -332,23 +332,13 @@ def _branch_groups(graph: OrderGraph, branch: int, reach: list[int]) -> list[int
 
 
 def _reachability(graph: OrderGraph) -> list[int]:
-    """Per operator: bit mask of itself and everything downstream of it."""
+    """Per operator: bit mask of itself and everything downstream (numbering is topological)."""
     reach = [0] * len(graph)
     for v in reversed(range(len(graph))):
         mask = 1 << v
         for u in graph.successors[v]:
             mask |= reach[u]
         reach[v] = mask
-    # Operators are not necessarily numbered topologically: iterate to a fixed point.
-    changed = True
-    while changed:
-        changed = False
-        for v in range(len(graph)):
-            mask = reach[v]
-            for u in graph.successors[v]:
-                mask |= reach[u]
-            if mask != reach[v]:
-                reach[v], changed = mask, True
     return reach
 
 

@@ -50,7 +50,6 @@ class FunctionPlanInput:
     arenas: list[ArenaProblem]
     unplanned: dict[str, str] = field(default_factory=dict)
     """Allocation name → why it is left to TVM (function output, symbolic shape, ...)."""
-    steps: int = 0
     decisions: AliasDecisions = field(default_factory=AliasDecisions)
     removable_ops: int = 0
     """View bindings (reshape and friends): no kernel runs, the output aliases the input."""
@@ -205,5 +204,5 @@ def extract_plan_input(
         problem = Problem(buffers, alignment=alignment, aliases=aliases)
         arenas.append(ArenaProblem(device_index, scope, [sites[var] for var in members], problem))
     return FunctionPlanInput(
-        arenas=arenas, unplanned=unplanned, steps=len(bindings), decisions=decisions, removable_ops=removable_ops
+        arenas=arenas, unplanned=unplanned, decisions=decisions, removable_ops=removable_ops
     )

@@ -49,7 +49,7 @@ def prim_func_of(value: relax.Expr, mod: tvm.IRModule) -> tirx.PrimFunc | None:
     return None
 
 
-def is_concat_kernel(prim: tirx.PrimFunc, name: str) -> bool:
+def is_concat_kernel(name: str) -> bool:
     """An unfused concat PrimFunc: TVM names a lone legalized ``concat`` ``concatenate[N]``."""
     return bool(_CONCAT_NAME.match(name))
 
@@ -196,7 +196,7 @@ def decide_aliases(
         out_position = out_positions[0]
         out = arg_owners[out_position]
         name = binding.value.op.name_hint
-        if is_concat_kernel(prim, name):
+        if is_concat_kernel(name):
             inputs = [(i, arg) for i, arg in enumerate(args) if i != out_position]
             reason = _concat_blocker(inputs, arg_owners, out, sites, decisions, alignment)
             if reason is not None:

@@ -79,7 +79,7 @@ def block_graph(
         if parts is not None and binding.var not in escaping:
             prim, args = parts
             out_bytes = static_nbytes(binding.var.ty)
-            if is_concat_kernel(prim, value.args[0].name_hint) and all(
+            if is_concat_kernel(value.args[0].name_hint) and all(
                 isinstance(a, relax.Var) and a in produced and a not in escaping for a in args
             ):
                 aliases[binding.var] = tuple(args)
