@@ -16,6 +16,8 @@ from typing import Any, Iterator
 from .errors import UserError
 from .planning import DEFAULT_ALIGNMENT
 
+SCHEDULES = ("default", "none")
+
 
 @dataclass(frozen=True)
 class MemplanOptions:
@@ -31,6 +33,9 @@ class MemplanOptions:
     """Execution order: ``program`` (as imported), ``dfs``/``bfs`` (TVM's TopologicalSort), ``search``."""
     order_seconds: float = 10.0
     """Seconds the execution-order search may spend per function."""
+    schedule: str = "default"
+    """Kernel schedules on CPU targets: ``default`` (tvm_memplan's, tuned kernels kept) or
+    ``none`` (the loops TVM's pipeline emits, for comparison)."""
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
@@ -39,6 +44,8 @@ class MemplanOptions:
             raise UserError("time budgets must be >= 0 seconds")
         if self.order not in ("program", "dfs", "bfs", "search"):
             raise UserError(f"unknown order {self.order!r}; choose one of program, dfs, bfs, search")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
 
     def updated(self, **changes: Any) -> "MemplanOptions":
         known = {f.name for f in dataclasses.fields(self)}

@@ -12,7 +12,7 @@ from .options import MemplanOptions, current_options
 from .relax.extract import extract_plan_input
 from .relax.module import relax_functions
 from .relax.passes import ArenaPlanBlockMemory, PlanReport
-from .relax.pipeline import resolve_target, stage_passes
+from .relax.pipeline import resolve_target, schedule_passes, stage_passes
 from .relax.reorder import OrderReport, ReorderForMemory
 from .relax.stock import stock_planned_bytes
 
@@ -42,12 +42,16 @@ class ModelPlan:
         return sum(getattr(report, key) for report in self.reports)
 
     def build(self) -> "tvm.runtime.Executable":
-        """Compile the planned module (the rest of TVM's pipeline, then codegen)."""
-        return _build(self.planned, self.target, self.finalize)
+        """Compile the planned module (kernel schedules, the rest of TVM's pipeline, then codegen)."""
+        return _build(self.planned, self.target, self._schedules(None) + self.finalize)
 
-    def build_stock(self) -> "tvm.runtime.Executable":
-        """Compile with TVM's own order and planner; the kernels are the same as in :meth:`build`."""
-        return _build(self.stock_staged, self.target, self.finalize)
+    def build_stock(self, schedule: str | None = None) -> "tvm.runtime.Executable":
+        """Compile with TVM's own order and planner. The kernels are those of :meth:`build`
+        unless ``schedule`` says otherwise (``"none"``: TVM's stock kernels too)."""
+        return _build(self.stock_staged, self.target, self._schedules(schedule) + self.finalize)
+
+    def _schedules(self, schedule: str | None) -> list:
+        return schedule_passes(self.target, self.options.updated(schedule=schedule))
 
 
 def _build(mod: tvm.IRModule, target: tvm.target.Target, passes: list) -> "tvm.runtime.Executable":

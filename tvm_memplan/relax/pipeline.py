@@ -10,6 +10,7 @@ import tvm
 
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
+from ..schedule import DefaultCPUSchedule
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
 
@@ -76,6 +77,14 @@ def stage_passes(target: tvm.target.Target) -> Stages:
     return Stages(before[:cut], before[cut:], finalize[at:])
 
 
+def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
+    """The kernel-scheduling passes for ``target``: tvm_memplan's default CPU schedules for
+    ``llvm``/``c`` targets unless ``schedule="none"``; GPU targets keep TVM's own (dlight)."""
+    if options.schedule == "none" or target.kind.name not in ("llvm", "c"):
+        return []
+    return [DefaultCPUSchedule(target)]
+
+
 def pipeline(
     target: Any = None,
     on_report: Callable[[PlanReport], None] | None = None,
@@ -86,7 +95,8 @@ def pipeline(
 
     Dataflow bindings are reordered for memory after ``RewriteDataflowReshape``; the arena
     planner runs before SPBM, which stays only for what the planner leaves (tensors with
-    symbolic shapes). ``options`` are :class:`~tvm_memplan.options.MemplanOptions` fields;
+    symbolic shapes); on CPU targets every kernel then gets a default schedule (after the
+    planner, whose in-place analysis reads the unscheduled kernels). ``options`` are :class:`~tvm_memplan.options.MemplanOptions` fields;
     unset ones come from :func:`tvm_memplan.config` when the pipeline runs.
     """
     resolved_target = resolve_target(target)
@@ -102,6 +112,7 @@ def pipeline(
                 + [ReorderForMemory(run_options.order, run_options.order_seconds, run_options.inplace, on_order_report)]
                 + stages.lowering
                 + [ArenaPlanBlockMemory(run_options, on_report)]
+                + schedule_passes(resolved_target, run_options)
                 + stages.finalize
             )
             return seq(mod)

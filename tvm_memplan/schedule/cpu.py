@@ -1,0 +1,52 @@
+"""What a CPU target offers a schedule: vector width, register count, threads."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import tvm
+
+
+@dataclass(frozen=True)
+class CpuSpec:
+    """The machine facts the default schedules are sized by."""
+
+    lanes: int
+    """float32 lanes of one vector register (AVX-512 16, AVX2 8, NEON/SSE 4)."""
+    registers: int
+    """Vector registers; a register tile of accumulators uses most of them."""
+    threads: int
+    """Cores the target may use; loops are parallelized when there is work for all of them."""
+    vector_codegen: bool
+    """Whether the code generator emits vector instructions for vectorized loops (LLVM does;
+    the C target leaves vectorization to the C compiler, so loops are unrolled instead)."""
+
+    @property
+    def accumulators(self) -> int:
+        """Vector accumulators a register tile may hold, leaving room for operands."""
+        return self.registers - 4
+
+
+def cpu_spec(target: tvm.target.Target) -> CpuSpec:
+    """The :class:`CpuSpec` of an ``llvm`` or ``c`` target (generic 4-lane SIMD when unknown)."""
+    kind = target.kind.name
+    triple = str(target.attrs.get("mtriple", ""))
+    lanes, registers = 4, 16
+    if triple.startswith(("aarch64", "arm64")):
+        lanes, registers = 4, 32
+    elif kind == "llvm" and triple.startswith(("x86_64", "i686", "")) and not triple.startswith(("arm", "thumb")):
+        if _has_feature("avx512f", target):
+            lanes, registers = 16, 32
+        elif _has_feature("avx2", target) or _has_feature("avx", target):
+            lanes, registers = 8, 16
+    cores = int(target.attrs.get("num-cores", 0) or 0)
+    threads = cores or int(os.environ.get("TVM_NUM_THREADS", 0) or 0) or os.cpu_count() or 1
+    return CpuSpec(lanes=lanes, registers=registers, threads=threads, vector_codegen=kind == "llvm")
+
+
+def _has_feature(feature: str, target: tvm.target.Target) -> bool:
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except (RuntimeError, ValueError):  # a target LLVM cannot describe (cross triples without the backend)
+        return False
