@@ -25,6 +25,7 @@ from typing import Callable
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.sym.pattern import detect_linear_equation
 
 from .cpu import CpuSpec
 
@@ -101,10 +102,6 @@ def _is_output(sch: s_tir.Schedule, block_rv) -> bool:
     return not sch.get_consumers(block_rv)
 
 
-def _divisor_at_most(extent: int, limit: int) -> int:
-    return max(d for d in range(1, max(1, min(extent, limit)) + 1) if extent % d == 0)
-
-
 def _fuse_parallel(sch: s_tir.Schedule, loops: list, work: int, spec: CpuSpec):
     """Fuse ``loops`` into one and run it in parallel when the kernel is big enough."""
     if not loops:
@@ -164,12 +161,26 @@ def tiled_reduction(sch: s_tir.Schedule, spec: CpuSpec) -> None:
         raise NotApplicable("needs exactly one reduction block")
     main = reductions[0]
     position = [sch.get(b).name_hint for b in blocks].index(sch.get(main).name_hint)
-    paddings = []
+    block = sch.get(main)
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    axes = _reduction_axes(block, extents)
+    rows_first = _rows_first(block, axes, extents)
+    # Producers are inlined, except paddings, and, when a row's input serves every channel
+    # tile, inputs read with a stride along the vector axis: those are staged per row, a
+    # strided one stored de-interleaved (staged per channel tile, the copies cost more than
+    # the strided loads they save).
+    strides = _vector_strides(block, axes.vector) if rows_first else {}
+    staged = []
     for producer in reversed(blocks[:position]):
-        if _is_padding(sch.get(producer)):
-            paddings.append(producer)
+        stride = strides.get(sch.get(producer).writes[0].source.name, 1)
+        if _is_padding(sch.get(producer)) or stride > 1:
+            staged.append((producer, stride))
         else:
             sch.compute_inline(producer)
+    for index, read in enumerate(sch.get(main).reads):
+        stride = strides.get(read.source.name, 1)
+        if stride > 1 and not any(sch.get(p).writes[0].source.same_as(read.source) for p, _ in staged):
+            staged.append((sch.cache_read(main, index, "global"), stride))
     consumers = blocks[position + 1:]
     for consumer in consumers[:-1]:
         sch.compute_inline(consumer)
@@ -179,27 +190,24 @@ def tiled_reduction(sch: s_tir.Schedule, spec: CpuSpec) -> None:
 
     block = sch.get(main)
     loops = list(sch.get_loops(main))
-    extents = [_extent(sch, loop) for loop in loops]
-    if len(loops) != len(block.iter_vars) or extents != [int(iv.dom.extent) for iv in block.iter_vars]:
+    if [_extent(sch, loop) for loop in loops] != extents:
         raise NotApplicable("loops do not match the block's iterators")
-    axes = _reduction_axes(block, extents)
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
 
     vector_tile, parts = _vector_parts(extents[axes.vector], spec.lanes)
     vectors = -(-vector_tile // spec.lanes)
-    budget = max(1, spec.accumulators // vectors)
     unrolled = []
-    for axis in (axes.reuse, axes.extra):
+    for axis, tile in zip((axes.reuse, axes.extra), _register_tile(extents, axes, vectors, spec)):
         if axis is None:
             continue
-        tile = _divisor_at_most(extents[axis], budget)
-        budget = max(1, budget // tile)
         outer_loop, inner_loop = sch.split(loops[axis], [None, tile])
         loops[axis] = outer_loop
         unrolled.append(inner_loop)
-    # tasks: output rows outermost, so that padding computed for a row serves every channel tile
+    # Task order: rows first when a staged input (padding) serves every channel tile of a row and
+    # the weights stay in cache; channel tiles first otherwise, so that each weight panel comes
+    # from memory once for all rows (rows first streamed 8 MB of weights per row in ResNeXt).
     spatial_order = [i for i in range(len(loops)) if kinds[i] == _DATA_PAR and i != axes.vector]
-    if axes.extra is not None and axes.reuse is not None:
+    if rows_first:
         spatial_order.remove(axes.extra)
         spatial_order.insert(spatial_order.index(axes.reuse), axes.extra)
     task_loops = [loops[i] for i in spatial_order]
@@ -215,14 +223,19 @@ def tiled_reduction(sch: s_tir.Schedule, spec: CpuSpec) -> None:
         parallel_count = count
         if _product(sch, task_loops[:count]) >= 4 * spec.threads:
             break
+    if staged and rows_first:  # a row's stage is computed once, not once per channel tile
+        parallel_count = min(parallel_count, spatial_order.index(axes.extra) + 1)
     task = _fuse_parallel(sch, task_loops[:parallel_count], work, spec)
     if task is None:
         raise NotApplicable("no loop to run tasks over")
+    innermost_task = task_loops[-1] if len(task_loops) > parallel_count else task
+    row_position = spatial_order.index(axes.extra) if rows_first else len(task_loops) - 1
+    stage_at = task if row_position < parallel_count else task_loops[row_position]
     # accumulators local to the task: compacted, and promoted to registers inside the reduction
     sch.set_scope(main, 0, "local")
-    for padding in paddings:
-        sch.compute_at(padding, task)
-        _schedule_padding(sch, padding, task, spec)
+    for producer, stride in staged:
+        sch.compute_at(producer, stage_at)
+        _schedule_stage(sch, producer, stage_at, stride, spec)
     if len(parts) == 1:
         vector_outer, vector_inner = sch.split(vector_loop, [None, vector_tile])
         sch.reorder(vector_outer, *reduce_loops, *unrolled, vector_inner)
@@ -233,7 +246,7 @@ def tiled_reduction(sch: s_tir.Schedule, spec: CpuSpec) -> None:
         return
     # A width that no vector tile divides: full tiles, then narrower tails, each its own loop
     # (TVM cannot vectorize a predicated tail without a build option the pipeline cannot set).
-    sch.reverse_compute_at(epilogue, task_loops[-1] if len(task_loops) > parallel_count else task)
+    sch.reverse_compute_at(epilogue, innermost_task)
     _vectorize_if_divisible(sch, sch.get_loops(epilogue)[-1], spec)
     for part in sch.loop_partition(vector_loop, parts[:-1] + [None]):
         (block,) = sch.get_child_blocks(part)
@@ -249,6 +262,48 @@ def tiled_reduction(sch: s_tir.Schedule, spec: CpuSpec) -> None:
             sch.reorder(*reduce_part, *unrolled_part, part_inner)
         _tile_body(sch, unrolled_part, part_inner, spec)
         sch.decompose_reduction(block, reduce_part[0])
+
+
+def _register_tile(extents: list[int], axes: _Axes, vectors: int, spec: CpuSpec) -> tuple[int, int]:
+    """(reuse, extra) tile sizes: divisors of their extents whose accumulators and operands fit
+    the registers, with the most multiply-adds per load (each step loads one broadcast per
+    reuse row and one vector per extra row)."""
+    reuse_options = _divisors(extents[axes.reuse]) if axes.reuse is not None else [1]
+    extra_options = _divisors(extents[axes.extra]) if axes.extra is not None else [1]
+    best, best_score = (1, 1), (0.0, 0)
+    for reuse in reuse_options:
+        for extra in extra_options:
+            accumulators = reuse * extra * vectors
+            if accumulators > spec.accumulators or accumulators + extra * vectors + 1 > spec.registers:
+                continue
+            loads = (reuse if axes.reuse is not None else 0) + extra * vectors
+            score = (accumulators / loads, accumulators)
+            if score > best_score:
+                best, best_score = (reuse, extra), score
+    return best
+
+
+def _divisors(extent: int) -> list[int]:
+    return [d for d in range(1, extent + 1) if extent % d == 0]
+
+
+def _rows_first(block: s_tir.SBlock, axes: _Axes, extents: list[int]) -> bool:
+    """Whether tasks should run output rows outermost (each row task rereads all weights)
+    rather than channel tiles (each channel task rereads all inputs): whichever rereads fewer
+    bytes from beyond the core's caches."""
+    if axes.reuse is None or axes.extra is None:
+        return False
+    reuse_var, vector_var = block.iter_vars[axes.reuse].var, block.iter_vars[axes.vector].var
+    weights = inputs = 0
+    for read in block.reads:
+        nbytes = read.source.dtype.bits // 8
+        for dim in read.source.shape:
+            nbytes *= int(dim)
+        if _region_uses(read.region, reuse_var) and not _region_uses(read.region, vector_var):
+            weights += nbytes
+        elif _region_uses(read.region, vector_var) and not _region_uses(read.region, reuse_var):
+            inputs += nbytes
+    return extents[axes.extra] * weights <= extents[axes.reuse] * inputs
 
 
 def _tile_body(sch: s_tir.Schedule, unrolled: list, vector_loop, spec: CpuSpec) -> None:
@@ -278,18 +333,39 @@ def _vectorize_if_divisible(sch: s_tir.Schedule, loop, spec: CpuSpec) -> None:
         _vectorize(sch, inner, spec)
 
 
-def _schedule_padding(sch: s_tir.Schedule, block, task, spec: CpuSpec) -> None:
-    """Padding as a zero fill plus a copy of the valid region: both vectorize, where the
-    bounds-checked original would run element by element."""
+def _deinterleave(ndim: int, stride: int) -> tirx.IndexMap:
+    """``[..., x] -> [..., x % stride, x // stride]``."""
+    return tirx.IndexMap.from_func(lambda *index: (*index[:-1], index[-1] % stride, index[-1] // stride), ndim=ndim)
+
+
+def _vector_strides(block: s_tir.SBlock, vector: int) -> dict[str, int]:
+    """Buffer name → stride of its innermost index along the vector iterator (1 if unit or none)."""
+    var = block.iter_vars[vector].var
+    strides = {}
+    for read in block.reads:
+        coefficients = detect_linear_equation(read.region[-1].min, [var])
+        if coefficients and isinstance(coefficients[0], tirx.IntImm) and int(coefficients[0]) > 1:
+            strides[read.source.name] = int(coefficients[0])
+    return strides
+
+
+def _schedule_stage(sch: s_tir.Schedule, block, task, stride: int, spec: CpuSpec) -> None:
+    """A producer computed per task. Padding becomes a zero fill plus a copy of the valid
+    region (both vectorize; the bounds-checked original runs element by element); a buffer read
+    with stride s is stored as ``[..., x % s, x // s]`` so the vector loads are contiguous."""
     loops = list(sch.get_loops(block))
     task_stmt = sch.get(task)
     first = next(i for i, loop in enumerate(loops) if sch.get(loop).same_as(task_stmt)) + 1
-    if first < len(loops) and sch.can_decompose_padding(block, loops[first]):
-        fill = sch.decompose_padding(block, loops[first])
-        for pad_block in (fill, block):
-            innermost = sch.get_loops(pad_block)[-1]
-            if _extent(sch, innermost) >= 2:
-                _vectorize(sch, innermost, spec)
+    copies = [block]
+    if first < len(loops) and _is_padding(sch.get(block)) and sch.can_decompose_padding(block, loops[first]):
+        copies.insert(0, sch.decompose_padding(block, loops[first]))
+    width = int(sch.get(block).writes[0].source.shape[-1])
+    if stride > 1 and width % stride == 0:
+        sch.transform_layout(block, ("write", 0), _deinterleave(len(sch.get(block).writes[0].source.shape), stride))
+    for copy in copies:
+        innermost = sch.get_loops(copy)[-1]
+        if _extent(sch, innermost) >= 2:
+            _vectorize(sch, innermost, spec)
 
 
 def _product(sch: s_tir.Schedule, loops: list) -> int:
