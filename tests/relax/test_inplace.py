@@ -71,3 +71,31 @@ def test_inplace_safety_is_proven_from_the_primfunc(target):
 )
 def test_concat_layout(shapes, out, expected):
     assert concat_layout(shapes, out, 4) == expected
+
+
+def test_an_input_copied_into_a_reduction_is_never_overwritten(target):
+    """A 1x1 conv reads its input through an identity copy (``pad_temp``) of the output's shape.
+    Read elementwise before any output write in program order, but a schedule interleaves conv
+    tiles with output writes: writing in place would clobber input later tiles still read."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
+    w = relax.const(np.full((8, 8, 1, 1), 0.1, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w)))
+        bb.emit_func_output(out)
+    mod = staged(bb.get(), target)
+    (gvar,) = [gv for gv in mod.functions if "conv2d" in gv.name_hint]
+    func = mod[gvar]
+    assert not inplace_safe(func, 0, len(func.params) - 1)
+
+
+def test_kernels_called_in_place_drop_the_noalias_promise(target):
+    reports = []
+    with target:
+        mod = tvm.transform.Sequential(
+            [tvm_memplan.relax.ArenaPlanBlockMemory(on_report=reports.append)]
+        )(staged(residual_block(), target))
+    assert reports[0].inplace_ops >= 1
+    noalias = {gv.name_hint: bool(f.attrs["tirx.noalias"]) for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert any(name for name, promise in noalias.items() if "add" in name and not promise), noalias

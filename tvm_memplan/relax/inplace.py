@@ -39,6 +39,8 @@ class AliasDecisions:
     concats_removed: int = 0
     concats_kept: dict[str, str] = field(default_factory=dict)
     inplace_ops: int = 0
+    inplace_kernels: set[tvm.ir.GlobalVar] = field(default_factory=set)
+    """Kernels called with an output that aliases an input: they must not promise ``noalias``."""
 
 
 def prim_func_of(value: relax.Expr, mod: tvm.IRModule) -> tirx.PrimFunc | None:
@@ -74,6 +76,19 @@ def _all_blocks(sch: s_tir.Schedule, parent) -> list:
     return blocks
 
 
+def _blocks_feeding_reductions(blocks: list) -> set[int]:
+    """Positions of the blocks whose results reach a reduction block (blocks in program order)."""
+    feeding: set[int] = set()
+    needed: set = set()  # buffers read by a reduction or by a block that feeds one
+    for position in range(len(blocks) - 1, -1, -1):
+        block = blocks[position]
+        reduces = any(int(iv.iter_type) != 0 for iv in block.iter_vars)
+        if reduces or any(any(w.source.same_as(b) for b in needed) for w in block.writes):
+            feeding.add(position)
+            needed.update(read.source for read in block.reads)
+    return feeding
+
+
 def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> bool:
     """Whether writing parameter ``output_index`` over parameter ``source_index`` is safe.
 
@@ -81,6 +96,9 @@ def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> b
     reading it has no reduction iterator and reads exactly its own index), the output is only
     written elementwise and never read, and no block reads the source after the first block
     that writes the output. Then every element is read before the write that replaces it.
+    The source must also not feed a reduction (directly or through other blocks): a schedule
+    (tvm_memplan's default CPU schedules, MetaSchedule) interleaves a reduction's tiles with
+    the output writes of earlier tiles, so such a source could be overwritten before it is read.
     """
     params = list(func.params)
     source, output = params[source_index], params[output_index]
@@ -91,6 +109,7 @@ def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> b
         blocks = [sch.get(b) for b in _all_blocks(sch, sch.get_sblock("root"))]
     except Exception:  # not a block-structured PrimFunc: nothing can be proven
         return False
+    feeding = _blocks_feeding_reductions(blocks)
     last_source_read = first_output_write = None
     for position, block in enumerate(blocks):
         spatial = all(int(iv.iter_type) == 0 for iv in block.iter_vars)
@@ -98,7 +117,7 @@ def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> b
             if read.source.same_as(output):
                 return False
             if read.source.same_as(source):
-                if not (spatial and _identity_access(read.region, block.iter_vars)):
+                if position in feeding or not (spatial and _identity_access(read.region, block.iter_vars)):
                     return False
                 last_source_read = position
         for write in block.writes:
@@ -219,6 +238,7 @@ def decide_aliases(
                 continue
             join(out, source, 0)
             decisions.inplace_ops += 1
+            decisions.inplace_kernels.add(binding.value.op)
             break
     return decisions
 

@@ -383,9 +383,8 @@ def spatial(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     for block in blocks:
         if not _is_output(sch, block):
             sch.compute_inline(block)
-    for block in blocks:
-        if _is_output(sch, block):
-            _schedule_loop_nest(sch, block, spec)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        _schedule_loop_nest(sch, block, spec)
 
 
 def generic(sch: s_tir.Schedule, spec: CpuSpec) -> None:

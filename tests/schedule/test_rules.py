@@ -1,0 +1,137 @@
+"""Each default schedule computes what the unscheduled kernel computes, and the expected rule
+schedules it: convolutions of every kind, odd widths, strides, pooling, dense, softmax, elementwise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from tvm_memplan.relax import stage_passes
+from tvm_memplan.schedule import CpuSpec, cpu_spec, schedule_function
+
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+
+
+def _kernels(build_body, input_shape) -> dict[str, tirx.PrimFunc]:
+    """The fused PrimFuncs TVM's CPU pipeline makes of a one-input Relax function."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(input_shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(build_body(bb, x))
+        bb.emit_func_output(out)
+    target = tvm.target.Target.from_device("cpu")
+    with target:
+        mod = tvm.transform.Sequential(stage_passes(target).dataflow)(bb.get())
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+
+
+def _run(func: tirx.PrimFunc, target: tvm.target.Target, tmp_path=None) -> np.ndarray:
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    if target.kind.name == "c":  # C source: compile it, then load the library
+        path = str(tmp_path / f"kernel_{func.attrs.get('tir.is_scheduled', False)}.so")
+        lib.export_library(path, options=["-O2"])
+        lib = tvm.runtime.load_module(path)
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for p in func.params]
+    lib["main"](*args)
+    return args[-1].numpy()
+
+
+def _conv(channels_out, kernel, stride=1, padding=0, groups=1, activation=True):
+    def body(bb, x):
+        channels_in = int(x.ty.shape.values[1])
+        rng = np.random.default_rng(1)
+        w = relax.const(rng.standard_normal((channels_out, channels_in // groups, kernel, kernel)).astype("float32"))
+        b = relax.const(rng.standard_normal((1, channels_out, 1, 1)).astype("float32"))
+        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=padding, groups=groups))
+        y = bb.emit(relax.op.add(y, b))
+        return relax.op.nn.relu(y) if activation else y
+
+    return body
+
+
+CASES = {
+    "conv3x3_pad": (_conv(32, 3, padding=1), (1, 16, 14, 14), "tiled_reduction"),
+    "conv1x1_odd_width": (_conv(24, 1), (1, 8, 13, 13), "tiled_reduction"),
+    "conv3x3_wide_odd": (_conv(16, 3, padding=1), (1, 8, 9, 37), "tiled_reduction"),
+    "conv7x7_stride2_stem": (_conv(16, 7, stride=2, padding=3), (1, 3, 32, 32), "tiled_reduction"),
+    "conv1x1_stride2": (_conv(32, 1, stride=2, activation=False), (1, 16, 14, 14), "tiled_reduction"),
+    "depthwise3x3": (_conv(24, 3, padding=1, groups=24), (1, 24, 28, 28), "tiled_reduction"),
+    "depthwise3x3_stride2": (_conv(24, 3, stride=2, padding=1, groups=24), (1, 24, 28, 28), "tiled_reduction"),
+    "grouped3x3": (_conv(32, 3, padding=1, groups=8), (1, 32, 10, 10), "tiled_reduction"),
+    "max_pool": (lambda bb, x: relax.op.nn.max_pool2d(x, 3, 2, 1), (1, 8, 27, 27), "tiled_reduction"),
+    "avg_pool": (lambda bb, x: relax.op.nn.avg_pool2d(x, 2, 2), (1, 8, 16, 16), None),
+    "global_avg_pool": (lambda bb, x: relax.op.mean(x, axis=[2, 3], keepdims=True), (1, 32, 7, 7), "generic"),
+    "dense": (
+        lambda bb, x: relax.op.matmul(x, relax.const(np.random.default_rng(2).standard_normal((64, 100)).astype("float32"))),
+        (3, 64),
+        "tiled_reduction",
+    ),
+    "softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (2, 1000), "generic"),
+    "layer_norm": (
+        lambda bb, x: relax.op.nn.layer_norm(
+            x, relax.const(np.ones(64, "float32")), relax.const(np.zeros(64, "float32")), axes=[-1]
+        ),
+        (16, 64),
+        "generic",
+    ),
+    "elementwise": (lambda bb, x: relax.op.nn.relu(relax.op.add(x, x)), (1, 16, 20, 20), "spatial"),
+    "transpose": (lambda bb, x: relax.op.permute_dims(x, [0, 2, 3, 1]), (1, 16, 20, 20), "spatial"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_schedule_matches_unscheduled_kernel(case: str) -> None:
+    body, shape, expected_rule = CASES[case]
+    target = tvm.target.Target.from_device("cpu")
+    for name, func in _kernels(body, shape).items():
+        scheduled = schedule_function(func, cpu_spec(target))
+        assert scheduled is not None, f"{name}: no rule applied"
+        new_func, rule = scheduled
+        assert new_func.attrs["tir.is_scheduled"]
+        if expected_rule is not None:
+            assert rule == expected_rule, f"{name} scheduled by {rule}"
+        np.testing.assert_allclose(_run(new_func, target), _run(func, target), rtol=1e-4, atol=1e-4)
+
+
+def test_tiled_kernels_are_parallel_vectorized_and_register_tiled() -> None:
+    (func,) = _kernels(_conv(64, 3, padding=1), (1, 32, 28, 28)).values()
+    new_func, _ = schedule_function(func, cpu_spec(AVX2))
+    script = new_func.script()
+    assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
+    assert 'scope="local"' in script  # accumulators of a tile, not a full-size buffer
+
+
+def test_c_target_gets_unrolled_not_vectorized_loops(tmp_path) -> None:
+    c = tvm.target.Target({"kind": "c"})
+    spec = cpu_spec(c)
+    assert not spec.vector_codegen
+    (func,) = _kernels(_conv(16, 3, padding=1), (1, 8, 12, 12)).values()
+    new_func, _ = schedule_function(func, spec)
+    assert "T.vectorized" not in new_func.script()
+    np.testing.assert_allclose(_run(new_func, c, tmp_path), _run(func, c, tmp_path), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "target, lanes, registers",
+    [
+        ({"kind": "llvm", "mcpu": "haswell"}, 8, 16),
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, 16, 32),
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, 4, 32),
+        ({"kind": "c"}, 4, 16),
+    ],
+)
+def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> None:
+    cores = {"num-cores": 3} if target["kind"] == "llvm" else {}  # the C target has no such option
+    spec = cpu_spec(tvm.target.Target({**target, **cores}))
+    assert (spec.lanes, spec.registers) == (lanes, registers)
+    assert spec.threads == 3 or not cores
+
+
+def test_one_thread_keeps_kernels_serial() -> None:
+    (func,) = _kernels(_conv(32, 3, padding=1), (1, 16, 28, 28)).values()
+    new_func, _ = schedule_function(func, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True))
+    assert "T.parallel" not in new_func.script()
