@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Stock TVM vs memplan, side by side: latency and the memory the VM requested, as a Markdown table.
+"""onnxruntime, TVM as it ships, and tvm_memplan side by side: latency, compile time, memory.
 
-Both pipelines are built from one staged module (identical kernels) and measured in interleaved
-rounds (stock, memplan, memplan, stock, ...) so that drift on a shared machine hits both alike.
-Every round is appended to the results log, as ``tvm-memplan measure`` does.
+Per model, in one run on one machine:
+- ``onnxruntime``: the CPU execution provider with as many intra-op threads as TVM_NUM_THREADS;
+- ``TVM``: TVM 0.27's own Relax pipeline (its kernels, unscheduled on CPU, and its planner);
+- ``memplan``: ``tvm_memplan.pipeline`` (default CPU schedules, order search, in-place, arena).
+Latencies are measured in interleaved rounds (TVM, memplan, onnxruntime, then reversed) so that
+drift on a shared machine hits all alike; each TVM round is appended to the results log, as
+``tvm-memplan measure`` does. Compile time is ``tvm.compile`` from the imported Relax module:
+TVM's default pipeline against ``tvm_memplan.pipeline`` with and without default schedules.
 
-    python scripts/bench_latency.py                                  # zoo:mobilenet_v2, zoo:mcu_cnn on this CPU
+    python scripts/bench_latency.py                                   # zoo:mobilenet_v2, zoo:mcu_cnn here
     python scripts/bench_latency.py zoo:squeezenet1_0 --rounds 5 --repeat 10
-    python scripts/bench_latency.py zoo:mcu_cnn --rpc-tracker 127.0.0.1:9190 --rpc-key arm64-emu
+    python scripts/bench_latency.py zoo:mcu_cnn --rpc-tracker 127.0.0.1:9190 --rpc-key arm64-emu   # no onnxruntime column
 """
 
 from __future__ import annotations
@@ -18,41 +23,103 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
+import tvm
 
-from tvm_memplan.deploy.build import PIPELINES, build_artifacts
+import tvm_memplan
+from tvm_memplan.deploy.build import TVM_STOCK, build_artifacts
 from tvm_memplan.deploy.measure import Device, measure_artifact, reference_outputs
 from tvm_memplan.deploy.results import DEFAULT_LOG, ResultsLog
-from tvm_memplan.frontend import load_model
+from tvm_memplan.deploy.targets import get_target
+from tvm_memplan.frontend import load_model, to_relax
+
+TVM_PIPELINES = (TVM_STOCK, "memplan")
+
+
+def _spread(times: list[float]) -> tuple[float, float]:
+    q25, median, q75 = np.percentile(times, [25, 50, 75])
+    return float(median), float(q75 - q25)
+
+
+def compile_seconds(model: str, target: tvm.target.Target) -> dict[str, float]:
+    """Seconds ``tvm.compile`` takes from the imported module, per pipeline."""
+    pipelines = {
+        "tvm": lambda: tvm.relax.get_default_pipeline(target),
+        "memplan_no_schedule": lambda: tvm_memplan.pipeline(target, schedule="none"),
+        "memplan": lambda: tvm_memplan.pipeline(target),
+    }
+    seconds = {}
+    for name, make in pipelines.items():
+        mod = to_relax(load_model(model))
+        started = time.perf_counter()
+        with target:
+            tvm.compile(mod, target, relax_pipeline=make())
+        seconds[name] = time.perf_counter() - started
+    return seconds
+
+
+class OnnxRuntime:
+    """onnxruntime on this CPU with TVM's thread count."""
+
+    def __init__(self, model: str, threads: int) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            load_model(model).onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+
+    def time(self, inputs: dict[str, np.ndarray], repeat: int) -> list[float]:
+        self.session.run(None, inputs)  # warm-up
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            self.session.run(None, inputs)
+            times.append((time.perf_counter() - started) * 1e3)
+        return times
 
 
 def bench(model: str, target: str, rounds: int, repeat: int, device: Device, log: ResultsLog) -> dict:
     loaded = load_model(model)
     inputs = loaded.random_inputs(0)
     reference = reference_outputs(loaded, inputs)
+    threads = int(os.environ.get("TVM_NUM_THREADS", "1"))
+    ort = OnnxRuntime(model, threads) if device.name == "local" else None
+    row: dict = {"model": model}
+    if device.name == "local":
+        row["compile_s"] = compile_seconds(model, get_target(target, None).tvm_target())
     with tempfile.TemporaryDirectory() as scratch:
-        artifacts = build_artifacts(model, target, {p: Path(scratch) / f"{p}.so" for p in PIPELINES})
-        runs: dict[str, list] = {p: [] for p in PIPELINES}
+        artifacts = build_artifacts(model, target, {p: Path(scratch) / f"{p}.so" for p in TVM_PIPELINES})
+        runs: dict[str, list] = {p: [] for p in TVM_PIPELINES}
+        ort_times: list[float] = []
         for index in range(rounds):
-            order = PIPELINES if index % 2 == 0 else PIPELINES[::-1]
-            for pipeline in order:
+            order = (*TVM_PIPELINES, "onnxruntime")
+            for pipeline in order if index % 2 == 0 else order[::-1]:
+                if pipeline == "onnxruntime":
+                    if ort is not None:
+                        ort_times += ort.time(inputs, repeat)
+                    continue
                 result = measure_artifact(device, artifacts[pipeline], inputs, reference, repeat, source=model)
                 log.append(result.summary())
                 runs[pipeline].append(result)
-    row = {"model": model}
     for pipeline, results in runs.items():
-        times = [ms for r in results for ms in r.repeats_ms]
-        q25, median, q75 = np.percentile(times, [25, 50, 75])
+        median, spread = _spread([ms for r in results for ms in r.repeats_ms])
         row[pipeline] = {
-            "latency_ms": float(median),
-            "spread_ms": float(q75 - q25),
+            "latency_ms": median,
+            "spread_ms": spread,
             "requested_bytes": results[0].requested_bytes,
             "planned_bytes": results[0].planned_bytes,
             "correct": all(r.correct for r in results),
             "threads": results[0].tvm_num_threads,
         }
+    if ort_times:
+        median, spread = _spread(ort_times)
+        row["onnxruntime"] = {"latency_ms": median, "spread_ms": spread}
     return row
 
 
@@ -60,29 +127,46 @@ def _mib(nbytes: int | None) -> str:
     return "unknown" if nbytes is None else f"{nbytes / 2**20:.3f}"
 
 
+def _ms(entry: dict | None) -> str:
+    return "—" if entry is None else f"{entry['latency_ms']:.2f} ({entry['spread_ms']:.2f})"
+
+
 def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: int) -> str:
     threads = rows[0]["memplan"]["threads"] or "unset (1 thread)"
+    cpu = platform.processor() or platform.machine()
     lines = [
-        f"## Stock TVM vs memplan: latency and requested memory ({datetime.date.today()})",
+        f"## onnxruntime, TVM and memplan: latency, compile time and memory ({datetime.date.today()})",
         "",
-        f"Device `{device}`, target `{target}`, TVM_NUM_THREADS={threads}, host {platform.machine()} with "
-        f"{os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats per pipeline; latency is the "
-        "median over all repeats, spread the interquartile range. Produced by `scripts/bench_latency.py`.",
+        f"Device `{device}`, target `{target}` ({tvm.target.Target.from_device('cpu')}), TVM_NUM_THREADS={threads}, "
+        f"host {cpu} with {os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats per pipeline; latency is "
+        "the median over all repeats (ms), spread the interquartile range. TVM = TVM 0.27's own pipeline (unscheduled "
+        "CPU kernels, its planner); memplan = `tvm_memplan.pipeline` (default CPU schedules, arena). Compile = seconds "
+        "of `tvm.compile` from the imported module. Produced by `scripts/bench_latency.py`.",
         "",
-        "| model | stock ms (IQR) | memplan ms (IQR) | memplan / stock | stock requested MiB | memplan requested MiB "
+        "| model | onnxruntime ms | TVM ms | memplan ms | memplan / onnxruntime | memplan / TVM "
+        "| compile TVM s | compile memplan s (no schedules) | TVM requested MiB | memplan requested MiB "
         "| memplan planned MiB | requested = plan | correct |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        stock, memplan = row["stock"], row["memplan"]
-        equal = memplan["requested_bytes"] == memplan["planned_bytes"]
-        lines.append(
-            f"| {row['model']} | {stock['latency_ms']:.3f} ({stock['spread_ms']:.3f}) "
-            f"| {memplan['latency_ms']:.3f} ({memplan['spread_ms']:.3f}) "
-            f"| {memplan['latency_ms'] / stock['latency_ms']:.3f} "
-            f"| {_mib(stock['requested_bytes'])} | {_mib(memplan['requested_bytes'])} | {_mib(memplan['planned_bytes'])} "
-            f"| {'yes' if equal else 'NO'} | {'yes' if stock['correct'] and memplan['correct'] else 'NO'} |"
-        )
+        stock, memplan, ort = row[TVM_STOCK], row["memplan"], row.get("onnxruntime")
+        compile_s = row.get("compile_s")
+        cells = [
+            row["model"],
+            _ms(ort),
+            _ms(stock),
+            _ms(memplan),
+            f"{memplan['latency_ms'] / ort['latency_ms']:.2f}x" if ort else "—",
+            f"{memplan['latency_ms'] / stock['latency_ms']:.3f}",
+            f"{compile_s['tvm']:.1f}" if compile_s else "—",
+            f"{compile_s['memplan']:.1f} ({compile_s['memplan_no_schedule']:.1f})" if compile_s else "—",
+            _mib(stock["requested_bytes"]),
+            _mib(memplan["requested_bytes"]),
+            _mib(memplan["planned_bytes"]),
+            "yes" if memplan["requested_bytes"] == memplan["planned_bytes"] else "NO",
+            "yes" if stock["correct"] and memplan["correct"] else "NO",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

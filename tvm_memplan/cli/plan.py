@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..options import SCHEDULES
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
 from .format import console, human_bytes, key_value_table, memory_profile, print_json
 
@@ -52,6 +53,8 @@ def model_planner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--order", choices=["program", "dfs", "bfs", "search"], default="search",
                         help="execution order: as imported, TVM's depth-/breadth-first TopologicalSort, or searched (default)")
     parser.add_argument("--order-seconds", type=float, default=10.0, metavar="S", help="time budget of the order search (default 10)")
+    parser.add_argument("--schedule", choices=list(SCHEDULES), default="default",
+                        help="kernel schedules on CPU targets: tvm_memplan's defaults, or none (TVM's loops, for comparison)")
 
 
 def model_planner_kwargs(args: argparse.Namespace) -> dict:
@@ -61,6 +64,7 @@ def model_planner_kwargs(args: argparse.Namespace) -> dict:
         "inplace": args.inplace,
         "order": args.order,
         "order_seconds": args.order_seconds,
+        "schedule": args.schedule,
     }
 
 

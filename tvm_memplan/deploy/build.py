@@ -24,6 +24,9 @@ from . import error_line
 from .targets import DeployTarget, get_target
 
 PIPELINES = ("stock", "memplan")
+"""What ``measure --compare`` sets side by side: TVM's planner and memplan over the same kernels."""
+TVM_STOCK = "tvm"
+"""TVM's pipeline as it ships: its own kernels (no default schedules) and its own planner."""
 
 
 @dataclass
@@ -101,9 +104,11 @@ def plan_for(model: LoadedModel, target: DeployTarget, tuning_dir: str | None = 
 
 
 def compile_plan(plan: ModelPlan, pipeline: str) -> "tvm.runtime.Executable":
-    if pipeline not in PIPELINES:
-        raise UserError(f"unknown pipeline {pipeline!r}; known: {', '.join(PIPELINES)}")
+    if pipeline not in (*PIPELINES, TVM_STOCK):
+        raise UserError(f"unknown pipeline {pipeline!r}; known: {', '.join((*PIPELINES, TVM_STOCK))}")
     try:
+        if pipeline == TVM_STOCK:
+            return plan.build_stock(schedule="none")
         return plan.build() if pipeline == "memplan" else plan.build_stock()
     except (RuntimeError, ValueError) as exc:
         raise UserError(f"{plan.model.name}: TVM could not compile for {plan.target.kind.name}: {error_line(exc)}") from None

@@ -31,8 +31,9 @@ from .cpu import CpuSpec
 
 _DATA_PAR = 0
 _REDUCE = 2
-PARALLEL_MIN_WORK = 1 << 14
-"""Loop iterations below which a kernel stays serial: a parallel launch costs ~10 µs."""
+PARALLEL_MIN_WORK = 1 << 20
+"""Loop iterations (multiply-adds for a reduction) below which a kernel stays serial: waking the
+thread pool costs ~5-20 µs, what a vectorized kernel of this size takes on one core."""
 
 _FAILURES = (s_tir.ScheduleError, RuntimeError, ValueError, TypeError, IndexError, AttributeError)
 
