@@ -19,6 +19,7 @@ SMALL = {
     "nasnet_a_mobile": {"resolution": 64},
     "mcu_cnn": {},
     "mlp": {},
+    "bert_tiny": {"resolution": 16},
 }
 
 

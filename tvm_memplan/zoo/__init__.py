@@ -15,7 +15,9 @@ Every model is batch 1, NCHW (the MLP takes ``(1, features)``), float32, ONNX op
 ``resolution`` (input H = W), ``num_classes`` and ``seed``; some take more (``describe(name)`` and
 ``params(name)``). Only operators that TVM 0.27's Relax ONNX frontend imports are used: Conv
 (grouped/depthwise), Relu, Clip (ReLU6), MaxPool, AveragePool, GlobalAveragePool, Concat, Add,
-BatchNormalization (DenseNet), Pad, Slice (NASNet), Flatten, Gemm, MatMul, Identity.
+BatchNormalization (DenseNet), Pad, Slice (NASNet), Flatten, Gemm, MatMul, Identity; the transformer
+``bert_tiny`` (token ids in, ``resolution`` = sequence length) adds Gather, LayerNormalization,
+Reshape, Transpose, Softmax, Div, Mul, Erf and Tanh.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Callable
 import onnx
 
 from ..errors import UserError
+from .bert import bert_tiny
 from .densenet import densenet121
 from .graph import META_SPEC, GraphBuilder, ResolutionTooSmall, num_macs, num_params
 from .inception import googlenet, inception_v3
@@ -77,6 +80,9 @@ _REGISTRY: dict[str, Entry] = {
     "mcu_cnn": Entry(
         mcu_cnn, "microcontroller-class CNN (conv, pools, depthwise-separable, residual), 3x32x32",
         "this project's own configuration (TinyML style)", None),
+    "bert_tiny": Entry(
+        bert_tiny, "BERT-tiny encoder (2 layers, hidden 128, 2 heads), resolution = sequence length, token ids in",
+        "Turc et al. 2019; google/bert_uncased_L-2_H-128_A-2 (4,385,920) + a linear head", 4_386_178),
     "mlp": Entry(
         mlp, "2-layer MLP 784 -> 512 -> 10 with ReLU (Gemm, or MatMul + Add with matmul=1)",
         "classic MNIST MLP", 407_050),

@@ -400,8 +400,9 @@ class GraphBuilder:
 def num_params(model: onnx.ModelProto) -> int:
     """PyTorch-equivalent parameter count of a zoo model, derived from its initializers.
 
-    Counts float initializers used as weights/biases of Conv, Gemm, MatMul, Add, and the scale/shift
-    of BatchNormalization (its running mean/var are buffers in PyTorch, not parameters), then adds
+    Counts float initializers used as weights/biases of Conv, Gemm, MatMul, Add, embedding tables
+    (Gather data), and the scale/shift of BatchNormalization and LayerNormalization (BatchNorm's
+    running mean/var are buffers in PyTorch, not parameters), then adds
     the parameters that folding BatchNorms into convolutions removed (beta became the conv bias,
     gamma was absorbed into the weight: one parameter per channel is not stored).
     """
@@ -411,8 +412,10 @@ def num_params(model: onnx.ModelProto) -> int:
     for node in model.graph.node:
         if node.op_type in ("Conv", "Gemm", "MatMul", "Add"):
             idx = range(len(node.input))
-        elif node.op_type == "BatchNormalization":
+        elif node.op_type in ("BatchNormalization", "LayerNormalization"):
             idx = (1, 2)
+        elif node.op_type == "Gather":  # embedding tables
+            idx = (0,)
         else:
             continue
         for i in idx:
@@ -436,7 +439,10 @@ def num_macs(model: onnx.ModelProto) -> int:
         if node.op_type == "Conv":
             w = inits[node.input[1]]
             total += int(np.prod(shapes[node.output[0]])) * int(np.prod(w[1:]))
-        elif node.op_type in ("Gemm", "MatMul"):
+        elif node.op_type == "Gemm":
             w = inits[node.input[1]]
             total += int(np.prod(shapes[node.output[0]])) * int(np.prod(w) // shapes[node.output[0]][-1])
+        elif node.op_type == "MatMul":  # weights or two activations (attention), batched or not
+            a = inits.get(node.input[0]) or shapes[node.input[0]]
+            total += int(np.prod(shapes[node.output[0]])) * int(a[-1])
     return total
