@@ -2,7 +2,7 @@
 
 >>> from tvm_memplan import zoo
 >>> zoo.names()[:3]
-['densenet121', 'googlenet', 'inception_v3']
+['bert_tiny', 'densenet121', 'googlenet']
 >>> model = zoo.build("mobilenet_v2", width=0.35, resolution=96)
 >>> zoo.input_shape(model)
 (1, 3, 96, 96)
