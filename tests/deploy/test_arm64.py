@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tvm_memplan import zoo
 from tvm_memplan.deploy.rpc import start_farm
 
 from .conftest import needs_aarch64_gxx, run_cli_json
@@ -44,3 +45,15 @@ def test_build_and_measure_on_the_emulated_arm64_device(capsys, tmp_path, arm64_
     assert report["correct"], report["max_abs_diff"]
     assert report["requested_bytes"] == report["planned_bytes"]
     assert report["device"] == f"rpc:arm64-emu@{arm64_farm.tracker}"
+
+
+@pytest.mark.parametrize("model", zoo.names())
+def test_default_schedules_are_correct_on_aarch64(capsys, tmp_path, arm64_farm, model):
+    """Every zoo model with the default schedules sized for NEON (4 lanes, 32 registers) runs on
+    the emulated device with onnxruntime's outputs and the planned allocations."""
+    artifact = tmp_path / f"{model}.so"
+    run_cli_json(capsys, "build", f"zoo:{model}", "-o", str(artifact), "--target", "llvm-aarch64")
+    report = run_cli_json(capsys, "measure", str(artifact), "--rpc-tracker", arm64_farm.tracker, "--rpc-key",
+                          "arm64-emu", "--repeat", "1", "--min-repeat-ms", "1", "--log", str(tmp_path / "log.jsonl"))
+    assert report["correct"], report["max_abs_diff"]
+    assert report["requested_bytes"] == report["planned_bytes"]

@@ -7,7 +7,9 @@ Three rules cover what the fused kernels of CNNs and transformers contain, tried
   pooling) with injective producers and an elementwise epilogue. A register tile of output
   elements, vectorized along the output's contiguous axis and unrolled along an axis whose
   operand is reused across the vector (output channels of a conv, rows of a matmul), stays in
-  vector registers for the whole reduction; padding is computed per parallel task, the
+  vector registers for the whole reduction. Tasks run rows or channel tiles outermost, whichever
+  rereads fewer bytes; padding is computed per row (zero fill plus copy), an input read with a
+  stride is stored de-interleaved, a width no vector divides gets tail loops of its own, and the
   epilogue (bias, activation, residual add) runs on the tile before it is stored.
 * :func:`spatial` — injective kernels (elementwise, transpose, concat, pad): everything inlined
   into the outputs, innermost loop vectorized, outer loops parallel.
