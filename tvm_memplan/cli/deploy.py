@@ -27,11 +27,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=f"Compile MODEL for --target and write OUT.so plus OUT.so.json (its manifest). Targets: {target_help}.",
     )
     build.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
-    build.add_argument("-o", "--output", required=True, metavar="OUT.so")
+    build.add_argument("-o", "--output", metavar="OUT.so", help="the VM library (not for cortex-m* targets, which take --emit-c only)")
     build.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET", help=f"one of {', '.join(TARGETS)} (default host)")
     build.add_argument("--pipeline", default="memplan", choices=["memplan", "stock"], help="memplan (default) or TVM's stock planner")
     build.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
-    build.add_argument("--emit-c", metavar="DIR", help="also write the kernels as standalone C with an example main.c")
+    build.add_argument("--emit-c", metavar="DIR", help="write the whole model as standalone C (model.c on one static arena, "
+                       "Makefile for this machine and Cortex-M)")
+    build.add_argument("--sram-limit", metavar="BYTES", help="with --emit-c: fail when arena + kernel scratch exceed this (e.g. 512K)")
+    build.add_argument("--flash-limit", metavar="BYTES", help="with --emit-c: fail when the weights exceed this (e.g. 2M)")
     build.add_argument("--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)")
     build.add_argument("--json", action="store_true", help="print one JSON object")
     model_planner_options(build)
@@ -42,7 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Measure MODEL (built here for --target) or OUT.so (built by 'tvm-memplan build'); "
         "results are appended to a JSON-lines log.",
     )
-    measure.add_argument("source", metavar="MODEL|OUT.so")
+    measure.add_argument("source", metavar="MODEL|OUT.so|DIR", help="a model, a built library, or a directory written by build --emit-c")
+    measure.add_argument("--device", metavar="DEVICE", help="for DIR: host (default; this machine's C compiler), "
+                         "qemu-cortex-m7, qemu-cortex-m4 or qemu-cortex-m55 (emulated, needs arm-none-eabi-gcc and qemu-system-arm)")
     measure.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET", help="target to build MODEL for (default host)")
     measure.add_argument("--rpc-tracker", metavar="HOST:PORT", help="RPC tracker to get the device from")
     measure.add_argument("--rpc-key", metavar="KEY", help="device key at the tracker")
@@ -86,35 +91,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from ..deploy.build import Manifest, build
+    from ..deploy.mcu import check_limits, parse_bytes
 
+    limits = {key: parse_bytes(getattr(args, key), flag) for key, flag in
+              (("sram_limit", "--sram-limit"), ("flash_limit", "--flash-limit")) if getattr(args, key)}
+    if limits and not args.emit_c:
+        raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
     started = time.monotonic()
-    output = build(args.model, args.target, args.output, args.pipeline, args.work_dir, args.emit_c,
-                   args.cross_compiler, **model_planner_kwargs(args))
-    manifest = Manifest.load(output)
+    output, emitted = build(args.model, args.target, args.output, args.pipeline, args.work_dir, args.emit_c,
+                            args.cross_compiler, **model_planner_kwargs(args))
+    if emitted is not None:
+        check_limits(emitted.model, **limits)
+    manifest = Manifest.load(output) if output is not None else None
     summary = {
-        "artifact": str(output),
-        "manifest": str(output) + ".json",
-        "target": manifest.target,
-        "pipeline": manifest.pipeline,
-        "storage_bytes": manifest.storage_bytes,
-        "planned_bytes": manifest.planned_bytes,
-        "tuned": manifest.tuning_dir,
+        "artifact": str(output) if output is not None else None,
+        "manifest": str(output) + ".json" if output is not None else None,
+        "target": args.target,
+        "pipeline": manifest.pipeline if manifest else "memplan",
+        "storage_bytes": manifest.storage_bytes if manifest else emitted.model.arena_bytes,
+        "planned_bytes": manifest.planned_bytes if manifest else None,
+        "tuned": manifest.tuning_dir if manifest else None,
         "emit_c": args.emit_c,
         "seconds": round(time.monotonic() - started, 2),
     }
+    if emitted is not None:
+        model_c = emitted.model
+        summary |= {"arena_bytes": model_c.arena_bytes, "workspace_bytes": model_c.workspace_bytes,
+                    "weight_bytes": model_c.weight_bytes, "tvm_default_bytes": model_c.tvm_default_bytes,
+                    "naive_bytes": model_c.naive_bytes, "kernel_calls": model_c.kernel_calls}
     if args.json:
         print_json(summary)
         return 0
-    rows = [
-        ("artifact", summary["artifact"]),
-        ("target", f"{manifest.target}  {manifest.tvm_target}"),
-        ("pipeline", manifest.pipeline + (f" (tuned kernels from {manifest.tuning_dir})" if manifest.tuning_dir else "")),
-        ("planned storage", human_bytes(manifest.storage_bytes)),
-        ("VM should request", f"{human_bytes(manifest.planned_bytes)} (storage + outputs)"),
-        ("build time", f"{summary['seconds']:.1f} s"),
-    ]
-    if args.emit_c:
-        rows.append(("standalone C", f"{args.emit_c} (see its README.md)"))
+    rows = []
+    if manifest is not None:
+        rows += [
+            ("artifact", summary["artifact"]),
+            ("target", f"{manifest.target}  {manifest.tvm_target}"),
+            ("pipeline", manifest.pipeline + (f" (tuned kernels from {manifest.tuning_dir})" if manifest.tuning_dir else "")),
+            ("planned storage", human_bytes(manifest.storage_bytes)),
+            ("VM should request", f"{human_bytes(manifest.planned_bytes)} (storage + outputs)"),
+        ]
+    if emitted is not None:
+        model_c = emitted.model
+        rows += [
+            ("standalone C", f"{args.emit_c} for {model_c.target} (see its README.md)"),
+            ("static arena", f"{human_bytes(model_c.arena_bytes)} (TVM's default plan {human_bytes(model_c.tvm_default_bytes)}, "
+                             f"naive sum {human_bytes(model_c.naive_bytes)})"),
+            ("kernel scratch", human_bytes(model_c.workspace_bytes)),
+            ("weights (const)", human_bytes(model_c.weight_bytes)),
+        ]
+    rows.append(("build time", f"{summary['seconds']:.1f} s"))
     console().print(key_value_table("tvm-memplan build", rows))
     return 0
 
@@ -129,10 +155,16 @@ def _progress_display(enabled: bool):
 
 
 def run_measure(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from ..deploy.measure import measure
     from ..deploy.results import DEFAULT_LOG, ResultsLog
 
     log = ResultsLog(args.log or DEFAULT_LOG)
+    if Path(args.source).is_dir():
+        return _measure_c(args, log)
+    if args.device:
+        raise UserError("--device runs the standalone C: give the directory written by build --emit-c DIR")
     with _progress_display(sys.stderr.isatty()) as bar:
         tasks: dict[str, int] = {}
 
@@ -156,6 +188,32 @@ def run_measure(args: argparse.Namespace) -> int:
     else:
         _print_measurements(results, log.path)
     return 0 if all(m.correct for m in results.values()) else 1
+
+
+def _measure_c(args: argparse.Namespace, log) -> int:
+    from ..deploy.standalone import measure_c
+
+    result = measure_c(args.source, args.device or "host")
+    log.append(result.summary())
+    if args.json:
+        print_json(result.summary())
+        return 0 if result.correct else 1
+    rows = [
+        ("model", f"{result.model} on {result.device} ({result.kernel_calls} kernel calls)"),
+        ("correct", "yes" if result.correct else f"NO: {result.error or f'max |diff| {result.max_abs_diff:.3g}'}"),
+        ("max |diff|", f"{result.max_abs_diff:.3g} against {result.reference}"),
+        ("arena in binary", f"{human_bytes(result.arena_bytes)} ({'= plan' if result.arena_bytes == result.planned_arena_bytes else 'NOT the plan'}; "
+                            f"TVM's default plan {human_bytes(result.tvm_default_bytes)}, naive sum {human_bytes(result.naive_bytes)})"),
+    ]
+    if result.sram_bytes is not None:
+        rows += [
+            ("SRAM", f"{human_bytes(result.sram_bytes)} (.data + .bss + stack high-water {human_bytes(result.stack_bytes)})"),
+            ("flash", f"{human_bytes(result.flash_bytes)} (.text + .rodata + .data image; weights {human_bytes(result.weight_bytes)})"),
+            ("instructions", f"{result.instructions:,} (qemu -icount)"),
+        ]
+    console().print(key_value_table("tvm-memplan measure (standalone C)", rows))
+    console().print(f"result appended to {log.path}")
+    return 0 if result.correct else 1
 
 
 def _print_measurements(results: dict, log_path) -> None:

@@ -28,6 +28,38 @@ DEFAULT_CUDA_ARCH = "sm_75"
 
 
 @dataclass(frozen=True)
+class McuBoard:
+    """A Cortex-M core, the qemu-system-arm board that emulates it, and that board's memory map
+    as the linker script uses it (code, constants, RAM)."""
+
+    cpu: str
+    cpu_flags: str
+    board: str
+    machine: str
+    flash_origin: int
+    flash_length: int
+    rodata_name: str
+    rodata_origin: int
+    rodata_length: int
+    ram_name: str
+    ram_origin: int
+    ram_length: int
+    stack_size: int = 0x10000
+
+
+_MIB = 1 << 20
+# qemu-system-arm 7.2 memory maps ('info mtree'): MPS2 boards have 4 MiB SSRAM1 at 0 (code),
+# 4 MiB SSRAM2/3 at 0x20000000 (RAM) and 16 MiB more RAM (0x60000000 on AN500, 0x21000000 on AN386)
+# that holds the weights; AN547 (SSE-300) has 512 KiB ITCM at 0, 512 KiB DTCM at 0x20000000 and DDR.
+CORTEX_M7 = McuBoard("cortex-m7", "-mcpu=cortex-m7 -mthumb -mfpu=fpv5-d16 -mfloat-abi=hard", "MPS2 AN500",
+                     "mps2-an500", 0, 4 * _MIB, "PSRAM", 0x60000000, 16 * _MIB, "SSRAM2/3", 0x20000000, 4 * _MIB)
+CORTEX_M4 = McuBoard("cortex-m4", "-mcpu=cortex-m4 -mthumb -mfpu=fpv4-sp-d16 -mfloat-abi=hard", "MPS2 AN386",
+                     "mps2-an386", 0, 4 * _MIB, "PSRAM", 0x21000000, 16 * _MIB, "SSRAM2/3", 0x20000000, 4 * _MIB)
+CORTEX_M55 = McuBoard("cortex-m55", "-mcpu=cortex-m55 -mthumb -mfloat-abi=hard", "MPS3 AN547",
+                      "mps3-an547", 0, 512 * 1024, "DDR", 0x70000000, 256 * _MIB, "ISRAM", 0x31000000, 4 * _MIB)
+
+
+@dataclass(frozen=True)
 class DeployTarget:
     """A named target: TVM target config, the device that runs it, and how to link the artifact."""
 
@@ -39,6 +71,13 @@ class DeployTarget:
     cross_compiler: str | None = None
     """C++ compiler that links the artifact for another architecture (None: the host's)."""
     what: str = ""
+    board: McuBoard | None = None
+    """For microcontroller targets: the core and emulated board the standalone C is built for."""
+
+    @property
+    def is_mcu(self) -> bool:
+        """Targets with no VM: only ``build --emit-c`` makes sense for them."""
+        return self.board is not None and self.device == "mcu"
 
     @property
     def kind(self) -> str:
@@ -79,6 +118,9 @@ class DeployTarget:
 
     def runtime_problem(self) -> str | None:
         """Why this machine cannot run the artifact, or None when it can."""
+        if self.is_mcu:
+            return (f"target {self.name} has no VM: write the C with build --emit-c DIR, then run it with "
+                    f"tvm-memplan measure DIR --device qemu-{self.name}")
         if self.device != "cpu" and not tvm.device(self.device, 0).exist:
             return (f"target {self.name}: no {self.device} device on this machine (the installed TVM has no "
                     f"{self.device} runtime or no driver loads it): run the artifact through --rpc-tracker/--rpc-key")
@@ -115,6 +157,10 @@ TARGETS: dict[str, DeployTarget] = {
         DeployTarget("android-arm64", _ANDROID_LLVM, "cpu", _ANDROID_CXX, "Android phone CPU (LLVM + NEON), linked by the NDK"),
         DeployTarget("c", {"kind": "c"}, "cpu", what="C source compiled with -O2 on this machine, bytecode VM"),
         DeployTarget("c-aarch64", {"kind": "c"}, "cpu", _AARCH64_CXX, "C source cross-compiled -O2 for arm64 Linux"),
+        DeployTarget("c-standalone", {"kind": "c"}, "cpu", what="the whole model as standalone C (--emit-c), built for this machine", board=CORTEX_M7),
+        DeployTarget("cortex-m7", {"kind": "c"}, "mcu", what="Cortex-M7 standalone C (--emit-c; qemu mps2-an500)", board=CORTEX_M7),
+        DeployTarget("cortex-m4", {"kind": "c"}, "mcu", what="Cortex-M4 standalone C (--emit-c; qemu mps2-an386)", board=CORTEX_M4),
+        DeployTarget("cortex-m55", {"kind": "c"}, "mcu", what="Cortex-M55 standalone C (--emit-c; qemu mps3-an547)", board=CORTEX_M55),
         DeployTarget("cuda", {"kind": "cuda", "host": "llvm"}, "cuda", what="NVIDIA GPU (CUDA, needs nvcc to build)"),
         DeployTarget("vulkan", {"kind": "vulkan", "host": "llvm"}, "vulkan", what="Vulkan GPU (needs TVM with USE_VULKAN=ON)"),
         DeployTarget("opencl-mali", _opencl("mali"), "opencl", _AARCH64_CXX, "Arm Mali GPU on an arm64 phone (OpenCL)"),

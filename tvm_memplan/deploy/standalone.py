@@ -1,0 +1,183 @@
+"""Run the standalone C of ``build --emit-c DIR`` and measure it: on this machine, or on an emulated
+Cortex-M (qemu-system-arm with semihosting and ``-icount``).
+
+What comes back is checked against onnxruntime and measured from the binary itself: the arena's
+size is its ELF symbol's, flash is ``.vectors + .text + .ARM.exidx + .rodata + .data`` (the .data
+image), SRAM is ``.data + .bss`` plus the stack high-water mark the firmware finds in its painted
+stack, and the cost is instructions retired under ``-icount shift=0`` (one instruction per virtual
+nanosecond), read from SysTick and converted with a calibration loop of known length.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+from ..frontend import load_model
+from .mcu import ModelC
+from .measure import _compare, reference_outputs
+from .targets import McuBoard, get_target
+
+DEVICES = {"host": None, "qemu-cortex-m7": "cortex-m7", "qemu-cortex-m4": "cortex-m4", "qemu-cortex-m55": "cortex-m55"}
+"""Device name -> the target whose board it emulates (None: this machine)."""
+FLASH_SECTIONS = (".vectors", ".text", ".ARM.exidx", ".rodata", ".data")
+SRAM_SECTIONS = (".data", ".bss")
+_LINE = re.compile(r"^MEMPLAN status=(\d+) ticks=(\d+) calib_ticks=(\d+) calib_instructions=(\d+) stack_used=(\d+) stack_size=(\d+)", re.M)
+_ARM_PACKAGES = "Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
+
+
+@dataclass
+class CMeasurement:
+    """The standalone C of one model run once on one device."""
+
+    correct: bool
+    max_abs_diff: float
+    arena_bytes: int
+    """Size of ``memplan_arena`` in the built binary (its ELF symbol)."""
+    sram_bytes: int | None
+    flash_bytes: int | None
+    instructions: int | None
+    model: str
+    device: str
+    planned_arena_bytes: int
+    tvm_default_bytes: int
+    naive_bytes: int
+    workspace_bytes: int
+    weight_bytes: int
+    stack_bytes: int | None
+    sections: dict[str, int]
+    kernel_calls: int
+    reference: str
+    error: str | None = None
+    time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+    def summary(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _require(tools: list[str], hint: str) -> None:
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)} not found ({hint})")
+
+
+def _board_for(device: str, model_c: ModelC) -> McuBoard | None:
+    if device not in DEVICES:
+        raise UserError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
+    if DEVICES[device] is None:
+        return None
+    board = get_target(DEVICES[device]).board
+    written = get_target(model_c.target).board
+    if written is None or written.cpu != board.cpu:
+        raise UserError(f"the C in this directory was written for {model_c.target}; write it again with "
+                        f"build --target {DEVICES[device]} --emit-c DIR to run it on {device}")
+    return board
+
+
+def _run(command: list[str], cwd: Path, timeout: float, what: str) -> subprocess.CompletedProcess:
+    try:
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{what} did not finish within {timeout:.0f} s") from None
+    if result.returncode != 0 and what.startswith("building"):
+        lines = [line for line in (result.stderr + result.stdout).splitlines() if "error" in line.lower()]
+        raise UserError(f"{what} failed: {(lines or (result.stderr + result.stdout).splitlines() or ['?'])[0].strip()}")
+    return result
+
+
+def section_sizes(binary: Path, size_tool: str) -> dict[str, int]:
+    """``{section: bytes}`` from ``size -A``."""
+    text = subprocess.run([size_tool, "-A", "-d", str(binary)], capture_output=True, text=True, check=True).stdout
+    sizes = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0].startswith(".") and parts[1].isdigit():
+            sizes[parts[0]] = int(parts[1])
+    return sizes
+
+
+def symbol_size(binary: Path, nm_tool: str, symbol: str) -> int:
+    """Size of ``symbol`` in ``binary`` (0 when it is absent: a model with no intermediate tensors)."""
+    text = subprocess.run([nm_tool, "-S", str(binary)], capture_output=True, text=True, check=True).stdout
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[3] == symbol:
+            return int(parts[1], 16)
+    return 0
+
+
+def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.0) -> CMeasurement:
+    """Build the C in ``directory`` for ``device``, run it once on the model's seeded inputs, and
+    check and measure it (see the module docstring)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"no such directory: {directory}")
+    model_c = ModelC.load(directory)
+    board = _board_for(device, model_c)
+    if board is None:
+        _require(["make", "cc", "size", "nm"], "install make and a C compiler (Debian: build-essential)")
+        binary, tools = directory / "model_host", ("size", "nm")
+        build_cmd = ["make", "-s", "model_host"]
+    else:
+        _require(["make", "arm-none-eabi-gcc", "qemu-system-arm"], _ARM_PACKAGES)
+        binary, tools = directory / "model.elf", ("arm-none-eabi-size", "arm-none-eabi-nm")
+        build_cmd = ["make", "-s", "model.elf"]
+    model = load_model(model_c.model)
+    inputs = model.random_inputs(0)
+    if len(inputs) != len(model_c.inputs):
+        raise UserError(f"{model_c.model} has {len(inputs)} inputs but the C takes {len(model_c.inputs)}")
+    for spec, array in zip(model_c.inputs, inputs.values()):
+        np.ascontiguousarray(array, dtype=spec["dtype"]).tofile(directory / spec["file"])
+    for spec in model_c.outputs:
+        (directory / spec["file"]).unlink(missing_ok=True)
+    _run(build_cmd, directory, timeout, f"building {binary.name}")
+    if board is None:
+        run_cmd = [str(binary.resolve())]
+    else:
+        run_cmd = ["qemu-system-arm", "-M", board.machine, "-nographic", "-monitor", "none", "-serial", "none",
+                   "-semihosting-config", "enable=on,target=native", "-icount", "shift=0,sleep=off", "-kernel", binary.name]
+    result = _run(run_cmd, directory, timeout, f"running {binary.name} on {device}")
+    printed = result.stdout + result.stderr  # qemu writes semihosting text to stderr
+    found = _LINE.search(printed)
+    if found is None:
+        lines = (result.stderr + result.stdout).strip().splitlines()
+        raise UserError(f"{binary.name} on {device} printed no result (exit {result.returncode}): {(lines or ['no output'])[-1]}")
+    status, ticks, calib_ticks, calib_instructions, stack_used, _ = (int(v) for v in found.groups())
+    error = next((line[len("MEMPLAN error: "):] for line in printed.splitlines() if line.startswith("MEMPLAN error: ")), None)
+    reference, reference_name = reference_outputs(model, inputs)
+    if status == 0:
+        outputs = [np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"]) for spec in model_c.outputs]
+        correct, worst = _compare(outputs, [np.asarray(r) for r in reference])
+    else:
+        correct, worst = False, float("inf")
+        error = error or f"{model_c.name}_run returned {status}"
+    sections = section_sizes(binary, tools[0])
+    embedded = board is not None
+    return CMeasurement(
+        correct=correct,
+        max_abs_diff=worst,
+        arena_bytes=symbol_size(binary, tools[1], "memplan_arena"),
+        sram_bytes=sum(sections.get(s, 0) for s in SRAM_SECTIONS) + stack_used if embedded else None,
+        flash_bytes=sum(sections.get(s, 0) for s in FLASH_SECTIONS) if embedded else None,
+        instructions=round(ticks * calib_instructions / calib_ticks) if embedded and calib_ticks else None,
+        model=model_c.model,
+        device=device,
+        planned_arena_bytes=model_c.arena_bytes,
+        tvm_default_bytes=model_c.tvm_default_bytes,
+        naive_bytes=model_c.naive_bytes,
+        workspace_bytes=model_c.workspace_bytes,
+        weight_bytes=model_c.weight_bytes,
+        stack_bytes=stack_used if embedded else None,
+        sections={k: v for k, v in sections.items() if k in FLASH_SECTIONS + SRAM_SECTIONS + (".stack",)},
+        kernel_calls=model_c.kernel_calls,
+        reference=reference_name,
+        error=error,
+    )
