@@ -121,6 +121,7 @@ def extract_program(func: relax.Function) -> Program:
     arena_sizes: list[tuple[str, int]] = []
     weights: dict[tuple, tuple[str, np.ndarray, TensorRef]] = {}
     steps: list[Step] = []
+    tuples: dict[relax.Var, list[relax.Expr]] = {}
 
     def operand(expr: relax.Expr) -> TensorRef:
         if isinstance(expr, relax.Var) and expr in env:
@@ -140,8 +141,17 @@ def extract_program(func: relax.Function) -> Program:
     for block in func.body.blocks:
         for binding in block.bindings:
             var, value = binding.var, binding.value
+            if isinstance(value, relax.Var) and value in tuples:
+                tuples[var] = tuples[value]
+                continue
             if isinstance(value, relax.Var):
                 env[var] = env[value] if value in env else operand(value)
+                continue
+            if isinstance(value, relax.Tuple):
+                tuples[var] = list(value.fields)
+                continue
+            if isinstance(value, relax.TupleGetItem) and value.tuple_value in tuples:
+                env[var] = operand(tuples[value.tuple_value][value.index])
                 continue
             if not isinstance(value, relax.Call):
                 raise UserError(f"the standalone C cannot express binding {var.name} = {type(value).__name__}")
@@ -174,7 +184,10 @@ def extract_program(func: relax.Function) -> Program:
                                 "arena tensors and reshapes are supported")
 
     result = func.body.body
-    returned = list(result.fields) if isinstance(result, relax.Tuple) else [result]
+    if isinstance(result, relax.Tuple):
+        returned = list(result.fields)
+    else:
+        returned = tuples.get(result, [result]) if isinstance(result, relax.Var) else [result]
     outputs, copies = [], []
     for index, expr in enumerate(returned):
         source = operand(expr)
