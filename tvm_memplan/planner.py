@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import tvm
 
@@ -64,7 +64,9 @@ def _sequential(passes: list, mod: tvm.IRModule, target: tvm.target.Target) -> t
         return tvm.transform.Sequential(passes)(mod)
 
 
-def plan_model(model: LoadedModel, target: Any = None, **options: Any) -> ModelPlan:
+def plan_model(
+    model: LoadedModel, target: Any = None, prepare: Callable[[tvm.IRModule], tvm.IRModule] | None = None, **options: Any
+) -> ModelPlan:
     """Import ``model``, run TVM's passes up to memory planning, reorder, and plan its arenas.
 
     The dataflow stage is shared: the stock module continues from it in program order, the
@@ -73,7 +75,10 @@ def plan_model(model: LoadedModel, target: Any = None, **options: Any) -> ModelP
     resolved_target = resolve_target(target)
     resolved = current_options().updated(**options)
     stages = stage_passes(resolved_target)
-    dataflow = _sequential(stages.dataflow, to_relax(model), resolved_target)
+    imported = to_relax(model)
+    if prepare is not None:
+        imported = prepare(imported)
+    dataflow = _sequential(stages.dataflow, imported, resolved_target)
     stock_staged = _sequential(stages.lowering, dataflow, resolved_target)
 
     order_reports: list[OrderReport] = []

@@ -94,3 +94,45 @@ def test_solve_challenging_instance_stays_within_budget(capsys):
 def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "tvm_memplan.cli.main", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "plan" in result.stdout
+
+
+def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path):
+    cache = str(tmp_path / "latency.jsonl")
+    code, out, err = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K",
+                             "--split-cache", cache, "--verify", "--json", "--order-seconds", "1")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["verified"] is True
+    assert summary["peak_after_bytes"] <= 30 * 1024 < summary["peak_before_bytes"]
+    assert summary["arena_bytes"] <= 30 * 1024
+    assert summary["split_subgraphs"] and all(s["parts"] >= 2 for s in summary["split_subgraphs"])
+    assert summary["latency_before_ms"] > 0 and summary["latency_after_ms"] > 0
+    assert summary["pareto_front"][-1]["parts"] == {}  # the unsplit model is on the front
+    # the report (not JSON) prints the same search as tables
+    code, out, _ = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K",
+                           "--split-cache", cache, "--order-seconds", "1")
+    assert code == 0 and "Pareto front" in out and "from the cache" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--latency-budget", "-0.5"], "must not be negative"),
+    (["--memory-limit", "1K"], "no split plan fits"),
+])
+def test_plan_split_bad_requests_give_one_line_and_exit_2(capsys, tmp_path, argv, message):
+    code, _, err = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), *argv)
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_plan_split_of_a_model_without_chains_keeps_the_plan(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "plan", "zoo:mlp", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["split_subgraphs"] == [] and "no channel chain" in summary["split_reason"]
+    assert summary["peak_after_bytes"] == summary["peak_before_bytes"]
+
+
+def test_memory_limit_must_be_a_byte_count(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "lots"])
+    assert exit_info.value.code == 2
+    assert "not a byte count" in capsys.readouterr().err

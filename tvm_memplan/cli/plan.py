@@ -25,6 +25,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     model_planner_options(plan)
+    split = plan.add_argument_group("fine-grained splitting (seed 003)")
+    split.add_argument("--split", choices=["none", "acg"], default="none",
+                       help="acg: split channel chains found by the axis connection graph into tiles (default none)")
+    split.add_argument("--latency-budget", type=float, default=0.05, metavar="F",
+                       help="allowed slowdown as a fraction of the measured latency (default 0.05)")
+    split.add_argument("--search-seconds", type=float, default=60.0, metavar="S", help="time limit of the split search (default 60)")
+    split.add_argument("--memory-limit", type=parse_bytes, metavar="BYTES",
+                       help="the fastest split plan that fits, e.g. 512K or 1.5M (latency budget ignored)")
+    split.add_argument("--split-cache", metavar="FILE", help="latency measurements to reuse and extend "
+                       "(default ~/.cache/tvm_memplan/chain_latency.jsonl)")
+    split.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure chain latencies on a device from this tracker")
+    split.add_argument("--rpc-key", metavar="KEY")
     plan.set_defaults(func=run_plan)
 
     solve = subparsers.add_parser(
@@ -68,6 +80,21 @@ def model_planner_kwargs(args: argparse.Namespace) -> dict:
     }
 
 
+def parse_bytes(text: str) -> int:
+    """``524288``, ``512K``, ``1.5M``, ``2MiB`` → bytes (K = 1024)."""
+    units = {"": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+    stripped = text.strip().upper()
+    number = stripped.rstrip("KMGIB")
+    unit = stripped[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 524288, 512K, 1.5M)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"byte count must be positive: {text!r}")
+    return int(value)
+
+
 def _target_arg(text: str):
     import json
 
@@ -86,7 +113,8 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..verify import verify_plan
 
     model = load_model(args.model)
-    plan = plan_model(model, _target_arg(args.target), **model_planner_kwargs(args))
+    split = _search_split(args, model) if args.split == "acg" else None
+    plan = plan_model(model, _target_arg(args.target), prepare=split.prepare() if split else None, **model_planner_kwargs(args))
     verified = None
     verify_result = None
     if args.verify:
@@ -128,6 +156,8 @@ def run_plan(args: argparse.Namespace) -> int:
         "unplanned": {f"{r.function}.{k}": v for r in plan.reports for k, v in r.unplanned.items()},
         "verified": verified,
     }
+    if split is not None:
+        summary.update(_split_summary(split, arena))
     if verify_result is not None:
         summary["verify"] = {
             "identical_to_stock": verify_result.identical_to_stock,
@@ -143,6 +173,42 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         _print_plan_report(summary, layouts)
     return 0 if verified in (None, True) else 1
+
+
+def _search_split(args: argparse.Namespace, model):
+    from ..deploy.chain_latency import DEFAULT_CACHE
+    from ..deploy.measure import Device
+    from ..deploy.split import search_split
+
+    if isinstance(_target_arg(args.target), dict):
+        raise UserError("--split acg measures latencies: give --target as a name (host, c, llvm-aarch64, ...)")
+    device = Device(args.rpc_tracker, args.rpc_key)
+    return search_split(model, args.target, device, budget=args.latency_budget, seconds=args.search_seconds,
+                        memory_limit=args.memory_limit, cache=Path(args.split_cache) if args.split_cache else DEFAULT_CACHE,
+                        schedule=args.schedule)
+
+
+def _split_summary(split, arena: int) -> dict:
+    result = split.result
+    return {
+        "split": "acg",
+        "split_candidates": len(split.chains),
+        "split_subgraphs": [{"chain": c.chain.name, "bindings": list(c.chain.bindings), "parts": c.parts,
+                             "kind": "temporal" if c.chain.tail else "concat"} for c in split.choices],
+        "split_reason": result.stopped if split.chains else "no channel chain in the model: plan unchanged",
+        "peak_before_bytes": result.original.peak_bytes,
+        "peak_after_bytes": result.best.peak_bytes,
+        "latency_before_ms": round(split.latency_before_ms, 4),
+        "latency_after_ms": round(split.latency_after_ms, 4),
+        "latency_estimated_ms": round(result.best.latency_ms, 4),
+        "bottleneck": list(result.bottleneck.live[:6]),
+        "pareto_front": [{"peak_bytes": p.peak_bytes, "latency_ms": round(p.latency_ms, 4),
+                          "parts": {c.chain.name: c.parts for c in p.choices}} for p in result.front],
+        "search_seconds": round(result.seconds, 2),
+        "plans_simulated": result.evaluated,
+        "latency_cache_hits": split.cache_hits,
+        "latency_measurements": split.cache_misses,
+    }
 
 
 def _print_plan_report(summary: dict, layouts) -> None:
@@ -174,7 +240,12 @@ def _print_plan_report(summary: dict, layouts) -> None:
         rows.append(("verified", f"{status}: identical to stock TVM={verify['identical_to_stock']}, "
                      f"max |diff| vs onnxruntime={diff:.2g}" if diff is not None else status))
         rows.append(("VM storage requests", ", ".join(human_bytes(b) for b in verify["vm_storage_bytes"])))
+    if "split" in summary:
+        rows += _split_rows(summary)
     out.print(key_value_table("tvm-memplan plan", rows))
+    if "split" in summary and summary["pareto_front"]:
+        out.print()
+        out.print(_front_table(summary))
     if layouts:
         problem, _, arena_bytes = max(layouts, key=lambda layout: layout[2])
         out.print()
@@ -188,6 +259,33 @@ def _print_plan_report(summary: dict, layouts) -> None:
             out.print(f"  [red]problem[/red]: {problem_text}")
     if "plot" in summary:
         out.print(f"layout plot written to {summary['plot']}")
+
+
+def _split_rows(summary: dict) -> list[tuple[str, str]]:
+    before, after = summary["peak_before_bytes"], summary["peak_after_bytes"]
+    chosen = ", ".join(f"{s['chain']} x{s['parts']}" for s in summary["split_subgraphs"]) or "none"
+    return [
+        ("split (axis connection graph)", f"{summary['split_candidates']} candidate chains; split: {chosen}"),
+        ("simulated peak", f"{human_bytes(before)} -> {human_bytes(after)}  ({before / after:.2f}x)" if after else "-"),
+        ("latency (measured)", f"{summary['latency_before_ms']:.3f} ms -> {summary['latency_after_ms']:.3f} ms  "
+         f"({summary['latency_after_ms'] / summary['latency_before_ms'] - 1:+.1%})"),
+        ("split search", f"{summary['search_seconds']:.1f} s, {summary['plans_simulated']:,} plans simulated, "
+         f"{summary['latency_measurements']} latencies measured, {summary['latency_cache_hits']} from the cache; "
+         f"stopped: {summary['split_reason']}"),
+        ("bottleneck now", ", ".join(summary["bottleneck"]) or "-"),
+    ]
+
+
+def _front_table(summary: dict):
+    from rich.table import Table
+
+    table = Table(title="split Pareto front (simulated peak vs estimated latency)")
+    for column in ("peak", "latency ms", "chains (parts)"):
+        table.add_column(column)
+    for point in summary["pareto_front"]:
+        parts = ", ".join(f"{k} x{v}" for k, v in point["parts"].items()) or "unsplit"
+        table.add_row(human_bytes(point["peak_bytes"]), f"{point['latency_ms']:.3f}", parts)
+    return table
 
 
 def run_solve(args: argparse.Namespace) -> int:

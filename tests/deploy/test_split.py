@@ -1,0 +1,68 @@
+"""The split search end to end: measured latencies (cached), the budget, memory limits, and split
+models that compute what onnxruntime computes on the LLVM and C targets."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_memplan.deploy.split import search_split
+from tvm_memplan.errors import UserError
+from tvm_memplan.frontend import load_model
+from tvm_memplan.planner import plan_model
+from tvm_memplan.relax.split import normalize, split_chains
+from tvm_memplan.split.simulate import SplitChoice
+from tvm_memplan.verify import verify_plan
+
+
+@pytest.fixture(scope="module")
+def mcu():
+    return load_model("zoo:mcu_cnn")
+
+
+def test_a_second_search_reuses_the_measurements(mcu, tmp_path):
+    cache = tmp_path / "latency.jsonl"
+    first = search_split(mcu, cache=cache, memory_limit=30 * 1024, seconds=20)
+    assert first.cache_misses > 0
+    second = search_split(mcu, cache=cache, memory_limit=30 * 1024, seconds=20)
+    assert second.cache_misses == 0 and second.cache_hits >= first.cache_misses
+    assert second.choices == first.choices
+
+
+def test_memory_limit_gives_a_plan_that_fits_and_verifies(mcu, tmp_path):
+    limit = 30 * 1024
+    outcome = search_split(mcu, cache=tmp_path / "latency.jsonl", memory_limit=limit, seconds=20)
+    assert outcome.result.best.peak_bytes <= limit < outcome.result.original.peak_bytes
+    plan = plan_model(mcu, "llvm", prepare=outcome.prepare(), order_seconds=1)
+    assert plan.total("arena_bytes") <= limit
+    result = verify_plan(plan)  # outputs vs onnxruntime, VM allocations vs the plan
+    assert result.ok, result.problems
+
+
+def test_a_limit_nothing_meets_is_one_clear_error(mcu, tmp_path):
+    with pytest.raises(UserError, match="no split plan fits in 1,024 bytes"):
+        search_split(mcu, cache=tmp_path / "latency.jsonl", memory_limit=1024, seconds=20)
+
+
+def test_a_negative_budget_is_refused(mcu):
+    with pytest.raises(UserError, match="must not be negative"):
+        search_split(mcu, budget=-0.01, cache=None)
+
+
+def test_split_c_build_matches_onnxruntime(mcu, tmp_path):
+    from tvm_memplan.relax.split import find_chains
+
+    def prepare(mod):
+        mod = normalize(mod)
+        chain = max((c for c in find_chains(mod) if c.tail), key=lambda c: c.tile_bytes)
+        return split_chains(mod, [SplitChoice(chain, 4)])
+
+    plan = plan_model(mcu, tvm.target.Target({"kind": "c"}), prepare=prepare, order_seconds=1)
+    path = str(tmp_path / "model.so")
+    plan.build().export_library(path, options=["-O2"])
+    vm = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
+    inputs = mcu.random_inputs(0)
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+    (reference,) = ort.InferenceSession(mcu.onnx_model.SerializeToString()).run(None, inputs)
+    np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-4)

@@ -1,0 +1,99 @@
+"""Channel chains: found by the axis connection graph of the legalized TIR, split into tiles
+that compute the same outputs."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.planner import plan_model
+from tvm_memplan.relax.split import axis_graph, chain_module, chain_signature, find_chains, normalize, program_of, split_chains
+from tvm_memplan.split.simulate import SplitChoice, disjoint, peak, split_program
+
+TARGET = tvm.target.Target({"kind": "llvm"})
+
+
+def _run(mod: tvm.IRModule, x: np.ndarray) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, TARGET), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def _disjoint_chains(chains):
+    chosen = []
+    for chain in sorted(chains, key=lambda c: -c.tile_bytes):
+        if disjoint(chosen + [chain]):
+            chosen.append(chain)
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def mcu():
+    return normalize(to_relax(load_model("zoo:mcu_cnn")))
+
+
+def test_chains_of_mcu_cnn(mcu):
+    chains = {c.head: c for c in find_chains(mcu)}
+    # conv1 -> bias -> relu -> pool -> depthwise -> bias -> relu, reduced by the next 1x1 conv
+    first = chains["lv"]
+    assert first.tail is not None and len(first.mids) >= 4 and first.units == 8
+    # the chain's tensors share one component of the axis connection graph along channels
+    acg, _ = axis_graph(mcu)
+    component = acg.component_of(first.head, 1)
+    assert all(acg.component_of(name, 1) is component for name in first.mids)
+    assert acg.component_of(first.tail, 1) is not component
+
+
+@pytest.mark.parametrize("parts", [2, 3, 8])
+def test_split_model_computes_the_same_outputs(mcu, parts):
+    chosen = _disjoint_chains(find_chains(mcu))
+    split = split_chains(mcu, [SplitChoice(c, min(parts, c.units)) for c in chosen])
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")
+    np.testing.assert_allclose(_run(split, x), _run(mcu, x), rtol=1e-4, atol=1e-5)
+
+
+def test_overlapping_choices_are_refused(mcu):
+    chains = find_chains(mcu)
+    a = next(c for c in chains if c.tail is not None)
+    b = next(c for c in chains if c.head == a.tail)
+    with pytest.raises(ValueError, match="overlaps"):
+        split_chains(mcu, [SplitChoice(a, 2), SplitChoice(b, 2)])
+
+
+def test_importer_clip_kernels_are_raised_to_operators():
+    mod = normalize(to_relax(load_model("zoo:mobilenet_v2?width=0.35&resolution=32")))
+    text = mod["main"].script(show_meta=False)
+    assert "R.call_tir" not in text and "R.minimum" in text
+    chains = find_chains(mod)
+    # expand 1x1 -> ReLU6 -> depthwise -> ReLU6, reduced by the projection
+    assert any(c.tail is not None and len(c.mids) >= 5 for c in chains)
+
+
+def test_simulated_peak_matches_the_planned_arena():
+    model = load_model("zoo:mobilenet_v2?width=0.35&resolution=48")
+    mod = normalize(to_relax(model))
+    chosen = [SplitChoice(c, min(4, c.units)) for c in _disjoint_chains(find_chains(mod))]
+    simulated = peak(split_program(program_of(mod), chosen)).bytes
+    planned = plan_model(model, "llvm", prepare=lambda m: split_chains(normalize(m), chosen), order="program",
+                         inplace=True).total("arena_bytes")
+    unsplit = plan_model(model, "llvm", order="program").total("arena_bytes")
+    assert planned < unsplit
+    assert peak(program_of(mod)).bytes == unsplit
+    # the simulator ignores in-place reuse and alignment: within a few percent of the planner
+    assert abs(planned - simulated) <= 0.1 * simulated
+
+
+def test_identical_blocks_share_a_signature():
+    mod = normalize(to_relax(load_model("zoo:mobilenet_v2?width=0.35&resolution=48")))
+    signatures = [chain_signature(chain_module(mod, c)) for c in find_chains(mod)]
+    assert len(set(signatures)) < len(signatures)
+
+
+def test_transformer_sequence_axis_is_a_candidate():
+    """The analyser works on any TIR: in BERT-tiny the token (sequence) axis connects the
+    projections, the attention and the feed-forward kernels."""
+    mod = normalize(to_relax(load_model("zoo:bert_tiny")))
+    acg, graph = axis_graph(mod)
+    sequence = acg.component_of(mod["main"].params[0].name, 1)  # token ids (1, sequence)
+    assert sequence in acg.candidates() and len(sequence.kernels) >= 10
+    assert "spatial" in {n.kind for n in sequence.nodes}

@@ -1,0 +1,103 @@
+"""The measurer of seed 003: latency of a chain before and after splitting, cached on disk.
+
+A chain is compiled alone (its outside tensors as inputs) with the same pipeline and default
+schedules as the whole model, run here or on an RPC device, and timed with the VM's
+``time_evaluator``. Measurements are keyed by what the latency depends on: the chain's
+operators, attributes and shapes (not its weights or names), the number of parts, the target
+and the device. Identical blocks of a network (and a second search of the same model) reuse
+them (seed claim 5); the cache is an append-only JSON-lines log that a crash cannot corrupt.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..relax.split import chain_module, chain_signature, split_chains
+from ..split.simulate import Chain, SplitChoice
+from .measure import Device
+from .results import ResultsLog
+from .targets import DeployTarget
+
+DEFAULT_CACHE = Path.home() / ".cache" / "tvm_memplan" / "chain_latency.jsonl"
+
+
+class ChainLatency:
+    """``ChainLatency(mod, target, device)(chain, parts)`` → measured ms added by the split."""
+
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        target: DeployTarget,
+        device: Device,
+        cache: Path | None = DEFAULT_CACHE,
+        repeat: int = 5,
+        min_repeat_ms: int = 20,
+        schedule: str = "default",
+    ) -> None:
+        self.mod, self.target, self.device = mod, target, device
+        self.repeat, self.min_repeat_ms, self.schedule = repeat, min_repeat_ms, schedule
+        self.log = ResultsLog(cache) if cache is not None else None
+        self.known: dict[str, float] = {}
+        if self.log is not None:
+            for record in self.log.records():
+                self.known[record["key"]] = record["ms"]
+        self.hits = self.misses = 0
+
+    def __call__(self, chain: Chain, parts: int) -> float:
+        alone = chain_module(self.mod, chain)
+        split = split_chains(alone, [SplitChoice(chain, parts)])
+        return self.time_ms(split, f"split{parts}") - self.time_ms(alone, "whole")
+
+    def time_ms(self, mod: tvm.IRModule, variant: str) -> float:
+        key = "|".join((chain_signature(mod), variant, self.target.name, self.device.name, self.schedule))
+        if key in self.known:
+            self.hits += 1
+            return self.known[key]
+        self.misses += 1
+        ms = self._measure(mod)
+        self.known[key] = ms
+        if self.log is not None:
+            self.log.append({"key": key, "ms": ms})
+        return ms
+
+    def _measure(self, mod: tvm.IRModule) -> float:
+        return float(np.median(self.timer(mod)()))
+
+    def compare(self, first: tvm.IRModule, second: tvm.IRModule, rounds: int = 3) -> tuple[float, float]:
+        """Median ms of two modules timed in interleaved rounds (not cached): drift on a busy
+        machine hits both alike."""
+        timers = [self.timer(first), self.timer(second)]
+        samples: list[list[float]] = [[], []]
+        for _ in range(rounds):
+            for timer, into in zip(timers, samples):
+                into.extend(timer())
+        return float(np.median(samples[0])), float(np.median(samples[1]))
+
+    def timer(self, mod: tvm.IRModule):
+        """A callable returning ``repeat`` timings (ms) of ``mod`` on the device."""
+        from ..relax.pipeline import pipeline
+
+        target = self.target.tvm_target()
+        with target:
+            executable = tvm.compile(mod, target, relax_pipeline=pipeline(target, order="program", schedule=self.schedule))
+        session = self.device.session
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / "chain.so"
+            self.target.export(executable, str(path))
+            remote_name = f"chain-{uuid.uuid4().hex[:8]}.so"
+            session.upload(str(path), remote_name)
+        dev = session.device(self.target.device, 0)
+        vm = relax.VirtualMachine(session.load_module(remote_name), dev)
+        rng = np.random.default_rng(0)
+        args = [
+            tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype)), dev)
+            for p in mod["main"].params
+        ]
+        evaluator = vm.time_evaluator("main", dev, number=1, repeat=self.repeat, min_repeat_ms=self.min_repeat_ms)
+        return lambda: [float(r) * 1e3 for r in evaluator(*args).results]

@@ -1,0 +1,99 @@
+"""Seed 003 end to end: analyse a model's channel chains, search splits with the simulator and
+measured latencies, and hand the chosen rewrite to the planner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import tvm
+
+from ..errors import UserError
+from ..frontend import LoadedModel, to_relax
+from ..relax.split import find_chains, normalize, program_of, split_chains
+from ..split.search import SearchResult, search
+from ..split.simulate import Chain, SplitChoice, peak, split_program
+from .chain_latency import DEFAULT_CACHE, ChainLatency
+from .measure import Device
+from .targets import get_target
+
+
+@dataclass
+class SplitOutcome:
+    model: str
+    chains: list[Chain]
+    """Every candidate chain the axis connection graph found."""
+    result: SearchResult
+    latency_before_ms: float
+    latency_after_ms: float
+    """Measured end to end (the whole model compiled with and without the split)."""
+    cache_hits: int
+    cache_misses: int
+
+    @property
+    def choices(self) -> list[SplitChoice]:
+        return list(self.result.best.choices)
+
+    def prepare(self) -> Callable[[tvm.IRModule], tvm.IRModule]:
+        """The rewrite for :func:`tvm_memplan.planner.plan_model` (``prepare=``)."""
+        choices = self.choices
+        return lambda mod: split_chains(normalize(mod), choices)
+
+
+def search_split(
+    model: LoadedModel,
+    target: str = "host",
+    device: Device | None = None,
+    budget: float = 0.05,
+    seconds: float = 60.0,
+    memory_limit: int | None = None,
+    cache: Path | None = DEFAULT_CACHE,
+    schedule: str = "default",
+) -> SplitOutcome:
+    """Search the split plan of ``model``; latencies are measured on ``device`` (default: here)."""
+    if budget < 0:
+        raise UserError(f"--latency-budget must not be negative (got {budget})")
+    if seconds <= 0:
+        raise UserError(f"--search-seconds must be positive (got {seconds})")
+    deploy_target = get_target(target)
+    device = device or Device()
+    mod = normalize(to_relax(model))
+    chains = find_chains(mod)
+    measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule)
+    before = measurer.time_ms(mod, "model")
+    program = program_of(mod)
+    result = search(program, chains, before, measurer, budget, seconds, memory_limit)
+    if memory_limit is not None and result.best.peak_bytes > memory_limit:
+        at_peak = ", ".join(result.bottleneck.live[:4])
+        raise UserError(
+            f"{model.name}: no split plan fits in {memory_limit:,} bytes: the smallest found peaks at "
+            f"{min(p.peak_bytes for p in result.front):,} bytes ({at_peak} live at its peak)"
+        )
+    before, after, result = _confirm(mod, result, measurer, budget if memory_limit is None else None)
+    result.bottleneck = peak(split_program(program, list(result.best.choices)))
+    return SplitOutcome(model.name, chains, result, before, after, measurer.hits, measurer.misses)
+
+
+def _confirm(mod: tvm.IRModule, result: SearchResult, measurer: ChainLatency, budget: float | None,
+             attempts: int = 3) -> tuple[float, float, SearchResult]:
+    """Time the whole model with and without the kept split, side by side. The search's latency
+    is a sum of chains timed alone; when the model as a whole misses the budget, fall back along
+    the Pareto front to the next smaller saving."""
+    candidates = [result.best] + [p for p in result.front if p.choices and p.peak_bytes > result.best.peak_bytes]
+    before = after = 0.0
+    for point in candidates[:attempts]:
+        if not point.choices:
+            break
+        before, after = measurer.compare(mod, split_chains(mod, list(point.choices)))
+        if budget is None or after <= before * (1 + budget):
+            if point is not result.best:
+                result = replace(result, best=point, stopped=f"{result.stopped}; the whole model missed the budget "
+                                 "with the smaller plans, kept the next point of the front")
+            return before, after, result
+    original = result.original
+    if result.best.choices:
+        result = replace(result, best=original, stopped=f"{result.stopped}; every split plan tried made the whole "
+                         f"model slower than the budget (last: {after / before - 1:+.1%}), kept unsplit")
+    before = before or measurer.time_ms(mod, "model")
+    return before, before, result

@@ -1,0 +1,139 @@
+"""The optimizer of seed 003: cut the memory bottleneck chain by chain within a latency budget.
+
+Each round finds the peak of the current plan with the simulator, tries every chain that is live
+at the peak with more parts, and keeps the move that lowers the peak most among those whose
+measured slowdown keeps the whole model within the budget. Every measured plan is a point of the
+Pareto front (peak bytes against latency); the search stops when no move helps, the memory limit
+is met, or the time is up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .simulate import Chain, Peak, Program, SplitChoice, peak, split_program
+
+
+@dataclass(frozen=True)
+class Point:
+    """One plan the search measured."""
+
+    choices: tuple[SplitChoice, ...]
+    peak_bytes: int
+    latency_ms: float
+
+
+@dataclass
+class SearchResult:
+    best: Point
+    original: Point
+    front: list[Point]
+    """Pareto-optimal points (no other point is both smaller and faster), by peak."""
+    evaluated: int
+    """Plans simulated."""
+    measured: int
+    """(chain, parts) latencies asked of the measurer."""
+    seconds: float
+    stopped: str
+    """Why the search ended."""
+    bottleneck: Peak = field(default=None)  # type: ignore[assignment]
+    """The peak of the kept plan: what limits it now."""
+
+
+def pareto(points: list[Point]) -> list[Point]:
+    front: list[Point] = []
+    for p in sorted(points, key=lambda p: (p.peak_bytes, p.latency_ms)):
+        if not front or p.latency_ms < front[-1].latency_ms:
+            front.append(p)
+    return front
+
+
+def search(
+    program: Program,
+    chains: list[Chain],
+    base_latency_ms: float,
+    chain_delta_ms: Callable[[Chain, int], float],
+    budget: float = 0.05,
+    seconds: float = 60.0,
+    memory_limit: int | None = None,
+) -> SearchResult:
+    """Greedy descent on the simulated peak; ``chain_delta_ms(chain, parts)`` is the measured
+    latency change of splitting ``chain`` into ``parts`` (cached by the caller)."""
+    if budget < 0:
+        raise ValueError("latency budget must not be negative")
+    start = time.monotonic()
+    allowed = base_latency_ms * (1 + budget)
+    state: dict[Chain, int] = {}
+    deltas: dict[tuple[Chain, int], float] = {}
+    evaluated = measured = 0
+
+    def delta(chain: Chain, parts: int) -> float:
+        nonlocal measured
+        if (chain, parts) not in deltas:
+            deltas[(chain, parts)] = chain_delta_ms(chain, parts)
+            measured += 1
+        return deltas[(chain, parts)]
+
+    def choices_of(s: dict[Chain, int]) -> tuple[SplitChoice, ...]:
+        return tuple(SplitChoice(c, p) for c, p in s.items())
+
+    def latency_of(s: dict[Chain, int]) -> float:
+        return base_latency_ms + sum(delta(c, p) for c, p in s.items())
+
+    current = peak(program)
+    original = Point((), current.bytes, base_latency_ms)
+    points = [original]
+    stopped = "no split lowers the peak within the budget"
+    while True:
+        if memory_limit is not None and current.bytes <= memory_limit:
+            stopped = "memory limit met"
+            break
+        if time.monotonic() - start > seconds:
+            stopped = "search time limit"
+            break
+        used = {n for c in state for n in c.bindings}
+        moves: list[tuple[int, dict[Chain, int], Peak]] = []
+        for chain in chains:
+            if chain not in state and used & set(chain.bindings):
+                continue
+            for parts in chain.parts_ladder():
+                if parts <= state.get(chain, 1):
+                    continue
+                trial = {**state, chain: parts}
+                p = peak(split_program(program, list(choices_of(trial))))
+                evaluated += 1
+                if (p.bytes, p.steps_at_peak) < (current.bytes, current.steps_at_peak):
+                    moves.append((p.bytes, trial, p))
+        # Lowest peak first; of equal peaks, the fewest tiles (the cheapest).
+        moves.sort(key=lambda m: (m[0], m[2].steps_at_peak, sum(m[1].values())))
+        accepted = False
+        fitting = [m for m in moves if memory_limit is not None and m[0] <= memory_limit]
+        if fitting:
+            # the limit is in reach: of the moves that reach it, the fastest
+            timed = []
+            for bytes_, trial, p in fitting[:8]:
+                latency = latency_of(trial)
+                points.append(Point(choices_of(trial), bytes_, latency))
+                timed.append((latency, bytes_, trial, p))
+            _, _, state, current = min(timed, key=lambda t: (t[0], t[1]))
+            accepted = True
+            moves = []
+        for bytes_, trial, p in moves:
+            if time.monotonic() - start > seconds:
+                break
+            latency = latency_of(trial)
+            points.append(Point(choices_of(trial), bytes_, latency))
+            if latency <= allowed or memory_limit is not None:
+                state, current, accepted = trial, p, True
+                break
+        if not accepted:
+            break
+    front = pareto(points)
+    final = Point(choices_of(state), current.bytes, latency_of(state))
+    if memory_limit is not None:
+        fitting = [p for p in front if p.peak_bytes <= memory_limit]
+        final = min(fitting, key=lambda p: p.latency_ms) if fitting else final
+    return SearchResult(final, original, front, evaluated, measured, time.monotonic() - start, stopped,
+                        peak(split_program(program, list(final.choices))))

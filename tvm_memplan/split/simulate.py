@@ -1,0 +1,156 @@
+"""The memory simulator of seed 003: peaks of a program before and after its chains are split.
+
+A :class:`Program` is kernels in execution order, each writing one tensor and reading others;
+a tensor is live from the step that writes it to the last step that reads it (the seed's active
+period ``[t1, t2)``). Model inputs, constants and outputs live outside the arena and do not
+count. :func:`split_program` builds the fine-grained program of a set of split chains without
+touching any IR, so the search can try thousands of candidates; the arena the planner really
+produces is computed for the plan the search keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A channel chain (see :mod:`tvm_memplan.relax.split`), by binding names in program order."""
+
+    head: str
+    mids: tuple[str, ...]
+    tail: str | None
+    """The convolution that reduces over the chain's channels (partial sums), or None: the last
+    tensor is produced tile by tile into its regions (concat elimination)."""
+    units: int
+    """Tiles are made of whole units (channels, or groups of a grouped convolution)."""
+    tile_bytes: int
+    """Bytes of the tensors that become tiles."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.head}..{self.tail or (self.mids[-1] if self.mids else self.head)}"
+
+    @property
+    def bindings(self) -> tuple[str, ...]:
+        return (self.head, *self.mids) + ((self.tail,) if self.tail else ())
+
+    def parts_ladder(self, limit: int = 64) -> list[int]:
+        """Numbers of parts worth trying: powers of two up to the number of units."""
+        ladder, parts = [], 2
+        while parts <= min(self.units, limit):
+            ladder.append(parts)
+            parts *= 2
+        return ladder
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    chain: Chain
+    parts: int
+
+
+def disjoint(chains: list[Chain]) -> bool:
+    names = [n for c in chains for n in c.bindings]
+    return len(names) == len(set(names))
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    """The binding that runs at this step (tiles: ``name#t``)."""
+    writes: str
+    reads: tuple[str, ...]
+
+
+@dataclass
+class Program:
+    steps: list[Step]
+    sizes: dict[str, int]
+    """Bytes of every tensor the arena holds (absent: outside the arena)."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Binding name → the tensor it writes (fused elementwise ops write their producer's)."""
+
+    def tensor(self, binding: str) -> str:
+        return self.aliases.get(binding, binding)
+
+
+@dataclass(frozen=True)
+class Peak:
+    bytes: int
+    step: int
+    live: tuple[str, ...]
+    """Tensors live at the peak step, largest first."""
+    steps_at_peak: int = 1
+    """Steps whose live bytes equal the peak: a move that removes one of several equal
+    bottlenecks is progress even though the peak stays."""
+
+
+def peak(program: Program) -> Peak:
+    """Largest sum of live tensor bytes over the steps."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, step in enumerate(program.steps):
+        for name in (step.writes, *step.reads):
+            if name in program.sizes:
+                first.setdefault(name, i)
+                last[name] = i
+    events: dict[int, int] = {}
+    for name, start in first.items():
+        events[start] = events.get(start, 0) + program.sizes[name]
+        events[last[name] + 1] = events.get(last[name] + 1, 0) - program.sizes[name]
+    best, best_step, running, ties = 0, 0, 0, 0
+    for i in range(len(program.steps) + 1):
+        running += events.get(i, 0)
+        if running > best:
+            best, best_step, ties = running, i, 1
+        elif running == best:
+            ties += 1
+    live = sorted((n for n in first if first[n] <= best_step <= last[n]), key=lambda n: -program.sizes[n])
+    return Peak(best, best_step, tuple(live), ties)
+
+
+def _tile_fraction(parts: int, units: int, t: int) -> float:
+    return ((t + 1) * units // parts - t * units // parts) / units
+
+
+def split_program(program: Program, choices: list[SplitChoice]) -> Program:
+    """The program with every chosen chain run tile by tile (each chain replaced at its head)."""
+    by_head = {c.chain.head: c for c in choices}
+    inside = {name for c in choices for name in c.chain.bindings}
+    steps: list[Step] = []
+    sizes = dict(program.sizes)
+    for step in program.steps:
+        base = step.name
+        if base in by_head:
+            steps.extend(_tile_steps(program, by_head[base], sizes))
+        elif base not in inside:
+            steps.append(step)
+    return Program(steps, sizes, dict(program.aliases))
+
+
+def _tile_steps(program: Program, choice: SplitChoice, sizes: dict[str, int]) -> list[Step]:
+    chain, parts = choice.chain, choice.parts
+    by_name = {s.name: s for s in program.steps}
+    links = [b for b in (chain.head, *chain.mids)]
+    tensors = list(dict.fromkeys(program.tensor(b) for b in links))
+    outer = [r for r in by_name[chain.head].reads]
+    for mid in chain.mids:
+        outer.extend(r for r in by_name[mid].reads if r not in tensors)
+    final = program.tensor(chain.tail) if chain.tail else tensors[-1]
+    tiled = tensors if chain.tail else tensors[:-1]
+    steps: list[Step] = []
+    for t in range(parts):
+        fraction = _tile_fraction(parts, chain.units, t)
+        previous: tuple[str, ...] = tuple(outer)
+        for name in tiled:
+            tile = f"{name}#{t}"
+            if name in program.sizes:
+                sizes[tile] = max(1, int(program.sizes[name] * fraction))
+            steps.append(Step(tile, tile, previous))
+            previous = (tile, *outer)
+        reads = previous + ((final,) if t else ())
+        steps.append(Step(f"{final}#{t}", final, reads))
+    for name in tiled:
+        sizes.pop(name, None)
+    return steps
