@@ -2,7 +2,9 @@
 
 - ``@pytest.mark.arm64``: cross-built aarch64 code run under qemu (needs Debian's
   gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu, qemu-user): ``TVM_MEMPLAN_RUN_ARM64=1``;
-- ``@pytest.mark.tuning``: MetaSchedule tuning runs (minutes): ``TVM_MEMPLAN_RUN_TUNING=1``.
+- ``@pytest.mark.tuning``: MetaSchedule tuning runs (minutes): ``TVM_MEMPLAN_RUN_TUNING=1``;
+- ``@pytest.mark.mcu``: MobileNetV2 as standalone C on the emulated Cortex-M7 (needs
+  gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm; ~30 s): ``TVM_MEMPLAN_RUN_MCU=1``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 
 import pytest
 
-OPT_IN = {"arm64": "TVM_MEMPLAN_RUN_ARM64", "tuning": "TVM_MEMPLAN_RUN_TUNING"}
+OPT_IN = {"arm64": "TVM_MEMPLAN_RUN_ARM64", "tuning": "TVM_MEMPLAN_RUN_TUNING", "mcu": "TVM_MEMPLAN_RUN_MCU"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

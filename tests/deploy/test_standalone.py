@@ -12,8 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_memplan.deploy.build import Manifest
-from tvm_memplan.deploy.mcu import ModelC, parse_bytes
-from tvm_memplan.errors import UserError
+from tvm_memplan.deploy.mcu import ModelC
 
 from .conftest import run_cli, run_cli_json
 
@@ -137,19 +136,11 @@ def test_limits_say_by_how_much_and_which_tensors(capsys, tmp_path):
     assert code == 0 and "static arena" in out
 
 
-def test_parse_bytes():
-    assert parse_bytes("512K") == 512 * 1024 and parse_bytes("2M") == 2 << 20 and parse_bytes("1000") == 1000
-    assert parse_bytes("1.5MiB") == 3 << 19
-    with pytest.raises(UserError, match="not a size"):
-        parse_bytes("lots")
-
-
 def test_one_line_errors(capsys, tmp_path, monkeypatch):
     out_dir = tmp_path / "c"
     cases = [
         ("build", "zoo:mcu_cnn", "--target", "cortex-m7"),  # no --emit-c
         ("build", "zoo:mcu_cnn", "--target", "cortex-m7", "-o", str(tmp_path / "x.so"), "--emit-c", str(out_dir)),
-        ("build", "zoo:mcu_cnn", "--target", "cortex-m7", "--emit-c", str(out_dir), "--sram-limit", "lots"),
         ("build", "zoo:mcu_cnn", "-o", str(tmp_path / "x.so"), "--sram-limit", "1M"),
         ("measure", str(tmp_path), "--device", "host"),  # no memplan_c.json
         ("measure", "zoo:mcu_cnn", "--device", "qemu-cortex-m7"),
@@ -157,9 +148,23 @@ def test_one_line_errors(capsys, tmp_path, monkeypatch):
     for argv in cases:
         code, _, err = run_cli(capsys, *argv, "--log", str(tmp_path / "l.jsonl")) if argv[0] == "measure" else run_cli(capsys, *argv)
         assert code == 2 and err.count("\n") == 1, (argv, err)
+    with pytest.raises(SystemExit) as exited:  # argparse rejects it before anything is built
+        run_cli(capsys, "build", "zoo:mcu_cnn", "--target", "cortex-m7", "--emit-c", str(out_dir), "--sram-limit", "lots")
+    assert exited.value.code == 2 and "not a byte count" in capsys.readouterr().err
     run_cli_json(capsys, "build", "zoo:mlp?hidden=16", "--target", "cortex-m7", "--emit-c", str(out_dir))
     code, _, err = run_cli(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m4", "--log", str(tmp_path / "l.jsonl"))
     assert code == 2 and "written for cortex-m7" in err
     monkeypatch.setattr(shutil, "which", lambda tool: None)  # neither toolchain nor qemu
     code, _, err = run_cli(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "l.jsonl"))
     assert code == 2 and err.count("\n") == 1 and "apt-get install gcc-arm-none-eabi" in err
+
+
+@pytest.mark.mcu
+@needs_arm
+def test_mobilenet_v2_035_at_96_on_emulated_cortex_m7(capsys, tmp_path):
+    out_dir = tmp_path / "mbv2"
+    built = run_cli_json(capsys, "build", "zoo:mobilenet_v2?width=0.35&resolution=96", "--target", "cortex-m7",
+                         "--emit-c", str(out_dir))
+    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "log.jsonl"))
+    assert report["correct"], report
+    assert report["arena_bytes"] == built["arena_bytes"] < built["tvm_default_bytes"]

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..errors import UserError
 from .format import console, human_bytes, key_value_table, print_json
-from .plan import model_planner_kwargs, model_planner_options
+from .plan import model_planner_kwargs, model_planner_options, parse_bytes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,8 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
     build.add_argument("--emit-c", metavar="DIR", help="write the whole model as standalone C (model.c on one static arena, "
                        "Makefile for this machine and Cortex-M)")
-    build.add_argument("--sram-limit", metavar="BYTES", help="with --emit-c: fail when arena + kernel scratch exceed this (e.g. 512K)")
-    build.add_argument("--flash-limit", metavar="BYTES", help="with --emit-c: fail when the weights exceed this (e.g. 2M)")
+    build.add_argument("--sram-limit", type=parse_bytes, metavar="BYTES", help="with --emit-c: fail when arena + kernel scratch exceed this (e.g. 512K)")
+    build.add_argument("--flash-limit", type=parse_bytes, metavar="BYTES", help="with --emit-c: fail when the weights exceed this (e.g. 2M)")
     build.add_argument("--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)")
     build.add_argument("--json", action="store_true", help="print one JSON object")
     model_planner_options(build)
@@ -91,10 +91,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from ..deploy.build import Manifest, build
-    from ..deploy.mcu import check_limits, parse_bytes
+    from ..deploy.mcu import check_limits
 
-    limits = {key: parse_bytes(getattr(args, key), flag) for key, flag in
-              (("sram_limit", "--sram-limit"), ("flash_limit", "--flash-limit")) if getattr(args, key)}
+    limits = {key: getattr(args, key) for key in ("sram_limit", "flash_limit") if getattr(args, key) is not None}
     if limits and not args.emit_c:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
     started = time.monotonic()

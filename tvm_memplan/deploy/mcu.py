@@ -440,17 +440,6 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
     return emitted
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20}
-
-
-def parse_bytes(text: str, flag: str = "size") -> int:
-    """``512K``, ``2M``, ``1.5MiB`` or ``65536`` as bytes (K and M are 1024-based, as chip data sheets use them)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise UserError(f"{flag} {text!r} is not a size: use bytes or K/M suffixes, e.g. 512K or 2M")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
 def check_limits(model_c: ModelC, sram_limit: int | None = None, flash_limit: int | None = None) -> None:
     """One-line UserError when the static SRAM (arena + kernel scratch) or the weights miss a limit.
 
