@@ -120,6 +120,18 @@ def test_instruction_count_is_deterministic(capsys, tmp_path):
     assert len(counts) == 1
 
 
+@needs_arm
+def test_split_plan_goes_through_the_same_path(capsys, tmp_path):
+    plain = run_cli_json(capsys, "build", "zoo:mcu_cnn", "--target", "cortex-m7", "--emit-c", str(tmp_path / "plain"))
+    out_dir = tmp_path / "split"
+    split = run_cli_json(capsys, "build", "zoo:mcu_cnn", "--target", "cortex-m7", "--emit-c", str(out_dir),
+                         "--split", "acg", "--memory-limit", "36K", "--search-seconds", "10")
+    assert split["split"] and split["arena_bytes"] <= 36 * 1024 < plain["arena_bytes"]
+    assert split["kernel_calls"] > plain["kernel_calls"]  # the tiles are kernels of their own
+    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "log.jsonl"))
+    assert report["correct"] and report["arena_bytes"] == split["arena_bytes"] == _static_arena(out_dir)
+
+
 def test_limits_say_by_how_much_and_which_tensors(capsys, tmp_path):
     out_dir = tmp_path / "c"
     code, _, err = run_cli(capsys, "build", "zoo:mcu_cnn", "--target", "cortex-m7", "--emit-c", str(out_dir),

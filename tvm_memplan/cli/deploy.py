@@ -37,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--flash-limit", type=parse_bytes, metavar="BYTES", help="with --emit-c: fail when the weights exceed this (e.g. 2M)")
     build.add_argument("--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)")
     build.add_argument("--json", action="store_true", help="print one JSON object")
+    split = build.add_argument_group("fine-grained splitting (as plan --split)")
+    split.add_argument("--split", choices=["none", "acg"], default="none",
+                       help="acg: split channel chains into tiles before planning (latencies measured on this machine)")
+    split.add_argument("--memory-limit", type=parse_bytes, metavar="BYTES", help="with --split acg: the fastest split plan whose peak fits")
+    split.add_argument("--latency-budget", type=float, default=0.05, metavar="F", help="with --split acg: allowed slowdown (default 0.05)")
+    split.add_argument("--search-seconds", type=float, default=60.0, metavar="S", help="with --split acg: search time limit (default 60)")
     model_planner_options(build)
     build.set_defaults(func=run_build)
 
@@ -91,14 +97,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from ..deploy.build import Manifest, build
+    from ..deploy.targets import get_target
     from ..deploy.mcu import check_limits
 
     limits = {key: getattr(args, key) for key in ("sram_limit", "flash_limit") if getattr(args, key) is not None}
     if limits and not args.emit_c:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
     started = time.monotonic()
+    options = model_planner_kwargs(args)
+    if args.split == "acg":
+        from ..deploy.split import search_split
+        from ..frontend import load_model
+
+        # microcontroller targets cannot run here: their latencies are those of the same C on this machine
+        latency_target = "c" if get_target(args.target).is_mcu else args.target
+        options["prepare"] = search_split(load_model(args.model), latency_target, budget=args.latency_budget,
+                                          seconds=args.search_seconds, memory_limit=args.memory_limit,
+                                          schedule=args.schedule).prepare()
     output, emitted = build(args.model, args.target, args.output, args.pipeline, args.work_dir, args.emit_c,
-                            args.cross_compiler, **model_planner_kwargs(args))
+                            args.cross_compiler, **options)
     if emitted is not None:
         check_limits(emitted.model, **limits)
     manifest = Manifest.load(output) if output is not None else None
@@ -117,7 +134,7 @@ def run_build(args: argparse.Namespace) -> int:
         model_c = emitted.model
         summary |= {"arena_bytes": model_c.arena_bytes, "workspace_bytes": model_c.workspace_bytes,
                     "weight_bytes": model_c.weight_bytes, "tvm_default_bytes": model_c.tvm_default_bytes,
-                    "naive_bytes": model_c.naive_bytes, "kernel_calls": model_c.kernel_calls}
+                    "naive_bytes": model_c.naive_bytes, "kernel_calls": model_c.kernel_calls, "split": model_c.split}
     if args.json:
         print_json(summary)
         return 0

@@ -263,7 +263,7 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     (directory / "example_data.h").write_text(_example_data(example, functions[example], signatures[example]))
     ctype = _DTYPES[signatures[example][-1].dtype][0]
     (directory / "example_main.c").write_text(_MAIN.format(kernel=example, ctype=ctype))
-    emitted = emit_model_c(plan, spec, source, directory, target)
+    emitted = emit_model_c(plan, spec, source, directory, target, split=options.get("prepare") is not None)
     (directory / "README.md").write_text(_README.format(
         target=target.name, name=emitted.name, calls=emitted.kernel_calls, arena=emitted.arena_bytes,
         weights=emitted.weight_bytes, workspace=emitted.workspace_bytes, **fields))

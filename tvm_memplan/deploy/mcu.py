@@ -377,6 +377,8 @@ class ModelC:
     outputs: list[dict[str, Any]]
     peak_live_bytes: int
     peak_tensors: list[tuple[str, int]]
+    split: bool = False
+    """Whether the module was rewritten before planning (fine-grained splitting)."""
 
     def save(self, directory: Path) -> None:
         (directory / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -392,7 +394,7 @@ class ModelC:
             raise UserError(f"{path} is not a tvm-memplan C manifest: {exc}") from None
 
 
-def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, target: Any) -> ModelC:
+def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, target: Any, split: bool = False) -> ModelC:
     """Write ``model.h``, ``model.c``, ``model_weights.c``, the harness, the Cortex-M startup and
     linker script, the runtime and the Makefile into ``directory`` (the kernels are already there)."""
     name = c_identifier(plan.model.name)
@@ -434,7 +436,7 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
         inputs=[{"name": r.name, "shape": list(r.shape), "dtype": r.dtype, "file": f"input{i}.bin"}
                 for i, r in enumerate(program.inputs)],
         outputs=[{"shape": list(r.shape), "dtype": r.dtype, "file": f"output{i}.bin"} for i, r in enumerate(program.outputs)],
-        peak_live_bytes=peak_bytes, peak_tensors=peak,
+        peak_live_bytes=peak_bytes, peak_tensors=peak, split=split,
     )
     emitted.save(directory)
     return emitted
