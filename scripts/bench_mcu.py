@@ -80,10 +80,10 @@ def main() -> None:
         "Instructions: retired under `-icount shift=0` (SysTick, calibrated). Split rows: `--split acg` searched "
         f"for an arena of at most {SPLIT_LIMIT // 1024} KiB ({RESERVE // 1024} KiB left to kernel scratch and stack). "
         f"`fits` compares with an STM32F767 (seed 003): {SRAM_LIMIT // 1024} KiB SRAM (`SRAM - I/O`), "
-        f"{FLASH_LIMIT // 1024 // 1024} MiB flash. `|diff|`: largest absolute difference to onnxruntime.\n\n"
+        f"{FLASH_LIMIT // 1024 // 1024} MiB flash. `max abs diff`: largest absolute difference to onnxruntime.\n\n"
         "Written by `python scripts/bench_mcu.py --out results/bench_mcu.md`.\n\n"
         "| model | core | arena | = plan | TVM default | naive | kernel scratch | stack | I/O | SRAM | SRAM - I/O "
-        "| flash | weights | instructions (M) | |diff| | fits SRAM | fits flash |\n"
+        "| flash | weights | instructions (M) | max abs diff | fits SRAM | fits flash |\n"
         "|---|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n"
     )
     lines = [header]

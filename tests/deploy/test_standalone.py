@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 
 import numpy as np
 import onnx
@@ -109,6 +110,8 @@ def test_emulated_cortex_m_equals_onnxruntime(capsys, tmp_path, cpu):
     assert 0 < report["stack_bytes"] < sections[".stack"]
     assert report["flash_bytes"] >= report["weight_bytes"] + sections[".text"]
     assert report["instructions"] > 0
+    symbols = subprocess.run(["arm-none-eabi-nm", str(out_dir / "model.elf")], capture_output=True, text=True, check=True).stdout
+    assert "memplan_arena" in symbols and not re.search(r"\b(malloc|_sbrk|_malloc_r)\b", symbols)  # no heap at all
 
 
 @needs_arm
