@@ -36,11 +36,12 @@ def test_chains_of_mcu_cnn(mcu):
     chains = {c.head: c for c in find_chains(mcu)}
     # conv1 -> bias -> relu -> pool -> depthwise -> bias -> relu, reduced by the next 1x1 conv
     first = chains["lv"]
-    assert first.tail is not None and len(first.mids) >= 4 and first.units == 8
+    (branch,) = first.branches
+    assert first.tail is not None and len(branch.mids) >= 4 and first.units == 8
     # the chain's tensors share one component of the axis connection graph along channels
     acg, _ = axis_graph(mcu)
     component = acg.component_of(first.head, 1)
-    assert all(acg.component_of(name, 1) is component for name in first.mids)
+    assert all(acg.component_of(name, 1) is component for name in branch.mids)
     assert acg.component_of(first.tail, 1) is not component
 
 
@@ -66,7 +67,20 @@ def test_importer_clip_kernels_are_raised_to_operators():
     assert "R.call_tir" not in text and "R.minimum" in text
     chains = find_chains(mod)
     # expand 1x1 -> ReLU6 -> depthwise -> ReLU6, reduced by the projection
-    assert any(c.tail is not None and len(c.mids) >= 5 for c in chains)
+    assert any(c.tail is not None and len(c.branches[0].mids) >= 5 for c in chains)
+
+
+@pytest.mark.parametrize("spec, shape", [("zoo:squeezenet1_0?resolution=64", (1, 3, 64, 64)),
+                                         ("zoo:googlenet?resolution=64", (1, 3, 64, 64))])
+def test_concat_branches_split_together(spec, shape):
+    """Fire and inception modules: branches meeting in a concat, pooled, reduced by the next conv."""
+    mod = normalize(to_relax(load_model(spec)))
+    groups = [c for c in find_chains(mod) if len(c.branches) > 1]
+    assert groups
+    chosen = _disjoint_chains(groups)
+    split = split_chains(mod, [SplitChoice(c, 2) for c in chosen])
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    np.testing.assert_allclose(_run(split, x), _run(mod, x), rtol=1e-4, atol=1e-4)
 
 
 def test_simulated_peak_matches_the_planned_arena():

@@ -69,15 +69,15 @@ class ChainLatency:
     def _measure(self, mod: tvm.IRModule) -> float:
         return float(np.median(self.timer(mod)()))
 
-    def compare(self, first: tvm.IRModule, second: tvm.IRModule, rounds: int = 3) -> tuple[float, float]:
-        """Median ms of two modules timed in interleaved rounds (not cached): drift on a busy
+    def compare(self, first: tvm.IRModule, second: tvm.IRModule, rounds: int = 3) -> tuple[list[float], list[float]]:
+        """Timings (ms) of two modules in interleaved rounds (not cached): drift on a busy
         machine hits both alike."""
         timers = [self.timer(first), self.timer(second)]
         samples: list[list[float]] = [[], []]
         for _ in range(rounds):
             for timer, into in zip(timers, samples):
                 into.extend(timer())
-        return float(np.median(samples[0])), float(np.median(samples[1]))
+        return samples[0], samples[1]
 
     def timer(self, mod: tvm.IRModule):
         """A callable returning ``repeat`` timings (ms) of ``mod`` on the device."""

@@ -23,7 +23,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..errors import UserError
 from ..split.acg import AxisConnectionGraph, build_acg
-from ..split.simulate import Chain, Program, SplitChoice, Step
+from ..split.simulate import Branch, Chain, Program, SplitChoice, Step
 from .axes import graph_model
 from .tensor_types import static_shape
 
@@ -104,9 +104,11 @@ def _channels(var: relax.Expr) -> int | None:
 
 
 def find_chains(mod: tvm.IRModule) -> list[Chain]:
-    """Every channel chain of ``main`` whose tensors the axis connection graph joins."""
+    """Every channel chain of ``main`` whose tensors the axis connection graph joins: single
+    branches from each ``groups=1`` convolution, and the branches of a channel concat (with the
+    per-channel operators after it) as one chain."""
     func = mod["main"]
-    acg, graph = axis_graph(mod)
+    acg, _ = axis_graph(mod)
     bindings = _bindings(func)
     uses: dict[relax.Var, list[int]] = {}
     for i, b in enumerate(bindings):
@@ -123,49 +125,93 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
         comp = acg.component_of(var.name, CHANNEL)
         return comp.id if comp is not None else None
 
-    chains = []
-    for i, head in enumerate(bindings):
-        value = head.value
-        if _op_name(value) != _CONV or int(value.attrs.groups) != 1 or _channels(head.var) is None:
-            continue
-        if _const(value.args[1]) is None:
-            continue
-        comp = component(head.var)
-        if comp is None:
-            continue
-        current, mids, units = head.var, [], _channels(head.var)
-        tail = None
+    def follow(start: relax.Var, comp: int, since: int, units: int) -> tuple[list, int, int | None]:
+        """Per-channel operators after ``start``: (their bindings, units, index of the consumer
+        that ended the walk, if it is the only one)."""
+        current, found = start, []
         while True:
             j = single_consumer(current)
             if j is None:
-                break
+                return found, units, None
             nxt = bindings[j]
             op = _op_name(nxt.value)
             if op == _CONV and nxt.value.args[0].same_as(current) and _const(nxt.value.args[1]) is not None:
                 groups = int(nxt.value.attrs.groups)
                 channels_in, channels_out = _channels(current), _channels(nxt.var)
-                if groups == 1:
-                    tail = nxt.var
-                    break
-                if channels_out is None or channels_in % groups or channels_out % groups or units % groups:
-                    break
+                if groups == 1 or channels_out is None or channels_in % groups or channels_out % groups or units % groups:
+                    return found, units, j
                 units = groups
             elif op not in _PER_CHANNEL_OPS or _channels(nxt.var) != _channels(current):
-                break
-            if not _operands_ok(nxt.value, current, defined_at, i):
-                break
-            if component(nxt.var) != comp:
-                break
-            mids.append(nxt.var)
+                return found, units, j
+            if not _operands_ok(nxt.value, current, defined_at, since) or component(nxt.var) != comp:
+                return found, units, j
+            found.append(nxt)
             current = nxt.var
-        if tail is not None and component(tail) == comp:
-            tail = None  # a tail must reduce over the component, not carry it on
-        if tail is None and not mids:
+
+    def reduces(j: int | None, current: relax.Var, comp: int) -> bool:
+        if j is None:
+            return False
+        value = bindings[j].value
+        return (_op_name(value) == _CONV and int(value.attrs.groups) == 1 and value.args[0].same_as(current)
+                and _const(value.args[1]) is not None and component(bindings[j].var) != comp)
+
+    branches: dict[int, tuple[Branch, relax.Var, int | None, list]] = {}
+    for i, head in enumerate(bindings):
+        value = head.value
+        if _op_name(value) != _CONV or int(value.attrs.groups) != 1 or _channels(head.var) is None:
             continue
-        tiles = [head.var, *mids] if tail is not None else [head.var, *mids[:-1]]
-        chains.append(Chain(head.var.name, tuple(m.name for m in mids), tail.name if tail is not None else None,
-                            units, sum(_nbytes(v) for v in tiles)))
+        comp = component(head.var)
+        if _const(value.args[1]) is None or comp is None:
+            continue
+        mids, units, end = follow(head.var, comp, i, _channels(head.var))
+        last = mids[-1].var if mids else head.var
+        branch = Branch(head.var.name, tuple(m.var.name for m in mids), units, _channels(last))
+        branches[i] = (branch, last, end, [head.var] + [m.var for m in mids])
+
+    chains = []
+    for i, (branch, last, end, tensors) in branches.items():
+        comp = component(bindings[i].var)
+        if reduces(end, last, comp):
+            chains.append(Chain((branch,), None, (), bindings[end].var.name, sum(_nbytes(v) for v in tensors)))
+        elif len(tensors) > 1:
+            chains.append(Chain((branch,), None, (), None, sum(_nbytes(v) for v in tensors[:-1])))
+    chains.extend(_concat_chains(bindings, branches, follow, reduces, component, defined_at))
     return chains
+
+
+def _concat_chains(bindings, branches, follow, reduces, component, defined_at) -> list[Chain]:
+    """Chains whose branches meet in a channel concat: every input of the concat must end a
+    branch; per-channel operators after it are shared; a reducing convolution is the tail."""
+    ending = {id(b[1]): (i, b) for i, b in branches.items()}
+    found = []
+    for j, binding in enumerate(bindings):
+        value = binding.value
+        if _op_name(value) != "relax.concat" or _channels(binding.var) is None:
+            continue
+        shape = static_shape(value.ty)
+        if int(value.attrs.axis) % len(shape) != CHANNEL:
+            continue
+        fields = list(value.args[0].fields) if isinstance(value.args[0], relax.Tuple) else []
+        members = []
+        for f in fields:
+            entry = next(((i, b) for i, b in branches.items() if b[1].same_as(f) and b[2] == j), None)
+            if entry is None:
+                break
+            members.append(entry)
+        if not fields or len(members) != len(fields):
+            continue
+        comp = component(binding.var)
+        if comp is None or any(component(bindings[i].var) != comp for i, _ in members):
+            continue
+        post, _, end = follow(binding.var, comp, j, min(b[0].units for _, b in members))
+        last = post[-1].var if post else binding.var
+        tail = bindings[end].var.name if reduces(end, last, comp) else None
+        if tail is None and not post:
+            continue  # concat elimination already writes the branches into place
+        tiles = [v for _, b in members for v in b[3]] + ([binding.var] + [p.var for p in post] if tail else [binding.var] + [p.var for p in post[:-1]])
+        found.append(Chain(tuple(b[0] for _, b in members), binding.var.name, tuple(p.var.name for p in post), tail,
+                           sum(_nbytes(v) for v in tiles)))
+    return found
 
 
 def _operands_ok(value: relax.Call, current: relax.Var, defined_at: dict, head_index: int) -> bool:
@@ -222,72 +268,95 @@ def _conv_accumulate(bb: relax.BlockBuilder, conv: relax.Call, data: relax.Expr,
     return bb.emit_te(compute, data, relax.const(np.ascontiguousarray(weight), dtype), running, primfunc_name_hint="conv2d_accumulate")
 
 
+def emission_point(chain: Chain) -> str:
+    """The binding where a split chain's tiles are emitted: its head, or its concat (after every
+    branch's inputs exist). The simulator inserts the tiles at the same place."""
+    return chain.concat or chain.head
+
+
 @mutator
 class _SplitRewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, choices: list[SplitChoice]) -> None:
         super().__init__(mod)
-        self.by_head = {c.chain.head: c for c in choices}
-        self.skip = {name for c in choices for name in c.chain.bindings[1:]}
-        self.values: dict[str, relax.VarBinding] = {}
-        self.replaced: dict[str, relax.Expr] = {}
+        self.at = {emission_point(c.chain): c for c in choices}
+        self.skip = {name for c in choices for name in c.chain.bindings} - set(self.at)
+        self.table = {b.var.name: b for b in _bindings(mod["main"])}
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         name = binding.var.name
-        self.values[name] = binding
         if name in self.skip:
             return
-        choice = self.by_head.get(name)
+        choice = self.at.get(name)
         if choice is None:
             super().visit_var_binding_(binding)
             return
-        self._emit_chain(choice, binding)
+        self._emit_chain(choice)
 
-    def _emit_chain(self, choice: SplitChoice, head: relax.VarBinding) -> None:
-        bb, chain = self.builder_, choice.chain
-        func = self.mod_main
-        table = {b.var.name: b for b in _bindings(func)}
-        links = [table[n] for n in chain.bindings]
-        head_input = self.visit_expr(head.value.args[0])
-        tail = table[chain.tail] if chain.tail else None
-        mids = [table[n] for n in chain.mids]
-        accumulated, tiles_out = None, []
-        for t in range(choice.parts):
-            channels = _channels(head.var)
-            lo, hi = _tile_ranges(choice.parts, chain.units, channels)[t]
-            weight = _const(head.value.args[1])
-            current = bb.emit(_conv(head.value, head_input, weight[lo:hi], 1))
-            previous = head.var
-            for mid in mids:
-                value, c_in = mid.value, _channels(previous)
-                lo, hi = _tile_ranges(choice.parts, chain.units, c_in)[t]
-                if _op_name(value) == _CONV:
-                    groups = int(value.attrs.groups)
-                    c_out = _channels(mid.var)
-                    olo, ohi = _tile_ranges(choice.parts, chain.units, c_out)[t]
-                    new = _conv(value, current, _const(value.args[1])[olo:ohi], groups * (hi - lo) // c_in)
-                else:
-                    args = [current if a.same_as(previous) else _slice_operand(self.visit_expr(a), lo, hi, c_in, bb)
-                            for a in value.args]
-                    new = relax.Call(value.op, args, value.attrs, value.ty_args)
-                current = bb.emit(new)
-                previous = mid.var
-            if tail is not None:
-                c_in = _channels(previous)
-                lo, hi = _tile_ranges(choice.parts, chain.units, c_in)[t]
-                weight = _const(tail.value.args[1])[:, lo:hi]
-                if accumulated is None:
-                    accumulated = _conv(tail.value, current, weight, 1)
-                else:
-                    # One kernel per tile (conv + add of the running sum): FuseOps would otherwise
-                    # gather every add into the last tile's kernel and keep all partial sums alive.
-                    accumulated = bb.emit(accumulated) if not isinstance(accumulated, relax.Var) else accumulated
-                    accumulated = _conv_accumulate(bb, tail.value, current, weight, accumulated)
+    def _emit_tile_ops(self, links: list, current: relax.Expr, previous: relax.Var, parts: int, t: int,
+                       units: int) -> relax.Expr:
+        """A branch's per-channel operators (and grouped convolutions) on tile ``t``."""
+        bb = self.builder_
+        for link in links:
+            value, c_in = link.value, _channels(previous)
+            lo, hi = _tile_ranges(parts, units, c_in)[t]
+            if _op_name(value) == _CONV:
+                groups = int(value.attrs.groups)
+                olo, ohi = _tile_ranges(parts, units, _channels(link.var))[t]
+                new = _conv(value, current, _const(value.args[1])[olo:ohi], groups * (hi - lo) // c_in)
             else:
-                tiles_out.append(current)
+                args = [current if a.same_as(previous) else _slice_operand(self.visit_expr(a), lo, hi, c_in, bb)
+                        for a in value.args]
+                new = relax.Call(value.op, args, value.attrs, value.ty_args)
+            current = bb.emit(new)
+            previous = link.var
+        return current
+
+    def _emit_chain(self, choice: SplitChoice) -> None:
+        bb, chain, table = self.builder_, choice.chain, self.table
+        tail = table[chain.tail] if chain.tail else None
+        post = [table[n] for n in chain.post]
+        joined = table[chain.concat] if chain.concat else None
+        total = _channels(joined.var) if joined is not None else None
+        accumulated, pieces, offset = None, [], 0
+        for branch in chain.branches:
+            head = table[branch.head]
+            mids = [table[n] for n in branch.mids]
+            last = (mids[-1] if mids else head).var
+            head_input = self.visit_expr(head.value.args[0])
+            for t in range(choice.parts):
+                lo, hi = _tile_ranges(choice.parts, branch.units, _channels(head.var))[t]
+                current = bb.emit(_conv(head.value, head_input, _const(head.value.args[1])[lo:hi], 1))
+                current = self._emit_tile_ops(mids, current, head.var, choice.parts, t, branch.units)
+                tlo, thi = _tile_ranges(choice.parts, branch.units, _channels(last))[t]
+                if joined is not None:
+                    current = self._emit_joined_ops(post, current, joined.var, offset + tlo, offset + thi, total)
+                if tail is not None:
+                    weight = _const(tail.value.args[1])[:, offset + tlo:offset + thi]
+                    if accumulated is None:
+                        accumulated = bb.emit(_conv(tail.value, current, weight, 1))
+                    else:
+                        # One kernel per tile (conv + add of the running sum): FuseOps would otherwise
+                        # gather every add into the last tile's kernel and keep all partial sums alive.
+                        accumulated = _conv_accumulate(bb, tail.value, current, weight, accumulated)
+                else:
+                    pieces.append(current)
+            offset += _channels(last)
         if tail is not None:
-            bb.emit_normalized(relax.VarBinding(tail.var, bb.normalize(accumulated)))
+            bb.emit_normalized(relax.VarBinding(tail.var, accumulated))
         else:
-            bb.emit_normalized(relax.VarBinding(links[-1].var, bb.normalize(relax.op.concat(tiles_out, axis=CHANNEL))))
+            final = (post[-1] if post else joined).var if joined is not None else table[chain.bindings[-1]].var
+            bb.emit_normalized(relax.VarBinding(final, bb.normalize(relax.op.concat(pieces, axis=CHANNEL))))
+
+    def _emit_joined_ops(self, post: list, current: relax.Expr, joined: relax.Var, lo: int, hi: int,
+                         channels: int) -> relax.Expr:
+        """The operators after a concat, on channels [lo, hi) of the joined tensor."""
+        bb, previous = self.builder_, joined
+        for link in post:
+            args = [current if a.same_as(previous) else _slice_operand(self.visit_expr(a), lo, hi, channels, bb)
+                    for a in link.value.args]
+            current = bb.emit(relax.Call(link.value.op, args, link.value.attrs, link.value.ty_args))
+            previous = link.var
+        return current
 
 
 def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
@@ -301,7 +370,6 @@ def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
         seen.update(choice.chain.bindings)
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     rewriter = _SplitRewriter(mod, choices)
-    rewriter.mod_main = mod["main"]
     func = rewriter.visit_expr(mod["main"])
     rewriter.builder_.update_func(mod.get_global_var("main"), func)
     return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())
@@ -348,7 +416,34 @@ def program_of(mod: tvm.IRModule) -> Program:
                 sizes[target] = _nbytes(var)
         tensor[var] = target
         steps.append(Step(name, target, tuple(r for r in reads if r != target)))
+        if op == "relax.concat" and target in sizes:
+            _eliminate_concat(value, target, tensor, uses, sizes, aliases, steps)
     return Program(steps, sizes, aliases)
+
+
+def _eliminate_concat(value: relax.Call, target: str, tensor: dict, uses: dict, sizes: dict, aliases: dict,
+                      steps: list[Step]) -> None:
+    """Inputs used only by a channel concat are written into its regions (the planner's concat
+    elimination): they become the concat's tensor, alive from the first input on."""
+    fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else []
+    shape = static_shape(value.ty)
+    if int(value.attrs.axis) % max(len(shape or ()), 1) != CHANNEL or not shape or shape[0] != 1:
+        return
+    inputs = [f for f in fields if isinstance(f, relax.Var) and f in tensor and uses.get(f, 0) == 1 and tensor[f] in sizes]
+    if len(inputs) != len(fields):
+        return
+    merged = {tensor[f] for f in inputs}
+    for name in merged:
+        sizes.pop(name, None)
+    for binding, written in list(aliases.items()):
+        if written in merged:
+            aliases[binding] = target
+    for f in inputs:
+        aliases[f.name] = target
+    for i, step in enumerate(steps):
+        writes = target if step.writes in merged else step.writes
+        reads = tuple(dict.fromkeys(target if r in merged else r for r in step.reads))
+        steps[i] = Step(step.name, writes, tuple(r for r in reads if r != writes))
 
 
 @mutator

@@ -14,26 +14,52 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
-class Chain:
-    """A channel chain (see :mod:`tvm_memplan.relax.split`), by binding names in program order."""
+class Branch:
+    """A convolution whose output channels are independent and the per-channel operators after it."""
 
     head: str
     mids: tuple[str, ...]
+    units: int
+    """Tiles are made of whole units (channels, or groups of a grouped convolution)."""
+    channels: int
+    """Channels of the branch's last tensor (its share of a concat)."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A channel chain (see :mod:`tvm_memplan.relax.split`), by binding names in program order.
+
+    One branch, or several joined by a channel ``concat`` (the branches of an inception or fire
+    module), then per-channel operators on the joined tensor (``post``: a pool), then the tail.
+    """
+
+    branches: tuple[Branch, ...]
+    concat: str | None
+    post: tuple[str, ...]
     tail: str | None
     """The convolution that reduces over the chain's channels (partial sums), or None: the last
     tensor is produced tile by tile into its regions (concat elimination)."""
-    units: int
-    """Tiles are made of whole units (channels, or groups of a grouped convolution)."""
     tile_bytes: int
     """Bytes of the tensors that become tiles."""
 
     @property
+    def head(self) -> str:
+        return self.branches[0].head
+
+    @property
+    def units(self) -> int:
+        return min(b.units for b in self.branches)
+
+    @property
     def name(self) -> str:
-        return f"{self.head}..{self.tail or (self.mids[-1] if self.mids else self.head)}"
+        last = self.tail or (self.post[-1] if self.post else self.concat) or (self.branches[0].mids or (self.head,))[-1]
+        return f"{self.head}..{last}" + (f" ({len(self.branches)} branches)" if len(self.branches) > 1 else "")
 
     @property
     def bindings(self) -> tuple[str, ...]:
-        return (self.head, *self.mids) + ((self.tail,) if self.tail else ())
+        names = [n for b in self.branches for n in (b.head, *b.mids)]
+        names += [self.concat] if self.concat else []
+        return tuple(names) + self.post + ((self.tail,) if self.tail else ())
 
     def parts_ladder(self, limit: int = 64) -> list[int]:
         """Numbers of parts worth trying: powers of two up to the number of units."""
@@ -115,16 +141,19 @@ def _tile_fraction(parts: int, units: int, t: int) -> float:
 
 
 def split_program(program: Program, choices: list[SplitChoice]) -> Program:
-    """The program with every chosen chain run tile by tile (each chain replaced at its head)."""
-    by_head = {c.chain.head: c for c in choices}
+    """The program with every chosen chain run tile by tile (each chain replaced at its first
+    binding)."""
+    first = {}
+    for choice in choices:
+        at = choice.chain.concat or choice.chain.head  # where the rewriter emits the tiles
+        first[next(i for i, step in enumerate(program.steps) if step.name == at)] = choice
     inside = {name for c in choices for name in c.chain.bindings}
     steps: list[Step] = []
     sizes = dict(program.sizes)
-    for step in program.steps:
-        base = step.name
-        if base in by_head:
-            steps.extend(_tile_steps(program, by_head[base], sizes))
-        elif base not in inside:
+    for i, step in enumerate(program.steps):
+        if i in first:
+            steps.extend(_tile_steps(program, first[i], sizes))
+        elif step.name not in inside:
             steps.append(step)
     return Program(steps, sizes, dict(program.aliases))
 
@@ -132,25 +161,31 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
 def _tile_steps(program: Program, choice: SplitChoice, sizes: dict[str, int]) -> list[Step]:
     chain, parts = choice.chain, choice.parts
     by_name = {s.name: s for s in program.steps}
-    links = [b for b in (chain.head, *chain.mids)]
-    tensors = list(dict.fromkeys(program.tensor(b) for b in links))
-    outer = [r for r in by_name[chain.head].reads]
-    for mid in chain.mids:
-        outer.extend(r for r in by_name[mid].reads if r not in tensors)
-    final = program.tensor(chain.tail) if chain.tail else tensors[-1]
-    tiled = tensors if chain.tail else tensors[:-1]
+    final = program.tensor(chain.tail) if chain.tail else program.tensor(chain.bindings[-1])
+    joined = ([program.tensor(chain.concat)] if chain.concat else []) + [program.tensor(b) for b in chain.post]
+    shared = [t for t in dict.fromkeys(joined) if t != final]
+    group = {program.tensor(b) for b in chain.bindings if b != chain.tail}
+    total = sum(b.channels for b in chain.branches)
     steps: list[Step] = []
-    for t in range(parts):
-        fraction = _tile_fraction(parts, chain.units, t)
-        previous: tuple[str, ...] = tuple(outer)
-        for name in tiled:
-            tile = f"{name}#{t}"
-            if name in program.sizes:
-                sizes[tile] = max(1, int(program.sizes[name] * fraction))
-            steps.append(Step(tile, tile, previous))
-            previous = (tile, *outer)
-        reads = previous + ((final,) if t else ())
-        steps.append(Step(f"{final}#{t}", final, reads))
-    for name in tiled:
-        sizes.pop(name, None)
+    written = False  # the final tensor is read back (accumulated) from its second write on
+    for branch in chain.branches:
+        links = (branch.head, *branch.mids)
+        own = [t for t in dict.fromkeys(program.tensor(b) for b in links) if t not in shared and t != final]
+        outer = list(dict.fromkeys(r for b in links for r in by_name[b].reads if r not in group))
+        share = branch.channels / total
+        for t in range(parts):
+            fraction = _tile_fraction(parts, branch.units, t)
+            previous: tuple[str, ...] = tuple(outer)
+            for name in own + shared:
+                tile = f"{name}#{branch.head}#{t}"
+                if name in program.sizes:
+                    size = program.sizes[name] * (1 if name in own else share)
+                    sizes[tile] = max(1, int(size * fraction))
+                steps.append(Step(tile, tile, previous))
+                previous = (tile, *outer)
+            steps.append(Step(f"{final}#{branch.head}#{t}", final, previous + ((final,) if written else ())))
+            written = True
+    for name in group:
+        if name != final:
+            sizes.pop(name, None)
     return steps
