@@ -97,12 +97,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from ..deploy.build import Manifest, build
-    from ..deploy.targets import get_target
+    from ..deploy.emit_c import emit_c
     from ..deploy.mcu import check_limits
+    from ..deploy.targets import get_target
 
     limits = {key: getattr(args, key) for key in ("sram_limit", "flash_limit") if getattr(args, key) is not None}
     if limits and not args.emit_c:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
+    if args.output is None and args.emit_c is None:
+        raise UserError(f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else ""))
     started = time.monotonic()
     options = model_planner_kwargs(args)
     if args.split == "acg":
@@ -114,8 +117,11 @@ def run_build(args: argparse.Namespace) -> int:
         options["prepare"] = search_split(load_model(args.model), latency_target, budget=args.latency_budget,
                                           seconds=args.search_seconds, memory_limit=args.memory_limit,
                                           schedule=args.schedule).prepare()
-    output, emitted = build(args.model, args.target, args.output, args.pipeline, args.work_dir, args.emit_c,
-                            args.cross_compiler, **options)
+    output = emitted = None
+    if args.output is not None:
+        output = build(args.model, args.target, args.output, args.pipeline, args.work_dir, None, args.cross_compiler, **options)
+    if args.emit_c is not None:
+        emitted = emit_c(args.model, args.emit_c, args.target, **options)
     if emitted is not None:
         check_limits(emitted.model, **limits)
     manifest = Manifest.load(output) if output is not None else None

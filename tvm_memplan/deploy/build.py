@@ -11,7 +11,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -22,9 +22,6 @@ from ..frontend import LoadedModel, load_model
 from ..planner import ModelPlan, plan_model
 from . import error_line
 from .targets import DeployTarget, get_target
-
-if TYPE_CHECKING:
-    from .emit_c import EmittedC
 
 PIPELINES = ("stock", "memplan")
 """What ``measure --compare`` sets side by side: TVM's planner and memplan over the same kernels."""
@@ -168,31 +165,22 @@ def build_artifacts(
 def build(
     spec: str,
     target_name: str,
-    output: str | Path | None,
+    output: str | Path,
     pipeline: str = "memplan",
     tuning_dir: str | None = None,
     emit_c_dir: str | Path | None = None,
     cross_compiler: str | None = None,
     **options: Any,
-) -> tuple[Path | None, "EmittedC | None"]:
-    """Build the VM artifact at ``output`` and/or, with ``emit_c_dir``, the model as standalone C.
-
-    Microcontroller targets have no VM: they take ``emit_c_dir`` only. A non-C target with
-    ``emit_c_dir`` writes the C of the plain C target next to its library.
-    """
-    target = get_target(target_name, cross_compiler)
-    if target.is_mcu and output is not None:
-        raise UserError(f"target {target.name} has no VM library: drop -o and write the C with --emit-c DIR")
-    if output is None and emit_c_dir is None:
-        raise UserError(f"target {target.name}: give -o OUT.so" + (" or --emit-c DIR" if target.is_c else ""))
-    if output is not None:
-        output = Path(output)
-        if output.suffix != ".so":
-            raise UserError(f"the artifact must be a .so file, got {output}")
-        build_artifacts(spec, target_name, {pipeline: output}, tuning_dir, cross_compiler, **options)
-    emitted = None
+) -> Path:
+    """Build one artifact at ``output`` (and, with ``emit_c_dir``, the model as standalone C)."""
+    output = Path(output)
+    if output.suffix != ".so":
+        raise UserError(f"the artifact must be a .so file, got {output}")
+    if get_target(target_name).is_mcu:
+        raise UserError(f"target {target_name} has no VM library: drop -o and write the C with --emit-c DIR")
+    build_artifacts(spec, target_name, {pipeline: output}, tuning_dir, cross_compiler, **options)
     if emit_c_dir is not None:
         from .emit_c import emit_c
 
-        emitted = emit_c(spec, emit_c_dir, target.name if target.is_c else "c", **options)
-    return output, emitted
+        emit_c(spec, emit_c_dir, **options)
+    return output

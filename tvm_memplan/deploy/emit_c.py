@@ -225,11 +225,14 @@ Run it: `tvm-memplan measure DIR --device host` (this machine) or `--device qemu
 
 
 def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: Any) -> EmittedC:
-    """Write the model ``spec`` (TVM's C target, memplan pipeline) as a standalone C project."""
+    """Write the model ``spec`` (TVM's C target, memplan pipeline) as a standalone C project.
+
+    A target that is not C (``host``, ``llvm-aarch64``, ...) gets the C of the plain ``c`` target.
+    """
     directory = Path(directory)
     target = get_target(target_name)
     if not target.is_c:
-        raise UserError(f"--emit-c needs a C target (c, c-standalone, cortex-m7, cortex-m4, cortex-m55), not {target.name}")
+        target = get_target("c")
     if target.board is None:
         target = dataclasses.replace(target, board=get_target("c-standalone").board)
     model = load_model(spec)
