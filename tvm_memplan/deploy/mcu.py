@@ -343,20 +343,35 @@ def _harness(name: str, program: Program) -> str:
                                     writes="".join(writes), call_args=", ".join(call))
 
 
-def peak_tensors(plan: ModelPlan, limit: int = 5) -> tuple[int, list[tuple[str, int]]]:
-    """The bytes live at the plan's busiest step and the largest tensors live then."""
+def _writers(func: relax.Function) -> dict[str, str]:
+    """Tensor name -> the kernel that writes it (destination-passing: its last argument)."""
+    writers = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar) and value.args:
+                last = value.args[-1]
+                if isinstance(last, relax.Var):
+                    writers[last.name] = value.op.name_hint
+    return writers
+
+
+def peak_tensors(plan: ModelPlan, limit: int = 4) -> tuple[int, list[tuple[str, int]]]:
+    """The bytes live at the plan's busiest step and the largest tensors live then, each named
+    with the kernel that writes it and its shape."""
     best_bytes, best = 0, []
     for report in plan.reports:
         for arena in report.arenas:
             tensors = arena["tensors"]
-            steps = sorted({t["start"] for t in tensors})
-            for step in steps:
+            for step in sorted({t["start"] for t in tensors}):
                 live = [t for t in tensors if t["start"] <= step < t["end"]]
                 total = sum(t["bytes"] for t in live if t["alias_of"] is None)
                 if total > best_bytes:
                     best_bytes, best = total, live
+    writers = _writers(plan.planned["main"])
     best = sorted(best, key=lambda t: -t["bytes"])[:limit]
-    return best_bytes, [(t["name"], t["bytes"]) for t in best]
+    return best_bytes, [(f"{t['name']} ({writers.get(t['name'], 'assembled in place')} {t['dtype']}{t['shape']})", t["bytes"])
+                        for t in best]
 
 
 @dataclass
