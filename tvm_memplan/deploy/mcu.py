@@ -171,12 +171,12 @@ def extract_program(func: relax.Function) -> Program:
                 shape, dtype = _tensor_type(var, "tensor")
                 env[var] = TensorRef(storage, _int(value.args[1]), shape, dtype, var.name)
             elif name == "relax.memory.ensure_zero_offset":
-                env[var] = env[value.args[0]]
+                env[var] = operand(value.args[0])
             elif name == "relax.builtin.alloc_tensor":
                 shape, dtype = _tensor_type(var, "tensor")
                 env[var] = TensorRef(Storage("unplanned"), 0, shape, dtype, var.name)
             elif name == "relax.reshape":
-                source = env[value.args[0]]
+                source = operand(value.args[0])
                 shape, dtype = _tensor_type(var, "tensor")
                 env[var] = TensorRef(source.storage, source.offset, shape, dtype, var.name)
             else:
@@ -192,7 +192,7 @@ def extract_program(func: relax.Function) -> Program:
     for index, expr in enumerate(returned):
         source = operand(expr)
         c_name = f"out{index}"
-        if source.storage.kind == "unplanned" and not source.storage.c_name:
+        if source.storage.kind == "unplanned":
             source.storage.c_name, source.storage.kind = c_name, "output"
             outputs.append(TensorRef(source.storage, 0, source.shape, source.dtype, f"output{index}"))
         else:  # an output that is an input, a weight, an arena tensor or another output's buffer
