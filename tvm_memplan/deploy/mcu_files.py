@@ -239,9 +239,15 @@ void platform_report(int status, uint64_t ticks, uint64_t calib_ticks, uint64_t 
 }
 
 void platform_exit(int status) {
-  (void)status;
+  if (status != 0) put_number("MEMPLAN exit status ", (uint64_t)(uint32_t)status);
+  if (status != 0) put_text("\\n");
   semihost(SYS_EXIT, (const void*)0x20026);  /* ADP_Stopped_ApplicationExit */
   for (;;) {}
+}
+
+void platform_fault(void) {
+  put_text("MEMPLAN fault: an exception handler ran (hard fault, memory fault, bus fault or usage fault)\\n");
+  platform_exit(1);
 }
 """
 
@@ -255,10 +261,11 @@ STARTUP = """\
 extern uint32_t __data_load, __data_start, __data_end, __bss_start, __bss_end, __stack_limit, __stack_top;
 int main(void);
 void platform_exit(int status);
+void platform_fault(void);
 void SysTick_Handler(void);
 void Reset_Handler(void);
 
-static void Default_Handler(void) { platform_exit(1); }
+static void Default_Handler(void) { platform_fault(); }
 
 __attribute__((section(".vectors"), used)) static void (*const vectors[16])(void) = {
     (void (*)(void))&__stack_top, Reset_Handler, Default_Handler, Default_Handler,
