@@ -3,6 +3,8 @@
 ``build`` turns a model into a shared library plus a JSON manifest; ``measure`` runs an artifact on a
 device (this machine, or one reached through an RPC tracker) and appends the numbers to a JSON-lines
 log; ``rpc`` starts a loopback tracker and servers for tests and demos; ``tune`` runs MetaSchedule.
+``emit_c`` and ``mcu`` write the whole model as standalone C on one static arena, and ``standalone``
+runs that C here or on an emulated Cortex-M and measures its SRAM, flash and instructions.
 """
 
 
