@@ -66,3 +66,13 @@ def test_split_c_build_matches_onnxruntime(mcu, tmp_path):
     out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
     (reference,) = ort.InferenceSession(mcu.onnx_model.SerializeToString()).run(None, inputs)
     np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-4)
+
+
+def test_latencies_measured_through_rpc(mcu, farm, tmp_path):
+    from tvm_memplan.deploy.measure import Device
+
+    device = Device(farm.tracker, "local")
+    outcome = search_split(mcu, device=device, cache=tmp_path / "latency.jsonl", memory_limit=30 * 1024, seconds=20)
+    assert outcome.result.best.peak_bytes <= 30 * 1024
+    keys = [line for line in (tmp_path / "latency.jsonl").read_text().splitlines()]
+    assert keys and all(f"rpc:local@{farm.tracker}" in k for k in keys)
