@@ -182,7 +182,6 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
 def _concat_chains(bindings, branches, follow, reduces, component, defined_at) -> list[Chain]:
     """Chains whose branches meet in a channel concat: every input of the concat must end a
     branch; per-channel operators after it are shared; a reducing convolution is the tail."""
-    ending = {id(b[1]): (i, b) for i, b in branches.items()}
     found = []
     for j, binding in enumerate(bindings):
         value = binding.value
