@@ -203,6 +203,9 @@ def _concat_chains(bindings, branches, follow, reduces, component, defined_at) -
         if comp is None or any(component(bindings[i].var) != comp for i, _ in members):
             continue
         post, _, end = follow(binding.var, comp, j, min(b[0].units for _, b in members))
+        inputs = [binding.var] + [p.var for p in post[:-1]]
+        if any(isinstance(a, relax.Var) and not a.same_as(x) for p, x in zip(post, inputs) for a in p.value.args):
+            continue  # each branch is emitted where its head was: shared operators take constants only
         last = post[-1].var if post else binding.var
         tail = bindings[end].var.name if reduces(end, last, comp) else None
         if tail is None and not post:
@@ -267,29 +270,31 @@ def _conv_accumulate(bb: relax.BlockBuilder, conv: relax.Call, data: relax.Expr,
     return bb.emit_te(compute, data, relax.const(np.ascontiguousarray(weight), dtype), running, primfunc_name_hint="conv2d_accumulate")
 
 
-def emission_point(chain: Chain) -> str:
-    """The binding where a split chain's tiles are emitted: its head, or its concat (after every
-    branch's inputs exist). The simulator inserts the tiles at the same place."""
-    return chain.concat or chain.head
-
-
 @mutator
 class _SplitRewriter(PyExprMutator):
+    """Emits each branch's tiles where its head was (so a branch's inputs are computed just
+    before it, as in the original order); the chain's running sum (or the tiles of its last
+    tensor) carries over from branch to branch and is bound to the chain's result after the
+    last one."""
+
     def __init__(self, mod: tvm.IRModule, choices: list[SplitChoice]) -> None:
         super().__init__(mod)
-        self.at = {emission_point(c.chain): c for c in choices}
-        self.skip = {name for c in choices for name in c.chain.bindings} - set(self.at)
         self.table = {b.var.name: b for b in _bindings(mod["main"])}
+        self.branch_at = {b.head: (c, i) for c in choices for i, b in enumerate(c.chain.branches)}
+        self.skip = {name for c in choices for name in c.chain.bindings} - set(self.branch_at)
+        self.running: dict[Chain, relax.Expr | None] = {}
+        self.pieces: dict[Chain, dict[int, relax.Expr]] = {}
+        self.left = {c.chain: len(c.chain.branches) for c in choices}
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         name = binding.var.name
         if name in self.skip:
             return
-        choice = self.at.get(name)
-        if choice is None:
+        entry = self.branch_at.get(name)
+        if entry is None:
             super().visit_var_binding_(binding)
             return
-        self._emit_chain(choice)
+        self._emit_branch(*entry)
 
     def _emit_tile_ops(self, links: list, current: relax.Expr, previous: relax.Var, parts: int, t: int,
                        units: int) -> relax.Expr:
@@ -310,41 +315,46 @@ class _SplitRewriter(PyExprMutator):
             previous = link.var
         return current
 
-    def _emit_chain(self, choice: SplitChoice) -> None:
+    def _emit_branch(self, choice: SplitChoice, index: int) -> None:
         bb, chain, table = self.builder_, choice.chain, self.table
+        branch = chain.branches[index]
         tail = table[chain.tail] if chain.tail else None
         post = [table[n] for n in chain.post]
         joined = table[chain.concat] if chain.concat else None
-        total = _channels(joined.var) if joined is not None else None
-        accumulated, pieces, offset = None, [], 0
-        for branch in chain.branches:
-            head = table[branch.head]
-            mids = [table[n] for n in branch.mids]
-            last = (mids[-1] if mids else head).var
-            head_input = self.visit_expr(head.value.args[0])
-            for t in range(choice.parts):
-                lo, hi = _tile_ranges(choice.parts, branch.units, _channels(head.var))[t]
-                current = bb.emit(_conv(head.value, head_input, _const(head.value.args[1])[lo:hi], 1))
-                current = self._emit_tile_ops(mids, current, head.var, choice.parts, t, branch.units)
-                tlo, thi = _tile_ranges(choice.parts, branch.units, _channels(last))[t]
-                if joined is not None:
-                    current = self._emit_joined_ops(post, current, joined.var, offset + tlo, offset + thi, total)
-                if tail is not None:
-                    weight = _const(tail.value.args[1])[:, offset + tlo:offset + thi]
-                    if accumulated is None:
-                        accumulated = bb.emit(_conv(tail.value, current, weight, 1))
-                    else:
-                        # One kernel per tile (conv + add of the running sum): FuseOps would otherwise
-                        # gather every add into the last tile's kernel and keep all partial sums alive.
-                        accumulated = _conv_accumulate(bb, tail.value, current, weight, accumulated)
+        offset = sum(b.channels for b in chain.branches[:index])
+        head = table[branch.head]
+        mids = [table[n] for n in branch.mids]
+        last = (mids[-1] if mids else head).var
+        head_input = self.visit_expr(head.value.args[0])
+        running = self.running.get(chain)
+        pieces = self.pieces.setdefault(chain, {})
+        for t in range(choice.parts):
+            lo, hi = _tile_ranges(choice.parts, branch.units, _channels(head.var))[t]
+            current = bb.emit(_conv(head.value, head_input, _const(head.value.args[1])[lo:hi], 1))
+            current = self._emit_tile_ops(mids, current, head.var, choice.parts, t, branch.units)
+            tlo, thi = _tile_ranges(choice.parts, branch.units, _channels(last))[t]
+            if joined is not None:
+                current = self._emit_joined_ops(post, current, joined.var, offset + tlo, offset + thi, _channels(joined.var))
+            if tail is not None:
+                weight = _const(tail.value.args[1])[:, offset + tlo:offset + thi]
+                if running is None:
+                    running = bb.emit(_conv(tail.value, current, weight, 1))
                 else:
-                    pieces.append(current)
-            offset += _channels(last)
+                    # One kernel per tile (conv + add of the running sum): FuseOps would otherwise
+                    # gather every add into the last tile's kernel and keep all partial sums alive.
+                    running = _conv_accumulate(bb, tail.value, current, weight, running)
+            else:
+                pieces[offset + tlo] = current
+        self.running[chain] = running
+        self.left[chain] -= 1
+        if self.left[chain]:
+            return
         if tail is not None:
-            bb.emit_normalized(relax.VarBinding(tail.var, accumulated))
+            bb.emit_normalized(relax.VarBinding(tail.var, running))
         else:
             final = (post[-1] if post else joined).var if joined is not None else table[chain.bindings[-1]].var
-            bb.emit_normalized(relax.VarBinding(final, bb.normalize(relax.op.concat(pieces, axis=CHANNEL))))
+            ordered = [pieces[k] for k in sorted(pieces)]
+            bb.emit_normalized(relax.VarBinding(final, bb.normalize(relax.op.concat(ordered, axis=CHANNEL))))
 
     def _emit_joined_ops(self, post: list, current: relax.Expr, joined: relax.Var, lo: int, hi: int,
                          channels: int) -> relax.Expr:

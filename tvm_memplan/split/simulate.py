@@ -141,51 +141,56 @@ def _tile_fraction(parts: int, units: int, t: int) -> float:
 
 
 def split_program(program: Program, choices: list[SplitChoice]) -> Program:
-    """The program with every chosen chain run tile by tile (each chain replaced at its first
-    binding)."""
-    first = {}
+    """The program with every chosen chain run tile by tile: each branch's tiles where its head
+    ran (as the rewriter emits them), the chain's other bindings gone."""
+    position = {step.name: i for i, step in enumerate(program.steps)}
+    at: dict[int, tuple[SplitChoice, Branch]] = {}
     for choice in choices:
-        at = choice.chain.concat or choice.chain.head  # where the rewriter emits the tiles
-        first[next(i for i, step in enumerate(program.steps) if step.name == at)] = choice
+        for branch in choice.chain.branches:
+            at[position[branch.head]] = (choice, branch)
     inside = {name for c in choices for name in c.chain.bindings}
     steps: list[Step] = []
     sizes = dict(program.sizes)
+    written: set[str] = set()  # final tensors already written: later tiles accumulate into them
     for i, step in enumerate(program.steps):
-        if i in first:
-            steps.extend(_tile_steps(program, first[i], sizes))
+        if i in at:
+            steps.extend(_branch_steps(program, *at[i], sizes, written))
         elif step.name not in inside:
             steps.append(step)
+    for choice in choices:
+        chain = choice.chain
+        for name in {program.tensor(b) for b in chain.bindings if b != chain.tail} - {_final(program, chain)}:
+            sizes.pop(name, None)
     return Program(steps, sizes, dict(program.aliases))
 
 
-def _tile_steps(program: Program, choice: SplitChoice, sizes: dict[str, int]) -> list[Step]:
+def _final(program: Program, chain: Chain) -> str:
+    return program.tensor(chain.tail) if chain.tail else program.tensor(chain.bindings[-1])
+
+
+def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: dict[str, int],
+                  written: set[str]) -> list[Step]:
     chain, parts = choice.chain, choice.parts
     by_name = {s.name: s for s in program.steps}
-    final = program.tensor(chain.tail) if chain.tail else program.tensor(chain.bindings[-1])
+    final = _final(program, chain)
     joined = ([program.tensor(chain.concat)] if chain.concat else []) + [program.tensor(b) for b in chain.post]
     shared = [t for t in dict.fromkeys(joined) if t != final]
     group = {program.tensor(b) for b in chain.bindings if b != chain.tail}
-    total = sum(b.channels for b in chain.branches)
+    links = (branch.head, *branch.mids)
+    own = [t for t in dict.fromkeys(program.tensor(b) for b in links) if t not in shared and t != final]
+    outer = list(dict.fromkeys(r for b in links for r in by_name[b].reads if r not in group))
+    share = branch.channels / sum(b.channels for b in chain.branches)
     steps: list[Step] = []
-    written = False  # the final tensor is read back (accumulated) from its second write on
-    for branch in chain.branches:
-        links = (branch.head, *branch.mids)
-        own = [t for t in dict.fromkeys(program.tensor(b) for b in links) if t not in shared and t != final]
-        outer = list(dict.fromkeys(r for b in links for r in by_name[b].reads if r not in group))
-        share = branch.channels / total
-        for t in range(parts):
-            fraction = _tile_fraction(parts, branch.units, t)
-            previous: tuple[str, ...] = tuple(outer)
-            for name in own + shared:
-                tile = f"{name}#{branch.head}#{t}"
-                if name in program.sizes:
-                    size = program.sizes[name] * (1 if name in own else share)
-                    sizes[tile] = max(1, int(size * fraction))
-                steps.append(Step(tile, tile, previous))
-                previous = (tile, *outer)
-            steps.append(Step(f"{final}#{branch.head}#{t}", final, previous + ((final,) if written else ())))
-            written = True
-    for name in group:
-        if name != final:
-            sizes.pop(name, None)
+    for t in range(parts):
+        fraction = _tile_fraction(parts, branch.units, t)
+        previous: tuple[str, ...] = tuple(outer)
+        for name in own + shared:
+            tile = f"{name}#{branch.head}#{t}"
+            if name in program.sizes:
+                size = program.sizes[name] * (1 if name in own else share)
+                sizes[tile] = max(1, int(size * fraction))
+            steps.append(Step(tile, tile, previous))
+            previous = (tile, *outer)
+        steps.append(Step(f"{final}#{branch.head}#{t}", final, previous + ((final,) if final in written else ())))
+        written.add(final)
     return steps
