@@ -91,6 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--kernels", metavar="REGEX", help="tune only kernels whose name matches")
     tune.add_argument("--rpc-tracker", metavar="HOST:PORT")
     tune.add_argument("--rpc-key", metavar="KEY")
+    tune.add_argument("--builder-timeout", type=float, default=120.0, metavar="S",
+                      help="give up on a candidate whose build takes longer (default 120)")
     tune.add_argument("--json", action="store_true")
     tune.set_defaults(func=run_tune)
 
@@ -295,7 +297,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
     result = tune(
         args.model, args.target, args.trials, args.work_dir, kernels=args.kernels,
-        tracker=args.rpc_tracker, key=args.rpc_key,
+        tracker=args.rpc_tracker, key=args.rpc_key, builder_timeout=args.builder_timeout,
     )
     if args.json:
         print_json(result.summary())

@@ -129,6 +129,10 @@ def run_quantize(args: argparse.Namespace) -> int:
         raise UserError(f"--tune-trials must be >= 0, got {args.tune_trials}")
     if args.tune_trials and args.target != "native":
         raise UserError("--tune-trials measures kernels on this machine: use it with --target native")
+    if args.tune_trials:
+        from ..deploy.tune import require_cost_model
+
+        require_cost_model()  # fail now, not after calibration
     calib = load_npz(args.calib)
     mod = load_onnx_module(args.model, args.batch)
     target = _target(args.target)

@@ -15,8 +15,9 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+import numpy as np
 import tvm
 
 from ..errors import UserError
@@ -26,8 +27,11 @@ from .build import plan_for
 from .rpc import parse_tracker
 from .targets import DeployTarget, get_target
 
+T = TypeVar("T")
+
 BUILDER_TIMEOUT_S = 120.0
-"""MetaSchedule's default 30 s kills most builds: each builder process imports s_tir (~18 s)."""
+"""Seconds one candidate build may take before MetaSchedule gives up on it (a loaded machine
+can be slow; MetaSchedule's own 30 s default was set for builds that import every intrinsic)."""
 
 
 @dataclass
@@ -41,6 +45,65 @@ class TuneResult:
 
     def summary(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def require_cost_model() -> None:
+    """Fail with one line, before any tuning starts, when MetaSchedule's XGBoost cost model cannot work.
+
+    TVM imports ``xgboost`` only at the cost model's first update, minutes into a run, and the
+    error then surfaces as a RuntimeError from the C++ task scheduler; a tiny training run here
+    also catches an installed but broken library (a missing OpenMP runtime, a bad wheel).
+    """
+    try:
+        import xgboost
+
+        xgboost.train(
+            {"max_depth": 1, "nthread": 1, "verbosity": 0},
+            xgboost.DMatrix(np.arange(8.0).reshape(4, 2), label=np.arange(4.0)),
+            num_boost_round=1,
+        )
+    except Exception as exc:  # ImportError, OSError from the shared library, XGBoostError
+        detail = str(exc).strip().splitlines()
+        raise UserError(
+            f"MetaSchedule's XGBoost cost model is unusable ({type(exc).__name__}: "
+            f"{detail[0] if detail else 'no message'}); install it with: pip install xgboost-cpu"
+        ) from None
+
+
+def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict | None) -> "tvm.runtime.Module":
+    """MetaSchedule's default build without its ``import tvm.s_tir.tensor_intrin``.
+
+    That import registers every tensor intrinsic (CUDA, ROCm, Hexagon ...) and takes ~14 s in
+    each fresh builder process, which dominated short tuning runs. A candidate reaching the
+    builder is already scheduled (tensorized blocks carry their implementation), so building
+    it needs no intrinsic registry.
+    """
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return tvm.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def local_builder(timeout_s: float = BUILDER_TIMEOUT_S, cross_compiler: str | None = None):
+    """A LocalBuilder with the fast build function (and a cross-compiling export when asked)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.builder.LocalBuilder(
+        timeout_sec=timeout_s,
+        f_build=build_candidate,
+        f_export=functools.partial(_export_cross, cross_compiler) if cross_compiler else None,
+    )
+
+
+def run_tuning(run: Callable[[], T]) -> T:
+    """``run()``, with a cost model failure in the middle of tuning turned into one line."""
+    try:
+        return run()
+    except Exception as exc:  # TVM's FFI re-raises Python errors of callbacks as RuntimeError
+        text = str(exc)
+        if "xgb" not in text.lower():
+            raise
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        raise UserError(f"MetaSchedule's XGBoost cost model failed: {lines[-1] if lines else type(exc).__name__}") from None
 
 
 def _export_cross(compiler: str, mod: "tvm.runtime.Module") -> str:
@@ -96,6 +159,7 @@ def tune(
     kernels: str | None = None,
     tracker: str | None = None,
     key: str | None = None,
+    builder_timeout: float = BUILDER_TIMEOUT_S,
     **options: Any,
 ) -> TuneResult:
     """Tune the selected kernels of ``spec`` until the database holds ``trials`` records for them."""
@@ -105,6 +169,9 @@ def tune(
         raise UserError(f"--trials must be >= 1, got {trials}")
     if bool(tracker) != bool(key):
         raise UserError("--rpc-tracker and --rpc-key go together")
+    if builder_timeout <= 0:
+        raise UserError(f"--builder-timeout must be positive, got {builder_timeout}")
+    require_cost_model()
     started = time.monotonic()
     target = get_target(target_name)
     plan = plan_for(load_model(spec), target, **options)
@@ -123,15 +190,12 @@ def tune(
         # stdout, which would bury --json: keep warnings there, the full log in WORK_DIR/logs.
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
-        builder = ms.builder.LocalBuilder(
-            timeout_sec=BUILDER_TIMEOUT_S,
-            f_export=functools.partial(_export_cross, target.cross_compiler) if target.cross_compiler else None,
-        )
-        ms.tune.tune_tasks(
+        builder = local_builder(builder_timeout, target.cross_compiler)
+        run_tuning(lambda: ms.tune.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=missing,
             num_trials_per_iter=min(missing, 16), builder=builder, runner=runner, database=database,
             cost_model="xgb",
-        )
+        ))
     return TuneResult(
         kernels=[t.task_name for t in tasks],
         trials_run=max(missing, 0),

@@ -1,12 +1,13 @@
 """Optional MetaSchedule tuning of the LQ dense kernels (XGBoost cost model, database on disk).
 
-Tuning is slow (≈5 s a trial on two cores, plus an 18 s import of the tensor intrinsics), so it
-is opt-in (``--tune-trials N``). The JSON database in ``work_dir`` is reused: a kernel whose
+Tuning is slow (≈5 s a trial on two cores, plus a 14 s import of the tensor intrinsics when the
+first tuning context is made), so it is opt-in (``--tune-trials N``). The JSON database in ``work_dir`` is reused: a kernel whose
 workload already has records is compiled from them without new trials.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +19,8 @@ def tune_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, trials: int, w
     """The best schedule MetaSchedule finds for ``func`` in ``trials`` measured candidates."""
     from tvm.s_tir import meta_schedule as ms
 
+    from ..deploy.tune import local_builder, require_cost_model, run_tuning
+
     if "num-cores" not in target.attrs:
         raise ValueError("MetaSchedule needs a target with num-cores")
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -25,17 +28,22 @@ def tune_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, trials: int, w
     mod = tvm.IRModule({"main": func})
     database = ms.database.JSONDatabase(work_dir=str(work_dir))
     if not database.has_workload(mod) or not database.get_top_k(database.commit_workload(mod), 1):
-        database = ms.tune_tir(
-            mod,
-            target,
-            str(work_dir),
-            max_trials_global=trials,
-            num_trials_per_iter=min(16, trials),
-            cost_model="xgb",
-            # The default 30 s builder timeout kills most builds (field notes, section 5).
-            builder=ms.builder.LocalBuilder(timeout_sec=120),
-            runner=ms.runner.LocalRunner(timeout_sec=60),
-            database=database,
+        require_cost_model()
+        # MetaSchedule logs every step to stdout at DEBUG unless this logger says otherwise;
+        # the full log stays in WORK_DIR/logs.
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+        database = run_tuning(
+            lambda: ms.tune_tir(
+                mod,
+                target,
+                str(work_dir),
+                max_trials_global=trials,
+                num_trials_per_iter=min(16, trials),
+                cost_model="xgb",
+                builder=local_builder(),
+                runner=ms.runner.LocalRunner(timeout_sec=60),
+                database=database,
+            )
         )
     sch = ms.tir_integration.compile_tir(database, mod, target)
     if sch is None:
