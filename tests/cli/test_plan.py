@@ -109,9 +109,11 @@ def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path)
     assert summary["latency_before_ms"] > 0 and summary["latency_after_ms"] > 0
     assert summary["pareto_front"][-1]["parts"] == {}  # the unsplit model is on the front
     # the report (not JSON) prints the same search as tables
+    plot = tmp_path / "tiles.png"
     code, out, _ = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K",
-                           "--split-cache", cache, "--order-seconds", "1")
+                           "--split-cache", cache, "--order-seconds", "1", "--plot", str(plot))
     assert code == 0 and "Pareto front" in out and "from the cache" in out
+    assert plot.stat().st_size > 0  # the layout of the split plan: its tiles at their offsets
 
 
 @pytest.mark.parametrize("argv, message", [
