@@ -63,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--no-accuracy", action="store_true", help="skip the accuracy table")
     bench.add_argument("--quick", action="store_true", help="fewer timing repeats")
     bench.add_argument(
+        "--isa",
+        choices=("native", "avx2"),
+        default="native",
+        help="kernels for this CPU (default), or AVX2 kernels on an AVX-512 CPU (set OPENBLAS_CORETYPE=Haswell "
+        "for an AVX2 numpy baseline too)",
+    )
+    bench.add_argument(
         "--cache-dir",
         type=Path,
         default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_memplan",
@@ -215,6 +222,7 @@ def run_bench(args: argparse.Namespace) -> int:
         settings=parse_settings(args.settings),
         cache_dir=args.cache_dir,
         timing=timing,
+        target=bench.isa_target(args.isa),
     )
     if args.json:
         print(json.dumps({"rows": result["rows"], "kernels": result["kernels"]}, indent=2))
