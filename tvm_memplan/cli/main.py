@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "tvm_memplan.cli.plan",
     "tvm_memplan.cli.deploy",
     "tvm_memplan.cli.lq",
+    "tvm_memplan.cli.gpu",
 ]
 
 

@@ -1,0 +1,51 @@
+"""``tvm-memplan setup-gpu``: give the installed TVM its OpenCL and Vulkan runtimes."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from ..errors import UserError
+from .format import console, print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..backends.sidecars import DEFAULT_SOURCE, SIDECARS, SOURCE_ENV
+
+    setup = subparsers.add_parser(
+        "setup-gpu", help="build TVM's OpenCL and Vulkan runtimes into the installed TVM and list the devices",
+        description="Compile TVM's OpenCL and Vulkan runtimes against the installed wheel (which ships without "
+        "them) into its lib directory, where 'import tvm' loads them; skipped when already up to date. "
+        "Needs Debian g++, opencl-headers, ocl-icd-opencl-dev, libvulkan-dev; a device needs a driver "
+        "(pocl-opencl-icd and mesa-vulkan-drivers run on the CPU).",
+    )
+    setup.add_argument("--tvm-src", metavar="DIR", help=f"TVM v0.27 source tree (default ${SOURCE_ENV}, else {DEFAULT_SOURCE})")
+    setup.add_argument("--backend", action="append", choices=list(SIDECARS),
+                       help="only this runtime (repeatable; default all)")
+    setup.add_argument("--jobs", type=int, metavar="N", help="parallel compiler processes (default: CPU count)")
+    setup.add_argument("--force", action="store_true", help="rebuild even when the installed runtime is up to date")
+    setup.add_argument("--json", action="store_true", help="print one JSON object")
+    setup.set_defaults(func=run_setup_gpu)
+
+
+def run_setup_gpu(args: argparse.Namespace) -> int:
+    from ..backends.sidecars import setup_gpu
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    reports = setup_gpu(args.backend, args.tvm_src, args.jobs, args.force)
+    if args.json:
+        print_json({r.backend: dataclasses.asdict(r) for r in reports})
+    else:
+        out = console()
+        for r in reports:
+            how = f"built in {r.build_seconds:.1f} s" if r.built else "up to date"
+            out.print(f"[bold]{r.backend}[/bold]: {r.path} ({how})")
+            for dev in r.devices:
+                out.print(f"  {r.backend}({dev['index']}): {dev['name']} (max {dev['max_threads_per_block']} threads per block)")
+    problems = [r.problem for r in reports if r.problem]
+    if problems:
+        print(f"tvm-memplan: error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    return 0
