@@ -15,6 +15,7 @@ from typing import Any
 
 import tvm
 
+from ..backends.sidecars import SIDECARS, runtime_loaded
 from ..errors import UserError
 
 # num-cores: MetaSchedule needs it; 4 is a phone's big cluster (used only to tune for it).
@@ -121,6 +122,9 @@ class DeployTarget:
         if self.is_mcu:
             return (f"target {self.name} has no VM: write the C with build --emit-c DIR, then run it with "
                     f"tvm-memplan measure DIR --device qemu-{self.name}")
+        if self.device in SIDECARS and not runtime_loaded(self.device):
+            return (f"target {self.name}: the installed TVM has no {SIDECARS[self.device].title} runtime: "
+                    "build it with tvm-memplan setup-gpu, or run the artifact through --rpc-tracker/--rpc-key")
         if self.device != "cpu" and not tvm.device(self.device, 0).exist:
             return (f"target {self.name}: no {self.device} device on this machine (the installed TVM has no "
                     f"{self.device} runtime or no driver loads it): run the artifact through --rpc-tracker/--rpc-key")
@@ -163,6 +167,8 @@ TARGETS: dict[str, DeployTarget] = {
         DeployTarget("cortex-m55", {"kind": "c"}, "mcu", what="Cortex-M55 standalone C (--emit-c; qemu mps3-an547)", board=CORTEX_M55),
         DeployTarget("cuda", {"kind": "cuda", "host": "llvm"}, "cuda", what="NVIDIA GPU (CUDA, needs nvcc to build)"),
         DeployTarget("vulkan", {"kind": "vulkan", "host": "llvm"}, "vulkan", what="Vulkan GPU (needs TVM with USE_VULKAN=ON)"),
+        DeployTarget("opencl", {"kind": "opencl", "host": "llvm"}, "opencl",
+                     what="OpenCL device on this machine (PoCL runs it on the CPU; tvm-memplan setup-gpu)"),
         DeployTarget("opencl-mali", _opencl("mali"), "opencl", _AARCH64_CXX, "Arm Mali GPU on an arm64 phone (OpenCL)"),
         DeployTarget("opencl-adreno", _opencl("adreno"), "opencl", _AARCH64_CXX, "Qualcomm Adreno GPU on an arm64 phone (OpenCL)"),
     )

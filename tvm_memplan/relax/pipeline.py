@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import tvm
 
+from ..backends.schedules import tolerate_rule_errors
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
@@ -61,11 +62,8 @@ class Stages:
 def stage_passes(target: tvm.target.Target) -> Stages:
     """TVM's passes for ``target`` split at the insertion points of reordering and arena planning."""
     backend = _backend_module(target)
-    before = (
-        backend.library_dispatch_passes(target)
-        + backend.legalize_passes(target)
-        + backend.dataflow_lower_passes(target)
-    )
+    legalize = tolerate_rule_errors(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2])
+    before = backend.library_dispatch_passes(target) + legalize + backend.dataflow_lower_passes(target)
     finalize = list(backend.finalize_passes(target))
     names = [p.info.name for p in finalize]
     if _SPBM not in names:
