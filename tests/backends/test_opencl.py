@@ -1,0 +1,69 @@
+"""OpenCL end to end on this machine's OpenCL device (PoCL in CI): build, measure, and the setup hint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import relax as R
+
+from tvm_memplan.cli.main import main
+from tvm_memplan.deploy import targets
+from tvm_memplan.relax.pipeline import pipeline
+
+from .conftest import needs_device
+
+FAST = ("--repeat", "1", "--min-repeat-ms", "1")
+
+
+@pytest.mark.parametrize("target", ["opencl", "vulkan"])
+def test_without_the_runtime_measure_says_to_run_setup_gpu(capsys, monkeypatch, target):
+    monkeypatch.setattr(targets, "runtime_loaded", lambda device: False)
+    assert main(["measure", "zoo:mlp?hidden=16", "--target", target]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tvm-memplan setup-gpu" in err
+
+
+@needs_device("opencl")
+def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
+    artifact = tmp_path / "cnn.so"
+    assert main(["build", "zoo:mcu_cnn", "--target", "opencl", "-o", str(artifact), "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    code = main(["measure", str(artifact), "--compare", "--json", *FAST, "--log", str(tmp_path / "log.jsonl")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    for result in report.values():
+        assert result["target"] == "opencl" and result["reference"] == "onnxruntime"
+        assert result["correct"], result["max_abs_diff"]
+        # the OpenCL device's allocations are exactly the plan: memplan's arena (or SPBM's blocks) + outputs
+        assert result["requested_bytes"] == result["planned_bytes"]
+    assert report["memplan"]["planned_bytes"] == built["planned_bytes"]
+    assert report["memplan"]["requested_bytes"] < report["stock"]["requested_bytes"]
+
+
+@needs_device("opencl")
+def test_a_depthwise_conv_with_a_1x1_output_schedules_and_runs():
+    """dlight's GEMV rule asserts on this kernel (MobileNetV2 at 32x32); the next rule schedules it."""
+
+    @tvm.script.ir_module
+    class Depthwise:
+        @R.function
+        def main(x: R.Tensor((1, 16, 1, 1), "float32"), w: R.Tensor((16, 1, 3, 3), "float32")):
+            with R.dataflow():
+                y = R.nn.conv2d(x, w, padding=(1, 1), groups=16)
+                z = R.nn.relu(y)
+                R.output(z)
+            return z
+
+    target = tvm.target.Target({"kind": "opencl", "host": "llvm"})
+    executable = tvm.compile(Depthwise, target, relax_pipeline=pipeline(target))
+    dev = tvm.opencl(0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 16, 1, 1)).astype("float32")
+    w = rng.standard_normal((16, 1, 3, 3)).astype("float32")
+    out = relax.VirtualMachine(executable, dev)["main"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev))
+    np.testing.assert_allclose(out.numpy(), np.maximum(x * w[:, :, 1:2, 1:2].reshape(1, 16, 1, 1), 0), rtol=1e-5, atol=1e-6)
