@@ -32,7 +32,7 @@ def _early_isa(argv: list[str]) -> str:
 if _early_isa(sys.argv[1:]) == "avx2":
     os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 
-from tvm_memplan.lq import bench  # noqa: E402
+from tvm_memplan.lq import accuracy, bench  # noqa: E402
 from tvm_memplan.lq.digits import load_digits_28  # noqa: E402
 
 TIMED = ("latency_us", "lq_us", "fp32_tvm_us", "fp32_numpy_us", "lq_dense_us", "lq_pack_us")
@@ -80,6 +80,27 @@ def seed_table(seeds: int, epochs: int, cache_dir: Path | None) -> str:
     return "\n".join(lines)
 
 
+def networks_section(cache_dir: Path | None) -> str:
+    """The default ``quantize`` command on MLPs trained by scikit-learn on its bundled data sets."""
+    rows = []
+    for network in accuracy.NETWORKS:
+        print(f"  {network.label}", file=sys.stderr)
+        rows.append(accuracy.evaluate(network, cache_dir=cache_dir))
+    return "\n".join(
+        [
+            "## Default `tvm-memplan quantize` on networks it was not developed on",
+            "",
+            "scikit-learn MLPClassifier (seed 0, Adam, 200 iterations at most) on a stratified 70/30 split, "
+            "exported to ONNX as Gemm + Relu/Tanh; `tvm-memplan quantize MODEL --calib CALIB --wbits W --abits A` "
+            f"with nothing else, calibrated on the first {accuracy.CALIB_ROWS} training rows; accuracy of the "
+            "compiled library on the held-out rows, float accuracy by onnxruntime. Binary classifiers have one "
+            "logit (class 1 when positive). Cells: accuracy (change in points, parameter bytes / float bytes).",
+            "",
+            accuracy.markdown(rows),
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", type=Path, default=Path("bench_lq.md"))
@@ -91,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-accuracy", action="store_true")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tvm_memplan")
     parser.add_argument("--isa", choices=bench.ISAS, default="native", help="native kernels, or AVX2 ones on an AVX-512 CPU")
+    parser.add_argument("--networks", action="store_true",
+                        help="also the default quantize command on unseen scikit-learn networks (a few minutes)")
     args = parser.parse_args(argv)
 
     start = time.time()
@@ -109,19 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     if "machine" in runs[0]:
         result["machine"] = bench.best_limits(*(r["machine"] for r in runs))
         bench.add_bounds(result["kernels"], result["machine"])
-    parts = [
-        "# LQ dense benchmark",
-        "",
-        f"Calibration: {'fine-tuned' if args.finetune else 'plain'}. "
-        f"{len(runs)} interleaved rounds, minimum of per-round medians; TVM_NUM_THREADS="
-        f"{os.environ['TVM_NUM_THREADS']}. fp32 TVM = hand-scheduled register-blocked dense "
-        "(tvm_memplan.lq.kernels.schedule_fp32_dense); numpy = OpenBLAS through numpy.",
-        "",
-        bench.markdown(result),
-    ]
+    parts = ["# LQ dense benchmark", ""]
+    if result["rows"] or result["kernels"]:
+        parts += [
+            f"Calibration: {'fine-tuned' if args.finetune else 'plain'} (the seed's table: every layer at the "
+            f"setting). {len(runs)} interleaved rounds, minimum of per-round medians; TVM_NUM_THREADS="
+            f"{os.environ['TVM_NUM_THREADS']}. fp32 TVM = hand-scheduled register-blocked dense "
+            "(tvm_memplan.lq.kernels.schedule_fp32_dense); numpy = OpenBLAS through numpy.",
+            "",
+            bench.markdown(result),
+        ]
     if args.seeds:
         title = "## Accuracy change over training seeds (points vs fp32, compiled TVM models, 540 test digits)"
         parts += ["", title, "", seed_table(args.seeds, args.epochs, args.cache_dir)]
+    if args.networks:
+        parts += ["", networks_section(args.cache_dir)]
     parts += ["", f"_{time.time() - start:.0f} s_", ""]
     args.output.write_text("\n".join(parts))
     print(f"wrote {args.output}", file=sys.stderr)

@@ -55,7 +55,7 @@ def test_probe_returns_each_layer_input():
 @pytest.mark.parametrize("finetune", [False, True])
 def test_quantize_module_tracks_the_float_model(finetune):
     mod = _module()
-    result = quantize_module(mod, _data(), LQConfig(4, 4, finetune=finetune), TARGET)
+    result = quantize_module(mod, _data(), LQConfig(4, 4, finetune=finetune, check_layers=False), TARGET)
     assert [r.status for r in result.report] == ["lq", "lq", "lq"]
     assert [r.act_codes for r in result.report] == ["pm1", "01", "01"]
     assert result.lq_bytes < result.float_bytes / 2  # tiny layers: the 16-channel padding shows
@@ -72,7 +72,8 @@ def test_finetuning_lowers_the_output_error_at_two_bits():
     want = _float_forward(mod, x)
     errors = {}
     for finetune in (False, True):
-        result = quantize_module(mod, _data(256), LQConfig(2, 2, finetune=finetune), TARGET)
+        config = LQConfig(2, 2, finetune=finetune, edge_bits=0, check_layers=False)
+        result = quantize_module(mod, _data(256), config, TARGET)
         errors[finetune] = np.linalg.norm(_float_forward(result.module, x) - want)
     assert errors[True] < errors[False]
 
@@ -133,3 +134,35 @@ def test_convnet_quantizes_end_to_end_with_finetuning():
     want = _float_forward(mod, x)
     got = _float_forward(result.module, x)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.35
+
+
+def test_defaults_widen_the_first_and_last_layer_and_report_each_layer():
+    result = quantize_module(_module(), _data(256), LQConfig(1, 1), TARGET)
+    first, middle, last = result.report
+    assert (first.wbits, first.abits, last.wbits, last.abits) == (4, 4, 4, 4)
+    assert "first/last dense layer: at least 4 bits" in first.reason
+    for layer in result.report:
+        assert layer.status == "lq" and layer.output_rel_error > 0 and layer.tried
+        # the check passed each layer at its final width, or it would have been widened
+        assert layer.output_rel_error <= layer.error_limit or (layer.wbits, layer.abits) == (4, 4)
+    assert middle.upstream_rel_error > 0  # fine-tuned: its inputs come from the quantized first layer
+
+
+def test_a_layer_whose_error_explodes_is_widened_then_left_in_float(monkeypatch):
+    from tvm_memplan.lq import calibrate
+
+    # a limit no fit can meet: every width is tried, then the float fallback applies
+    monkeypatch.setattr(calibrate, "FLOAT_SCALE", 0.0)
+    result = quantize_module(_module(), _data(), LQConfig(2, 2, error_scale=0.0, edge_bits=0), TARGET)
+    first = result.report[0]
+    assert first.status == "float" and "at W4A4 exceeds" in first.reason
+    assert [t.split(":")[0] for t in first.tried] == ["W2A2", "W3A3", "W4A4"]
+    assert "fp32_dense_dense0" in result.module.script()
+
+
+def test_the_check_widens_only_past_the_limit():
+    from tvm_memplan.lq.calibrate import error_limit
+
+    assert error_limit(1, 1) > error_limit(2, 2) > error_limit(3, 3) > error_limit(4, 4) > 0
+    loose = quantize_module(_module(), _data(), LQConfig(2, 2, error_scale=100.0, edge_bits=0), TARGET)
+    assert [(r.wbits, r.abits, r.reason) for r in loose.report] == [(2, 2, "")] * 3

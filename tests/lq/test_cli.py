@@ -37,7 +37,23 @@ def test_quantize_writes_a_library_and_a_report(files, tmp_path, capsys):
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / "mlp_lq.so")), tvm.cpu())
     y = vm["main"](tvm.runtime.tensor(np.ones((1, SIZES[0]), np.float32))).numpy()
     assert y.shape == (1, SIZES[-1]) and np.all(np.isfinite(y))
-    assert "2/2 dense layers quantized to W3A2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2/2 dense layers quantized (asked W3A2)" in out
+    # each layer: its bits, its calibration error against its limit, and why it differs from the ask
+    for layer in report["layers"]:
+        assert f"W{layer['wbits']}A{layer['abits']}, output error {layer['output_rel_error']:.3f}" in out
+    assert "first/last dense layer: at least 4 bits" in out
+
+
+def test_defaults_fine_tune_and_check_each_layer(files, tmp_path):
+    model, calib = files
+    assert main(["quantize", str(model), "--calib", str(calib), "-o", str(tmp_path / "d.so")]) == 0
+    config = json.loads((tmp_path / "d.json").read_text())["config"]
+    assert config["finetune"] is True and config["check_layers"] is True and config["edge_bits"] == 4
+    assert main(["quantize", str(model), "--calib", str(calib), "--no-finetune", "--no-layer-check",
+                 "-o", str(tmp_path / "p.so")]) == 0
+    config = json.loads((tmp_path / "p.json").read_text())["config"]
+    assert config["finetune"] is False and config["check_layers"] is False
 
 
 def test_keep_first_last_reports_the_float_layers(files, tmp_path, capsys):

@@ -13,6 +13,8 @@ from ..errors import UserError
 if TYPE_CHECKING:
     import tvm
 
+    from ..lq.calibrate import LayerReport
+
 TARGETS = ("native", "x86-64", "aarch64")
 
 
@@ -21,13 +23,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "quantize",
         help="quantize the dense layers of an ONNX model to learned low-bit codes and compile it",
         description="Calibrate LQ-Nets quantizers (QEM) on real data, replace dense/Gemm/MatMul layers "
-        "with bitserial popcount kernels, compile, and write the library plus a JSON report.",
+        "with bitserial popcount kernels, compile, and write the library plus a JSON report. By default each "
+        "layer is fine-tuned on the quantized upstream path, the first and last layer get at least 4 bits, and "
+        "a layer whose calibration error exceeds its limit is widened (or left in float); the printout lists "
+        "each layer's bits, error and reason.",
     )
     quantize.add_argument("model", type=Path, help="ONNX model")
     quantize.add_argument("--calib", type=Path, required=True, help=".npz with one (samples, ...) array per model input")
     quantize.add_argument("--wbits", type=int, default=2, help="weight bits, 1-4 (default 2)")
     quantize.add_argument("--abits", type=int, default=2, help="activation bits, 1-4 (default 2)")
-    quantize.add_argument("--finetune", action="store_true", help="fit each layer on the quantized upstream path")
+    quantize.add_argument(
+        "--finetune",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fit each layer on what the quantized upstream layers produce (default on)",
+    )
+    quantize.add_argument(
+        "--layer-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give a layer whose output error exceeds its limit one more bit, up to 4, else leave it in float (default on)",
+    )
     quantize.add_argument(
         "--act-codes",
         choices=("auto", "pm1", "01"),
@@ -35,6 +51,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="activation codes: {0,1} for non-negative inputs and ±1 otherwise (auto, default), or forced",
     )
     quantize.add_argument("--keep-first-last", action="store_true", help="leave the first and last dense layer in float")
+    quantize.add_argument(
+        "--edge-bits",
+        type=int,
+        default=4,
+        choices=range(0, 5),
+        metavar="K",
+        help="at least K bits for the first and last dense layer (default 4; 0: the same as the others)",
+    )
     quantize.add_argument("--batch", type=int, default=1, help="batch size for a dynamic batch dimension (default 1)")
     quantize.add_argument("--target", choices=TARGETS, default="native", help="native CPU, generic x86-64, or aarch64 (cross)")
     quantize.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials per LQ kernel (0: hand schedule)")
@@ -149,6 +173,8 @@ def run_quantize(args: argparse.Namespace) -> int:
         act_codes=args.act_codes,
         finetune=args.finetune,
         keep_first_last=args.keep_first_last,
+        check_layers=args.layer_check,
+        edge_bits=args.edge_bits,
         tune_trials=args.tune_trials,
         tune_dir=str(args.tune_dir),
     )
@@ -174,16 +200,27 @@ def run_quantize(args: argparse.Namespace) -> int:
     report.update({"model": str(args.model), "library": str(library), "target": str(target)})
     report_path = library.with_suffix(".json")
     report_path.write_text(json.dumps(report, indent=2) + "\n")
-    converted = sum(1 for layer in result.report if layer.status == "lq")
-    print(
-        f"{converted}/{len(result.report)} dense layers quantized to W{args.wbits}A{args.abits}; "
-        f"parameters {result.float_bytes:,} -> {result.lq_bytes:,} bytes"
-    )
-    for layer in result.report:
-        if layer.status != "lq":
-            print(f"  {layer.name} ({layer.n}->{layer.o}) left in float: {layer.reason}")
+    print(layer_summary(result.report, args.wbits, args.abits, result.float_bytes, result.lq_bytes))
     print(f"wrote {library} and {report_path}")
     return 0
+
+
+def layer_summary(report: "list[LayerReport]", wbits: int, abits: int, float_bytes: int, lq_bytes: int) -> str:
+    """Each dense layer's bits, calibration output error against its limit, and why it is in float or wider."""
+    converted = sum(1 for layer in report if layer.status == "lq")
+    lines = [
+        f"{converted}/{len(report)} dense layers quantized (asked W{wbits}A{abits}); "
+        f"parameters {float_bytes:,} -> {lq_bytes:,} bytes",
+    ]
+    for layer in report:
+        shape = f"{layer.n}->{layer.o}"
+        if layer.status == "lq":
+            error = f"output error {layer.output_rel_error:.3f} (limit {layer.error_limit:.3f})"
+            note = f"; {layer.reason}" if layer.reason else ""
+            lines.append(f"  {layer.name} ({shape}) W{layer.wbits}A{layer.abits}, {error}{note}")
+        else:
+            lines.append(f"  {layer.name} ({shape}) left in float: {layer.reason}")
+    return "\n".join(lines)
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:

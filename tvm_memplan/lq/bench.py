@@ -149,7 +149,8 @@ def accuracy_rows(
         if wbits == FLOAT_BITS and abits == FLOAT_BITS:
             layers: dict[str, LQLayer] = {}
         else:
-            config = LQConfig(wbits, abits, finetune=finetune)
+            # The seed's table: every layer at the setting, no first/last widening, no per-layer check.
+            config = LQConfig(wbits, abits, finetune=finetune, edge_bits=0, check_layers=False)
             layers = quantize_module(calib_mod, {"x": split.x_train}, config, target).layers
         test = relax.VirtualMachine(build(apply_layers(test_mod, layers, target), target), dev)
         predicted = test["main"](x_test).numpy().argmax(axis=1)
