@@ -9,6 +9,7 @@ import pytest
 import tvm
 from tvm import relax
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 from tvm_memplan.cli.main import main
 from tvm_memplan.deploy import targets
@@ -32,6 +33,8 @@ def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
     artifact = tmp_path / "cnn.so"
     assert main(["build", "zoo:mcu_cnn", "--target", "opencl", "-o", str(artifact), "--json"]) == 0
     built = json.loads(capsys.readouterr().out)
+    # aliasing is off by default on OpenCL (a tensor at an arena offset is a copy there: xfail below)
+    assert json.loads((tmp_path / "cnn.so.json").read_text())["options"]["inplace"] is False
     code = main(["measure", str(artifact), "--compare", "--json", *FAST, "--log", str(tmp_path / "log.jsonl")])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -39,7 +42,8 @@ def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
     for result in report.values():
         assert result["target"] == "opencl" and result["reference"] == "onnxruntime"
         assert result["correct"], result["max_abs_diff"]
-        # the OpenCL device's allocations are exactly the plan: memplan's arena (or SPBM's blocks) + outputs
+        # the VM's alloc_storage requests are the plan: memplan's arena (or SPBM's blocks) + outputs
+        # (not ensure_zero_offset's copies: see the xfail test below)
         assert result["requested_bytes"] == result["planned_bytes"]
     assert report["memplan"]["planned_bytes"] == built["planned_bytes"]
     assert report["memplan"]["requested_bytes"] < report["stock"]["requested_bytes"]
@@ -67,3 +71,35 @@ def test_a_depthwise_conv_with_a_1x1_output_schedules_and_runs():
     w = rng.standard_normal((16, 1, 3, 3)).astype("float32")
     out = relax.VirtualMachine(executable, dev)["main"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev))
     np.testing.assert_allclose(out.numpy(), np.maximum(x * w[:, :, 1:2, 1:2].reshape(1, 16, 1, 1), 0), rtol=1e-5, atol=1e-6)
+
+
+@needs_device("opencl")
+@pytest.mark.xfail(strict=True, reason="issue 10: OpenCL has no host pointer arithmetic, so ensure_zero_offset "
+                   "copies a tensor at a nonzero arena offset; kernels write the copy, not the arena")
+def test_a_tensor_at_an_arena_offset_is_written_in_place():
+    @tvm.script.ir_module
+    class Offset:
+        @T.prim_func(private=True, s_tir=True)
+        def add_one(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
+            for i in T.thread_binding(16, thread="threadIdx.x"):
+                with T.sblock("b"):
+                    vi = T.axis.spatial(16, i)
+                    b[vi] = a[vi] + T.float32(1)
+
+        @R.function
+        def main(x: R.Tensor((16,), "float32")):
+            R.func_attr({"relax.force_pure": True})
+            arena = R.memory.alloc_storage(R.shape([4096]), 0, "global", "uint8")
+            written = R.memory.ensure_zero_offset(R.memory.alloc_tensor(arena, 1024, R.shape([16]), "float32"))
+            _ = Offset.add_one(x, written)
+            # the same bytes, placed again (as the planner places a later tensor that aliases them)
+            read = R.memory.ensure_zero_offset(R.memory.alloc_tensor(arena, 1024, R.shape([16]), "float32"))
+            out = R.builtin.alloc_tensor(R.shape([16]), "float32", 0)
+            _2 = Offset.add_one(read, out)
+            return out
+
+    executable = tvm.compile(Offset, tvm.target.Target({"kind": "opencl", "host": "llvm"}))
+    dev = tvm.opencl(0)
+    x = np.arange(16, dtype="float32")
+    out = relax.VirtualMachine(executable, dev)["main"](tvm.runtime.tensor(x, dev))
+    np.testing.assert_array_equal(out.numpy(), x + 2)

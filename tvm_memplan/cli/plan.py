@@ -60,8 +60,9 @@ def _planner_options(parser: argparse.ArgumentParser, default_alignment: int = 6
 def model_planner_options(parser: argparse.ArgumentParser) -> None:
     """Options of every command that plans a model (plan, build, measure)."""
     _planner_options(parser)
-    parser.add_argument("--inplace", action=argparse.BooleanOptionalAction, default=True,
-                        help="in-place kernels and concat elimination (default on)")
+    parser.add_argument("--inplace", action=argparse.BooleanOptionalAction, default=None,
+                        help="in-place kernels and concat elimination (default on; off for opencl/vulkan targets, "
+                        "whose devices copy tensors placed at arena offsets)")
     parser.add_argument("--order", choices=["program", "dfs", "bfs", "search"], default="search",
                         help="execution order: as imported, TVM's depth-/breadth-first TopologicalSort, or searched (default)")
     parser.add_argument("--order-seconds", type=float, default=10.0, metavar="S", help="time budget of the order search (default 10)")
