@@ -13,6 +13,7 @@ from tvm.script import tirx as T
 
 from tvm_memplan.cli.main import main
 from tvm_memplan.deploy import targets
+from tvm_memplan.deploy.rpc import start_farm
 from tvm_memplan.relax.pipeline import pipeline
 
 from .conftest import needs_device
@@ -47,6 +48,22 @@ def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
         assert result["requested_bytes"] == result["planned_bytes"]
     assert report["memplan"]["planned_bytes"] == built["planned_bytes"]
     assert report["memplan"]["requested_bytes"] < report["stock"]["requested_bytes"]
+
+
+@needs_device("opencl")
+def test_measure_through_a_loopback_tracker(capsys, tmp_path):
+    """rpc-local's servers import tvm with the sidecars, so they expose the OpenCL device."""
+    artifact = tmp_path / "mlp.so"
+    assert main(["build", "zoo:mlp?hidden=16", "--target", "opencl", "-o", str(artifact)]) == 0
+    capsys.readouterr()
+    with start_farm({"gpu": 1}, lifetime=120) as farm:
+        code = main(["measure", str(artifact), "--rpc-tracker", farm.tracker, "--rpc-key", "gpu", "--json", *FAST,
+                     "--log", str(tmp_path / "log.jsonl")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["device"].startswith("rpc:gpu@") and result["correct"]
+    assert result["requested_bytes"] == result["planned_bytes"]
 
 
 @needs_device("opencl")
