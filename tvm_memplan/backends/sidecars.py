@@ -173,7 +173,9 @@ def build_sidecar(source: Path, sidecar: Sidecar, jobs: int) -> Path:
     with tempfile.TemporaryDirectory(prefix=f"tvm-memplan-{sidecar.name}-") as scratch:
         tree = Path(scratch) / "tree"
         _build_tree(source, sidecar, tree)
-        flags = [*CXXFLAGS, f"-I{tree / 'include'}", f"-I{tree / 'src'}", f"-I{ffi_dir / 'include'}"]
+        # -ffile-prefix-map: TVM's log lines name source files, as in TVM's own build, not the scratch tree
+        flags = [*CXXFLAGS, f"-ffile-prefix-map={tree}/=", f"-I{tree / 'include'}", f"-I{tree / 'src'}",
+                 f"-I{ffi_dir / 'include'}"]
         sources = sorted(runtime_dir(tree, sidecar).glob("*.cc"))
         objects = [Path(scratch) / f"{cc.stem}.o" for cc in sources]
         commands = [[CXX, *flags, "-c", str(cc), "-o", str(obj)] for cc, obj in zip(sources, objects)]
