@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import tvm
 
-from tvm_memplan.backends.sidecars import SIDECARS, runtime_loaded
+from tvm_memplan.backends.sidecars import SIDECARS, device_exists, runtime_loaded
 
 
 def device_ready(backend: str) -> bool:
-    return runtime_loaded(backend) and tvm.device(backend, 0).exist
+    return runtime_loaded(backend) and device_exists(backend)
 
 
 def needs_device(backend: str) -> pytest.MarkDecorator:
@@ -17,5 +16,5 @@ def needs_device(backend: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not device_ready(backend),
         reason=f"no {sidecar.title} device: run tvm-memplan setup-gpu (Debian: {sidecar.header_package} "
-        f"{sidecar.library_package} and {sidecar.driver_package.split()[0]})",
+        f"{sidecar.library_package} and {sidecar.driver_package})",
     )

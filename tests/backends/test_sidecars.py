@@ -54,13 +54,20 @@ def test_up_to_date_only_when_newer_than_every_source(tmp_path, monkeypatch):
     assert not is_current(source, SIDECARS["opencl"])
 
 
-@pytest.mark.skipif(not all(sidecars.installed_path(s).exists() for s in SIDECARS.values()),
-                    reason="sidecars not installed: CI runs tvm-memplan setup-gpu before pytest")
-def test_setup_gpu_again_rebuilds_nothing_and_lists_devices(capsys):
+installed = pytest.mark.skipif(not all(sidecars.installed_path(s).exists() for s in SIDECARS.values()),
+                               reason="sidecars not installed: CI runs tvm-memplan setup-gpu before pytest")
+
+
+def _need_source() -> None:
     try:
         find_source(None)
     except UserError as exc:
         pytest.skip(str(exc))
+
+
+@installed
+def test_setup_gpu_again_rebuilds_nothing_and_lists_devices(capsys):
+    _need_source()
     before = {name: sidecars.installed_path(s).stat().st_mtime_ns for name, s in SIDECARS.items()}
     code = main(["setup-gpu", "--json"])
     out, err = capsys.readouterr()
@@ -73,3 +80,16 @@ def test_setup_gpu_again_rebuilds_nothing_and_lists_devices(capsys):
         assert entry["devices"] or "apt-get install" in entry["problem"]
     assert code == (2 if any(e["problem"] for e in report.values()) else 0), err
     assert not list(sidecars.installed_path(SIDECARS["opencl"]).parent.glob(".*.partial"))
+
+
+@installed
+@pytest.mark.parametrize("backend, variable, value, package", [
+    ("opencl", "OCL_ICD_VENDORS", "", "pocl-opencl-icd"),  # an empty vendor directory: no platform
+    ("vulkan", "VK_ICD_FILENAMES", "none.json", "mesa-vulkan-drivers"),  # no driver manifest
+])
+def test_no_driver_is_one_line_naming_the_debian_driver(capsys, tmp_path, monkeypatch, backend, variable, value, package):
+    _need_source()
+    monkeypatch.setenv(variable, str(tmp_path / value))  # the device probe's fresh interpreter inherits it
+    assert main(["setup-gpu", "--backend", backend]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"apt-get install {package}" in err

@@ -48,6 +48,7 @@ class Sidecar:
     library_package: str
     driver_package: str
     """A Debian driver that gives this machine a device of this kind without a GPU."""
+    driver_what: str
 
     @property
     def file_name(self) -> str:
@@ -62,9 +63,9 @@ SIDECARS: dict[str, Sidecar] = {
     s.name: s
     for s in (
         Sidecar("opencl", "OpenCL", "CL/cl.h", "opencl-headers", "libOpenCL.so", "ocl-icd-opencl-dev",
-                "pocl-opencl-icd (PoCL, OpenCL on the CPU)"),
+                "pocl-opencl-icd", "PoCL, OpenCL on the CPU"),
         Sidecar("vulkan", "Vulkan", "vulkan/vulkan.h", "libvulkan-dev", "libvulkan.so", "libvulkan-dev",
-                "mesa-vulkan-drivers (lavapipe, Vulkan on the CPU)"),
+                "mesa-vulkan-drivers", "lavapipe, Vulkan on the CPU"),
     )
 }
 
@@ -216,7 +217,11 @@ for name, path in zip(sys.argv[1::2], sys.argv[2::2]):
     else:
         for index in range(16):
             dev = tvm.device(name, index)
-            if not dev.exist:
+            try:
+                if not dev.exist:
+                    break
+            except RuntimeError as exc:  # Vulkan without any driver fails to create its instance
+                info["device_error"] = str(exc).strip().splitlines()[-1]
                 break
             info["devices"].append({"index": index, "name": dev.device_name,
                                     "max_threads_per_block": dev.max_threads_per_block})
@@ -256,10 +261,20 @@ def setup_gpu(backends: list[str] | None = None, tvm_src: str | Path | None = No
         if not report.runtime_loaded:
             report.problem = f"import tvm did not load {report.path}: {info.get('load_error', 'unknown reason')}"
         elif not report.devices:
-            report.problem = f"no {sidecar.title} device (Debian: apt-get install {sidecar.driver_package})"
+            why = f" ({info['device_error']})" if "device_error" in info else ""
+            report.problem = (f"no {sidecar.title} device{why}: apt-get install {sidecar.driver_package} "
+                              f"({sidecar.driver_what}) or a GPU's driver")
     return reports
 
 
 def runtime_loaded(device: str) -> bool:
     """Whether this process's TVM has a runtime for ``device`` (built in, or a loaded sidecar)."""
     return tvm.get_global_func(f"device_api.{device}", allow_missing=True) is not None
+
+
+def device_exists(device: str) -> bool:
+    """Whether ``device`` 0 is there; False, not an error, when its runtime finds no driver at all."""
+    try:
+        return bool(tvm.device(device, 0).exist)
+    except RuntimeError:
+        return False

@@ -15,7 +15,7 @@ from typing import Any
 
 import tvm
 
-from ..backends.sidecars import SIDECARS, runtime_loaded
+from ..backends.sidecars import SIDECARS, device_exists, runtime_loaded
 from ..errors import UserError
 
 # num-cores: MetaSchedule needs it; 4 is a phone's big cluster (used only to tune for it).
@@ -125,7 +125,7 @@ class DeployTarget:
         if self.device in SIDECARS and not runtime_loaded(self.device):
             return (f"target {self.name}: the installed TVM has no {SIDECARS[self.device].title} runtime: "
                     "build it with tvm-memplan setup-gpu, or run the artifact through --rpc-tracker/--rpc-key")
-        if self.device != "cpu" and not tvm.device(self.device, 0).exist:
+        if self.device != "cpu" and not device_exists(self.device):
             return (f"target {self.name}: no {self.device} device on this machine (the installed TVM has no "
                     f"{self.device} runtime or no driver loads it): run the artifact through --rpc-tracker/--rpc-key")
         if self.cross_compiler:
