@@ -33,7 +33,7 @@ def test_kernel_rows_have_the_issue_fields_and_bounds():
     assert machine["isa"] in text and machine["cpu"] in text
 
 
-@pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize("isa", bench.ISAS)
 def test_no_limit_is_slower_than_an_achieved_kernel(isa):
     """The issue's invariant on whatever machine runs it: each bound <= the best achieved time of its kind."""
