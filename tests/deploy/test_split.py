@@ -1,11 +1,8 @@
 """The split search end to end: measured latencies (cached), the budget, memory limits, and split
 models that compute what onnxruntime computes on the LLVM and C targets."""
 
-import numpy as np
-import onnxruntime as ort
 import pytest
 import tvm
-from tvm import relax
 
 from tvm_memplan.deploy.split import search_split
 from tvm_memplan.errors import UserError
@@ -14,6 +11,8 @@ from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.split import normalize, split_chains
 from tvm_memplan.split.simulate import SplitChoice
 from tvm_memplan.verify import verify_plan
+
+from ..c_build import assert_c_build_matches_onnxruntime
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +58,7 @@ def test_split_c_build_matches_onnxruntime(mcu, tmp_path):
         return split_chains(mod, [SplitChoice(chain, 4)])
 
     plan = plan_model(mcu, tvm.target.Target({"kind": "c"}), prepare=prepare, order_seconds=1)
-    path = str(tmp_path / "model.so")
-    plan.build().export_library(path, options=["-O2"])
-    vm = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
-    inputs = mcu.random_inputs(0)
-    out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
-    (reference,) = ort.InferenceSession(mcu.onnx_model.SerializeToString()).run(None, inputs)
-    np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-4)
+    assert_c_build_matches_onnxruntime(plan, mcu, tmp_path)
 
 
 def test_latencies_measured_through_rpc(mcu, farm, tmp_path):

@@ -111,3 +111,52 @@ def test_transformer_sequence_axis_is_a_candidate():
     sequence = acg.component_of(mod["main"].params[0].name, 1)  # token ids (1, sequence)
     assert sequence in acg.candidates() and len(sequence.kernels) >= 10
     assert "spatial" in {n.kind for n in sequence.nodes}
+
+
+def _exported_block(path) -> str:
+    """An inverted-residual block as exporters write it when they fold nothing: BatchNormalization
+    after each convolution, Clip with bounds from Constant nodes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def array(name, shape, scale=0.2, offset=0.0):
+        return numpy_helper.from_array((offset + scale * rng.standard_normal(shape)).astype(np.float32), name)
+
+    def batch_norm(name, source, out, channels):
+        inits = [array(f"{name}_s", channels, 0.1, 1.0), array(f"{name}_b", channels, 0.1),
+                 array(f"{name}_m", channels, 0.1), numpy_helper.from_array((1 + 0.1 * rng.random(channels)).astype(np.float32), f"{name}_v")]
+        return helper.make_node("BatchNormalization", [source] + [i.name for i in inits], [out]), inits
+
+    bn1, inits1 = batch_norm("bn1", "c1", "n1", 96)
+    bn2, inits2 = batch_norm("bn2", "c2", "n2", 96)
+    nodes = [
+        helper.make_node("Constant", [], ["lo"], value=numpy_helper.from_array(np.array(0.0, np.float32))),
+        helper.make_node("Constant", [], ["hi"], value=numpy_helper.from_array(np.array(6.0, np.float32))),
+        helper.make_node("Conv", ["x", "w1"], ["c1"]), bn1, helper.make_node("Clip", ["n1", "lo", "hi"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], group=96, strides=[2, 2]), bn2,
+        helper.make_node("Clip", ["n2", "lo", "hi"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["y"]),
+    ]
+    inits = [array("w1", (96, 16, 1, 1)), array("w2", (96, 1, 3, 3)), array("w3", (24, 96, 1, 1)), array("b3", (24,))]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 14, 14])], inits + inits1 + inits2)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_unfolded_batch_norm_and_clip_from_constants_split(tmp_path):
+    model = load_model(_exported_block(tmp_path / "block.onnx"))
+    mod = normalize(to_relax(model))
+    names = [b.var.name for block in mod["main"].body.blocks for b in block.bindings]
+    assert len(names) == len(set(names))
+    chain = next(c for c in find_chains(mod) if c.tail is not None)
+    assert chain.head == names[0] and len(chain.branches[0].mids) >= 6  # BN, Clip, depthwise, BN, Clip
+    x = np.random.default_rng(1).standard_normal((1, 16, 28, 28)).astype("float32")
+    import onnxruntime as ort
+
+    (reference,) = ort.InferenceSession(model.onnx_model.SerializeToString()).run(None, {"x": x})
+    split = split_chains(mod, [SplitChoice(chain, 4)])
+    np.testing.assert_allclose(_run(split, x), reference, rtol=1e-4, atol=1e-4)

@@ -3,10 +3,9 @@ whole models still correct and still allocating exactly the plan."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+from tvm import tirx
 
 from tvm_memplan.frontend import load_model
 from tvm_memplan.planner import plan_model
@@ -14,6 +13,8 @@ from tvm_memplan.relax.pipeline import schedule_passes
 from tvm_memplan.options import MemplanOptions
 from tvm_memplan.schedule import DefaultCPUSchedule, ScheduleReport
 from tvm_memplan.verify.check import verify_plan
+
+from ..c_build import assert_c_build_matches_onnxruntime
 
 
 def _prim_funcs(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
@@ -66,12 +67,4 @@ def test_scheduled_c_build_of_a_model_with_an_inplace_residual_is_correct(tmp_pa
     scheduled tiles overwrote the input before later tiles read it."""
     model = load_model("zoo:mcu_cnn")
     plan = plan_model(model, tvm.target.Target({"kind": "c"}), order_seconds=1)
-    path = str(tmp_path / "model.so")
-    plan.build().export_library(path, options=["-O2"])
-    vm = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
-    inputs = model.random_inputs(0)
-    out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
-    import onnxruntime as ort
-
-    (reference,) = ort.InferenceSession(model.onnx_model.SerializeToString()).run(None, inputs)
-    np.testing.assert_allclose(out, reference, rtol=1e-3, atol=1e-4)
+    assert_c_build_matches_onnxruntime(plan, model, tmp_path)

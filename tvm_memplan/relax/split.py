@@ -16,6 +16,9 @@ TVM's legalization and fusion and gets the same default schedules as the origina
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 import numpy as np
 import tvm
 from tvm import relax, te, topi
@@ -23,7 +26,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..errors import UserError
 from ..split.acg import AxisConnectionGraph, build_acg
-from ..split.simulate import Branch, Chain, Program, SplitChoice, Step
+from ..split.simulate import Branch, Chain, Program, SplitChoice, Step, disjoint
 from .axes import graph_model
 from .tensor_types import static_shape
 
@@ -60,8 +63,9 @@ def _nbytes(var: relax.Var) -> int:
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Fold constants and raise the importer's elementwise ``call_tir`` kernels to Relax operators
-    (structurally equal to TOPI's), so the rewriter sees operators it can tile."""
+    """Fold constants, raise the importer's elementwise ``call_tir`` kernels to Relax operators
+    (structurally equal to TOPI's) and inference batch norms to a multiply and an add, so the
+    rewriter sees operators it can tile."""
     mod = relax.transform.FoldConstant()(mod)
     call_tir = tvm.ir.Op.get("relax.call_tir")
 
@@ -86,10 +90,63 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
                 return call
             return entry[1](*args)
 
+        def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
+            item = super().visit_tuple_getitem_(item)
+            if item.index != 0 or not isinstance(item.tuple_value, relax.Var):
+                return item
+            folded = _inference_batch_norm(self.lookup_binding(item.tuple_value))
+            return folded if folded is not None else item
+
     raiser = _Raise(mod)
     gvar = mod.get_global_var("main")
     raiser.builder_.update_func(gvar, raiser.visit_expr(mod["main"]))
-    return relax.transform.DeadCodeElimination()(raiser.builder_.finalize())
+    return _unique_names(relax.transform.DeadCodeElimination()(raiser.builder_.finalize()))
+
+
+def _unique_names(mod: tvm.IRModule) -> tvm.IRModule:
+    """Give every binding of ``main`` its own name: chains, the simulator and the latency cache
+    name bindings, and Relax lets emitted ones repeat (the batch-norm fold's did)."""
+    seen = {p.name for p in mod["main"].params}
+
+    @mutator
+    class _Rename(PyExprMutator):
+        def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+            name = binding.var.name
+            if name not in seen:
+                seen.add(name)
+                super().visit_var_binding_(binding)
+                return
+            index = 1
+            while f"{name}_{index}" in seen:
+                index += 1
+            seen.add(f"{name}_{index}")
+            value = self.visit_expr(binding.value)
+            if isinstance(binding.var, relax.DataflowVar):
+                renamed = self.builder_.emit(value, name_hint=f"{name}_{index}")
+            else:
+                renamed = self.builder_.emit_output(value, name_hint=f"{name}_{index}")
+            self.set_var_remap(binding.var, renamed)
+
+    renamer = _Rename(mod)
+    renamer.builder_.update_func(mod.get_global_var("main"), renamer.visit_expr(mod["main"]))
+    return renamer.builder_.finalize()
+
+
+def _inference_batch_norm(value: relax.Expr | None) -> relax.Expr | None:
+    """``batch_norm(x, gamma, beta, mean, var)[0]`` with constant statistics, as the per-channel
+    ``x * scale + shift`` it computes at inference (exports that do not fold BatchNormalization)."""
+    if _op_name(value) != "relax.nn.batch_norm" or bool(getattr(value.attrs, "training", False)):
+        return None
+    gamma, beta, mean, var = (_const(a) for a in value.args[1:5])
+    shape = static_shape(value.args[0].ty)
+    if any(c is None for c in (gamma, beta, mean, var)) or shape is None:
+        return None
+    scale = gamma / np.sqrt(var + float(value.attrs.epsilon))
+    broadcast = [1] * len(shape)
+    broadcast[int(value.attrs.axis) % len(shape)] = -1
+    dtype = str(value.args[0].ty.dtype)
+    return relax.op.add(relax.op.multiply(value.args[0], relax.const(scale.reshape(broadcast).astype(dtype))),
+                        relax.const((beta - mean * scale).reshape(broadcast).astype(dtype)))
 
 
 def axis_graph(mod: tvm.IRModule) -> tuple[AxisConnectionGraph, object]:
@@ -372,11 +429,8 @@ def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
     """A copy of the normalized ``mod`` with every chosen chain split into its parts."""
     if not choices:
         return mod
-    seen: set[str] = set()
-    for choice in choices:
-        if seen & set(choice.chain.bindings):
-            raise ValueError(f"chain {choice.chain.name} overlaps another chosen chain")
-        seen.update(choice.chain.bindings)
+    if not disjoint([c.chain for c in choices]):
+        raise ValueError("a chosen chain overlaps another chosen chain")
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     rewriter = _SplitRewriter(mod, choices)
     func = rewriter.visit_expr(mod["main"])
@@ -493,9 +547,6 @@ def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
 def chain_signature(mod: tvm.IRModule) -> str:
     """What a chain module's latency depends on (operators, attributes, shapes), not its
     weights or variable names: identical blocks of a network share one measurement."""
-    import hashlib
-    import re
-
     text = mod["main"].script(show_meta=False)
     names: dict[str, str] = {}
     text = re.sub(r"\b(lv\d*(?:_\d+)?|gv\d*)\b", lambda m: names.setdefault(m.group(1), f"v{len(names)}"), text)

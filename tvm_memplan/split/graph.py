@@ -155,15 +155,6 @@ class KernelRegions:
     needed: dict[str, Box]
     """Local buffer (parameters and internal buffers) → the box of it that is read or written."""
 
-    def work(self, kernel: "Kernel") -> int:
-        """Loop iterations over all blocks: a proxy for compute, halo recomputation included."""
-        total = 0
-        for block in kernel.blocks:
-            domain = self.domains.get(block.name)
-            if domain is not None:
-                total += volume(tuple(domain[a.name] for a in block.axes))
-        return total
-
 
 @dataclass
 class Kernel:
@@ -255,26 +246,6 @@ class Graph:
             if kernel.name == name:
                 return kernel
         raise KeyError(name)
-
-    def owner(self, tensor: str) -> str:
-        """The tensor that owns the bytes of ``tensor`` (itself unless it is a view)."""
-        sources = {v.name: v.source for v in self.views}
-        seen = set()
-        while tensor in sources and tensor not in seen:
-            seen.add(tensor)
-            tensor = sources[tensor]
-        return tensor
-
-    def producers(self) -> dict[str, Kernel]:
-        return {k.output: k for k in self.kernels}
-
-    def consumers(self) -> dict[str, list[Kernel]]:
-        """Owner tensor → kernels reading it (directly or through views)."""
-        found: dict[str, list[Kernel]] = {}
-        for kernel in self.kernels:
-            for arg in dict.fromkeys(kernel.inputs):
-                found.setdefault(self.owner(arg), []).append(kernel)
-        return found
 
 
 def volume(box: Iterable[Interval]) -> int:
