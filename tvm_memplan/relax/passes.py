@@ -56,13 +56,11 @@ class PlanReport:
 
 
 def plan_function(
-    func: relax.Function, mod: tvm.IRModule, name: str, options: MemplanOptions, aliased_kernels: set | None = None
+    func: relax.Function, mod: tvm.IRModule, name: str, options: MemplanOptions
 ) -> tuple[relax.Function, PlanReport]:
     """Plan one function's statically shaped intermediates into arenas."""
     started = time.monotonic()
     plan_input = extract_plan_input(func, mod, options.alignment, inplace=options.inplace)
-    if aliased_kernels is not None:
-        aliased_kernels.update(plan_input.decisions.inplace_kernels)
     planned = [plan_aliased(arena.problem, time_budget=options.time_budget) for arena in plan_input.arenas]
     plans = [plan for plan, _ in planned]
     bounds = [coalesced.lower_bound() for _, coalesced in planned]
@@ -128,17 +126,12 @@ def ArenaPlanBlockMemory(  # noqa: N802 - named like TVM's passes
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         resolved = options or current_options()
         updates = {}
-        aliased_kernels: set = set()
         for gvar, func in relax_functions(mod):
-            new_func, report = plan_function(func, mod, gvar.name_hint, resolved, aliased_kernels)
+            new_func, report = plan_function(func, mod, gvar.name_hint, resolved)
             if on_report is not None:
                 on_report(report)
             if not new_func.same_as(func):
                 updates[gvar] = new_func
-        # an in-place call passes one buffer as input and output: the kernel must not be
-        # compiled as if its arguments were restrict pointers (scheduled code reorders them)
-        for gvar in aliased_kernels:
-            updates[gvar] = mod[gvar].with_attr("tirx.noalias", False)
         return with_functions(mod, updates)
 
     return _pass
