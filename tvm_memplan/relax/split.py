@@ -314,17 +314,21 @@ def _conv(value: relax.Call, data: relax.Expr, weight: np.ndarray, groups: int) 
 
 def _conv_accumulate(bb: relax.BlockBuilder, conv: relax.Call, data: relax.Expr, weight: np.ndarray,
                      running: relax.Expr) -> relax.Expr:
-    """``conv(data, weight) + running`` as one TE kernel (a partial sum over a channel tile)."""
+    """``conv(data, weight) + running`` as one kernel (a partial sum over a channel tile).
+
+    Marked ``tirx.noalias`` like the kernels TVM legalizes: without it LLVM must assume the
+    running sum may overlap the output and the kernel ran twice as long as the plain conv."""
     a = conv.attrs
     if str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW":
         raise UserError(f"split: conv2d layout {a.data_layout}/{a.kernel_layout} is not NCHW/OIHW")
     strides, padding, dilation = ([int(x) for x in v] for v in (a.strides, a.padding, a.dilation))
     dtype = str(conv.ty.dtype)
-
-    def compute(x, w, acc):
-        return topi.add(topi.nn.conv2d_nchw(x, w, strides, padding, dilation, out_dtype=dtype), acc)
-
-    return bb.emit_te(compute, data, relax.const(np.ascontiguousarray(weight), dtype), running, primfunc_name_hint="conv2d_accumulate")
+    kernel = relax.const(np.ascontiguousarray(weight), dtype)
+    x, w, acc = (te.placeholder([int(d) for d in static_shape(v.ty)], dtype) for v in (data, kernel, running))
+    out = topi.add(topi.nn.conv2d_nchw(x, w, strides, padding, dilation, out_dtype=dtype), acc)
+    func = te.create_prim_func([x, w, acc, out]).without_attr("global_symbol").with_attr("tirx.noalias", True)
+    gvar = bb.add_func(func, "conv2d_accumulate")
+    return bb.emit(relax.call_tir(gvar, [data, kernel, running], out_ty=running.ty))
 
 
 @mutator

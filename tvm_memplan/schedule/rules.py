@@ -38,6 +38,10 @@ PARALLEL_MIN_WORK = 1 << 18
 thread pool costs a few µs (much more while another process holds a core), about what a vectorized
 kernel of this size takes on one core. At 1M, the tiles of a split chain (a 24-channel depthwise
 tile of MobileNetV2 at 56x56 is 677K) ran on one thread, 1.7x slower than on two."""
+LOAD_BOUND_FACTOR = 4
+"""How much more a multiply-add costs in a reduction without register reuse (depthwise
+convolutions, pools) than in a register-tiled one, for the serial/parallel decision: a
+12-channel depthwise tile (140K multiply-adds) ran 29 µs on one thread and 17 µs on two."""
 
 _FAILURES = (s_tir.ScheduleError, RuntimeError, ValueError, TypeError, IndexError, AttributeError)
 
@@ -223,6 +227,10 @@ def tiled_reduction(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     work = 1
     for extent in extents:
         work *= extent
+    if axes.reuse is None:
+        # No operand stays in registers across the tile (depthwise convolutions, pools): every
+        # multiply-add loads, so such a kernel takes several times longer per multiply-add.
+        work *= LOAD_BOUND_FACTOR
     parallel_count = 1
     for count, loop in enumerate(task_loops, 1):
         parallel_count = count
@@ -252,7 +260,7 @@ def tiled_reduction(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     # A width that no vector tile divides: full tiles, then narrower tails, each its own loop
     # (TVM cannot vectorize a predicated tail without a build option the pipeline cannot set).
     sch.reverse_compute_at(epilogue, innermost_task)
-    _vectorize_if_divisible(sch, sch.get_loops(epilogue)[-1], spec)
+    _vectorize_parts(sch, sch.get_loops(epilogue)[-1], parts, spec)
     for part in sch.loop_partition(vector_loop, parts[:-1] + [None]):
         (block,) = sch.get_child_blocks(part)
         part_loops = list(sch.get_loops(block))
@@ -329,13 +337,17 @@ def _vector_parts(extent: int, lanes: int) -> tuple[int, list[int]]:
     return tile, [p for p in parts if p]
 
 
-def _vectorize_if_divisible(sch: s_tir.Schedule, loop, spec: CpuSpec) -> None:
-    extent = _extent(sch, loop)
-    if extent <= spec.lanes:
-        _vectorize(sch, loop, spec)
-    elif extent % spec.lanes == 0:
-        _, inner = sch.split(loop, [None, spec.lanes])
-        _vectorize(sch, inner, spec)
+def _vectorize_parts(sch: s_tir.Schedule, loop, parts: list[int], spec: CpuSpec) -> None:
+    """Vectorize a loop whose extent no vector divides as the reduction's parts: full vectors,
+    then the tails, each a loop of its own (a residual add at width 36 ran scalar, doubling the
+    time of a split chain's partial-sum kernel)."""
+    for part in sch.loop_partition(loop, parts[:-1] + [None]) if len(parts) > 1 else [loop]:
+        width = _extent(sch, part)
+        if width <= spec.lanes:
+            _vectorize(sch, part, spec)
+        elif width % spec.lanes == 0:
+            _, inner = sch.split(part, [None, spec.lanes])
+            _vectorize(sch, inner, spec)
 
 
 def _deinterleave(ndim: int, stride: int) -> tirx.IndexMap:
@@ -365,10 +377,18 @@ def _schedule_stage(sch: s_tir.Schedule, block, task, stride: int, spec: CpuSpec
     if first < len(loops) and _is_padding(sch.get(block)) and sch.can_decompose_padding(block, loops[first]):
         copies.insert(0, sch.decompose_padding(block, loops[first]))
     width = int(sch.get(block).writes[0].source.shape[-1])
-    if stride > 1 and width % stride == 0:
+    deinterleaved = stride > 1 and width % stride == 0
+    if deinterleaved:
         sch.transform_layout(block, ("write", 0), _deinterleave(len(sch.get(block).writes[0].source.shape), stride))
     for copy in copies:
         innermost = sch.get_loops(copy)[-1]
+        extent = _extent(sch, innermost)
+        if deinterleaved and extent % stride == 0 and extent >= 2 * stride:
+            # iterate in the stored order: contiguous vector stores from strided loads (which
+            # LLVM turns into loads and shuffles); the source order needs scatters AVX2 lacks
+            column, phase = sch.split(innermost, [None, stride])
+            sch.reorder(phase, column)
+            innermost = column
         if _extent(sch, innermost) >= 2:
             _vectorize(sch, innermost, spec)
 
