@@ -9,6 +9,7 @@ from tvm import relax
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.split import axis_graph, chain_module, chain_signature, find_chains, normalize, program_of, split_chains
+from tvm_memplan.split.search import search
 from tvm_memplan.split.simulate import SplitChoice, disjoint, peak, split_program
 
 TARGET = tvm.target.Target({"kind": "llvm"})
@@ -81,6 +82,26 @@ def test_concat_branches_split_together(spec, shape):
     split = split_chains(mod, [SplitChoice(c, 2) for c in chosen])
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
     np.testing.assert_allclose(_run(split, x), _run(mod, x), rtol=1e-4, atol=1e-4)
+
+
+def test_pool_branches_split_over_the_pooled_channels():
+    """An inception module's pool branch: the pool of the module's input (kept whole for the other
+    branches) is made tile by tile from slices of that input and reduced by its projection."""
+    mod = normalize(to_relax(load_model("zoo:googlenet?resolution=64")))
+    chains = find_chains(mod)
+    table = {b.var.name: b for block in mod["main"].body.blocks for b in block.bindings}
+    pools = [c for c in chains if table[c.head].value.op.name == "relax.nn.max_pool2d"]
+    assert pools and all(c.tail is not None for c in pools)
+    split = split_chains(mod, [SplitChoice(pools[0], 4), SplitChoice(pools[-1], 3)])
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype("float32")
+    np.testing.assert_allclose(_run(split, x), _run(mod, x), rtol=1e-4, atol=1e-4)
+    # a pool chain overlaps its module's concat chain: the search exchanges one for the other
+    # where that lowers the peak, and ends lower than without pool chains
+    program = program_of(mod)
+    with_pools = search(program, chains, 1.0, lambda c, n: 0.0, budget=1.0)
+    without = search(program, [c for c in chains if c not in pools], 1.0, lambda c, n: 0.0, budget=1.0)
+    assert disjoint([c.chain for c in with_pools.best.choices])
+    assert with_pools.best.peak_bytes < without.best.peak_bytes
 
 
 def test_simulated_peak_matches_the_planned_arena():

@@ -3,7 +3,9 @@ rewrite them into tiles.
 
 A *channel chain* is a run of operators joined by one component of the axis connection graph
 along the channel axis of NCHW tensors: a head whose output channels are independent (a
-convolution with ``groups=1``), per-channel operators (bias, activations, depthwise and grouped
+convolution with ``groups=1``, or a pool over a tensor other operators keep whole, each tile
+pooling a slice of its channels: the second level an inception module's pool branch needs),
+per-channel operators (bias, activations, depthwise and grouped
 convolutions, pools), and a tail that either reduces over the channels (the next ``groups=1``
 convolution: the seed's temporal axis, computed as partial sums accumulated tile by tile) or
 takes the chain's last tensor whole (then the tiles are concatenated, and the arena planner's
@@ -37,6 +39,7 @@ _PER_CHANNEL_OPS = {
     "relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.sigmoid", "relax.tanh", "relax.clip",
     "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.leakyrelu", "relax.exp", "relax.sqrt",
 }
+_POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
 _RAISABLE = {"maximum": (topi.maximum, relax.op.maximum), "minimum": (topi.minimum, relax.op.minimum),
              "add": (topi.add, relax.op.add), "multiply": (topi.multiply, relax.op.multiply),
@@ -215,10 +218,15 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
     branches: dict[int, tuple[Branch, relax.Var, int | None, list]] = {}
     for i, head in enumerate(bindings):
         value = head.value
-        if _op_name(value) != _CONV or int(value.attrs.groups) != 1 or _channels(head.var) is None:
+        if _channels(head.var) is None:
+            continue
+        if _op_name(value) == _CONV:
+            if int(value.attrs.groups) != 1 or _const(value.args[1]) is None:
+                continue
+        elif not _pool_head(value, uses, outputs):
             continue
         comp = component(head.var)
-        if _const(value.args[1]) is None or comp is None:
+        if comp is None:
             continue
         mids, units, end = follow(head.var, comp, i, _channels(head.var))
         last = mids[-1].var if mids else head.var
@@ -234,6 +242,17 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
             chains.append(Chain((branch,), None, (), None, sum(_nbytes(v) for v in tensors[:-1])))
     chains.extend(_concat_chains(bindings, branches, follow, reduces, component, defined_at))
     return chains
+
+
+def _pool_head(value: relax.Expr, uses: dict, outputs: set) -> bool:
+    """A pool over a tensor that other operators read too (an inception module's input): the
+    tensor stays whole, but the pool's output can be made tile by tile over its channels, each
+    tile sliced from the input, when a convolution reduces it (the pool branch's projection)."""
+    if _op_name(value) not in _POOLS:
+        return False
+    source = value.args[0]
+    return isinstance(source, relax.Var) and _channels(source) is not None and (
+        len(uses.get(source, [])) > 1 or source in outputs)
 
 
 def _concat_chains(bindings, branches, follow, reduces, component, defined_at) -> list[Chain]:
@@ -386,12 +405,17 @@ class _SplitRewriter(PyExprMutator):
         head = table[branch.head]
         mids = [table[n] for n in branch.mids]
         last = (mids[-1] if mids else head).var
-        head_input = self.visit_expr(head.value.args[0])
+        source = head.value.args[0]
+        head_input = self.visit_expr(source)
         running = self.running.get(chain)
         pieces = self.pieces.setdefault(chain, {})
         for t in range(choice.parts):
             lo, hi = _tile_ranges(choice.parts, branch.units, _channels(head.var))[t]
-            current = bb.emit(_conv(head.value, head_input, _const(head.value.args[1])[lo:hi], 1))
+            if _op_name(head.value) == _CONV:
+                current = bb.emit(_conv(head.value, head_input, _const(head.value.args[1])[lo:hi], 1))
+            else:  # a pool head: its tile of the (whole) input's channels, then the pool
+                current = _slice_operand(head_input, lo, hi, _channels(source), bb)
+                current = self._emit_tile_ops([head], current, source, choice.parts, t, branch.units)
             current = self._emit_tile_ops(mids, current, head.var, choice.parts, t, branch.units)
             tlo, thi = _tile_ranges(choice.parts, branch.units, _channels(last))[t]
             if joined is not None:
@@ -442,7 +466,7 @@ def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())
 
 
-_ELEMENTWISE = _PER_CHANNEL_OPS - {"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
+_ELEMENTWISE = _PER_CHANNEL_OPS - _POOLS
 
 
 def program_of(mod: tvm.IRModule) -> Program:

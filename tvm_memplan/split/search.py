@@ -93,15 +93,15 @@ def search(
         if time.monotonic() - start > seconds:
             stopped = "search time limit"
             break
-        used = {n for c in state for n in c.bindings}
         moves: list[tuple[int, dict[Chain, int], Peak]] = []
         for chain in chains:
-            if chain not in state and used & set(chain.bindings):
-                continue
+            # a chain that overlaps chosen ones replaces them (a pool branch's chain and its
+            # inception module's): the simulator says whether the exchange lowers the peak
+            kept = {c: p for c, p in state.items() if c == chain or not set(c.bindings) & set(chain.bindings)}
             for parts in chain.parts_ladder():
                 if parts <= state.get(chain, 1):
                     continue
-                trial = {**state, chain: parts}
+                trial = {**kept, chain: parts}
                 p = peak(split_program(program, list(choices_of(trial))))
                 evaluated += 1
                 if (p.bytes, p.steps_at_peak) < (current.bytes, current.steps_at_peak):
