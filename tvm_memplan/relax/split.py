@@ -241,6 +241,7 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
         elif len(tensors) > 1:
             chains.append(Chain((branch,), None, (), None, sum(_nbytes(v) for v in tensors[:-1])))
     chains.extend(_concat_chains(bindings, branches, follow, reduces, component, defined_at))
+    chains.extend(_row_chains(bindings, uses, outputs, component))
     return chains
 
 
@@ -292,6 +293,81 @@ def _concat_chains(bindings, branches, follow, reduces, component, defined_at) -
     return found
 
 
+_ROW_OPS = {
+    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
+    "relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid", "relax.tanh",
+    "relax.clip", "relax.exp", "relax.sqrt", "relax.erf", "relax.power", "relax.nn.leakyrelu",
+}
+
+
+def _rows(var: relax.Expr) -> int | None:
+    """Rows of a ``(1, sequence, features)`` tensor."""
+    shape = static_shape(var.ty)
+    return shape[1] if shape is not None and len(shape) == 3 and shape[0] == 1 else None
+
+
+def _row_wise(value: relax.Expr, rows: int) -> bool:
+    """An operator whose output row r depends on row r of its row operands alone: elementwise
+    operators (other operands broadcast without a sequence axis), a matmul with constant weights,
+    a layer norm or softmax over the features."""
+    op = _op_name(value)
+    if op == "relax.matmul":
+        return _const(value.args[1]) is not None and len(static_shape(value.args[1].ty) or ()) == 2
+    if op in ("relax.nn.layer_norm", "relax.nn.rms_norm"):
+        return [int(a) % 3 for a in value.attrs.axes] == [2]
+    if op == "relax.nn.softmax":
+        return int(value.attrs.axis) % 3 == 2
+    return op in _ROW_OPS and all(_row_operand(a, rows) for a in value.args)
+
+
+def _row_operand(arg: relax.Expr, rows: int) -> bool:
+    """A tensor with the chain's rows (sliced per tile) or broadcast along them (kept whole)."""
+    shape = static_shape(arg.ty)
+    if shape is None:
+        return False
+    if len(shape) == 3:
+        return shape[0] == 1 and shape[1] in (1, rows)
+    return len(shape) < 2 or shape[0] == 1
+
+
+def _row_chains(bindings: list, uses: dict, outputs: set, component) -> list[Chain]:
+    """Row chains of transformer blocks: from a matmul with constant weights over a tensor that
+    stays whole (the feed-forward input, also read by the residual add), every row-wise operator
+    that reads the chain, up to the longest prefix whose tensors reach the rest of the program
+    through one tensor (the block's output, made tile by tile into its rows). The chain's
+    tensors must share the sequence axis's component of the axis connection graph."""
+    defined_at = {b.var: i for i, b in enumerate(bindings)}
+    found = []
+    for i, head in enumerate(bindings):
+        rows = _rows(head.var)
+        if (rows is None or rows < 2 or _op_name(head.value) != "relax.matmul" or not _row_wise(head.value, rows)
+                or _rows(head.value.args[0]) != rows):
+            continue
+        comp = component(head.var)
+        region, best = [head], None
+        members = {head.var}
+        for j in range(i + 1, len(bindings)):
+            value = bindings[j].value
+            reads = [v for v in relax.analysis.free_vars(value)]
+            if not any(v in members for v in reads):
+                continue
+            if (_rows(bindings[j].var) != rows or not _row_wise(value, rows) or component(bindings[j].var) != comp
+                    or any(v not in members and defined_at.get(v, -1) >= i for v in reads)):
+                break
+            region.append(bindings[j])
+            members.add(bindings[j].var)
+            escaping = [b.var for b in region if b.var in outputs
+                        or any(k not in {defined_at[m] for m in members} for k in uses.get(b.var, []))]
+            if escaping == [region[-1].var] and len(region) > 1:
+                best = list(region)
+        if best is None or component(head.var) is None:
+            continue
+        names = tuple(b.var.name for b in best)
+        tiles = sum(_nbytes(b.var) for b in best[:-1])
+        found.append(Chain((Branch(names[0], names[1:], rows, rows),), None, (), None, tiles, rows=True))
+    return found
+
+
 def _operands_ok(value: relax.Call, current: relax.Var, defined_at: dict, head_index: int) -> bool:
     """Other operands are constants or tensors that exist before the chain starts."""
     for arg in value.args:
@@ -312,7 +388,7 @@ def _slice_operand(arg: relax.Expr, lo: int, hi: int, channels: int, bb: relax.B
     """An operand broadcast against a tile: constants sliced along the channel axis, full
     tensors through ``strided_slice``, scalars and per-tensor values unchanged."""
     shape = static_shape(arg.ty)
-    if shape is None or len(shape) != 4 or shape[CHANNEL] != channels:
+    if shape is None or len(shape) not in (3, 4) or shape[0] != 1 or shape[CHANNEL] != channels:
         return arg
     data = _const(arg)
     if data is not None:
@@ -395,8 +471,29 @@ class _SplitRewriter(PyExprMutator):
             previous = link.var
         return current
 
+    def _emit_rows(self, choice: SplitChoice) -> None:
+        """A row chain, tile by tile: every operator on its rows (operands with the sequence axis
+        sliced, broadcast ones whole), the tiles of the last tensor concatenated along the rows
+        (written into place by concat elimination: batch 1 makes each tile contiguous)."""
+        bb, (branch,) = self.builder_, choice.chain.branches
+        links = [self.table[n] for n in (branch.head, *branch.mids)]
+        pieces = []
+        for lo, hi in _tile_ranges(choice.parts, branch.units, branch.units):
+            tile: dict[relax.Expr, relax.Expr] = {}
+            for link in links:
+                for a in link.value.args:  # outside operands sliced once per tile
+                    if a not in tile:
+                        tile[a] = _slice_operand(self.visit_expr(a), lo, hi, branch.units, bb)
+                args = [tile[a] for a in link.value.args]
+                tile[link.var] = bb.emit(relax.Call(link.value.op, args, link.value.attrs, link.value.ty_args))
+            pieces.append(tile[links[-1].var])
+        bb.emit_normalized(relax.VarBinding(links[-1].var, bb.normalize(relax.op.concat(pieces, axis=1))))
+
     def _emit_branch(self, choice: SplitChoice, index: int) -> None:
         bb, chain, table = self.builder_, choice.chain, self.table
+        if chain.rows:
+            self._emit_rows(choice)
+            return
         branch = chain.branches[index]
         tail = table[chain.tail] if chain.tail else None
         post = [table[n] for n in chain.post]
@@ -466,22 +563,25 @@ def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())
 
 
-_ELEMENTWISE = _PER_CHANNEL_OPS - _POOLS
+_ELEMENTWISE = (_PER_CHANNEL_OPS | _ROW_OPS) - _POOLS
 
 
 def program_of(mod: tvm.IRModule) -> Program:
     """``main`` of a normalized module as a simulator program, in binding order.
 
-    Approximates TVM's fusion: an elementwise operator whose tensor operand has no other
-    consumer runs in its producer's kernel and writes the producer's tensor; reshapes are
-    views. Inputs, constants and returned tensors stay outside the arena (no size).
+    Approximates TVM's fusion: an elementwise operator runs in its producer's kernel and writes
+    the producer's tensor when that operand has no other consumer, or when all its consumers are
+    elementwise and its other operands come from the same kernel (a GELU's diamond fuses whole);
+    reshapes are views. Inputs, constants and returned tensors stay outside the arena (no size).
     """
     func = mod["main"]
     bindings = _bindings(func)
     uses: dict[relax.Var, int] = {}
+    elementwise_uses: dict[relax.Var, int] = {}
     for b in bindings:
         for var in relax.analysis.free_vars(b.value):
             uses[var] = uses.get(var, 0) + 1
+            elementwise_uses[var] = elementwise_uses.get(var, 0) + (_op_name(b.value) in _ELEMENTWISE)
     returned = set(relax.analysis.free_vars(func.body.body))
     tensor: dict[relax.Var, str] = {p: p.name for p in func.params}
     sizes: dict[str, int] = {}
@@ -494,7 +594,11 @@ def program_of(mod: tvm.IRModule) -> Program:
         first = value.args[0] if isinstance(value, relax.Call) and value.args else None
         fused = (
             (op in _ELEMENTWISE or op == "relax.reshape") and isinstance(first, relax.Var) and first in tensor
-            and uses.get(first, 0) == 1 and first not in func.params and tensor[first] in sizes
+            and first not in func.params and tensor[first] in sizes and first not in returned
+            and (uses.get(first, 0) == 1 or (
+                op in _ELEMENTWISE and elementwise_uses[first] == uses[first]
+                and all(tensor.get(v, tensor[first]) == tensor[first] or tensor[v] not in sizes
+                        for v in relax.analysis.free_vars(value))))
         )
         if fused:
             target = tensor[first]

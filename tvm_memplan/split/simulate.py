@@ -41,6 +41,9 @@ class Chain:
     tensor is produced tile by tile into its regions (concat elimination)."""
     tile_bytes: int
     """Bytes of the tensors that become tiles."""
+    rows: bool = False
+    """A row chain: rows of ``(1, sequence, features)`` tensors instead of channels (a
+    transformer's feed-forward block), every operator row-wise, the last tensor made tile by tile."""
 
     @property
     def head(self) -> str:
