@@ -230,7 +230,8 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
             continue
         mids, units, end = follow(head.var, comp, i, _channels(head.var))
         last = mids[-1].var if mids else head.var
-        branch = Branch(head.var.name, tuple(m.var.name for m in mids), units, _channels(last))
+        branch = Branch(head.var.name, tuple(m.var.name for m in mids), units, _channels(last),
+                        _pool_feeding(value, bindings, defined_at, uses, outputs))
         branches[i] = (branch, last, end, [head.var] + [m.var for m in mids])
 
     chains = []
@@ -254,6 +255,17 @@ def _pool_head(value: relax.Expr, uses: dict, outputs: set) -> bool:
     source = value.args[0]
     return isinstance(source, relax.Var) and _channels(source) is not None and (
         len(uses.get(source, [])) > 1 or source in outputs)
+
+
+def _pool_feeding(conv: relax.Expr, bindings: list, defined_at: dict, uses: dict, outputs: set) -> str | None:
+    """The pool a convolution reads, when it is the pool's only reader and the pool's input
+    stays whole for others (:attr:`Branch.pool`)."""
+    if _op_name(conv) != _CONV or not isinstance(conv.args[0], relax.Var) or conv.args[0] not in defined_at:
+        return None
+    pool = bindings[defined_at[conv.args[0]]]
+    if len(uses.get(pool.var, [])) != 1 or pool.var in outputs or not _pool_head(pool.value, uses, outputs):
+        return None
+    return pool.var.name
 
 
 def _concat_chains(bindings, branches, follow, reduces, component, defined_at) -> list[Chain]:
@@ -419,7 +431,9 @@ def _conv_accumulate(bb: relax.BlockBuilder, conv: relax.Call, data: relax.Expr,
     strides, padding, dilation = ([int(x) for x in v] for v in (a.strides, a.padding, a.dilation))
     dtype = str(conv.ty.dtype)
     kernel = relax.const(np.ascontiguousarray(weight), dtype)
-    x, w, acc = (te.placeholder([int(d) for d in static_shape(v.ty)], dtype) for v in (data, kernel, running))
+    # int64 extents, as TVM's legalization writes them: FuseTIR maps buffers across fused kernels
+    x, w, acc = (te.placeholder([tvm.tirx.IntImm("int64", d) for d in static_shape(v.ty)], dtype)
+                 for v in (data, kernel, running))
     out = topi.add(topi.nn.conv2d_nchw(x, w, strides, padding, dilation, out_dtype=dtype), acc)
     func = te.create_prim_func([x, w, acc, out]).without_attr("global_symbol").with_attr("tirx.noalias", True)
     gvar = bb.add_func(func, "conv2d_accumulate")
@@ -508,7 +522,9 @@ class _SplitRewriter(PyExprMutator):
         pieces = self.pieces.setdefault(chain, {})
         for t in range(choice.parts):
             lo, hi = _tile_ranges(choice.parts, branch.units, _channels(head.var))[t]
-            if _op_name(head.value) == _CONV:
+            if branch.pool:
+                current = self._emit_pooled_head(head.value, table[branch.pool].value, lo, hi, choice.parts)
+            elif _op_name(head.value) == _CONV:
                 current = bb.emit(_conv(head.value, head_input, _const(head.value.args[1])[lo:hi], 1))
             else:  # a pool head: its tile of the (whole) input's channels, then the pool
                 current = _slice_operand(head_input, lo, hi, _channels(source), bb)
@@ -537,6 +553,21 @@ class _SplitRewriter(PyExprMutator):
             final = (post[-1] if post else joined).var if joined is not None else table[chain.bindings[-1]].var
             ordered = [pieces[k] for k in sorted(pieces)]
             bb.emit_normalized(relax.VarBinding(final, bb.normalize(relax.op.concat(ordered, axis=CHANNEL))))
+
+    def _emit_pooled_head(self, conv: relax.Call, pool: relax.Call, lo: int, hi: int, parts: int) -> relax.Expr:
+        """Output channels [lo, hi) of ``conv(pool(x))`` as partial sums over slices of ``x``."""
+        bb, source = self.builder_, pool.args[0]
+        channels = _channels(source)
+        whole = self.visit_expr(source)
+        weight = _const(conv.args[1])[lo:hi]
+        running = None
+        for slo, shi in _tile_ranges(parts, channels, channels):
+            pooled = bb.emit(relax.Call(pool.op, [_slice_operand(whole, slo, shi, channels, bb)], pool.attrs, pool.ty_args))
+            if running is None:
+                running = bb.emit(_conv(conv, pooled, weight[:, slo:shi], 1))
+            else:
+                running = _conv_accumulate(bb, conv, pooled, weight[:, slo:shi], running)
+        return running
 
     def _emit_joined_ops(self, post: list, current: relax.Expr, joined: relax.Var, lo: int, hi: int,
                          channels: int) -> relax.Expr:

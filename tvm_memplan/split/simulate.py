@@ -23,6 +23,10 @@ class Branch:
     """Tiles are made of whole units (channels, or groups of a grouped convolution)."""
     channels: int
     """Channels of the branch's last tensor (its share of a concat)."""
+    pool: str | None = None
+    """A pool that feeds the head from a tensor other operators keep whole (an inception
+    module's pool branch): each tile of the head sums ``parts`` partial convolutions, each of
+    a pool over a slice of that tensor's channels, so the pooled tensor never exists whole."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class Chain:
 
     @property
     def bindings(self) -> tuple[str, ...]:
-        names = [n for b in self.branches for n in (b.head, *b.mids)]
+        names = [n for b in self.branches for n in ((b.pool,) if b.pool else ()) + (b.head, *b.mids)]
         names += [self.concat] if self.concat else []
         return tuple(names) + self.post + ((self.tail,) if self.tail else ())
 
@@ -181,18 +185,27 @@ def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: 
     group = {program.tensor(b) for b in chain.bindings if b != chain.tail}
     links = (branch.head, *branch.mids)
     own = [t for t in dict.fromkeys(program.tensor(b) for b in links) if t not in shared and t != final]
-    outer = list(dict.fromkeys(r for b in links for r in by_name[b].reads if r not in group))
+    readers = links + ((branch.pool,) if branch.pool else ())
+    outer = list(dict.fromkeys(r for b in readers for r in by_name[b].reads if r not in group))
     share = branch.channels / sum(b.channels for b in chain.branches)
+    pooled = program.tensor(branch.pool) if branch.pool else None
     steps: list[Step] = []
     for t in range(parts):
         fraction = _tile_fraction(parts, branch.units, t)
         previous: tuple[str, ...] = tuple(outer)
-        for name in own + shared:
+        for position, name in enumerate(own + shared):
             tile = f"{name}#{branch.head}#{t}"
             if name in program.sizes:
                 size = program.sizes[name] * (1 if name in own else share)
                 sizes[tile] = max(1, int(size * fraction))
-            steps.append(Step(tile, tile, previous))
+            if position == 0 and pooled is not None:  # the head's partial sums over pooled slices
+                for part in range(parts):
+                    piece = f"{pooled}#{branch.head}#{t}#{part}"
+                    sizes[piece] = max(1, program.sizes.get(pooled, 0) // parts)
+                    steps.append(Step(piece, piece, tuple(outer)))
+                    steps.append(Step(tile, tile, (piece, *outer) + ((tile,) if part else ())))
+            else:
+                steps.append(Step(tile, tile, previous))
             previous = (tile, *outer)
         steps.append(Step(f"{final}#{branch.head}#{t}", final, previous + ((final,) if final in written else ())))
         written.add(final)
