@@ -8,9 +8,17 @@ heavy, so ``import tvm`` can call it through the ``tvm.backends`` entry point an
 
 from __future__ import annotations
 
+import shutil
+
 import tvm_ffi
 
+from ...errors import UserError
+
 BUILDER = "target.build.vulkan"
+GLSLANG = "glslangValidator"
+GLSLANG_PACKAGE = "glslang-tools"
+RUNTIME_FACTORY = "ffi.Module.create.vulkan"
+"""Registered by TVM's Vulkan runtime (the sidecar ``tvm-memplan setup-gpu`` builds)."""
 _registered = False
 
 
@@ -31,3 +39,12 @@ def register() -> None:
 def is_ours() -> bool:
     """Whether ``target.build.vulkan`` is this package's generator (so it needs the runtime sidecar)."""
     return _registered
+
+
+def check_ready(what: str = "vulkan") -> None:
+    """Raise a one-line UserError when the generator cannot run: no Vulkan runtime, or no glslangValidator."""
+    if tvm_ffi.get_global_func(RUNTIME_FACTORY, allow_missing=True) is None:
+        raise UserError(f"target {what}: the installed TVM has no Vulkan runtime to hold the kernels: "
+                        "run tvm-memplan setup-gpu (Debian: libvulkan-dev mesa-vulkan-drivers glslang-tools)")
+    if shutil.which(GLSLANG) is None:
+        raise UserError(f"target {what}: the Vulkan code generator needs {GLSLANG}: apt-get install {GLSLANG_PACKAGE}")

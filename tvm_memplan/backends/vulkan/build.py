@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -21,10 +20,9 @@ import tvm
 import tvm_ffi
 
 from ...errors import UserError
+from . import GLSLANG, RUNTIME_FACTORY, check_ready
 from .glsl import DEFAULT_PUSH_CONSTANT_BYTES, Kernel, kernel_to_glsl
 
-GLSLANG = "glslangValidator"
-GLSLANG_PACKAGE = "glslang-tools"
 SPIRV_ENV = "vulkan1.1"
 """What phones' Vulkan drivers (Mali, Adreno) and lavapipe all accept."""
 USE_UBO_FLAG = 1 << 0
@@ -74,15 +72,11 @@ def device_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> list[Kernel]
 
 def build_vulkan(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
     """``target.build.vulkan``: the device module as TVM's Vulkan runtime module."""
-    create = tvm_ffi.get_global_func("ffi.Module.create.vulkan", allow_missing=True)
-    if create is None:
-        raise UserError("the installed TVM has no Vulkan runtime to hold the kernels: run tvm-memplan setup-gpu")
-    if shutil.which(GLSLANG) is None:
-        raise UserError(f"the Vulkan code generator needs {GLSLANG}: apt-get install {GLSLANG_PACKAGE}")
+    check_ready()
     kernels = device_kernels(mod, target)
     with tempfile.TemporaryDirectory(prefix="tvm_memplan_vulkan_") as scratch:
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             binaries = list(pool.map(lambda k: compile_glsl(k, Path(scratch)), kernels))
     shaders = {k.name: shader_bytes(b, k.use_ubo) for k, b in zip(kernels, binaries)}
     glsl = "\n".join(f"// kernel {k.name}\n{k.glsl}" for k in kernels)
-    return create(shaders, "vulkan", function_info(kernels), {"glsl": glsl, "": glsl})
+    return tvm_ffi.get_global_func(RUNTIME_FACTORY)(shaders, "vulkan", function_info(kernels), {"glsl": glsl, "": glsl})

@@ -578,7 +578,11 @@ class _Printer:
                 self.emit("memoryBarrierShared();")
                 self.emit("barrier();")
             return
-        raise _Unsupported(f"call to {self.op_name(value)} as a statement" if kind == "Call" else f"statement {kind}")
+        if kind == "Call":
+            op = self.op_name(value)
+            called = str(value.args[0].value) if op in ("call_extern", "call_pure_extern") else op
+            raise _Unsupported(f"call to {called} as a statement")
+        raise _Unsupported(f"statement {kind}")
 
     def s_Break(self, s) -> None:
         self.emit("break;")

@@ -1,0 +1,288 @@
+"""Vulkan through tvm_memplan's GLSL code generator, on this machine's Vulkan device (lavapipe in CI).
+
+Kernel by kernel: each Relax module is built for Vulkan with tvm_memplan's pipeline (TVM's default GPU
+schedules) and for LLVM, and both run on the same inputs. TIR kernels pin down constructs the zoo's
+kernels may not show at small sizes (shared memory with barriers, vectors, scalar arguments).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+import tvm_memplan
+from tvm_memplan.backends import vulkan as vulkan_codegen
+from tvm_memplan.backends.vulkan.glsl import kernel_to_glsl
+from tvm_memplan.cli.main import main
+from tvm_memplan.deploy import error_line
+from tvm_memplan.deploy.rpc import start_farm
+from tvm_memplan.errors import UserError
+
+from .conftest import needs_device
+
+FAST = ("--repeat", "1", "--min-repeat-ms", "1")
+VULKAN = {"kind": "vulkan", "host": "llvm"}
+
+vulkan_codegen.register()
+ours = pytest.mark.skipif(not vulkan_codegen.is_ours(), reason="this TVM has its own Vulkan code generator")
+
+
+def glsl_of(executable) -> str:
+    """The GLSL of every kernel in a built executable (the Vulkan module keeps it as its source)."""
+    modules = [m for m in executable.mod._collect_from_import_tree(lambda m: True) if m.kind == "vulkan"]
+    return "\n".join(m.inspect_source("glsl") for m in modules)
+
+
+def run_both(mod: tvm.IRModule, *inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """``mod``'s main on Vulkan (tvm_memplan's pipeline) and on LLVM, and the Vulkan kernels' GLSL."""
+    outputs = []
+    for config, dev in ((VULKAN, tvm.vulkan(0)), ({"kind": "llvm"}, tvm.cpu(0))):
+        target = tvm.target.Target(config)
+        executable = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target))
+        vm = relax.VirtualMachine(executable, dev)
+        outputs.append(vm["main"](*(tvm.runtime.tensor(x, dev) for x in inputs)).numpy())
+        if config is VULKAN:
+            source = glsl_of(executable)
+    return outputs[0], outputs[1], source
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + len(shape)).standard_normal(shape).astype("float32")
+
+
+@tvm.script.ir_module
+class Elementwise:
+    @R.function
+    def main(x: R.Tensor((4, 33), "float32"), y: R.Tensor((4, 33), "float32")):
+        with R.dataflow():
+            a = R.add(R.nn.gelu(x), R.multiply(R.tanh(x), R.sigmoid(y)))
+            b = R.subtract(R.sqrt(R.abs(y)), R.exp(R.negative(x)))
+            c = R.divide(R.add(a, b), R.add(R.abs(x), R.const(1.0, "float32")))
+            R.output(c)
+        return c
+
+
+@tvm.script.ir_module
+class Dense:
+    @R.function
+    def main(x: R.Tensor((8, 40), "float32"), w: R.Tensor((40, 24), "float32"), b: R.Tensor((24,), "float32")):
+        with R.dataflow():
+            y = R.nn.relu(R.add(R.matmul(x, w), b))
+            R.output(y)
+        return y
+
+
+@tvm.script.ir_module
+class Conv:
+    @R.function
+    def main(x: R.Tensor((1, 3, 10, 10), "float32"), w: R.Tensor((8, 3, 3, 3), "float32")):
+        with R.dataflow():
+            y = R.nn.relu(R.nn.conv2d(x, w, padding=(1, 1)))
+            R.output(y)
+        return y
+
+
+@tvm.script.ir_module
+class Depthwise:
+    @R.function
+    def main(x: R.Tensor((1, 8, 9, 9), "float32"), w: R.Tensor((8, 1, 3, 3), "float32")):
+        with R.dataflow():
+            y = R.clip(R.nn.conv2d(x, w, strides=(2, 2), padding=(1, 1), groups=8), 0.0, 6.0)
+            R.output(y)
+        return y
+
+
+@tvm.script.ir_module
+class Pooling:
+    @R.function
+    def main(x: R.Tensor((1, 4, 9, 9), "float32")):
+        with R.dataflow():
+            m = R.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2), padding=(1, 1))
+            a = R.nn.avg_pool2d(m, pool_size=(2, 2), strides=(2, 2))
+            g = R.mean(a, axis=[2, 3], keepdims=True)
+            y = R.add(a, g)
+            R.output(y)
+        return y
+
+
+@tvm.script.ir_module
+class Reductions:
+    @R.function
+    def main(x: R.Tensor((3, 300), "float32"), gamma: R.Tensor((300,), "float32"), beta: R.Tensor((300,), "float32")):
+        with R.dataflow():
+            s = R.nn.softmax(x, axis=-1)
+            n = R.nn.layer_norm(x, gamma, beta, axes=[-1])
+            t = R.sum(R.multiply(s, n), axis=[1], keepdims=True)
+            y = R.add(n, t)
+            R.output(y)
+        return y
+
+
+@tvm.script.ir_module
+class Gather:
+    @R.function
+    def main(table: R.Tensor((50, 16), "float32"), ids: R.Tensor((2, 7), "int64")):
+        with R.dataflow():
+            wrapped = R.where(R.less(ids, R.const(0, "int64")), R.add(ids, R.const(50, "int64")), ids)
+            y = R.take(table, wrapped, axis=0)
+            R.output(y)
+        return y
+
+
+@needs_device("vulkan")
+@pytest.mark.parametrize("mod, inputs, glsl", [
+    (Elementwise, lambda: (rand(4, 33), rand(4, 33, seed=1)), ["tvm_erf(", "tanh(", "exp("]),
+    (Dense, lambda: (rand(8, 40), rand(40, 24), rand(24)), ["shared float", "barrier();"]),
+    (Conv, lambda: (rand(1, 3, 10, 10), rand(8, 3, 3, 3)), [" ? "]),  # padding is an if_then_else
+    (Depthwise, lambda: (rand(1, 8, 9, 9), rand(8, 1, 3, 3)), ["min(", "max("]),
+    (Pooling, lambda: (rand(1, 4, 9, 9),), ["max("]),
+    # cross-thread reductions: TVM lowers them through shared memory (Vulkan's thread_warp_size is 1)
+    (Reductions, lambda: (rand(3, 300), rand(300), rand(300)), ["shared float", "barrier();", "sqrt(", "exp("]),
+], ids=["elementwise", "dense", "conv2d", "depthwise", "pooling", "softmax_layernorm_sum"])
+def test_kernels_match_the_llvm_build(mod, inputs, glsl):
+    vulkan, llvm, source = run_both(mod, *inputs())
+    np.testing.assert_allclose(vulkan, llvm, rtol=1e-4, atol=1e-5)
+    assert all(fragment in source for fragment in glsl), [f for f in glsl if f not in source]
+
+
+@needs_device("vulkan")
+def test_int64_indices_and_if_then_else():
+    ids = np.array([[0, 3, -1, 49, -50, 7, 12], [1, 1, 2, -3, 30, 0, 49]], dtype="int64")
+    vulkan, llvm, source = run_both(Gather, rand(50, 16), ids)
+    np.testing.assert_array_equal(vulkan, llvm)
+    assert "int64_t" in source and " ? " in source
+
+
+@T.prim_func
+def reverse_in_shared(a: T.Buffer((128,), "float32"), b: T.Buffer((128,), "float32")):
+    """Each workgroup of 64 threads writes its block reversed: reads wait on the barrier."""
+    bx = T.launch_thread("blockIdx.x", 2)
+    tile = T.alloc_shared((64,), "float32")
+    tx = T.launch_thread("threadIdx.x", 64)
+    tile[tx] = a[bx * 64 + tx]
+    T.tvm_storage_sync("shared")
+    b[bx * 64 + tx] = tile[63 - tx]
+
+
+@T.prim_func(s_tir=True)
+def scaled_prefix(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32"), n: T.int32, alpha: T.float32):
+    """Scalar arguments: b = alpha * a on the first n elements, 0 after."""
+    for t in T.thread_binding(64, thread="threadIdx.x"):
+        with T.sblock("b"):
+            vt = T.axis.spatial(64, t)
+            b[vt] = T.if_then_else(vt < n, a[vt] * alpha, T.float32(0))
+
+
+@T.prim_func(s_tir=True)
+def vector_axpy(a: T.Buffer((256,), "float32"), b: T.Buffer((256,), "float32"), c: T.Buffer((256,), "float32")):
+    """float32x4 loads and stores (a vectorized inner loop)."""
+    for t in T.thread_binding(64, thread="threadIdx.x"):
+        for v in T.vectorized(4):
+            with T.sblock("c"):
+                i = T.axis.spatial(256, t * 4 + v)
+                c[i] = a[i] * T.float32(2) + b[i]
+
+
+def run_prim_func(func: tvm.tirx.PrimFunc, *args) -> list[np.ndarray]:
+    dev = tvm.vulkan(0)
+    built = tvm.compile(func, target=tvm.target.Target(VULKAN))
+    tensors = [tvm.runtime.tensor(x, dev) if isinstance(x, np.ndarray) else x for x in args]
+    built(*tensors)
+    return [t.numpy() for t in tensors if not isinstance(t, (int, float))]
+
+
+@needs_device("vulkan")
+def test_shared_memory_and_a_barrier():
+    a = np.arange(128, dtype="float32")
+    _, b = run_prim_func(reverse_in_shared, a, np.zeros(128, "float32"))
+    assert "shared float" in glsl_of(tvm.compile(reverse_in_shared, target=tvm.target.Target(VULKAN)))
+    np.testing.assert_array_equal(b, np.concatenate([a[63::-1], a[:63:-1]]))
+
+
+@needs_device("vulkan")
+@pytest.mark.parametrize("n, alpha", [(10, 2.5), (64, -1.0), (0, 3.0)])
+def test_scalar_arguments(n, alpha):
+    a = rand(64)
+    _, b = run_prim_func(scaled_prefix, a, np.full(64, np.nan, "float32"), n, alpha)
+    np.testing.assert_allclose(b, np.where(np.arange(64) < n, a * np.float32(alpha), 0), rtol=1e-6)
+
+
+@needs_device("vulkan")
+def test_vector_loads_and_stores():
+    a, b = rand(256), rand(256, seed=1)
+    *_, c = run_prim_func(vector_axpy, a, b, np.zeros(256, "float32"))
+    np.testing.assert_allclose(c, a * 2 + b, rtol=1e-6)
+
+
+@T.prim_func(s_tir=True)
+def calls_an_unknown_function(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+    for t in T.thread_binding(64, thread="threadIdx.x"):
+        with T.sblock("b"):
+            vt = T.axis.spatial(64, t)
+            b[vt] = T.call_pure_extern("float32", "my_device_helper", a[vt])
+
+
+def test_an_unsupported_construct_is_a_one_line_user_error():
+    kernel = tvm.tirx.PrimFunc([], tvm.tirx.Evaluate(T.call_extern("float32", "my_device_helper")))
+    with pytest.raises(UserError) as raised:
+        kernel_to_glsl("k", kernel)
+    assert str(raised.value) == ("Vulkan code generator: kernel k uses call to my_device_helper as a statement, "
+                                 "which has no GLSL form here")
+
+
+@ours
+@needs_device("vulkan")
+def test_compiling_an_unsupported_construct_names_it_and_the_kernel():
+    with pytest.raises(RuntimeError) as raised:  # a UserError raised under TVM's C++ arrives as RuntimeError
+        tvm.compile(calls_an_unknown_function, target=tvm.target.Target(VULKAN))
+    line = error_line(raised.value)
+    assert "kernel calls_an_unknown_function_kernel uses call to my_device_helper" in line
+
+
+@ours
+@pytest.mark.parametrize("attribute, value, hint", [
+    ("RUNTIME_FACTORY", "ffi.Module.create.no_such_runtime", "tvm-memplan setup-gpu"),
+    ("GLSLANG", "no-such-glslangValidator", "apt-get install glslang-tools"),
+])
+def test_build_says_in_one_line_what_to_install(capsys, monkeypatch, tmp_path, attribute, value, hint):
+    monkeypatch.setattr(vulkan_codegen, attribute, value)
+    code = main(["build", "zoo:mlp?hidden=16", "--target", "vulkan", "-o", str(tmp_path / "v.so")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and hint in err
+    assert not (tmp_path / "v.so").exists()
+
+
+@needs_device("vulkan")
+def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
+    artifact = tmp_path / "cnn.so"
+    assert main(["build", "zoo:mcu_cnn?resolution=16", "--target", "vulkan", "-o", str(artifact), "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    code = main(["measure", str(artifact), "--compare", "--json", *FAST, "--log", str(tmp_path / "log.jsonl")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    for result in report.values():
+        assert result["target"] == "vulkan" and result["reference"] == "onnxruntime"
+        assert result["correct"], result["max_abs_diff"]
+        assert result["requested_bytes"] == result["planned_bytes"]  # the VM asks for the plan
+    assert report["memplan"]["planned_bytes"] == built["planned_bytes"]
+    assert report["memplan"]["requested_bytes"] < report["stock"]["requested_bytes"]
+
+
+@needs_device("vulkan")
+def test_measure_compare_through_a_loopback_tracker(capsys, tmp_path):
+    """The exported library carries the SPIR-V in TVM's own format: the server's runtime loads it."""
+    with start_farm({"gpu": 1}, lifetime=120) as farm:
+        code = main(["measure", "zoo:mlp?hidden=16", "--target", "vulkan", "--compare", "--rpc-tracker", farm.tracker,
+                     "--rpc-key", "gpu", "--json", *FAST, "--log", str(tmp_path / "log.jsonl")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for result in json.loads(out).values():
+        assert result["device"].startswith("rpc:gpu@") and result["correct"]
+        assert result["requested_bytes"] == result["planned_bytes"]
