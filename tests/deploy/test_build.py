@@ -41,13 +41,6 @@ def test_cross_compiled_artifacts_are_arm64(capsys, tmp_path, target):
     assert elf_machine(out) == EM_AARCH64
 
 
-def test_vulkan_needs_a_vulkan_build_of_tvm(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "build", "zoo:mlp", "-o", str(tmp_path / "v.so"), "--target", "vulkan")
-    assert code == 2 and err.count("\n") == 1
-    assert "no vulkan code generator" in err and "USE_VULKAN=ON" in err
-    assert not (tmp_path / "v.so").exists()
-
-
 @needs_aarch64_gxx
 @pytest.mark.parametrize("target", ["opencl-mali", "opencl-adreno"])
 def test_opencl_artifact_builds_but_cannot_run_here(capsys, tmp_path, target):

@@ -437,7 +437,9 @@ class _Printer:
         return f"{functions[key]}({self.expr(value)})"
 
     def e_Let(self, e) -> str:
-        raise _Unsupported("Let expression")
+        """GLSL has no let: the value is substituted (TIR expressions are pure, so only the text grows)."""
+        self.names[e.var] = f"({self.expr(e.value)})"
+        return self.expr(e.body)
 
     # ---- statements ----
     def stmt(self, s) -> None:
