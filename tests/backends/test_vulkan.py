@@ -191,19 +191,20 @@ def vector_axpy(a: T.Buffer((256,), "float32"), b: T.Buffer((256,), "float32"), 
                 c[i] = a[i] * T.float32(2) + b[i]
 
 
-def run_prim_func(func: tvm.tirx.PrimFunc, *args) -> list[np.ndarray]:
+def run_prim_func(func: tvm.tirx.PrimFunc, *args, **target_attrs) -> tuple[list[np.ndarray], str]:
+    """Run ``func`` on Vulkan; returns the arrays after the call and the kernels' GLSL."""
     dev = tvm.vulkan(0)
-    built = tvm.compile(func, target=tvm.target.Target(VULKAN))
+    built = tvm.compile(func, target=tvm.target.Target({**VULKAN, **target_attrs}))
     tensors = [tvm.runtime.tensor(x, dev) if isinstance(x, np.ndarray) else x for x in args]
     built(*tensors)
-    return [t.numpy() for t in tensors if not isinstance(t, (int, float))]
+    return [t.numpy() for t in tensors if not isinstance(t, (int, float))], glsl_of(built)
 
 
 @needs_device("vulkan")
 def test_shared_memory_and_a_barrier():
     a = np.arange(128, dtype="float32")
-    _, b = run_prim_func(reverse_in_shared, a, np.zeros(128, "float32"))
-    assert "shared float" in glsl_of(tvm.compile(reverse_in_shared, target=tvm.target.Target(VULKAN)))
+    (_, b), glsl = run_prim_func(reverse_in_shared, a, np.zeros(128, "float32"))
+    assert "shared float" in glsl and "barrier();" in glsl
     np.testing.assert_array_equal(b, np.concatenate([a[63::-1], a[:63:-1]]))
 
 
@@ -211,14 +212,24 @@ def test_shared_memory_and_a_barrier():
 @pytest.mark.parametrize("n, alpha", [(10, 2.5), (64, -1.0), (0, 3.0)])
 def test_scalar_arguments(n, alpha):
     a = rand(64)
-    _, b = run_prim_func(scaled_prefix, a, np.full(64, np.nan, "float32"), n, alpha)
+    (_, b), glsl = run_prim_func(scaled_prefix, a, np.full(64, np.nan, "float32"), n, alpha)
+    assert "layout(push_constant) uniform Args" in glsl
     np.testing.assert_allclose(b, np.where(np.arange(64) < n, a * np.float32(alpha), 0), rtol=1e-6)
+
+
+@needs_device("vulkan")
+def test_scalar_arguments_in_a_uniform_buffer_when_push_constants_are_too_small():
+    a = rand(64)
+    (_, b), glsl = run_prim_func(scaled_prefix, a, np.zeros(64, "float32"), 5, 4.0, max_push_constants_size=8)
+    np.testing.assert_allclose(b, np.where(np.arange(64) < 5, a * 4, 0), rtol=1e-6)
+    assert "binding = 2) uniform Args" in glsl  # after the two buffers
 
 
 @needs_device("vulkan")
 def test_vector_loads_and_stores():
     a, b = rand(256), rand(256, seed=1)
-    *_, c = run_prim_func(vector_axpy, a, b, np.zeros(256, "float32"))
+    (*_, c), glsl = run_prim_func(vector_axpy, a, b, np.zeros(256, "float32"))
+    assert "vec4 " in glsl
     np.testing.assert_allclose(c, a * 2 + b, rtol=1e-6)
 
 

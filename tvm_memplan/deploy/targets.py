@@ -172,6 +172,8 @@ TARGETS: dict[str, DeployTarget] = {
         DeployTarget("cortex-m55", {"kind": "c"}, "mcu", what="Cortex-M55 standalone C (--emit-c; qemu mps3-an547)", board=CORTEX_M55),
         DeployTarget("cuda", {"kind": "cuda", "host": "llvm"}, "cuda", what="NVIDIA GPU (CUDA, needs nvcc to build)"),
         DeployTarget("vulkan", {"kind": "vulkan", "host": "llvm"}, "vulkan", what="Vulkan device on this machine (lavapipe runs it on the CPU; tvm-memplan setup-gpu, glslang-tools)"),
+        DeployTarget("vulkan-arm64", {"kind": "vulkan", "host": _AARCH64_LLVM}, "vulkan", _AARCH64_CXX,
+                     "Vulkan GPU on an arm64 phone or board (Mali, Adreno); the NDK's clang with --cross-compiler"),
         DeployTarget("opencl", {"kind": "opencl", "host": "llvm"}, "opencl",
                      what="OpenCL device on this machine (PoCL runs it on the CPU; tvm-memplan setup-gpu)"),
         DeployTarget("opencl-mali", _opencl("mali"), "opencl", _AARCH64_CXX, "Arm Mali GPU on an arm64 phone (OpenCL)"),
