@@ -8,12 +8,13 @@ kernels may not show at small sizes (shared memory with barriers, vectors, scala
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm.script import relax as R
+from tvm.relax import op
 from tvm.script import tirx as T
 
 import tvm_memplan
@@ -39,12 +40,19 @@ def glsl_of(executable) -> str:
     return "\n".join(m.inspect_source("glsl") for m in modules)
 
 
-def run_both(mod: tvm.IRModule, *inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
-    """``mod``'s main on Vulkan (tvm_memplan's pipeline) and on LLVM, and the Vulkan kernels' GLSL."""
+def run_both(build: Callable, *inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """``build(*params)`` as a Relax function run on Vulkan (tvm_memplan's pipeline) and on LLVM,
+    and the Vulkan kernels' GLSL."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(x.shape, str(x.dtype))) for i, x in enumerate(inputs)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(*params))
+        bb.emit_func_output(out)
     outputs = []
     for config, dev in ((VULKAN, tvm.vulkan(0)), ({"kind": "llvm"}, tvm.cpu(0))):
         target = tvm.target.Target(config)
-        executable = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target))
+        executable = tvm.compile(bb.get(), target, relax_pipeline=tvm_memplan.pipeline(target))
         vm = relax.VirtualMachine(executable, dev)
         outputs.append(vm["main"](*(tvm.runtime.tensor(x, dev) for x in inputs)).numpy())
         if config is VULKAN:
@@ -56,99 +64,44 @@ def rand(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed + len(shape)).standard_normal(shape).astype("float32")
 
 
-@tvm.script.ir_module
-class Elementwise:
-    @R.function
-    def main(x: R.Tensor((4, 33), "float32"), y: R.Tensor((4, 33), "float32")):
-        with R.dataflow():
-            a = R.add(R.nn.gelu(x), R.multiply(R.tanh(x), R.sigmoid(y)))
-            b = R.subtract(R.sqrt(R.abs(y)), R.exp(R.negative(x)))
-            c = R.divide(R.add(a, b), R.add(R.abs(x), R.const(1.0, "float32")))
-            R.output(c)
-        return c
+def elementwise(x, y):
+    a = op.add(op.nn.gelu(x), op.multiply(op.tanh(x), op.sigmoid(y)))
+    b = op.subtract(op.sqrt(op.abs(y)), op.exp(op.negative(x)))
+    return op.divide(op.add(a, b), op.add(op.abs(x), relax.const(1.0)))
 
 
-@tvm.script.ir_module
-class Dense:
-    @R.function
-    def main(x: R.Tensor((8, 40), "float32"), w: R.Tensor((40, 24), "float32"), b: R.Tensor((24,), "float32")):
-        with R.dataflow():
-            y = R.nn.relu(R.add(R.matmul(x, w), b))
-            R.output(y)
-        return y
+def pooling(x):
+    pooled = op.nn.avg_pool2d(op.nn.max_pool2d(x, (3, 3), strides=(2, 2), padding=(1, 1)), (2, 2), strides=(2, 2))
+    return op.add(pooled, op.mean(pooled, axis=[2, 3], keepdims=True))
 
 
-@tvm.script.ir_module
-class Conv:
-    @R.function
-    def main(x: R.Tensor((1, 3, 10, 10), "float32"), w: R.Tensor((8, 3, 3, 3), "float32")):
-        with R.dataflow():
-            y = R.nn.relu(R.nn.conv2d(x, w, padding=(1, 1)))
-            R.output(y)
-        return y
+def reductions(x, gamma, beta):
+    normed = op.nn.layer_norm(x, gamma, beta, axes=[-1])
+    return op.add(normed, op.sum(op.multiply(op.nn.softmax(x), normed), axis=[1], keepdims=True))
 
 
-@tvm.script.ir_module
-class Depthwise:
-    @R.function
-    def main(x: R.Tensor((1, 8, 9, 9), "float32"), w: R.Tensor((8, 1, 3, 3), "float32")):
-        with R.dataflow():
-            y = R.clip(R.nn.conv2d(x, w, strides=(2, 2), padding=(1, 1), groups=8), 0.0, 6.0)
-            R.output(y)
-        return y
-
-
-@tvm.script.ir_module
-class Pooling:
-    @R.function
-    def main(x: R.Tensor((1, 4, 9, 9), "float32")):
-        with R.dataflow():
-            m = R.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2), padding=(1, 1))
-            a = R.nn.avg_pool2d(m, pool_size=(2, 2), strides=(2, 2))
-            g = R.mean(a, axis=[2, 3], keepdims=True)
-            y = R.add(a, g)
-            R.output(y)
-        return y
-
-
-@tvm.script.ir_module
-class Reductions:
-    @R.function
-    def main(x: R.Tensor((3, 300), "float32"), gamma: R.Tensor((300,), "float32"), beta: R.Tensor((300,), "float32")):
-        with R.dataflow():
-            s = R.nn.softmax(x, axis=-1)
-            n = R.nn.layer_norm(x, gamma, beta, axes=[-1])
-            t = R.sum(R.multiply(s, n), axis=[1], keepdims=True)
-            y = R.add(n, t)
-            R.output(y)
-        return y
-
-
-@tvm.script.ir_module
-class Gather:
-    @R.function
-    def main(table: R.Tensor((50, 16), "float32"), ids: R.Tensor((2, 7), "int64")):
-        with R.dataflow():
-            wrapped = R.where(R.less(ids, R.const(0, "int64")), R.add(ids, R.const(50, "int64")), ids)
-            # integer floor division and modulo: TVM lowers them with Let expressions
-            shifted = R.floor_mod(R.add(wrapped, R.floor_divide(ids, R.const(7, "int64"))), R.const(50, "int64"))
-            y = R.take(table, shifted, axis=0)
-            R.output(y)
-        return y
+def gather(table, ids):
+    wrapped = op.where(op.less(ids, relax.const(0, "int64")), op.add(ids, relax.const(50, "int64")), ids)
+    # integer floor division and modulo: TVM lowers them with Let expressions
+    shifted = op.floor_mod(op.add(wrapped, op.floor_divide(ids, relax.const(7, "int64"))), relax.const(50, "int64"))
+    return op.take(table, shifted, axis=0)
 
 
 @needs_device("vulkan")
-@pytest.mark.parametrize("mod, inputs, glsl", [
-    (Elementwise, lambda: (rand(4, 33), rand(4, 33, seed=1)), ["tvm_erf(", "tanh(", "exp("]),
-    (Dense, lambda: (rand(8, 40), rand(40, 24), rand(24)), ["shared float", "barrier();"]),
-    (Conv, lambda: (rand(1, 3, 10, 10), rand(8, 3, 3, 3)), [" ? "]),  # padding is an if_then_else
-    (Depthwise, lambda: (rand(1, 8, 9, 9), rand(8, 1, 3, 3)), ["min(", "max("]),
-    (Pooling, lambda: (rand(1, 4, 9, 9),), ["max("]),
+@pytest.mark.parametrize("build, inputs, glsl", [
+    (elementwise, lambda: (rand(4, 33), rand(4, 33, seed=1)), ["tvm_erf(", "tanh(", "exp("]),
+    (lambda x, w, b: op.nn.relu(op.add(op.matmul(x, w), b)), lambda: (rand(8, 40), rand(40, 24), rand(24)),
+     ["shared float", "barrier();"]),
+    (lambda x, w: op.nn.relu(op.nn.conv2d(x, w, padding=(1, 1))), lambda: (rand(1, 3, 10, 10), rand(8, 3, 3, 3)),
+     [" ? "]),  # padding is an if_then_else
+    (lambda x, w: op.clip(op.nn.conv2d(x, w, strides=(2, 2), padding=(1, 1), groups=8), 0.0, 6.0),
+     lambda: (rand(1, 8, 9, 9), rand(8, 1, 3, 3)), ["min(", "max("]),
+    (pooling, lambda: (rand(1, 4, 9, 9),), ["max("]),
     # cross-thread reductions: TVM lowers them through shared memory (Vulkan's thread_warp_size is 1)
-    (Reductions, lambda: (rand(3, 300), rand(300), rand(300)), ["shared float", "barrier();", "sqrt(", "exp("]),
+    (reductions, lambda: (rand(3, 300), rand(300), rand(300)), ["shared float", "barrier();", "sqrt(", "exp("]),
 ], ids=["elementwise", "dense", "conv2d", "depthwise", "pooling", "softmax_layernorm_sum"])
-def test_kernels_match_the_llvm_build(mod, inputs, glsl):
-    vulkan, llvm, source = run_both(mod, *inputs())
+def test_kernels_match_the_llvm_build(build, inputs, glsl):
+    vulkan, llvm, source = run_both(build, *inputs())
     np.testing.assert_allclose(vulkan, llvm, rtol=1e-4, atol=1e-5)
     assert all(fragment in source for fragment in glsl), [f for f in glsl if f not in source]
 
@@ -156,7 +109,7 @@ def test_kernels_match_the_llvm_build(mod, inputs, glsl):
 @needs_device("vulkan")
 def test_int64_indices_integer_division_and_if_then_else():
     ids = np.array([[0, 3, -1, 49, -50, 7, 12], [1, 1, 2, -3, 30, 0, 49]], dtype="int64")
-    vulkan, llvm, source = run_both(Gather, rand(50, 16), ids)
+    vulkan, llvm, source = run_both(gather, rand(50, 16), ids)
     np.testing.assert_array_equal(vulkan, llvm)
     assert "int64_t" in source and " ? " in source
 
