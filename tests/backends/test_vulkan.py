@@ -8,6 +8,11 @@ kernels may not show at small sizes (shared memory with barriers, vectors, scala
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -192,6 +197,21 @@ def calls_an_unknown_function(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), 
         with T.sblock("b"):
             vt = T.axis.spatial(64, t)
             b[vt] = T.call_pure_extern("float32", "my_device_helper", a[vt])
+
+
+@ours
+def test_import_tvm_registers_the_generator_through_the_entry_point(tmp_path):
+    """pyproject's ``tvm.backends`` entry point, installed as pip would, runs at ``import tvm``."""
+    root = Path(__file__).resolve().parents[2]
+    entry_points = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["tvm.backends"]
+    dist = tmp_path / "tvm_memplan_entry-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tvm_memplan_entry\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[tvm.backends]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+    probe = "import tvm; print(tvm.get_global_func('target.build.vulkan', allow_missing=True) is not None)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "True", result.stderr
 
 
 def test_an_unsupported_construct_is_a_one_line_user_error():
