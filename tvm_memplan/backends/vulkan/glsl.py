@@ -96,7 +96,7 @@ PASSTHROUGH_ATTRS = ("pragma_", "reduce_scope", "storage_alignment", "compute_sc
 """Attributes that only annotate their body: the shader is the body."""
 
 
-def dtype_of(node: tvm.ir.PrimExpr) -> tvm_ffi.dtype:
+def dtype_of(node: tvm.ir.Expr) -> tvm_ffi.dtype:
     return node.ty.dtype
 
 
@@ -136,7 +136,8 @@ class _Storage:
 
 @dataclass
 class _Printer:
-    kernel: str
+    """Prints one kernel: statements into ``lines``, shared arrays into ``globals``."""
+
     max_push_constant_bytes: int
     lines: list[str] = field(default_factory=list)
     globals: list[str] = field(default_factory=list)
@@ -176,7 +177,7 @@ class _Printer:
         self.lines.append("  " * self.indent + line)
 
     # ---- expressions ----
-    def expr(self, e: tvm.ir.PrimExpr) -> str:
+    def expr(self, e: tvm.ir.Expr) -> str:
         kind = type(e).__name__
         if kind in ARITH:
             return self.binary(e, ARITH[kind])
@@ -634,7 +635,7 @@ class _Printer:
 
 def kernel_to_glsl(name: str, func: tvm.tirx.PrimFunc, max_push_constant_bytes: int = DEFAULT_PUSH_CONSTANT_BYTES) -> Kernel:
     """The GLSL compute shader of one device kernel, or a one-line UserError naming what it cannot print."""
-    printer = _Printer(name, max_push_constant_bytes)
+    printer = _Printer(max_push_constant_bytes)
     try:
         arg_types, declarations, use_ubo = printer.arguments(func)
         printer.stmt(func.body)
