@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -37,6 +38,13 @@ VULKAN = {"kind": "vulkan", "host": "llvm"}
 
 vulkan_codegen.register()
 ours = pytest.mark.skipif(not vulkan_codegen.is_ours(), reason="this TVM has its own Vulkan code generator")
+needs_glslang = pytest.mark.skipif(vulkan_codegen.is_ours() and shutil.which(vulkan_codegen.GLSLANG) is None,
+                                   reason="glslangValidator missing (Debian: glslang-tools)")
+
+
+def needs_vulkan(test: Callable) -> Callable:
+    """A Vulkan device, and what tvm_memplan's generator needs to build for it."""
+    return needs_device("vulkan")(needs_glslang(test))
 
 
 def glsl_of(executable) -> str:
@@ -92,7 +100,7 @@ def gather(table, ids):
     return op.take(table, shifted, axis=0)
 
 
-@needs_device("vulkan")
+@needs_vulkan
 @pytest.mark.parametrize("build, inputs, glsl", [
     (elementwise, lambda: (rand(4, 33), rand(4, 33, seed=1)), ["tvm_erf(", "tanh(", "exp("]),
     (lambda x, w, b: op.nn.relu(op.add(op.matmul(x, w), b)), lambda: (rand(8, 40), rand(40, 24), rand(24)),
@@ -111,7 +119,7 @@ def test_kernels_match_the_llvm_build(build, inputs, glsl):
     assert all(fragment in source for fragment in glsl), [f for f in glsl if f not in source]
 
 
-@needs_device("vulkan")
+@needs_vulkan
 def test_int64_indices_integer_division_and_if_then_else():
     ids = np.array([[0, 3, -1, 49, -50, 7, 12], [1, 1, 2, -3, 30, 0, 49]], dtype="int64")
     vulkan, llvm, source = run_both(gather, rand(50, 16), ids)
@@ -158,7 +166,7 @@ def run_prim_func(func: tvm.tirx.PrimFunc, *args, **target_attrs) -> tuple[list[
     return [t.numpy() for t in tensors if not isinstance(t, (int, float))], glsl_of(built)
 
 
-@needs_device("vulkan")
+@needs_vulkan
 def test_shared_memory_and_a_barrier():
     a = np.arange(128, dtype="float32")
     (_, b), glsl = run_prim_func(reverse_in_shared, a, np.zeros(128, "float32"))
@@ -166,7 +174,7 @@ def test_shared_memory_and_a_barrier():
     np.testing.assert_array_equal(b, np.concatenate([a[63::-1], a[:63:-1]]))
 
 
-@needs_device("vulkan")
+@needs_vulkan
 @pytest.mark.parametrize("n, alpha", [(10, 2.5), (64, -1.0), (0, 3.0)])
 def test_scalar_arguments(n, alpha):
     a = rand(64)
@@ -175,7 +183,7 @@ def test_scalar_arguments(n, alpha):
     np.testing.assert_allclose(b, np.where(np.arange(64) < n, a * np.float32(alpha), 0), rtol=1e-6)
 
 
-@needs_device("vulkan")
+@needs_vulkan
 def test_scalar_arguments_in_a_uniform_buffer_when_push_constants_are_too_small():
     a = rand(64)
     (_, b), glsl = run_prim_func(scaled_prefix, a, np.zeros(64, "float32"), 5, 4.0, max_push_constants_size=8)
@@ -183,7 +191,7 @@ def test_scalar_arguments_in_a_uniform_buffer_when_push_constants_are_too_small(
     assert "binding = 2) uniform Args" in glsl  # after the two buffers
 
 
-@needs_device("vulkan")
+@needs_vulkan
 def test_vector_loads_and_stores():
     a, b = rand(256), rand(256, seed=1)
     (*_, c), glsl = run_prim_func(vector_axpy, a, b, np.zeros(256, "float32"))
@@ -223,7 +231,7 @@ def test_an_unsupported_construct_is_a_one_line_user_error():
 
 
 @ours
-@needs_device("vulkan")
+@needs_vulkan
 def test_compiling_an_unsupported_construct_names_it_and_the_kernel():
     with pytest.raises(RuntimeError) as raised:  # a UserError raised under TVM's C++ arrives as RuntimeError
         tvm.compile(calls_an_unknown_function, target=tvm.target.Target(VULKAN))
@@ -244,7 +252,7 @@ def test_build_says_in_one_line_what_to_install(capsys, monkeypatch, tmp_path, a
     assert not (tmp_path / "v.so").exists()
 
 
-@needs_device("vulkan")
+@needs_vulkan
 def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
     artifact = tmp_path / "cnn.so"
     assert main(["build", "zoo:mcu_cnn?resolution=16", "--target", "vulkan", "-o", str(artifact), "--json"]) == 0
@@ -261,7 +269,7 @@ def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
     assert report["memplan"]["requested_bytes"] < report["stock"]["requested_bytes"]
 
 
-@needs_device("vulkan")
+@needs_vulkan
 def test_measure_compare_through_a_loopback_tracker(capsys, tmp_path):
     """The exported library carries the SPIR-V in TVM's own format: the server's runtime loads it."""
     with start_farm({"gpu": 1}, lifetime=120) as farm:
