@@ -2,11 +2,10 @@
 
     tvm-memplan setup-gpu
     python scripts/check_gpu_zoo.py --target opencl --out results/gpu_zoo_small.md
-    python scripts/check_gpu_zoo.py --target vulkan --out results/gpu_zoo_small_vulkan.md
+    python scripts/check_gpu_zoo.py --target vulkan --out results/gpu_zoo_small_vulkan.md  # lavapipe
 
 Each row is ``measure MODEL --target T --compare``: both pipelines are built with TVM's default GPU
-schedules (for vulkan, printed as GLSL by tvm_memplan's code generator), run on the local device
-(PoCL for opencl, lavapipe for vulkan), checked against onnxruntime, and the VM's
+schedules, run on the local device (PoCL for opencl), checked against onnxruntime, and the VM's
 storage requests are traced. Sizes are small so that the software device finishes in seconds; the
 latencies are a CPU emulating a GPU and say nothing about a phone.
 """
