@@ -25,6 +25,7 @@ from tvm.script import tirx as T
 
 import tvm_memplan
 from tvm_memplan.backends import vulkan as vulkan_codegen
+from tvm_memplan.backends.vulkan.build import compile_glsl
 from tvm_memplan.backends.vulkan.glsl import kernel_to_glsl
 from tvm_memplan.cli.main import main
 from tvm_memplan.deploy import error_line
@@ -220,6 +221,38 @@ def test_import_tvm_registers_the_generator_through_the_entry_point(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert result.stdout.strip() == "True", result.stderr
+
+
+@T.prim_func
+def lowered_constructs(a: T.handle("float32", "global"), b: T.handle("int64", "global"),
+                       c: T.handle("bool", "global"), d: T.handle("int8", "global"),
+                       h: T.handle("float16", "global"), n: T.int64):
+    """A kernel as TVM's GPU lowering leaves it, with constants and types the zoo's kernels may not show."""
+    A = T.decl_buffer((16,), data=a)
+    B = T.decl_buffer((16,), "int64", data=b)
+    C = T.decl_buffer((16,), "bool", data=c)
+    D = T.decl_buffer((16,), "int8", data=d)
+    H = T.decl_buffer((16,), "float16", data=h)
+    tx = T.launch_thread("threadIdx.x", 4)
+    A[tx] = T.max(A[tx], T.float32("-inf"))
+    A[T.Ramp(tx * 4, 1, 4)] = A[T.Ramp(tx * 4, 1, 4)] * T.Broadcast(T.float32(2), 4)
+    B[tx] = T.floordiv(B[tx], T.int64(-3)) + T.int64(-9223372036854775808)
+    C[tx] = A[tx] > T.float32(0)
+    D[tx] = T.Cast("int8", A[tx])
+    H[tx] = T.Cast("float16", T.exp(A[tx]))
+    B[tx + 4] = T.if_then_else(tx < 2, B[tx] + n, T.Cast("int64", T.floormod(tx, -3)))
+
+
+@ours
+@needs_glslang
+def test_lowered_constructs_print_as_glsl_that_glslang_accepts(tmp_path):
+    kernel = kernel_to_glsl("lowered_constructs", lowered_constructs)
+    for fragment in ("uintBitsToFloat(0xff800000u)", "(-9223372036854775807l - 1l)", "uint8_t data[]",
+                     "int8_t(", "float16_t(exp(", "vec4(", "tvm_floordiv(", "tvm_floormod(",
+                     "layout(push_constant) uniform Args { layout(offset = 0) int64_t"):
+        assert fragment in kernel.glsl, fragment
+    assert kernel.arg_types == ["handle"] * 5 + ["int64"] and kernel.launch_param_tags == []
+    assert len(compile_glsl(kernel, tmp_path)) > 0
 
 
 def test_an_unsupported_construct_is_a_one_line_user_error():

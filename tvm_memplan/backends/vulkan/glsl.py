@@ -203,6 +203,8 @@ class _Printer:
                 return "(-2147483647 - 1)"  # 2147483648 alone does not fit an int
             return f"({value})" if value < 0 else str(value)
         if base == "int64":
+            if value == -(2**63):
+                return "(-9223372036854775807l - 1l)"
             return f"({value}l)" if value < 0 else f"{value}l"
         if base == "uint32":
             return f"{value}u"
