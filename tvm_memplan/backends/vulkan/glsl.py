@@ -228,37 +228,37 @@ class _Printer:
         text = f"({text})" if value < 0 else text
         return text if gtype == "float" else f"{gtype}({text})"
 
-    def binary(self, e, op: str) -> str:
+    def binary(self, e: tvm.ir.Expr, op: str) -> str:
         return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
 
-    def e_BitwiseNot(self, e) -> str:
+    def e_BitwiseNot(self, e: tvm.ir.Expr) -> str:
         return f"(~{self.expr(e.a)})"
 
-    def e_Div(self, e) -> str:
+    def e_Div(self, e: tvm.ir.Expr) -> str:
         return self.binary(e, "/")  # integers: SPIR-V's OpSDiv truncates, as TIR's Div does
 
-    def call_helper(self, name: str, dtype: tvm_ffi.dtype, *args) -> str:
+    def call_helper(self, name: str, dtype: tvm_ffi.dtype, *args: tvm.ir.Expr) -> str:
         return f"{self.helper(name, dtype)}({', '.join(self.expr(a) for a in args)})"
 
-    def e_Mod(self, e) -> str:
+    def e_Mod(self, e: tvm.ir.Expr) -> str:
         dtype = dtype_of(e)
         return self.call_helper("tvm_fmod" if dtype.is_float else "tvm_truncmod", dtype, e.a, e.b)
 
-    def e_FloorDiv(self, e) -> str:
+    def e_FloorDiv(self, e: tvm.ir.Expr) -> str:
         dtype = dtype_of(e)
         return self.call_helper("tvm_floordiv_f" if dtype.is_float else "tvm_floordiv", dtype, e.a, e.b)
 
-    def e_FloorMod(self, e) -> str:
+    def e_FloorMod(self, e: tvm.ir.Expr) -> str:
         dtype = dtype_of(e)
         return self.call_helper("tvm_floormod_f" if dtype.is_float else "tvm_floormod", dtype, e.a, e.b)
 
-    def e_Min(self, e) -> str:
+    def e_Min(self, e: tvm.ir.Expr) -> str:
         return f"min({self.expr(e.a)}, {self.expr(e.b)})"
 
-    def e_Max(self, e) -> str:
+    def e_Max(self, e: tvm.ir.Expr) -> str:
         return f"max({self.expr(e.a)}, {self.expr(e.b)})"
 
-    def compare(self, e) -> str:
+    def compare(self, e: tvm.ir.Expr) -> str:
         kind = type(e).__name__
         if dtype_of(e.a).lanes > 1:
             return f"{CMP_VECTOR[kind]}({self.expr(e.a)}, {self.expr(e.b)})"
@@ -266,30 +266,30 @@ class _Printer:
 
     e_LT = e_LE = e_GT = e_GE = e_EQ = e_NE = compare
 
-    def lanewise(self, e, parts: list[str], op: str) -> str:
+    def lanewise(self, e: tvm.ir.Expr, parts: list[str], op: str) -> str:
         """A boolean op on vectors, lane by lane (GLSL's && and || take scalars only)."""
         lanes = dtype_of(e).lanes
         return f"bvec{lanes}({', '.join(f'({parts[0]}[{k}] {op} {parts[1]}[{k}])' for k in range(lanes))})"
 
-    def e_And(self, e) -> str:
+    def e_And(self, e: tvm.ir.Expr) -> str:
         if dtype_of(e).lanes > 1:
             return self.lanewise(e, [self.expr(e.a), self.expr(e.b)], "&&")
         return self.binary(e, "&&")
 
-    def e_Or(self, e) -> str:
+    def e_Or(self, e: tvm.ir.Expr) -> str:
         if dtype_of(e).lanes > 1:
             return self.lanewise(e, [self.expr(e.a), self.expr(e.b)], "||")
         return self.binary(e, "||")
 
-    def e_Not(self, e) -> str:
+    def e_Not(self, e: tvm.ir.Expr) -> str:
         return f"not({self.expr(e.a)})" if dtype_of(e).lanes > 1 else f"(!{self.expr(e.a)})"
 
-    def e_Select(self, e) -> str:
+    def e_Select(self, e: tvm.ir.Expr) -> str:
         if dtype_of(e.condition).lanes > 1:
             return f"mix({self.expr(e.false_value)}, {self.expr(e.true_value)}, {self.expr(e.condition)})"
         return f"({self.expr(e.condition)} ? {self.expr(e.true_value)} : {self.expr(e.false_value)})"
 
-    def e_Cast(self, e) -> str:
+    def e_Cast(self, e: tvm.ir.Expr) -> str:
         return self.cast(self.expr(e.value), dtype_of(e.value), dtype_of(e))
 
     def cast(self, text: str, source: tvm_ffi.dtype, dtype: tvm_ffi.dtype) -> str:
@@ -303,32 +303,32 @@ class _Printer:
             return f"notEqual({text}, {zero})" if dtype.lanes > 1 else f"({text} != {zero})"
         return f"{gtype}({text})"
 
-    def e_Broadcast(self, e) -> str:
+    def e_Broadcast(self, e: tvm.ir.Expr) -> str:
         return f"{glsl_type(dtype_of(e), 'broadcast')}({self.expr(e.value)})"
 
-    def e_Ramp(self, e) -> str:
+    def e_Ramp(self, e: tvm.ir.Expr) -> str:
         return f"{glsl_type(dtype_of(e), 'ramp')}({', '.join(self.ramp_lanes(e))})"
 
-    def ramp_lanes(self, e) -> list[str]:
+    def ramp_lanes(self, e: tvm.ir.Expr) -> list[str]:
         base, stride = self.expr(e.base), self.expr(e.stride)
         return [base if k == 0 else f"({base} + {stride} * {self.e_IntImm(tvm.tirx.IntImm(str(dtype_of(e.base)), k))})"
                 for k in range(int(e.lanes))]
 
-    def e_Shuffle(self, e) -> str:
+    def e_Shuffle(self, e: tvm.ir.Expr) -> str:
         if len(e.vectors) == 1 and len(e.indices) == 1:
             return f"{self.expr(e.vectors[0])}[{self.expr(e.indices[0])}]"
         raise _Unsupported("vector shuffle")
 
-    def e_StringImm(self, e) -> str:
+    def e_StringImm(self, e: tvm.ir.Expr) -> str:
         raise _Unsupported(f"string {e.value!r} as a value")
 
     # ---- buffers ----
-    def buffer_storage(self, buffer: tvm.tirx.Buffer) -> _Storage:
+    def buffer_storage(self, buffer: tvm.tirx.Var) -> _Storage:
         if buffer not in self.storage:
             raise _Unsupported(f"buffer {buffer.name} that is neither an argument nor allocated in the kernel")
         return self.storage[buffer]
 
-    def element_indices(self, buffer, indices, lanes: int) -> tuple[_Storage, list[str] | str]:
+    def element_indices(self, buffer: tvm.tirx.Var, indices: list[tvm.ir.Expr], lanes: int) -> tuple[_Storage, list[str] | str]:
         """The storage and, per lane, the GLSL index into it (one string when the access is whole)."""
         if len(indices) != 1:
             raise _Unsupported(f"multi-dimensional access to {buffer.name} (the buffer was not flattened)")
@@ -357,7 +357,7 @@ class _Printer:
         text = f"{store.expr}[{index}]"
         return f"({text} != uint8_t(0))" if store.is_bool_bytes else text
 
-    def e_TensorLoad(self, e) -> str:
+    def e_TensorLoad(self, e: tvm.ir.Expr) -> str:
         """A buffer load (TVM 0.27's ``BufferLoad`` builds an ``ir.TensorLoad`` from the buffer)."""
         dtype = dtype_of(e)
         store, index = self.element_indices(e.source, e.indices, dtype.lanes)
@@ -366,7 +366,7 @@ class _Printer:
             return self.load_element(store, index)
         return f"{glsl_type(dtype, 'load')}({', '.join(self.load_element(store, i) for i in index)})"
 
-    def check_view(self, buffer, store: _Storage, dtype: tvm_ffi.dtype) -> None:
+    def check_view(self, buffer: tvm.tirx.Var, store: _Storage, dtype: tvm_ffi.dtype) -> None:
         element = dtype.with_lanes(1)
         stored = tvm_ffi.dtype("bool") if store.is_bool_bytes else store.dtype.with_lanes(1)
         if element != stored:
@@ -374,11 +374,11 @@ class _Printer:
 
     # ---- calls ----
     @staticmethod
-    def op_name(call) -> str:
+    def op_name(call: tvm.ir.Call) -> str:
         name = str(getattr(call.op, "name", call.op))
         return name.split(".", 1)[1] if name.startswith(OP_NAMESPACES) else name
 
-    def e_Call(self, e) -> str:
+    def e_Call(self, e: tvm.ir.Expr) -> str:
         op = self.op_name(e)
         args = list(e.args)
         dtype = dtype_of(e)
@@ -409,7 +409,7 @@ class _Printer:
             return self.math(op, args, dtype)
         raise _Unsupported(f"call to {op}")
 
-    def math(self, name: str, args: list, dtype: tvm_ffi.dtype) -> str:
+    def math(self, name: str, args: list[tvm.ir.Expr], dtype: tvm_ffi.dtype) -> str:
         """A math function by its TIR name (``exp``) or C name (``expf``, ``exp``, ``__expf``)."""
         if not dtype.is_float:
             if name in ("abs",):
@@ -430,7 +430,7 @@ class _Printer:
             return f"{function}({self.expr(args[0])}, {self.expr(args[1])})"
         raise _Unsupported(f"call to {name}")
 
-    def reinterpret(self, value, dtype: tvm_ffi.dtype) -> str:
+    def reinterpret(self, value: tvm.ir.Expr, dtype: tvm_ffi.dtype) -> str:
         source = dtype_of(value)
         functions = {("float32", "int32"): "floatBitsToInt", ("float32", "uint32"): "floatBitsToUint",
                      ("int32", "float32"): "intBitsToFloat", ("uint32", "float32"): "uintBitsToFloat"}
@@ -439,33 +439,33 @@ class _Printer:
             raise _Unsupported(f"reinterpret {source} as {dtype}")
         return f"{functions[key]}({self.expr(value)})"
 
-    def e_Let(self, e) -> str:
+    def e_Let(self, e: tvm.ir.Expr) -> str:
         """GLSL has no let: the value is substituted (TIR expressions are pure, so only the text grows)."""
         self.names[e.var] = f"({self.expr(e.value)})"
         return self.expr(e.body)
 
     # ---- statements ----
-    def stmt(self, s) -> None:
+    def stmt(self, s: tvm.tirx.Stmt) -> None:
         kind = type(s).__name__
         method = getattr(self, f"s_{kind}", None)
         if method is None:
             raise _Unsupported(f"statement {kind}")
         method(s)
 
-    def block(self, s) -> None:
+    def block(self, s: tvm.tirx.Stmt) -> None:
         self.indent += 1
         self.stmt(s)
         self.indent -= 1
 
-    def s_SeqStmt(self, s) -> None:
+    def s_SeqStmt(self, s: tvm.tirx.Stmt) -> None:
         for item in s.seq:
             self.stmt(item)
 
-    def s_Bind(self, s) -> None:
+    def s_Bind(self, s: tvm.tirx.Stmt) -> None:
         value = self.expr(s.value)
         self.emit(f"{glsl_type(dtype_of(s.var), 'variable ' + s.var.name)} {self.bind(s.var)} = {value};")
 
-    def s_LetStmt(self, s) -> None:
+    def s_LetStmt(self, s: tvm.tirx.Stmt) -> None:
         self.emit("{")
         self.indent += 1
         self.s_Bind(s)
@@ -473,7 +473,7 @@ class _Printer:
         self.indent -= 1
         self.emit("}")
 
-    def s_DeclBuffer(self, s) -> None:
+    def s_DeclBuffer(self, s: tvm.tirx.Stmt) -> None:
         source = s.data
         if type(source).__name__ == "Call" and self.op_name(source) == "buffer_data":
             source = source.args[0]  # a view of another buffer's data
@@ -481,7 +481,7 @@ class _Printer:
             raise _Unsupported(f"buffer {s.buffer.name} declared over {type(source).__name__}")
         self.storage[s.buffer] = self.storage[source]
 
-    def s_AllocBuffer(self, s) -> None:
+    def s_AllocBuffer(self, s: tvm.tirx.Stmt) -> None:
         buffer = s.buffer
         scope = buffer.scope()
         extent = 1
@@ -500,7 +500,7 @@ class _Printer:
             raise _Unsupported(f"allocation {buffer.name} in {scope!r} memory")
         self.storage[buffer] = _Storage(name, dtype)
 
-    def s_AttrStmt(self, s) -> None:
+    def s_AttrStmt(self, s: tvm.tirx.Stmt) -> None:
         key = str(s.attr_key)
         if key == "thread_extent":
             self.thread(s)
@@ -509,7 +509,7 @@ class _Printer:
         else:
             raise _Unsupported(f"attribute {key!r}")
 
-    def thread(self, s) -> None:
+    def thread(self, s: tvm.tirx.Stmt) -> None:
         iter_var = s.node
         tag = str(iter_var.thread_tag)
         kind, _, axis = tag.partition(".")
@@ -526,7 +526,7 @@ class _Printer:
         self.emit(f"{gtype} {self.bind(var)} = {gtype}({THREAD_BUILTINS[kind]}.{axis});")
         self.stmt(s.body)
 
-    def s_For(self, s) -> None:
+    def s_For(self, s: tvm.tirx.Stmt) -> None:
         var = s.loop_var
         gtype = glsl_type(dtype_of(var), f"loop variable {var.name}")
         start, extent = self.expr(s.min), self.expr(s.extent)
@@ -538,12 +538,12 @@ class _Printer:
         self.block(s.body)
         self.emit("}")
 
-    def s_While(self, s) -> None:
+    def s_While(self, s: tvm.tirx.Stmt) -> None:
         self.emit(f"while ({self.expr(s.condition)}) {{")
         self.block(s.body)
         self.emit("}")
 
-    def s_IfThenElse(self, s) -> None:
+    def s_IfThenElse(self, s: tvm.tirx.Stmt) -> None:
         self.emit(f"if ({self.expr(s.condition)}) {{")
         self.block(s.then_case)
         if s.else_case is not None:
@@ -551,7 +551,7 @@ class _Printer:
             self.block(s.else_case)
         self.emit("}")
 
-    def s_BufferStore(self, s) -> None:
+    def s_BufferStore(self, s: tvm.tirx.Stmt) -> None:
         if getattr(s, "predicate", None) is not None:
             raise _Unsupported(f"predicated store to {s.buffer.name}")
         dtype = dtype_of(s.value)
@@ -570,7 +570,7 @@ class _Printer:
     def stored(store: _Storage, value: str) -> str:
         return f"({value} ? uint8_t(1) : uint8_t(0))" if store.is_bool_bytes else value
 
-    def s_Evaluate(self, s) -> None:
+    def s_Evaluate(self, s: tvm.tirx.Stmt) -> None:
         value = s.value
         kind = type(value).__name__
         if kind == "IntImm":
@@ -589,10 +589,10 @@ class _Printer:
             raise _Unsupported(f"call to {called} as a statement")
         raise _Unsupported(f"statement {kind}")
 
-    def s_Break(self, s) -> None:
+    def s_Break(self, s: tvm.tirx.Stmt) -> None:
         self.emit("break;")
 
-    def s_Continue(self, s) -> None:
+    def s_Continue(self, s: tvm.tirx.Stmt) -> None:
         self.emit("continue;")
 
     # ---- the kernel ----
