@@ -412,13 +412,13 @@ class _Printer:
     def math(self, name: str, args: list[tvm.ir.Expr], dtype: tvm_ffi.dtype) -> str:
         """A math function by its TIR name (``exp``) or C name (``expf``, ``exp``, ``__expf``)."""
         if not dtype.is_float:
-            if name in ("abs",):
+            if name == "abs":
                 return f"abs({self.expr(args[0])})"
             raise _Unsupported(f"call to {name} on {dtype}")
         base = name.removeprefix("__")
         if base not in UNARY_MATH and base not in BINARY_MATH and base not in HELPER_MATH and base.endswith("f"):
             base = base[:-1]
-        base = {"abs": "fabs", "fmaxf": "fmax", "fminf": "fmin"}.get(base, base)
+        base = "fabs" if base == "abs" else base
         if base in UNARY_MATH and len(args) == 1:
             return f"{UNARY_MATH[base]}({self.expr(args[0])})"
         if base in HELPER_MATH and len(args) == 1:
