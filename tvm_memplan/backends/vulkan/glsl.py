@@ -580,7 +580,7 @@ class _Printer:
             if scope not in ("shared", "shared.dyn", "warp"):
                 raise _Unsupported(f"tvm_storage_sync({scope!r})")
             if scope != "warp":  # one thread per warp on Vulkan targets: nothing to wait for
-                self.emit("memoryBarrierShared();")
+                # glslang's barrier() for Vulkan is OpControlBarrier with AcquireRelease|WorkgroupMemory
                 self.emit("barrier();")
             return
         if kind == "Call":
