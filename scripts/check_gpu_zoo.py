@@ -2,6 +2,7 @@
 
     tvm-memplan setup-gpu
     python scripts/check_gpu_zoo.py --target opencl --out results/gpu_zoo_small.md
+    python scripts/check_gpu_zoo.py --target vulkan --out results/gpu_zoo_small_vulkan.md  # lavapipe
 
 Each row is ``measure MODEL --target T --compare``: both pipelines are built with TVM's default GPU
 schedules, run on the local device (PoCL for opencl), checked against onnxruntime, and the VM's

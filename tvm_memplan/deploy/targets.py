@@ -15,6 +15,7 @@ from typing import Any
 
 import tvm
 
+from ..backends import vulkan as vulkan_codegen
 from ..backends.sidecars import SIDECARS, device_exists, runtime_loaded
 from ..errors import UserError
 
@@ -103,6 +104,10 @@ class DeployTarget:
     def check_codegen(self) -> None:
         """Raise a one-line UserError when this TVM build cannot generate code for the target."""
         builder = f"target.build.{self.kind}"
+        if self.kind == "vulkan":
+            vulkan_codegen.register()
+            if vulkan_codegen.is_ours():
+                vulkan_codegen.check_ready(self.name)
         if tvm.get_global_func(builder, allow_missing=True) is None:
             flag = f"USE_{self.kind.upper()}"
             raise UserError(
@@ -166,7 +171,9 @@ TARGETS: dict[str, DeployTarget] = {
         DeployTarget("cortex-m4", {"kind": "c"}, "mcu", what="Cortex-M4 standalone C (--emit-c; qemu mps2-an386)", board=CORTEX_M4),
         DeployTarget("cortex-m55", {"kind": "c"}, "mcu", what="Cortex-M55 standalone C (--emit-c; qemu mps3-an547)", board=CORTEX_M55),
         DeployTarget("cuda", {"kind": "cuda", "host": "llvm"}, "cuda", what="NVIDIA GPU (CUDA, needs nvcc to build)"),
-        DeployTarget("vulkan", {"kind": "vulkan", "host": "llvm"}, "vulkan", what="Vulkan GPU (needs TVM with USE_VULKAN=ON)"),
+        DeployTarget("vulkan", {"kind": "vulkan", "host": "llvm"}, "vulkan", what="Vulkan device on this machine (lavapipe runs it on the CPU; tvm-memplan setup-gpu, glslang-tools)"),
+        DeployTarget("vulkan-arm64", {"kind": "vulkan", "host": _AARCH64_LLVM}, "vulkan", _AARCH64_CXX,
+                     "Vulkan GPU on an arm64 phone or board (Mali, Adreno); the NDK's clang with --cross-compiler"),
         DeployTarget("opencl", {"kind": "opencl", "host": "llvm"}, "opencl",
                      what="OpenCL device on this machine (PoCL runs it on the CPU; tvm-memplan setup-gpu)"),
         DeployTarget("opencl-mali", _opencl("mali"), "opencl", _AARCH64_CXX, "Arm Mali GPU on an arm64 phone (OpenCL)"),

@@ -42,6 +42,10 @@ def _backend_module(target: tvm.target.Target):
         name = "adreno"
     elif kind in ("metal", "vulkan", "opencl", "webgpu"):
         name = "gpu_generic"
+        if kind == "vulkan":
+            from ..backends.vulkan import register
+
+            register()  # the wheel has no target.build.vulkan: tvm_memplan's GLSL generator stands in
     else:
         raise UserError(f"target kind {kind!r} has no Relax pipeline in TVM 0.27")
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
