@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import tvm
 
-from ..backends.schedules import tolerate_rule_errors
+from ..backends.schedules import with_gpu_schedules
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
@@ -59,10 +59,11 @@ class Stages:
     """``StaticPlanBlockMemory`` and everything after it."""
 
 
-def stage_passes(target: tvm.target.Target) -> Stages:
-    """TVM's passes for ``target`` split at the insertion points of reordering and arena planning."""
+def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages:
+    """TVM's passes for ``target`` split at the insertion points of reordering and arena planning.
+    GPU kernels are scheduled in the first stage: ``schedule="none"`` leaves them to TVM's rules."""
     backend = _backend_module(target)
-    legalize = tolerate_rule_errors(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2])
+    legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
     before = backend.library_dispatch_passes(target) + legalize + backend.dataflow_lower_passes(target)
     finalize = list(backend.finalize_passes(target))
     names = [p.info.name for p in finalize]
@@ -98,12 +99,13 @@ def pipeline(
     unset ones come from :func:`tvm_memplan.config` when the pipeline runs.
     """
     resolved_target = resolve_target(target)
-    stages = stage_passes(resolved_target)
-    MemplanOptions().updated(**options)  # reject unknown options now, not at compile time
+    stage_passes(resolved_target)  # reject a target without a Relax pipeline now, not at compile time
+    MemplanOptions().updated(**options)  # likewise unknown options
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         run_options = current_options().updated(**options)
+        stages = stage_passes(resolved_target, run_options.schedule)
         with resolved_target:
             seq = tvm.transform.Sequential(
                 stages.dataflow
