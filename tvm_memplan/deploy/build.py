@@ -17,7 +17,6 @@ import numpy as np
 import onnx
 import tvm
 
-from ..backends.sidecars import SIDECARS
 from ..errors import UserError
 from ..frontend import LoadedModel, load_model
 from ..planner import ModelPlan, plan_model
@@ -94,10 +93,6 @@ def output_bytes(model: onnx.ModelProto) -> int:
 def plan_for(model: LoadedModel, target: DeployTarget, tuning_dir: str | None = None, **options: Any) -> ModelPlan:
     """Plan ``model`` for ``target``, with kernels from a MetaSchedule database when given one."""
     target.check_codegen()
-    if target.device in SIDECARS and options.get("inplace") is None:
-        # These devices have no host pointer arithmetic: ensure_zero_offset copies a tensor at a
-        # nonzero arena offset, so bytes shared by design (in place, concat) would diverge (issue 10).
-        options["inplace"] = False
     tvm_target = target.tvm_target()
     with tvm_target:  # some backends (Adreno) read the current target while composing passes
         plan = plan_model(model, tvm_target, **options)

@@ -12,6 +12,7 @@ from ..backends.schedules import with_gpu_schedules
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
+from .offsets import KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
 
@@ -77,11 +78,15 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages
 
 
 def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
-    """The kernel-scheduling passes for ``target``: tvm_memplan's default CPU schedules for
-    ``llvm``/``c`` targets unless ``schedule="none"``; GPU targets keep TVM's own (dlight)."""
-    if options.schedule == "none" or target.kind.name not in ("llvm", "c"):
-        return []
-    return [DefaultCPUSchedule(target)]
+    """The kernel passes after planning: tvm_memplan's default CPU schedules for ``llvm``/``c``
+    targets unless ``schedule="none"`` (GPU kernels are scheduled before planning, in
+    :func:`stage_passes`); on OpenCL and Vulkan, kernels that read their buffers at an offset."""
+    passes = []
+    if options.schedule != "none" and target.kind.name in ("llvm", "c"):
+        passes.append(DefaultCPUSchedule(target))
+    if kernels_take_offsets(target):
+        passes.append(KernelOffsetParams())
+    return passes
 
 
 def pipeline(
