@@ -13,6 +13,7 @@ from tvm.script import tirx as T
 
 from tvm_memplan.cli.main import main
 from tvm_memplan.deploy import targets
+from tvm_memplan.deploy.measure import measure
 from tvm_memplan.deploy.rpc import start_farm
 from tvm_memplan.relax.offsets import KernelOffsetParams
 from tvm_memplan.relax.pipeline import pipeline
@@ -147,3 +148,12 @@ def test_in_place_and_concat_aliasing_match_the_cpu_without_copies(case):
     cpu = tvm.target.Target("llvm")
     expected, _ = run_vm(tvm.compile(mod, cpu, relax_pipeline=pipeline(cpu, order="program")), inputs)
     np.testing.assert_allclose(out[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+@needs_device("opencl")
+def test_mobilenet_v2_with_the_gpu_rule_and_aliasing_matches_onnxruntime_and_the_plan():
+    """Depthwise, pointwise and strided convolutions under ThreadPerOutput, residual adds in place."""
+    spec = "zoo:mobilenet_v2?width=0.35&resolution=32"
+    result = measure(spec, "opencl", repeat=1, min_repeat_ms=1, order="program")["memplan"]
+    assert result.correct, result.max_abs_diff
+    assert result.requested_bytes == result.planned_bytes
