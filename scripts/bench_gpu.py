@@ -59,8 +59,9 @@ def load() -> str:
 def row(spec: str, device: str, pipeline: str, schedules: str, m: Measurement) -> str:
     requested = f"{m.requested_bytes / 1024:,.1f}" if m.requested_bytes is not None else "?"
     equal = "yes" if m.requested_bytes == m.planned_bytes else "NO"
+    copies = "?" if m.zero_offset_calls is None else m.zero_offset_calls
     return (f"| {spec.removeprefix('zoo:')} | {device} | {pipeline} | {schedules} | {m.latency_ms:,.2f} "
-            f"| {m.latency_spread_ms:,.2f} | {requested} | {m.planned_bytes / 1024:,.1f} | {equal} "
+            f"| {m.latency_spread_ms:,.2f} | {requested} | {m.planned_bytes / 1024:,.1f} | {equal} | {copies} "
             f"| {'yes' if m.correct else 'NO'} | {m.max_abs_diff:.1e} |")
 
 
@@ -146,13 +147,14 @@ def main() -> None:
         "not a GPU's.** Latency: median and interquartile spread of "
         f"{args.repeat} timings (each at least {args.min_repeat_ms} ms). Requested: the VM's `alloc_storage` "
         "calls in one run (outputs included); `= plan`: requested equals the plan (memplan's arena or "
-        "TVM's blocks, plus outputs). Correct: outputs against onnxruntime. Schedules: tvm_memplan's GPU rule "
+        "TVM's blocks, plus outputs); `ensure_zero_offset`: calls in one run (on OpenCL each one at a nonzero "
+        "offset copies a tensor outside the plan; free on the CPU). Correct: outputs against onnxruntime. Schedules: tvm_memplan's GPU rule "
         "for convolutions and pools ahead of dlight, dlight alone (the kernels TVM ships), or the LLVM build "
         "on the CPU with tvm_memplan's CPU schedules.",
         "",
         "| model | device | pipeline | schedules | latency ms | spread ms | requested KiB | planned KiB | = plan "
-        "| correct | max abs diff |",
-        "|---|---|---|---|---:|---:|---:|---:|:---:|:---:|---:|",
+        "| `ensure_zero_offset` | correct | max abs diff |",
+        "|---|---|---|---|---:|---:|---:|---:|:---:|---:|:---:|---:|",
         *rows,
         "",
         *kernels,

@@ -49,6 +49,7 @@ def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
         assert result["correct"], result["max_abs_diff"]
         # the VM's alloc_storage requests are the plan: memplan's arena (or SPBM's blocks) + outputs
         assert result["requested_bytes"] == result["planned_bytes"]
+        assert result["zero_offset_calls"] == 0  # no tensor copied out of the arena
     assert report["memplan"]["planned_bytes"] == built["planned_bytes"]
     assert report["memplan"]["requested_bytes"] < report["stock"]["requested_bytes"]
 
@@ -66,7 +67,7 @@ def test_measure_through_a_loopback_tracker(capsys, tmp_path):
     assert code == 0, err
     result = json.loads(out)
     assert result["device"].startswith("rpc:gpu@") and result["correct"]
-    assert result["requested_bytes"] == result["planned_bytes"]
+    assert result["requested_bytes"] == result["planned_bytes"] and result["zero_offset_calls"] == 0
 
 
 @needs_device("opencl")
@@ -156,4 +157,4 @@ def test_mobilenet_v2_with_the_gpu_rule_and_aliasing_matches_onnxruntime_and_the
     spec = "zoo:mobilenet_v2?width=0.35&resolution=32"
     result = measure(spec, "opencl", repeat=1, min_repeat_ms=1, order="program")["memplan"]
     assert result.correct, result.max_abs_diff
-    assert result.requested_bytes == result.planned_bytes
+    assert result.requested_bytes == result.planned_bytes and result.zero_offset_calls == 0
