@@ -153,12 +153,18 @@ def build_artifacts(
     cross_compiler: str | None = None,
     **options: Any,
 ) -> dict[str, Path]:
-    """Plan once and build one artifact per pipeline (``{pipeline: path}``): the kernels are identical."""
+    """Plan once and build one artifact per pipeline (``{pipeline: path}``): the kernels are identical,
+    except ``tvm``'s on GPU targets (TVM's own schedules)."""
     target = get_target(target_name, cross_compiler)
-    plan = plan_for(load_model(spec), target, tuning_dir, **options)
+    model = load_model(spec)
+    plan = plan_for(model, target, tuning_dir, **options)
     for pipeline, path in outputs.items():
-        manifest = manifest_for(plan, spec, target, pipeline, tuning_dir, cross_compiler)
-        export(compile_plan(plan, pipeline), target, manifest, Path(path))
+        chosen = plan
+        if pipeline == TVM_STOCK and plan.target.kind.name not in ("llvm", "c"):
+            # GPU kernels are scheduled before planning: TVM's own (dlight alone) need a plan of their own
+            chosen = plan_for(model, target, tuning_dir, **{**options, "schedule": "none"})
+        manifest = manifest_for(chosen, spec, target, pipeline, tuning_dir, cross_compiler)
+        export(compile_plan(chosen, pipeline), target, manifest, Path(path))
     return outputs
 
 
