@@ -128,6 +128,7 @@ def main() -> None:
     for target in args.targets:
         device = device_name(target)
         for spec in args.models:
+            printed = len(rows)
             results = measure(spec, target, compare=True, **timing)
             rows += [row(spec, device, p, SCHEDULES["default"], m) for p, m in results.items()]
             if spec in args.dlight_models:
@@ -135,7 +136,7 @@ def main() -> None:
                                 measure(spec, target, schedule="none", **timing)["memplan"]))
                 rows.append(row(spec, device_name("host"), "memplan", "tvm_memplan CPU",
                                 measure(spec, "host", **timing)["memplan"]))
-            print(*rows[-4:], sep="\n", flush=True)
+            print(*rows[printed:], sep="\n", flush=True)
     kernels = kernel_section(args.kernels, args.targets[0], args.kernel_runs, args.top) if args.kernels else []
     lines = [
         "# GPU backends: stock TVM against tvm_memplan (`scripts/bench_gpu.py`)",

@@ -19,7 +19,7 @@ from tvm_memplan.relax.offsets import KernelOffsetParams
 from tvm_memplan.relax.pipeline import pipeline
 from tvm_memplan.verify import run_vm
 
-from ..relax.modules import concat_cases, random_input, residual_block
+from ..relax.modules import chain_with_view, concat_cases, random_input, residual_block
 from .conftest import needs_device
 
 FAST = ("--repeat", "1", "--min-repeat-ms", "1")
@@ -129,20 +129,25 @@ def test_a_tensor_at_an_arena_offset_is_written_in_place():
 
 
 @needs_device("opencl")
-@pytest.mark.parametrize("case", ["concats", "residual"])
+@pytest.mark.parametrize("case", ["concats", "residual", "view"])
 def test_in_place_and_concat_aliasing_match_the_cpu_without_copies(case):
-    """Planned with aliasing on (concats removed, a kernel writing over its dying input): the same
-    outputs as the LLVM build, no ensure_zero_offset (a copy on OpenCL), and the VM's storage
-    requests are exactly the arena plus the outputs."""
+    """Planned with aliasing on (concats removed, a kernel writing over its dying input, a kernel
+    reading a tensor at an offset through a reshape view): the same outputs as the LLVM build, no
+    ensure_zero_offset (a copy on OpenCL), and the VM's storage requests are the arena plus the outputs."""
     if case == "concats":
         mod, inputs = concat_cases(), [random_input((1, 32)), random_input((2, 32), seed=1)]
-    else:
+    elif case == "residual":
         mod, inputs = residual_block(), [random_input((64, 64))]
+    else:
+        mod, inputs = chain_with_view(), [random_input((64, 64))]
     reports = []
     target = tvm.target.Target({"kind": "opencl", "host": "llvm"})
     executable = tvm.compile(mod, target, relax_pipeline=pipeline(target, on_report=reports.append, order="program"))
     (report,) = reports
-    assert (report.concats_removed if case == "concats" else report.inplace_ops) >= 1
+    if case == "view":  # the viewed tensor sits at a nonzero offset
+        assert any(t["offset"] > 0 for t in report.arenas[0]["tensors"])
+    else:
+        assert (report.concats_removed if case == "concats" else report.inplace_ops) >= 1
     out, trace = run_vm(executable, inputs, tvm.opencl(0))
     assert trace.zero_offset_calls == 0
     assert sorted(trace.storage_bytes) == sorted([report.arena_bytes, *(o.nbytes for o in out)])
