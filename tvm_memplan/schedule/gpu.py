@@ -20,7 +20,18 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import max_threads_per_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
-from .rules import _DATA_PAR, _FAILURES, _REDUCE, NotApplicable, _blocks, _is_output, _is_reduction, _reduction_axes
+from .rules import (
+    _DATA_PAR,
+    _FAILURES,
+    _REDUCE,
+    NotApplicable,
+    _blocks,
+    _is_output,
+    _is_padding,
+    _is_reduction,
+    _reduction_axes,
+    _region_uses,
+)
 
 THREADS = 128
 """Threads per block: a multiple of any GPU's warp or wavefront, small enough for every device."""
@@ -62,9 +73,26 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     if outputs < math.prod(e for e, k in zip(extents, kinds) if k == _REDUCE):
         raise NotApplicable("a long reduction: dlight's cross-thread reductions suit it")
 
+    channel = _channel_axis(block, extents)
+    tile = 1
+    if channel is not None:
+        tile = next((t for t in CHANNEL_TILES if extents[channel] % t == 0 and outputs // t >= THREADS), 1)
+    # Where a thread computes several channels, the operand they share (the input) is loaded once per
+    # reduction step into a register: its padding block is kept for that, other producers are inlined.
+    shared = _shared_operands(block, channel) if tile > 1 else set()
     position = [sch.get(b).name_hint for b in blocks].index(block.name_hint)
+    staged = []
     for producer in reversed(blocks[:position]):
-        sch.compute_inline(producer)
+        written = sch.get(producer).writes[0].source
+        if _is_padding(sch.get(producer)) and any(written.same_as(b) for b in shared):
+            staged.append(producer)
+        else:
+            sch.compute_inline(producer)
+    for index, read in enumerate(sch.get(main).reads):
+        if any(read.source.same_as(b) for b in shared) and not any(
+            sch.get(p).writes[0].source.same_as(read.source) for p in staged
+        ):
+            staged.append(sch.cache_read(main, index, "local"))
     consumers = blocks[position + 1:]
     for consumer in consumers[:-1]:
         sch.compute_inline(consumer)
@@ -80,12 +108,9 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     if [int(sch.get(loop).extent) for loop in loops] != extents:
         raise NotApplicable("loops do not match the block's iterators")
     tile_loops = []
-    channel = _channel_axis(sch.get(main), extents)
-    if channel is not None:
-        tile = next((t for t in CHANNEL_TILES if extents[channel] % t == 0 and outputs // t >= THREADS), 1)
-        if tile > 1:
-            loops[channel], inner = sch.split(loops[channel], [None, tile])
-            tile_loops.append(inner)
+    if tile > 1:
+        loops[channel], inner = sch.split(loops[channel], [None, tile])
+        tile_loops.append(inner)
     spatial = [loop for loop, kind in zip(loops, kinds) if kind == _DATA_PAR]
     reduce = [loop for loop, kind in zip(loops, kinds) if kind == _REDUCE]
     sch.reorder(*spatial, *reduce, *tile_loops)
@@ -95,11 +120,20 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     sch.bind(block_loop, "blockIdx.x")
     sch.bind(thread_loop, "threadIdx.x")
     sch.reverse_compute_at(epilogue, thread_loop)
+    for stage in staged:
+        sch.set_scope(stage, 0, "local")
+        sch.compute_at(stage, reduce[-1])
     if reduce:
         sch.decompose_reduction(main, reduce[0])
     for loop in [*reduce, *tile_loops]:
         if int(sch.get(loop).extent) <= UNROLL_WINDOW:
             sch.unroll(loop)
+
+
+def _shared_operands(block: s_tir.SBlock, channel: int) -> set:
+    """Buffers the block reads independently of the channel iterator (its input, not its weights)."""
+    var = block.iter_vars[channel].var
+    return {read.source for read in block.reads if not _region_uses(read.region, var)}
 
 
 def _channel_axis(block: s_tir.SBlock, extents: list[int]) -> int | None:
