@@ -78,8 +78,7 @@ def offset_tensors(func: relax.Function, mod: tvm.IRModule) -> set[relax.Var]:
     safe: dict[relax.Var, bool] = {}
 
     def is_safe(var: relax.Var) -> bool:
-        if var not in safe:
-            safe[var] = False  # a cycle cannot occur in bindings; this only guards the recursion
+        if var not in safe:  # bindings define each variable once, before its uses: no cycles
             safe[var] = var not in returned and all(_kernel_use(b, var, mod, is_safe) for b in users.get(var, []))
         return safe[var]
 
