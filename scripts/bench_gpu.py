@@ -8,8 +8,9 @@ Per model and device, in one run on one machine:
   ships), and the LLVM build on this CPU, for reference;
 - per-kernel times for ``--kernels`` under both schedule sets: each VM call timed between device
   synchronisations over ``--kernel-runs`` runs (the sum exceeds the model's latency by the syncs).
-Latency is ``tvm-memplan measure``'s: the median and interquartile spread of ``--repeat`` timings,
-outputs checked against onnxruntime, storage requests traced. OpenCL runs on PoCL, a CPU: the
+Latency is ``tvm-memplan measure``'s, each variant of a model built once and timed in ``--rounds``
+interleaved rounds of ``--repeat`` timings (median and interquartile spread over all), outputs checked
+against onnxruntime, storage requests traced. OpenCL runs on PoCL, a CPU: the
 latencies are a software device's and say nothing about a phone's GPU.
 
     tvm-memplan setup-gpu
@@ -20,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import datetime
+import json
 import os
 import platform
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +34,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_memplan.deploy.measure import Measurement, measure
+from tvm_memplan.deploy.build import build_artifacts
+from tvm_memplan.deploy.measure import Device, Measurement, measure, measure_artifact, reference_outputs
 from tvm_memplan.deploy.targets import get_target
 from tvm_memplan.frontend import load_model
 from tvm_memplan.planner import plan_model
@@ -109,13 +114,49 @@ def kernel_section(spec: str, target: str, runs: int, top: int) -> list[str]:
     return lines
 
 
+def measure_rounds(spec: str, target: str, variants: dict[str, tuple[str, dict]], rounds: int, repeat: int,
+                   min_repeat_ms: int) -> dict[str, Measurement]:
+    """Each variant (label: (pipeline, build options)) built once, then timed in ``rounds`` interleaved
+    rounds (order reversed every other round) so that drift on the shared machine hits all alike."""
+    problem = get_target(target).runtime_problem()
+    if problem:
+        raise SystemExit(problem)
+    model = load_model(spec)
+    inputs = model.random_inputs(0)
+    reference = reference_outputs(model, inputs)
+    device = Device()
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
+        artifacts: dict[str, Path] = {}
+        by_options: dict[str, list[str]] = {}
+        for label, (_, options) in variants.items():
+            by_options.setdefault(json.dumps(options, sort_keys=True), []).append(label)
+        for key, labels in by_options.items():
+            outputs = {variants[label][0]: Path(scratch) / f"{label}.so" for label in labels}
+            built = build_artifacts(spec, target, outputs, **json.loads(key))
+            artifacts.update({label: built[variants[label][0]] for label in labels})
+        order = list(variants)
+        last: dict[str, Measurement] = {}
+        times: dict[str, list[float]] = {label: [] for label in order}
+        for index in range(rounds):
+            for label in order if index % 2 == 0 else order[::-1]:
+                last[label] = measure_artifact(device, artifacts[label], inputs, reference, repeat, min_repeat_ms)
+                times[label] += last[label].repeats_ms
+    results = {}
+    for label, measured in last.items():
+        q25, median, q75 = np.percentile(times[label], [25, 50, 75])
+        results[label] = dataclasses.replace(measured, latency_ms=float(median), latency_spread_ms=float(q75 - q25),
+                                             repeats_ms=times[label])
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=MODELS)
     parser.add_argument("--targets", nargs="+", default=["opencl"], help="GPU deploy targets (opencl, vulkan)")
     parser.add_argument("--dlight-models", nargs="*", default=[KERNEL_MODEL])
     parser.add_argument("--kernels", default=KERNEL_MODEL)
-    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of stock, memplan (and dlight)")
+    parser.add_argument("--repeat", type=int, default=4, help="timings per variant and round")
     parser.add_argument("--min-repeat-ms", type=int, default=50)
     parser.add_argument("--kernel-runs", type=int, default=5)
     parser.add_argument("--top", type=int, default=10)
@@ -124,18 +165,19 @@ def main() -> None:
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     started, load_before = time.time(), load()
     rows = []
-    timing = {"repeat": args.repeat, "min_repeat_ms": args.min_repeat_ms}
     for target in args.targets:
         device = device_name(target)
         for spec in args.models:
             printed = len(rows)
-            results = measure(spec, target, compare=True, **timing)
-            rows += [row(spec, device, p, SCHEDULES["default"], m) for p, m in results.items()]
+            variants = {"stock": ("stock", {}), "memplan": ("memplan", {})}
             if spec in args.dlight_models:
-                rows.append(row(spec, device, "memplan", SCHEDULES["none"],
-                                measure(spec, target, schedule="none", **timing)["memplan"]))
-                rows.append(row(spec, device_name("host"), "memplan", "tvm_memplan CPU",
-                                measure(spec, "host", **timing)["memplan"]))
+                variants["dlight"] = ("memplan", {"schedule": "none"})
+            results = measure_rounds(spec, target, variants, args.rounds, args.repeat, args.min_repeat_ms)
+            for label, m in results.items():
+                rows.append(row(spec, device, m.pipeline, SCHEDULES["none" if label == "dlight" else "default"], m))
+            if spec in args.dlight_models:
+                host = measure(spec, "host", repeat=args.rounds * args.repeat, min_repeat_ms=args.min_repeat_ms)
+                rows.append(row(spec, device_name("host"), "memplan", "tvm_memplan CPU", host["memplan"]))
             print(*rows[printed:], sep="\n", flush=True)
     kernels = kernel_section(args.kernels, args.targets[0], args.kernel_runs, args.top) if args.kernels else []
     lines = [
@@ -146,7 +188,8 @@ def main() -> None:
         f"{time.time() - started:,.0f} s), TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}. "
         "**The OpenCL device is PoCL, which runs kernels on this CPU: latencies are a software device's, "
         "not a GPU's.** Latency: median and interquartile spread of "
-        f"{args.repeat} timings (each at least {args.min_repeat_ms} ms). Requested: the VM's `alloc_storage` "
+        f"{args.rounds} x {args.repeat} timings (each at least {args.min_repeat_ms} ms), the variants of a model "
+        "built once and timed in interleaved rounds. Requested: the VM's `alloc_storage` "
         "calls in one run (outputs included); `= plan`: requested equals the plan (memplan's arena or "
         "TVM's blocks, plus outputs); `ensure_zero_offset`: calls in one run (on OpenCL each one at a nonzero "
         "offset copies a tensor outside the plan; free on the CPU). Correct: outputs against onnxruntime. Schedules: tvm_memplan's GPU rule "
