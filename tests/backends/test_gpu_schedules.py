@@ -60,6 +60,7 @@ CASES = {
     "depthwise5x5": (_conv(8, 5, padding=2, groups=8), (1, 8, 9, 9)),
     "conv3x3_stride2_stem": (_conv(8, 3, stride=2, padding=1), (1, 3, 16, 16)),
     "conv1x1": (_conv(12, 1), (1, 8, 7, 7)),
+    "conv3x3_batch2_partial_block": (_conv(8, 3, padding=1), (2, 4, 7, 7)),  # 196 threads in blocks of 128
     "grouped3x3": (_conv(8, 3, padding=1, groups=2), (1, 4, 6, 6)),
     "max_pool": (lambda bb, x: relax.op.nn.max_pool2d(x, 3, 2, 1), (1, 8, 9, 9)),
     "avg_pool": (lambda bb, x: relax.op.nn.avg_pool2d(x, 2, 2), (1, 8, 8, 8)),
