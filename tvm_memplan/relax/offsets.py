@@ -37,7 +37,7 @@ def with_offset_params(func: tirx.PrimFunc) -> tirx.PrimFunc:
             continue
         ty = param.ty
         offset = tirx.Var(f"{param.name}_elem_offset", ty.shape[0].ty if ty.shape else "int32")
-        new_ty = tir_buffer._ffi_api.BufferType(  # noqa: SLF001 - decl_buffer's constructor, which takes no layout object
+        new_ty = tir_buffer._ffi_api.BufferType(  # noqa: SLF001 - decl_buffer would make a new layout: keep every other field
             ty.storage_scope, ty.dtype, ty.shape, ty.strides, offset, ty.data_alignment, 1, ty.layout,
             ty.allocated_addr, None,
         )

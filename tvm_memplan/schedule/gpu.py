@@ -7,8 +7,9 @@ on PoCL than on the CPU). :class:`ThreadPerOutput` instead maps the fused output
 ``blockIdx.x``/``threadIdx.x`` and keeps the reduction inside the thread, in a local accumulator:
 producers (padding) are inlined, the epilogue (bias, activation, residual add) runs on the
 accumulator, and where a reused operand allows it (a convolution's output channels, recognised as
-in the CPU rules) each thread computes a few channels so one input load serves several
-multiply-adds. Only thread bindings and local buffers: the same TIR suits OpenCL, Vulkan and CUDA.
+in the CPU rules) each thread computes a few channels, loading the input element they share into a
+register once per reduction step. Only thread bindings and local buffers: the same TIR suits OpenCL,
+Vulkan and CUDA.
 """
 
 from __future__ import annotations
