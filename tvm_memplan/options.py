@@ -34,8 +34,9 @@ class MemplanOptions:
     order_seconds: float = 10.0
     """Seconds the execution-order search may spend per function."""
     schedule: str = "default"
-    """Kernel schedules on CPU targets: ``default`` (tvm_memplan's, tuned kernels kept) or
-    ``none`` (the loops TVM's pipeline emits, for comparison)."""
+    """Kernel schedules: ``default`` (tvm_memplan's: on CPU targets every kernel, tuned ones kept; on
+    GPU targets convolutions and pools, the rest dlight's) or ``none`` (what TVM's pipeline emits:
+    plain loops on CPU, dlight's rules alone on GPU; for comparison)."""
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):

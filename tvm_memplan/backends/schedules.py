@@ -1,4 +1,5 @@
-"""TVM's default GPU schedules (dlight), made to try the next rule when one breaks on a kernel.
+"""The GPU pipeline's schedules: tvm_memplan's rule for convolutions and pools, then TVM's default
+GPU rules (dlight), each made to try the next rule when one breaks on a kernel.
 
 dlight takes the first rule that returns a schedule, but a rule that raises stops the whole build.
 On small inputs that happens to valid kernels: a depthwise convolution whose output is 1x1 (MobileNetV2
@@ -11,6 +12,8 @@ from __future__ import annotations
 import tvm
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.base import ScheduleRule
+
+from ..schedule.gpu import ThreadPerOutput
 
 APPLY_DEFAULT_SCHEDULE = "ApplyDefaultSchedule"
 
@@ -28,14 +31,18 @@ class DeclineOnError(ScheduleRule):
             return None  # rules schedule a copy: func itself is untouched
 
 
-def generic_gpu_schedule() -> tvm.transform.Pass:
-    """The rules of ``relax.backend.gpu_generic.legalize_passes``, in its order, each declining on error."""
+def generic_gpu_schedule(schedule: str = "default") -> tvm.transform.Pass:
+    """The rules of ``relax.backend.gpu_generic.legalize_passes``, in its order, each declining on
+    error; with ``schedule="default"`` tvm_memplan's :class:`~tvm_memplan.schedule.gpu.ThreadPerOutput`
+    (convolutions, pools) goes first, ``"none"`` keeps TVM's rules alone (for comparison)."""
     rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    if schedule == "default":
+        rules = (ThreadPerOutput(), *rules)
     return dl.ApplyDefaultSchedule(*(DeclineOnError(rule) for rule in rules))
 
 
-def tolerate_rule_errors(passes: list, backend_name: str) -> list:
+def with_gpu_schedules(passes: list, backend_name: str, schedule: str = "default") -> list:
     """``passes`` with gpu_generic's ``ApplyDefaultSchedule`` replaced by :func:`generic_gpu_schedule`."""
     if backend_name != "gpu_generic":
         return passes
-    return [generic_gpu_schedule() if p.info.name == APPLY_DEFAULT_SCHEDULE else p for p in passes]
+    return [generic_gpu_schedule(schedule) if p.info.name == APPLY_DEFAULT_SCHEDULE else p for p in passes]

@@ -67,7 +67,8 @@ def model_planner_options(parser: argparse.ArgumentParser) -> None:
                         help="execution order: as imported, TVM's depth-/breadth-first TopologicalSort, or searched (default)")
     parser.add_argument("--order-seconds", type=float, default=10.0, metavar="S", help="time budget of the order search (default 10)")
     parser.add_argument("--schedule", choices=list(SCHEDULES), default="default",
-                        help="kernel schedules on CPU targets: tvm_memplan's defaults, or none (TVM's loops, for comparison)")
+                        help="kernel schedules: tvm_memplan's defaults (CPU: every kernel; GPU: convolutions and pools, "
+                        "the rest dlight's), or none (TVM's own: plain loops on CPU, dlight on GPU; for comparison)")
 
 
 def model_planner_kwargs(args: argparse.Namespace) -> dict:

@@ -17,7 +17,6 @@ import numpy as np
 import onnx
 import tvm
 
-from ..backends.sidecars import SIDECARS
 from ..errors import UserError
 from ..frontend import LoadedModel, load_model
 from ..planner import ModelPlan, plan_model
@@ -94,10 +93,6 @@ def output_bytes(model: onnx.ModelProto) -> int:
 def plan_for(model: LoadedModel, target: DeployTarget, tuning_dir: str | None = None, **options: Any) -> ModelPlan:
     """Plan ``model`` for ``target``, with kernels from a MetaSchedule database when given one."""
     target.check_codegen()
-    if target.device in SIDECARS and options.get("inplace") is None:
-        # These devices have no host pointer arithmetic: ensure_zero_offset copies a tensor at a
-        # nonzero arena offset, so bytes shared by design (in place, concat) would diverge (issue 10).
-        options["inplace"] = False
     tvm_target = target.tvm_target()
     with tvm_target:  # some backends (Adreno) read the current target while composing passes
         plan = plan_model(model, tvm_target, **options)
@@ -158,12 +153,18 @@ def build_artifacts(
     cross_compiler: str | None = None,
     **options: Any,
 ) -> dict[str, Path]:
-    """Plan once and build one artifact per pipeline (``{pipeline: path}``): the kernels are identical."""
+    """Plan once and build one artifact per pipeline (``{pipeline: path}``): the kernels are identical,
+    except ``tvm``'s on GPU targets (TVM's own schedules)."""
     target = get_target(target_name, cross_compiler)
-    plan = plan_for(load_model(spec), target, tuning_dir, **options)
+    model = load_model(spec)
+    plan = plan_for(model, target, tuning_dir, **options)
     for pipeline, path in outputs.items():
-        manifest = manifest_for(plan, spec, target, pipeline, tuning_dir, cross_compiler)
-        export(compile_plan(plan, pipeline), target, manifest, Path(path))
+        chosen = plan
+        if pipeline == TVM_STOCK and plan.target.kind.name not in ("llvm", "c"):
+            # GPU kernels are scheduled before planning: TVM's own (dlight alone) need a plan of their own
+            chosen = plan_for(model, target, tuning_dir, **{**options, "schedule": "none"})
+        manifest = manifest_for(chosen, spec, target, pipeline, tuning_dir, cross_compiler)
+        export(compile_plan(chosen, pipeline), target, manifest, Path(path))
     return outputs
 
 

@@ -66,6 +66,9 @@ class Measurement:
     """The device's TVM_NUM_THREADS (None: unset, one thread, or a server that cannot say)."""
     source: str
     """What was measured: the model spec or the artifact the user named."""
+    zero_offset_calls: int | None = None
+    """``ensure_zero_offset`` calls in one call (None when the server cannot trace): on OpenCL and
+    Vulkan each one at a nonzero offset copies a tensor out of the plan."""
     time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     def summary(self) -> dict[str, Any]:
@@ -180,6 +183,7 @@ def measure_artifact(
         max_abs_diff=max_abs_diff,
         reference=reference[1],
         tvm_num_threads=traced.get("tvm_num_threads"),
+        zero_offset_calls=traced.get("zero_offset_calls"),
         source=source or str(artifact),
     )
 

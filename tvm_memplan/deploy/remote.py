@@ -26,31 +26,38 @@ import time
 TRACE_FUNCTION = "tvm_memplan.vm_alloc_trace"
 
 
-def alloc_trace(executable_module, device, *inputs) -> list[int]:
-    """Run ``main`` once and return the byte size of every ``vm.builtin.alloc_storage`` call."""
+def alloc_trace(executable_module, device, *inputs) -> tuple[list[int], int]:
+    """Run ``main`` once: the byte size of every ``vm.builtin.alloc_storage`` call, and the number of
+    ``vm.builtin.ensure_zero_offset`` calls (on OpenCL/Vulkan each at a nonzero offset is a copy)."""
     from tvm import relax
 
     sizes: list[int] = []
+    zero_offset_calls = 0
 
     def instrument(func, func_symbol, before_run, ret_value, *args) -> int:
+        nonlocal zero_offset_calls
         # vm.builtin.alloc_storage(ctx, Shape([nbytes]), device_index, dtype_hint, scope)
         if before_run and func_symbol == "vm.builtin.alloc_storage":
             sizes.append(int(args[1][0]))
+        elif before_run and func_symbol == "vm.builtin.ensure_zero_offset":
+            zero_offset_calls += 1
         return 0
 
     vm = relax.VirtualMachine(executable_module, device)
     vm.set_instrument(instrument)
     vm["main"](*inputs)
-    return sizes
+    return sizes, zero_offset_calls
 
 
 def register_trace_function() -> None:
     """Register :data:`TRACE_FUNCTION`, returning JSON (RPC carries strings, not lists or dicts):
-    ``{"storage": [bytes, ...], "tvm_num_threads": "2" or null}`` from the device's side."""
+    ``{"storage": [bytes, ...], "zero_offset_calls": n, "tvm_num_threads": "2" or null}`` from the
+    device's side."""
     import tvm
 
     def trace(mod, dev, *inputs) -> str:
-        return json.dumps({"storage": alloc_trace(mod, dev, *inputs),
+        storage, zero_offset_calls = alloc_trace(mod, dev, *inputs)
+        return json.dumps({"storage": storage, "zero_offset_calls": zero_offset_calls,
                            "tvm_num_threads": os.environ.get("TVM_NUM_THREADS")})
 
     tvm.register_global_func(TRACE_FUNCTION, trace, override=True)

@@ -14,6 +14,7 @@ from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem
 from ..planning.aliasing import plan_aliased
 from .extract import extract_plan_input
 from .module import relax_functions, with_functions
+from .offsets import kernels_take_offsets, offset_tensors
 from .rewrite import apply_plans
 
 ARENA_PASS_NAME = "tvm_memplan.ArenaPlanBlockMemory"
@@ -64,7 +65,8 @@ def plan_function(
     planned = [plan_aliased(arena.problem, time_budget=options.time_budget) for arena in plan_input.arenas]
     plans = [plan for plan, _ in planned]
     bounds = [coalesced.lower_bound() for _, coalesced in planned]
-    new_func = apply_plans(func, plan_input.arenas, plans, plan_input.decisions.removed_calls)
+    at_offset = offset_tensors(func, mod) if kernels_take_offsets(tvm.target.Target.current(allow_none=True)) else set()
+    new_func = apply_plans(func, plan_input.arenas, plans, plan_input.decisions.removed_calls, at_offset)
     arenas = []
     for arena, plan, bound in zip(plan_input.arenas, plans, bounds):
         alias_of = arena.problem.aliases

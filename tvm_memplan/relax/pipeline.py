@@ -8,10 +8,11 @@ from typing import Any, Callable
 
 import tvm
 
-from ..backends.schedules import tolerate_rule_errors
+from ..backends.schedules import with_gpu_schedules
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
+from .offsets import KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
 
@@ -63,10 +64,11 @@ class Stages:
     """``StaticPlanBlockMemory`` and everything after it."""
 
 
-def stage_passes(target: tvm.target.Target) -> Stages:
-    """TVM's passes for ``target`` split at the insertion points of reordering and arena planning."""
+def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages:
+    """TVM's passes for ``target`` split at the insertion points of reordering and arena planning.
+    GPU kernels are scheduled in the first stage: ``schedule="none"`` leaves them to TVM's rules."""
     backend = _backend_module(target)
-    legalize = tolerate_rule_errors(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2])
+    legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
     before = backend.library_dispatch_passes(target) + legalize + backend.dataflow_lower_passes(target)
     finalize = list(backend.finalize_passes(target))
     names = [p.info.name for p in finalize]
@@ -80,11 +82,15 @@ def stage_passes(target: tvm.target.Target) -> Stages:
 
 
 def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
-    """The kernel-scheduling passes for ``target``: tvm_memplan's default CPU schedules for
-    ``llvm``/``c`` targets unless ``schedule="none"``; GPU targets keep TVM's own (dlight)."""
-    if options.schedule == "none" or target.kind.name not in ("llvm", "c"):
-        return []
-    return [DefaultCPUSchedule(target)]
+    """The kernel passes after planning: tvm_memplan's default CPU schedules for ``llvm``/``c``
+    targets unless ``schedule="none"`` (GPU kernels are scheduled before planning, in
+    :func:`stage_passes`); on OpenCL and Vulkan, kernels that read their buffers at an offset."""
+    passes = []
+    if options.schedule != "none" and target.kind.name in ("llvm", "c"):
+        passes.append(DefaultCPUSchedule(target))
+    if kernels_take_offsets(target):
+        passes.append(KernelOffsetParams())
+    return passes
 
 
 def pipeline(
@@ -102,12 +108,13 @@ def pipeline(
     unset ones come from :func:`tvm_memplan.config` when the pipeline runs.
     """
     resolved_target = resolve_target(target)
-    stages = stage_passes(resolved_target)
-    MemplanOptions().updated(**options)  # reject unknown options now, not at compile time
+    stage_passes(resolved_target)  # reject a target without a Relax pipeline now, not at compile time
+    MemplanOptions().updated(**options)  # likewise unknown options
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         run_options = current_options().updated(**options)
+        stages = stage_passes(resolved_target, run_options.schedule)
         with resolved_target:
             seq = tvm.transform.Sequential(
                 stages.dataflow

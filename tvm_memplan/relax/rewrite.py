@@ -16,14 +16,16 @@ def apply_plans(
     arenas: Sequence[ArenaProblem],
     plans: Sequence[Plan],
     removed_calls: AbstractSet[relax.Var] = frozenset(),
+    at_offset: AbstractSet[relax.Var] = frozenset(),
 ) -> relax.Function:
     """Rewrite ``func`` so every planned tensor lives at its offset in its arena.
 
     Each planned ``alloc = R.builtin.alloc_tensor(...)`` becomes
     ``R.memory.alloc_tensor(arena, offset, ...)`` wrapped in ``R.memory.ensure_zero_offset``:
     generated kernels assert a zero byte offset, and the wrapper folds a 64-byte-aligned offset
-    into the data pointer without copying. Bindings in ``removed_calls`` (concats whose inputs
-    were written in place) are dropped.
+    into the data pointer without copying. Tensors in ``at_offset`` (read only by kernels that take
+    an ``elem_offset``: :mod:`.offsets`) stay at their offsets unwrapped. Bindings in
+    ``removed_calls`` (concats whose inputs were written in place) are dropped.
     """
     replacements: dict[relax.Var, list[relax.Binding]] = {}
     arena_bindings: list[relax.Binding] = []
@@ -43,18 +45,15 @@ def apply_plans(
             )
         )
         for site, offset in zip(arena.sites, plan.offsets):
+            tensor = relax.op.memory.alloc_tensor(
+                storage, offset, relax.ShapeExpr(list(site.shape)), site.dtype, site.device_index
+            )
+            if site.var in at_offset:
+                replacements[site.var] = [relax.VarBinding(site.var, tensor)]
+                continue
             placed = relax.Var(f"{site.var.name}_at{offset}", site.var.ty)
             replacements[site.var] = [
-                relax.VarBinding(
-                    placed,
-                    relax.op.memory.alloc_tensor(
-                        storage,
-                        offset,
-                        relax.ShapeExpr(list(site.shape)),
-                        site.dtype,
-                        site.device_index,
-                    ),
-                ),
+                relax.VarBinding(placed, tensor),
                 relax.VarBinding(site.var, relax.op.memory.ensure_zero_offset(placed)),
             ]
     if not replacements and not removed_calls:

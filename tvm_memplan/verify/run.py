@@ -12,14 +12,18 @@ from tvm import relax
 
 @dataclass
 class AllocationTrace:
-    """The byte sizes of the VM's ``alloc_storage`` calls, in order."""
+    """The byte sizes of the VM's ``alloc_storage`` calls, in order, and its ``ensure_zero_offset``
+    calls (on OpenCL and Vulkan each one at a nonzero offset is a copy outside every plan)."""
 
     storage_bytes: list[int] = field(default_factory=list)
+    zero_offset_calls: int = 0
 
     def instrument(self, func, func_symbol: str, before_run: bool, ret_value, *args) -> int:
         # vm.builtin.alloc_storage(ctx, Shape([nbytes]), device_index, dtype_hint, scope)
         if before_run and func_symbol == "vm.builtin.alloc_storage":
             self.storage_bytes.append(int(args[1][0]))
+        elif before_run and func_symbol == "vm.builtin.ensure_zero_offset":
+            self.zero_offset_calls += 1
         return 0
 
 

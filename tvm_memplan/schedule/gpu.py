@@ -1,0 +1,146 @@
+"""A GPU schedule for convolutions and pools: each thread computes whole output elements.
+
+dlight's reduction rules give every output element a workgroup that reduces across its threads.
+That suits long reductions (a dense layer's 1280 inputs), not a convolution window: a 3x3 depthwise
+output becomes a 256-thread workgroup with 9 active threads (MobileNetV2-0.35 @ 144 ran 40x slower
+on PoCL than on the CPU). :class:`ThreadPerOutput` instead maps the fused output elements onto
+``blockIdx.x``/``threadIdx.x`` and keeps the reduction inside the thread, in a local accumulator:
+producers (padding) are inlined, the epilogue (bias, activation, residual add) runs on the
+accumulator, and where a reused operand allows it (a convolution's output channels, recognised as
+in the CPU rules) each thread computes a few channels, loading the input element they share into a
+register once per reduction step. Only thread bindings and local buffers: the same TIR suits OpenCL,
+Vulkan and CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import max_threads_per_block
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+
+from .rules import (
+    _DATA_PAR,
+    _FAILURES,
+    _REDUCE,
+    NotApplicable,
+    _blocks,
+    _is_output,
+    _is_padding,
+    _is_reduction,
+    _reduction_axes,
+    _region_uses,
+)
+
+THREADS = 128
+"""Threads per block: a multiple of any GPU's warp or wavefront, small enough for every device."""
+CHANNEL_TILES = (4, 2)
+"""Output channels per thread where the input is reused across channels, largest that divides."""
+UNROLL_WINDOW = 7
+"""Reduction loops up to this extent (kernel windows) are unrolled."""
+
+
+class ThreadPerOutput(GPUScheduleRule):
+    """Kernels with one reduction block whose outputs outnumber its reduction length (convolutions,
+    depthwise convolutions, pools): one thread per output element or channel tile. Declines the rest
+    (dense layers, softmax, norms), which dlight's reduction rules schedule better."""
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            thread_per_output(sch, max_threads_per_block(target))
+        except (NotApplicable, *_FAILURES):
+            return None
+        return sch
+
+
+def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
+    """Schedule ``sch``'s function as described in the module docstring, or raise NotApplicable."""
+    blocks = _blocks(sch)
+    reductions = [b for b in blocks if _is_reduction(sch.get(b))]
+    if len(reductions) != 1:
+        raise NotApplicable("needs exactly one reduction block")
+    main = reductions[0]
+    block = sch.get(main)
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    if any(kind not in (_DATA_PAR, _REDUCE) for kind in kinds):
+        raise NotApplicable("iterators other than spatial and reduction")
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]  # TypeError on symbolic shapes
+    outputs = math.prod(e for e, k in zip(extents, kinds) if k == _DATA_PAR)
+    if outputs < math.prod(e for e, k in zip(extents, kinds) if k == _REDUCE):
+        raise NotApplicable("a long reduction: dlight's cross-thread reductions suit it")
+
+    channel = _channel_axis(block, extents)
+    tile = 1
+    if channel is not None:
+        tile = next((t for t in CHANNEL_TILES if extents[channel] % t == 0 and outputs // t >= THREADS), 1)
+    # Where a thread computes several channels, the operand they share (the input) is loaded once per
+    # reduction step into a register: its padding block is kept for that, other producers are inlined.
+    shared = _shared_operands(block, channel) if tile > 1 else set()
+    position = [sch.get(b).name_hint for b in blocks].index(block.name_hint)
+    staged = []
+    for producer in reversed(blocks[:position]):
+        written = sch.get(producer).writes[0].source
+        if _is_padding(sch.get(producer)) and any(written.same_as(b) for b in shared):
+            staged.append(producer)
+        else:
+            sch.compute_inline(producer)
+    for index, read in enumerate(sch.get(main).reads):
+        if any(read.source.same_as(b) for b in shared) and not any(
+            sch.get(p).writes[0].source.same_as(read.source) for p in staged
+        ):
+            staged.append(sch.cache_read(main, index, "local"))
+    consumers = blocks[position + 1:]
+    for consumer in consumers[:-1]:
+        sch.compute_inline(consumer)
+    if consumers:
+        epilogue = consumers[-1]
+        sch.set_scope(main, 0, "local")
+    else:
+        epilogue = sch.cache_write(main, 0, "local")
+    if not _is_output(sch, epilogue):
+        raise NotApplicable("the last block is not the output")
+
+    loops = list(sch.get_loops(main))
+    if [int(sch.get(loop).extent) for loop in loops] != extents:
+        raise NotApplicable("loops do not match the block's iterators")
+    tile_loops = []
+    if tile > 1:
+        loops[channel], inner = sch.split(loops[channel], [None, tile])
+        tile_loops.append(inner)
+    spatial = [loop for loop, kind in zip(loops, kinds) if kind == _DATA_PAR]
+    reduce = [loop for loop, kind in zip(loops, kinds) if kind == _REDUCE]
+    sch.reorder(*spatial, *reduce, *tile_loops)
+    fused = sch.fuse(*spatial)
+    threads = min(THREADS, max_threads, int(sch.get(fused).extent))
+    block_loop, thread_loop = sch.split(fused, [None, threads])
+    sch.bind(block_loop, "blockIdx.x")
+    sch.bind(thread_loop, "threadIdx.x")
+    sch.reverse_compute_at(epilogue, thread_loop)
+    for stage in staged:
+        sch.set_scope(stage, 0, "local")
+        sch.compute_at(stage, reduce[-1])
+    if reduce:
+        sch.decompose_reduction(main, reduce[0])
+    for loop in [*reduce, *tile_loops]:
+        if int(sch.get(loop).extent) <= UNROLL_WINDOW:
+            sch.unroll(loop)
+
+
+def _shared_operands(block: s_tir.SBlock, channel: int) -> set:
+    """Buffers the block reads independently of the channel iterator (its input, not its weights)."""
+    var = block.iter_vars[channel].var
+    return {read.source for read in block.reads if not _region_uses(read.region, var)}
+
+
+def _channel_axis(block: s_tir.SBlock, extents: list[int]) -> int | None:
+    """The spatial iterator a thread tiles: one operand (the input) is read along the output's last
+    axis but not along it, so its loads serve every channel of the tile (the CPU rules' reuse axis)."""
+    try:
+        return _reduction_axes(block, extents).reuse
+    except NotApplicable:
+        return None
