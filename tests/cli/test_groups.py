@@ -1,0 +1,44 @@
+"""``plan --groups`` and ``bench --groups``: the report, the JSON rows, and one-line errors."""
+
+import json
+
+import pytest
+
+from .test_plan import run_cli
+
+
+@pytest.mark.parametrize("argv", [("bench", "--groups", "0"), ("bench", "--groups", "x"), ("bench", "--groups", "1,,2"),
+                                  ("plan", "--groups", "0"), ("plan", "--groups", "-3")])
+def test_bad_group_settings_are_one_line_and_exit_2(capsys, small_onnx, argv):
+    command, *rest = argv
+    code, out, err = run_cli(capsys, command, small_onnx, *rest)
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and "groups must be" in err
+
+
+def test_plan_groups_reports_layers_and_the_unconstrained_arena(capsys, small_onnx):
+    code, out, _ = run_cli(capsys, "plan", small_onnx, "--groups", "1", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["groups"] == 1
+    assert 0 < report["layers"] == report["group_count"] <= report["kernels"]
+    assert report["lower_bound_bytes"] <= report["arena_bytes"]
+    assert report["arena_bytes"] >= report["unconstrained_arena_bytes"] > 0
+    code, out, _ = run_cli(capsys, "plan", small_onnx, "--groups", "seq")
+    assert code == 0 and "arena without the F-predicate" in out
+
+
+@pytest.mark.slow
+def test_bench_json_rows(capsys, small_onnx):
+    code, out, _ = run_cli(capsys, "bench", small_onnx, "--groups", "seq,1", "--repeat", "2", "--min-repeat-ms", "1", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert [row["groups"] for row in result["rows"]] == ["seq", 1]
+    assert [row["pipeline"] for row in result["baselines"]] == ["memplan", "stock"]
+    for row in result["rows"] + result["baselines"]:
+        for key in ("latency_ms", "latency_spread_ms", "arena_bytes", "launches"):
+            assert row[key] >= 0
+        assert row["identical"] and row["correct"] and row["requested_equals_plan"]
+    seq, one = result["rows"]
+    assert one["group_launches"] == one["layers"] <= seq["group_launches"] == seq["launches"]
+    assert result["naive_bytes"] >= max(row["arena_bytes"] for row in result["rows"])
