@@ -39,8 +39,8 @@ class MemplanOptions:
     ``none`` (the loops TVM's pipeline emits, for comparison)."""
     groups: GroupSetting | None = None
     """Layer grouping (seed 000): None (off), ``seq`` (layer-wise order, one kernel a group),
-    a group count per layer, or ``auto`` (cost-aware). Tensors a group uses never share bytes;
-    the order becomes layer-wise and in-place kernels are off (a group's kernels may run at once)."""
+    a group count per layer, or ``auto`` (cost-aware). Tensors a group uses never share bytes
+    and the order becomes layer-wise: a group's kernels may run at once."""
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):

@@ -21,7 +21,8 @@ def test_plan_groups_reports_layers_and_the_unconstrained_arena(capsys, small_on
     assert code == 0
     report = json.loads(out)
     assert report["groups"] == 1
-    assert 0 < report["layers"] == report["group_count"] <= report["kernels"]
+    # layers count the concat the planner writes in place; groups and kernels only what launches
+    assert 0 < report["group_count"] <= min(report["layers"], report["kernels"])
     assert report["lower_bound_bytes"] <= report["arena_bytes"]
     assert report["arena_bytes"] >= report["unconstrained_arena_bytes"] > 0
     code, out, _ = run_cli(capsys, "plan", small_onnx, "--groups", "seq")
@@ -40,5 +41,6 @@ def test_bench_json_rows(capsys, small_onnx):
             assert row[key] >= 0
         assert row["identical"] and row["correct"] and row["requested_equals_plan"]
     seq, one = result["rows"]
-    assert one["group_launches"] == one["layers"] <= seq["group_launches"] == seq["launches"]
+    assert seq["group_launches"] == seq["launches"]
+    assert one["group_launches"] <= min(one["layers"], seq["group_launches"])
     assert result["naive_bytes"] >= max(row["arena_bytes"] for row in result["rows"])

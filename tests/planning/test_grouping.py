@@ -65,6 +65,13 @@ def test_maxdist_layers_follow_the_longest_path():
     assert names == [["stem"], ["b1", "b2a", "b3a", "b4"], ["b2b", "b3b"], ["cat"], ["head"]]
 
 
+def test_layers_from_the_outputs_run_short_branches_late():
+    ops, _ = inception_block()
+    layering = maxdist_layers(ops, from_outputs=True)
+    names = [[ops[i].name for i in layer] for layer in layering.layers]
+    assert names == [["stem"], ["b2a", "b3a"], ["b1", "b2b", "b3b", "b4"], ["cat"], ["head"]]
+
+
 def test_views_add_no_depth_and_follow_their_producers_layer():
     ops = [
         Operator("a", ("x",), ("a",)),
@@ -146,10 +153,14 @@ def test_cost_model_groups_small_operators_and_keeps_big_ones_apart():
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10**6), count=st.integers(2, 40), groups=st.sampled_from([SEQ, 1, 2, 3, 8]))
-def test_grouped_plans_keep_the_f_predicate(seed, count, groups):
+@given(seed=st.integers(0, 10**6), count=st.integers(2, 40), groups=st.sampled_from([SEQ, 1, 2, 3, 8]),
+       from_outputs=st.booleans())
+def test_grouped_plans_keep_the_f_predicate(seed, count, groups, from_outputs):
     ops, sizes = random_dag(seed, count)
-    layering = maxdist_layers(ops)
+    layering = maxdist_layers(ops, from_outputs=from_outputs)
+    for layer in layering.layers:  # operators of one layer are independent
+        produced = {t for op in layer for t in ops[op].outputs}
+        assert not any(t in produced for op in layer for t in ops[op].inputs)
     schedule = group_schedule(layering, groups)
     assert sorted(schedule.order) == list(range(count))
     assert sorted(op for group in schedule.groups for op in group) == list(range(count))

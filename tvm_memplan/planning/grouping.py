@@ -51,31 +51,51 @@ class Layering:
         return max((len(layer) for layer in self.layers), default=0)
 
 
-def maxdist_layers(operators: Sequence[Operator], is_view: Callable[[int], bool] | None = None) -> Layering:
+def maxdist_layers(
+    operators: Sequence[Operator], is_view: Callable[[int], bool] | None = None, from_outputs: bool = False
+) -> Layering:
     """Seed 000 §3.2: ``maxdist(v)`` = 0 without predecessors, else 1 + the deepest predecessor's.
 
     A tensor's producer is the operator that lists it in ``outputs``. Views (``is_view``) launch
-    nothing, so they add no depth: they take their producers' depth, and their consumers count
-    from it. Operators must be in a topological order.
+    nothing, so they add no depth: their consumers count from the views' producers, and a view
+    sits right after its deepest producer's layer. Operators must be in a topological order.
+    ``from_outputs`` measures the longest path to the outputs instead (as late as possible, same
+    number of layers): a branch that only feeds a join, such as a projection shortcut, then runs
+    next to the join rather than at the top, holding its output for less time.
     """
     producer: dict[Hashable, int] = {}
-    depth: list[int] = []
-    layers: list[list[int]] = []
-    views: dict[int, list[int]] = {}
+    kernel_preds: list[set[int]] = []  # per operator: the kernels it depends on through views
+    views = {i for i in range(len(operators)) if is_view is not None and is_view(i)}
     for index, op in enumerate(operators):
-        preds = [depth[producer[t]] for t in op.inputs if t in producer]
-        if is_view is not None and is_view(index):
-            d = max(preds, default=-1)
-            views.setdefault(d, []).append(index)
-        else:
-            d = 1 + max(preds, default=-1)
-            while len(layers) <= d:
-                layers.append([])
-            layers[d].append(index)
-        depth.append(d)
+        preds: set[int] = set()
+        for t in op.inputs:
+            if t in producer:
+                p = producer[t]
+                preds |= kernel_preds[p] if p in views else {p}
+        kernel_preds.append(preds)
         for t in op.outputs:
             producer.setdefault(t, index)
-    return Layering(layers, views)
+    kernels = [i for i in range(len(operators)) if i not in views]
+    depth: dict[int, int] = {}
+    for i in kernels:
+        depth[i] = 1 + max((depth[p] for p in kernel_preds[i]), default=-1)
+    if from_outputs:
+        last = max(depth.values(), default=0)
+        succs: dict[int, list[int]] = {i: [] for i in kernels}
+        for i in kernels:
+            for p in kernel_preds[i]:
+                succs[p].append(i)
+        height: dict[int, int] = {}
+        for i in reversed(kernels):
+            height[i] = 1 + max((height[s] for s in succs[i]), default=-1)
+        depth = {i: last - height[i] for i in kernels}
+    layers: list[list[int]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+    for i in kernels:
+        layers[depth[i]].append(i)
+    placed: dict[int, list[int]] = {}
+    for i in sorted(views):
+        placed.setdefault(max((depth[p] for p in kernel_preds[i]), default=-1), []).append(i)
+    return Layering(layers, placed)
 
 
 def split_layer(layer: Sequence[int], groups: GroupSetting) -> list[list[int]]:

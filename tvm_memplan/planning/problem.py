@@ -91,13 +91,20 @@ class Problem:
                 raise ValueError(f"alias offset {delta} of buffer {i} is not a non-negative multiple of {self.alignment}")
 
     def _concurrent_pairs(self) -> list[tuple[int, int]]:
-        """Pairs alive in one concurrent range whose own lifetimes are disjoint."""
+        """Pairs alive in one concurrent range whose own lifetimes are disjoint.
+
+        Members of one alias group are left out: whoever aliased them (in-place kernels, concat
+        slices) knew the groups and shares their bytes by design.
+        """
+        if not self.concurrent:
+            return []
+        root = [self.alias_root(i)[0] for i in range(len(self.buffers))]
         pairs = []
         for lo, hi in self.concurrent:
             inside = [i for i, b in enumerate(self.buffers) if b.start < hi and lo < b.end]
             for a, i in enumerate(inside):
                 for j in inside[a + 1:]:
-                    if not self.buffers[i].lives_with(self.buffers[j]):
+                    if root[i] != root[j] and not self.buffers[i].lives_with(self.buffers[j]):
                         pairs.append((i, j))
         return pairs
 

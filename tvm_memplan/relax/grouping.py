@@ -9,7 +9,7 @@ step ranges each group occupies, which the arena planner turns into the F-predic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import tvm
 from tvm import relax
@@ -23,14 +23,18 @@ from ..planning.grouping import (
     Layering,
     cost_aware_groups,
     group_schedule,
+    grouped_problem,
     maxdist_layers,
     split_layer,
 )
 from .inplace import prim_func_of
 from .module import relax_functions, with_blocks, with_functions
+from .reorder import _escaping_vars, block_graph
 from .tensor_types import static_nbytes
 
 LAYER_ORDER_PASS_NAME = "tvm_memplan.LayerOrder"
+LAYERING_ATTR = "tvm_memplan.layers_from_outputs"
+"""Function attribute LayerOrder leaves for the arena planner: 1 when layers count from the outputs."""
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _BUILTIN_ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
 
@@ -47,34 +51,78 @@ def _is_dataflow_view(value: relax.Expr) -> bool:
     return isinstance(value, relax.Call) and value.op.same_as(_RESHAPE)
 
 
-def dataflow_layering(block: relax.DataflowBlock) -> Layering:
-    """The block's bindings as maxdist layers; views take their producer's depth."""
+def _view_source(value: relax.Expr) -> relax.Var | None:
+    source = value if isinstance(value, relax.Var) else (
+        value.tuple_value if isinstance(value, relax.TupleGetItem) else getattr(value, "args", [None])[0]
+    )
+    return source if isinstance(source, relax.Var) else None
+
+
+def _splitter(setting: GroupSetting, touched_bytes: Mapping[int, int], out_bytes: Mapping[int, int]):
+    """How one layer is cut: :func:`split_layer`, or the cost model for ``auto``."""
+    if setting != AUTO:
+        return lambda layer: split_layer(layer, setting)
+    seconds = {op: nbytes / BYTES_PER_SECOND for op, nbytes in touched_bytes.items()}
+    return lambda layer: cost_aware_groups(layer, seconds, out_bytes, AUTO_COST_MODEL)
+
+
+def _block_costs(block: relax.DataflowBlock, escaping: set[relax.Var], mod: tvm.IRModule, inplace: bool, setting: GroupSetting):
+    """Per layering direction: (order, its cost). The cost is the sequential peak as
+    ReorderForMemory models it (in-place included), and with groups also the F-aware lower bound
+    of the grouped order (in-place left out), whichever is larger."""
     bindings = list(block.bindings)
     operators = [Operator(i, tuple(relax.analysis.free_vars(b.value)), (b.var,)) for i, b in enumerate(bindings)]
-    return maxdist_layers(operators, is_view=lambda i: _is_dataflow_view(bindings[i].value))
+    views = {i for i, b in enumerate(bindings) if _is_dataflow_view(b.value)}
+    sizes = {b.var: static_nbytes(b.var.ty) for i, b in enumerate(bindings) if i not in views and b.var not in escaping}
+    aliases = {b.var: _view_source(b.value) for i, b in enumerate(bindings) if i in views and _view_source(b.value) is not None}
+    out_bytes = {i: static_nbytes(b.var.ty) for i, b in enumerate(bindings) if i not in views}
+    touched = {i: out_bytes[i] + sum(static_nbytes(v.ty) for v in operators[i].inputs) for i in out_bytes}
+    graph = block_graph(block, escaping, mod, inplace)
+    costs = []
+    for from_outputs in (False, True):
+        layering = maxdist_layers(operators, is_view=views.__contains__, from_outputs=from_outputs)
+        schedule = group_schedule(layering, setting, _splitter(setting, touched, out_bytes))
+        peak = graph.peak(schedule.order)
+        if setting != SEQ:
+            peak = max(peak, grouped_problem(operators, sizes, schedule, aliases).lower_bound())
+        costs.append((schedule.order, peak))
+    return costs
 
 
-def LayerOrder() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
-    """Reorder every dataflow block layer by layer, each layer in program order, views right
-    after their producer's layer: any cut of a layer into consecutive runs is then a valid group."""
+def LayerOrder(setting: GroupSetting = SEQ, inplace: bool = True) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+    """Reorder every dataflow block layer by layer, group by group, views right after their
+    producer's layer, so that every group of ``setting`` is a run of consecutive kernels.
+
+    Layers count from the inputs (seed 000's maxdist) or from the outputs, whichever costs less
+    memory (see :func:`_block_costs`; ties keep the seed's). The choice is left in a function
+    attribute for the arena planner, which finds the same layers and groups after lowering.
+    """
 
     @tvm.transform.module_pass(opt_level=0, name=LAYER_ORDER_PASS_NAME)
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         updates = {}
         for gvar, func in relax_functions(mod):
-            blocks, changed = [], False
-            for block in func.body.blocks:
-                if not isinstance(block, relax.DataflowBlock) or len(block.bindings) < 2:
-                    blocks.append(block)
-                    continue
-                order = group_schedule(dataflow_layering(block), SEQ).order
-                changed |= order != list(range(len(block.bindings)))
-                blocks.append(relax.DataflowBlock([block.bindings[i] for i in order]))
-            if changed:
-                updates[gvar] = with_blocks(func, blocks)
+            per_block = []
+            for index, block in enumerate(func.body.blocks):
+                if isinstance(block, relax.DataflowBlock) and len(block.bindings) > 1:
+                    per_block.append((index, _block_costs(block, _escaping_vars(func, index), mod, inplace, setting)))
+            if not per_block:
+                continue
+            from_outputs = max(c[1][1] for _, c in per_block) < max(c[0][1] for _, c in per_block)
+            blocks = list(func.body.blocks)
+            for index, costs in per_block:
+                order = costs[int(from_outputs)][0]
+                blocks[index] = relax.DataflowBlock([blocks[index].bindings[i] for i in order])
+            updates[gvar] = with_blocks(func, blocks).with_attr(LAYERING_ATTR, int(from_outputs))
         return with_functions(mod, updates)
 
     return _pass
+
+
+def layers_from_outputs(func: relax.Function) -> bool:
+    """The layering LayerOrder chose for ``func`` (from the inputs when it did not run)."""
+    attrs = func.attrs
+    return bool(attrs is not None and LAYERING_ATTR in attrs and int(attrs[LAYERING_ATTR]))
 
 
 @dataclass
@@ -91,7 +139,9 @@ class KernelGroups:
         return tuple((min(g), max(g) + 1) for g in self.groups if len(g) > 1)
 
 
-def kernel_groups(bindings: Sequence[relax.Binding], mod: tvm.IRModule, setting: GroupSetting) -> KernelGroups:
+def kernel_groups(
+    bindings: Sequence[relax.Binding], mod: tvm.IRModule, setting: GroupSetting, from_outputs: bool = False
+) -> KernelGroups:
     """Layers and groups of the destination-passing calls after ``CallTIRRewrite``.
 
     A call's output is the allocation it is the first to touch; everything else it reads is an
@@ -122,10 +172,7 @@ def kernel_groups(bindings: Sequence[relax.Binding], mod: tvm.IRModule, setting:
             owners[binding.var] = frozenset(read)
             operators.append(Operator(step, tuple(read), ()))
         touched |= read
-    layering = maxdist_layers(operators, is_view=lambda i: i not in kernels)
-    if setting == AUTO:
-        seconds = {op: touched_bytes[op] / BYTES_PER_SECOND for op in kernels}
-        groups = [g for layer in layering.layers for g in cost_aware_groups(layer, seconds, out_bytes, AUTO_COST_MODEL)]
-    else:
-        groups = [g for layer in layering.layers for g in split_layer(layer, setting)]
+    layering = maxdist_layers(operators, is_view=lambda i: i not in kernels, from_outputs=from_outputs)
+    split = _splitter(setting, touched_bytes, out_bytes)
+    groups = [g for layer in layering.layers for g in split(layer)]
     return KernelGroups(len(layering.layers), len(kernels), groups)

@@ -10,10 +10,10 @@ import tvm
 from tvm import relax
 
 from ..options import MemplanOptions, current_options
-from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem, plan_memory
+from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem
 from ..planning.aliasing import plan_aliased
 from .extract import extract_plan_input, top_level_bindings
-from .grouping import kernel_groups
+from .grouping import kernel_groups, layers_from_outputs
 from .module import relax_functions, with_functions
 from .rewrite import apply_plans
 
@@ -71,24 +71,27 @@ def plan_function(
     """Plan one function's statically shaped intermediates into arenas.
 
     With layer grouping, every group's step range becomes ``concurrent`` in each arena's
-    problem (the F-predicate), and nothing is in place: a group's kernels may run at once.
+    problem (the F-predicate); a group's kernels may run at once, so none overwrites in place
+    a tensor another member reads.
     """
     started = time.monotonic()
     grouped = options.groups is not None
-    plan_input = extract_plan_input(func, mod, options.alignment, inplace=options.inplace and not grouped)
     bindings = top_level_bindings(func)
-    groups = kernel_groups(bindings, mod, options.groups if grouped else "seq")
+    groups = kernel_groups(bindings, mod, options.groups if grouped else "seq", layers_from_outputs(func))
+    concurrent = groups.concurrent_steps() if grouped else ()
+    plan_input = extract_plan_input(func, mod, options.alignment, inplace=options.inplace, concurrent=concurrent)
+    if aliased_kernels is not None:
+        aliased_kernels.update(plan_input.decisions.inplace_kernels)
     unconstrained = 0
     if grouped:
         for arena in plan_input.arenas:
-            unconstrained += plan_memory(arena.problem, time_budget=options.time_budget).arena_bytes
+            unconstrained += plan_aliased(arena.problem, time_budget=options.time_budget)[0].arena_bytes
             arena.problem = Problem(arena.problem.buffers, alignment=arena.problem.alignment,
-                                    concurrent=groups.concurrent_steps())
-    if aliased_kernels is not None:
-        aliased_kernels.update(plan_input.decisions.inplace_kernels)
+                                    aliases=arena.problem.aliases, concurrent=concurrent)
     planned = [plan_aliased(arena.problem, time_budget=options.time_budget) for arena in plan_input.arenas]
     plans = [plan for plan, _ in planned]
     bounds = [coalesced.lower_bound() for _, coalesced in planned]
+    removed_steps = {step for step, b in enumerate(bindings) if b.var in plan_input.decisions.removed_calls}
     new_func = apply_plans(func, plan_input.arenas, plans, plan_input.decisions.removed_calls)
     arenas = []
     for arena, plan, bound in zip(plan_input.arenas, plans, bounds):
@@ -133,9 +136,9 @@ def plan_function(
         removable_ops=plan_input.removable_ops,
         arenas=arenas,
         alignment=options.alignment,
-        kernels=groups.kernels - len(plan_input.decisions.removed_calls),
+        kernels=groups.kernels - len(removed_steps),
         layers=groups.layers if grouped else 0,
-        groups=len(groups.groups) if grouped else 0,
+        groups=sum(1 for group in groups.groups if set(group) - removed_steps) if grouped else 0,
         unconstrained_arena_bytes=unconstrained,
     )
     return new_func, report

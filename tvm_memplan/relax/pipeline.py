@@ -79,7 +79,7 @@ def stage_passes(target: tvm.target.Target) -> Stages:
 def order_passes(options: MemplanOptions, on_order_report: Callable[[OrderReport], None] | None = None) -> list:
     """Layer-wise order when grouping (every group consecutive), else the memory-driven order."""
     if options.groups is not None:
-        return [LayerOrder()]
+        return [LayerOrder(options.groups, options.inplace)]
     return [ReorderForMemory(options.order, options.order_seconds, options.inplace, on_order_report)]
 
 
