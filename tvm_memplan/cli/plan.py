@@ -146,7 +146,7 @@ def run_plan(args: argparse.Namespace) -> int:
         "arena_bytes": arena,
         "arena_over_bound": round(arena / bound, 4) if bound else 1.0,
         "plan_seconds": round(plan.total("plan_seconds"), 4),
-        "order": plan.options.order,
+        "order": plan.options.order if plan.options.groups is None else "layers",
         "order_strategy": ", ".join(sorted({r.strategy for r in plan.order_reports})) or None,
         "order_optimal": bool(plan.order_reports) and all(r.optimal for r in plan.order_reports),
         "order_seconds": round(sum(r.seconds for r in plan.order_reports), 3),
