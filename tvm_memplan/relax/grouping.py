@@ -14,7 +14,7 @@ from typing import Hashable, Mapping, Sequence
 import tvm
 from tvm import relax
 
-from ..planning import Operator
+from ..planning import Operator, Problem
 from ..planning.grouping import (
     AUTO,
     SEQ,
@@ -68,8 +68,8 @@ def _splitter(setting: GroupSetting, touched_bytes: Mapping[int, int], out_bytes
 
 def _block_costs(block: relax.DataflowBlock, escaping: set[relax.Var], mod: tvm.IRModule, inplace: bool, setting: GroupSetting):
     """Per layering direction: (order, its cost). The cost is the sequential peak as
-    ReorderForMemory models it (in-place included), and with groups also the F-aware lower bound
-    of the grouped order (in-place left out), whichever is larger."""
+    ReorderForMemory models it (in-place included) plus, with groups, what the F-predicate adds
+    to the order's lower bound (estimated without in-place kernels)."""
     bindings = list(block.bindings)
     operators = [Operator(i, tuple(relax.analysis.free_vars(b.value)), (b.var,)) for i, b in enumerate(bindings)]
     views = {i for i, b in enumerate(bindings) if _is_dataflow_view(b.value)}
@@ -84,7 +84,8 @@ def _block_costs(block: relax.DataflowBlock, escaping: set[relax.Var], mod: tvm.
         schedule = group_schedule(layering, setting, _splitter(setting, touched, out_bytes))
         peak = graph.peak(schedule.order)
         if setting != SEQ:
-            peak = max(peak, grouped_problem(operators, sizes, schedule, aliases).lower_bound())
+            grouped = grouped_problem(operators, sizes, schedule, aliases)
+            peak += grouped.lower_bound() - Problem(grouped.buffers, alignment=grouped.alignment).lower_bound()
         costs.append((schedule.order, peak))
     return costs
 
