@@ -44,3 +44,16 @@ def test_bench_json_rows(capsys, small_onnx):
     assert seq["group_launches"] == seq["launches"]
     assert one["group_launches"] <= min(one["layers"], seq["group_launches"])
     assert result["naive_bytes"] >= max(row["arena_bytes"] for row in result["rows"])
+    assert result["choice"] in (None, "seq", 1)
+
+
+def test_the_measured_choice_needs_a_margin_beyond_both_spreads():
+    from tvm_memplan.deploy.groups import GroupBench, GroupRow
+
+    def row(groups, pipeline, ms, spread):
+        return GroupRow(groups, pipeline, ms, spread, 0, 1, None, None, None, True, True, None, None)
+
+    bench = GroupBench("m", "host", "local", "2", 0, 0, [row(None, "memplan", 10.0, 0.5), row(1, "memplan", 9.2, 0.4)])
+    assert bench.choice() is None  # 9.2 + 0.9 is not below 10
+    bench.rows.append(row(2, "memplan", 8.0, 0.2))
+    assert bench.choice() == 2

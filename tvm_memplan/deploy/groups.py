@@ -74,8 +74,20 @@ class GroupBench:
     tvm_default_bytes: int
     rows: list[GroupRow] = field(default_factory=list)
 
+    def choice(self) -> GroupSetting | None:
+        """The setting to deploy, chosen by measurement: the fastest grouped build, but only when
+        it beats ungrouped memplan by more than both spreads; else None (stay ungrouped)."""
+        ungrouped = next(r for r in self.rows if r.groups is None and r.pipeline == "memplan")
+        grouped = [r for r in self.rows if r.groups is not None and r.identical]
+        if not grouped:
+            return None
+        best = min(grouped, key=lambda r: r.latency_ms)
+        margin = best.latency_spread_ms + ungrouped.latency_spread_ms
+        return best.groups if best.latency_ms + margin < ungrouped.latency_ms else None
+
     def summary(self) -> dict[str, Any]:
         return {
+            "choice": self.choice(),
             "rows": [asdict(r) for r in self.rows if r.groups is not None],
             "baselines": [asdict(r) for r in self.rows if r.groups is None],
             **{k: v for k, v in asdict(self).items() if k != "rows"},
