@@ -5,8 +5,9 @@ Per network, in one run on one machine, through ``tvm_memplan.deploy.groups.benc
 TVM's planner and the ungrouped memplan pipeline (order search, in-place, arena), then every
 group setting (layer-wise order, the F-predicate in the arena; ``seq`` = one kernel a group,
 the seed's "layer-wise" row). Each build is checked bit-identical to the ungrouped build and
-the VM's storage requests against the plan. Latency is the median of ``--repeat`` repeats,
-spread the interquartile range. On CPU the VM still launches every kernel in turn, so "fused
+the VM's storage requests against the plan. Builds are timed in interleaved rounds (forward,
+then reversed) so that drift on a shared machine hits all alike; latency is the median over all
+repeats, spread the interquartile range. On CPU the VM still launches every kernel in turn, so "fused
 launches" is what one launch per group would be, not what ran.
 
     TVM_NUM_THREADS=2 python scripts/bench_layers.py                      # the five networks, published sizes
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(SEED_NETWORKS), choices=zoo.names())
     parser.add_argument("--groups", default="seq,1,2", help="settings to compare (default seq,1,2, the seed's)")
     parser.add_argument("--resolution", type=int, help="input size for every network (default: each one's published size)")
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=5, help="timed repeats per build and round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all builds of a network")
     parser.add_argument("--time-budget", type=float, default=2.0, help="allocator search seconds per arena")
     parser.add_argument("--out", type=Path, default=Path("results/bench_layers.md"))
     args = parser.parse_args(argv)
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     benches = []
     for name in args.models:
         print(f"{name} ...", file=sys.stderr, flush=True)
-        benches.append(bench_groups(spec(name, args.resolution), settings, repeat=args.repeat, time_budget=args.time_budget))
+        benches.append(bench_groups(spec(name, args.resolution), settings, repeat=args.repeat, rounds=args.rounds,
+                                    time_budget=args.time_budget))
         print("\n".join(table(benches[-1])), file=sys.stderr)
     threads = os.environ.get("TVM_NUM_THREADS", "unset (one thread)")
     size = f"{args.resolution}x{args.resolution} inputs" if args.resolution else "published input sizes"
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         f"## Layer grouping on seed 000's networks ({datetime.date.today().isoformat()})",
         "",
         f"CPU `host`, TVM_NUM_THREADS={threads}, {platform.machine()} with {os.cpu_count()} cores (shared with other jobs: "
-        f"latencies are noisy), {size}, batch 1, float32, {args.repeat} repeats per build. "
+        f"latencies are noisy), {size}, batch 1, float32, {args.rounds} interleaved rounds x {args.repeat} repeats per build "
+        f"(latency: median over all repeats, IQR in brackets). "
         f"Produced by `python scripts/bench_layers.py {' '.join(argv if argv is not None else sys.argv[1:])}`.",
         "",
     ]

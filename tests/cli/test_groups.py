@@ -31,7 +31,7 @@ def test_plan_groups_reports_layers_and_the_unconstrained_arena(capsys, small_on
 
 @pytest.mark.slow
 def test_bench_json_rows(capsys, small_onnx):
-    code, out, _ = run_cli(capsys, "bench", small_onnx, "--groups", "seq,1", "--repeat", "2", "--min-repeat-ms", "1", "--json")
+    code, out, _ = run_cli(capsys, "bench", small_onnx, "--groups", "seq,1", "--repeat", "2", "--rounds", "2", "--min-repeat-ms", "1", "--json")
     assert code == 0
     result = json.loads(out)
     assert [row["groups"] for row in result["rows"]] == ["seq", 1]

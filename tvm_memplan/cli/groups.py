@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--target", default="host", help="deployment target name (default host; see build --help)")
     bench.add_argument("--rpc-tracker", metavar="HOST:PORT")
     bench.add_argument("--rpc-key", metavar="KEY")
-    bench.add_argument("--repeat", type=int, default=10, help="timed repeats per setting (default 10)")
+    bench.add_argument("--repeat", type=int, default=10, help="timed repeats per setting and round (default 10)")
+    bench.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all builds (default 1)")
     bench.add_argument("--min-repeat-ms", type=int, default=50, metavar="MS", help="minimum time of one repeat (default 50)")
     bench.add_argument("--json", action="store_true", help='print {"rows": [...], ...} instead of the table')
     model_planner_options(bench, groups=False)
@@ -51,7 +52,7 @@ def run_bench(args: argparse.Namespace) -> int:
             bar.update(current["task"], completed=done, description=f"{pipeline}: {step}")
 
         result = bench_groups(args.model, settings, args.target, args.rpc_tracker, args.rpc_key, args.repeat,
-                              args.min_repeat_ms, progress, **options)
+                              args.min_repeat_ms, progress, args.rounds, **options)
     if args.json:
         print_json(result.summary())
     else:

@@ -7,6 +7,7 @@ ungrouped pipeline and TVM's own planner over the same kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -123,11 +124,14 @@ def bench_groups(
     repeat: int = 10,
     min_repeat_ms: int = 50,
     progress: Progress | None = None,
+    rounds: int = 1,
     **options: Any,
 ) -> GroupBench:
-    """Plan, build, check and time ``spec`` ungrouped (stock planner, memplan) and per setting."""
-    if repeat < 1:
-        raise UserError(f"--repeat must be >= 1, got {repeat}")
+    """Plan, build and check ``spec`` ungrouped (stock planner, memplan) and per setting, then
+    time every build in ``rounds`` interleaved rounds (forward, then reversed, ...) of ``repeat``
+    repeats each, so that drift on a shared machine hits all builds alike."""
+    if repeat < 1 or rounds < 1:
+        raise UserError(f"--repeat and --rounds must be >= 1, got {repeat} and {rounds}")
     if not settings:
         raise UserError("--groups names no setting")
     deploy_target = get_target(target)
@@ -144,6 +148,7 @@ def bench_groups(
     with tempfile.TemporaryDirectory(prefix="tvm-memplan-groups-") as scratch:
         # ungrouped memplan first: its outputs become the reference every other build must equal
         runs: list[tuple[GroupSetting | None, str]] = [(None, "memplan"), (None, "stock"), *((g, "memplan") for g in settings)]
+        built = []
         for groups, pipeline in runs:
             plan = plan_for(model, deploy_target, **options, groups=groups)
             name = f"{pipeline}-{groups if groups is not None else 'ungrouped'}"
@@ -152,16 +157,28 @@ def bench_groups(
             export(compile_plan(plan, pipeline), deploy_target, manifest, artifact)
             measured = measure_artifact(device, artifact, inputs, reference, repeat, min_repeat_ms, progress, spec)
             if bench is None:
-                correct = measured.correct
+                correct, identical = measured.correct, True
                 reference = (_outputs(device, artifact, inputs, deploy_target), "memplan ungrouped")
                 bench = GroupBench(model.name, deploy_target.name, device.name, _threads(measured),
                                    int(plan.total("naive_bytes")), int(plan.tvm_default_bytes))
-                identical = True
             else:
                 correct, identical = measured.correct, measured.max_abs_diff == 0.0
-            bench.rows.append(_row(groups, pipeline, measured, plan, identical, correct))
+            built.append((groups, pipeline, plan, artifact, [measured], identical, correct))
+        for round_index in range(1, rounds):
+            for _, _, _, artifact, measurements, _, _ in (built[::-1] if round_index % 2 else built):
+                measurements.append(measure_artifact(device, artifact, inputs, reference, repeat, min_repeat_ms, progress, spec))
+        for groups, pipeline, plan, _, measurements, identical, correct in built:
+            bench.rows.append(_row(groups, pipeline, _pooled(measurements), plan, identical, correct))
     assert bench is not None
     return bench
+
+
+def _pooled(measurements: list[Measurement]) -> Measurement:
+    """One measurement from several rounds: median and interquartile range over all repeats."""
+    repeats = [ms for m in measurements for ms in m.repeats_ms]
+    q25, median, q75 = np.percentile(repeats, [25, 50, 75])
+    return dataclasses.replace(measurements[0], latency_ms=round(float(median), 4),
+                               latency_spread_ms=round(float(q75 - q25), 4), repeats_ms=repeats)
 
 
 def _threads(m: Measurement) -> str | None:
