@@ -1,7 +1,8 @@
 """Layer grouping on Relax functions (seed 000): layer-wise binding order and group step ranges.
 
 Two views of one function: :func:`LayerOrder` reorders dataflow bindings layer by layer
-(maxdist depth) so that every group is a run of consecutive kernels; after ``CallTIRRewrite``
+(longest-path depth from the inputs or the outputs) so that every group is a run of
+consecutive kernels; after ``CallTIRRewrite``
 :func:`kernel_groups` finds the same layers among the destination-passing calls and returns the
 step ranges each group occupies, which the arena planner turns into the F-predicate.
 """
@@ -20,7 +21,6 @@ from ..planning.grouping import (
     SEQ,
     CostModel,
     GroupSetting,
-    Layering,
     cost_aware_groups,
     group_schedule,
     grouped_problem,
