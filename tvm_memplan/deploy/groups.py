@@ -66,6 +66,8 @@ class GroupRow:
 
 @dataclass
 class GroupBench:
+    """One model's comparison on one device: the baselines, every setting, and the memory figures."""
+
     model: str
     target: str
     device: str
