@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from .errors import UserError
 from .planning import DEFAULT_ALIGNMENT
+from .planning.grouping import GroupSetting, parse_groups
 
 SCHEDULES = ("default", "none")
 
@@ -37,6 +38,10 @@ class MemplanOptions:
     """Kernel schedules: ``default`` (tvm_memplan's: on CPU targets every kernel, tuned ones kept; on
     GPU targets convolutions and pools, the rest dlight's) or ``none`` (what TVM's pipeline emits:
     plain loops on CPU, dlight's rules alone on GPU; for comparison)."""
+    groups: GroupSetting | None = None
+    """Layer grouping (seed 000): None (off), ``seq`` (layer-wise order, one kernel a group),
+    a group count per layer, or ``auto`` (cost-aware). Tensors a group uses never share bytes
+    and the order becomes layer-wise: a group's kernels may run at once."""
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
@@ -47,6 +52,11 @@ class MemplanOptions:
             raise UserError(f"unknown order {self.order!r}; choose one of program, dfs, bfs, search")
         if self.schedule not in SCHEDULES:
             raise UserError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.groups is not None:
+            try:
+                object.__setattr__(self, "groups", parse_groups(self.groups))
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
 
     def updated(self, **changes: Any) -> "MemplanOptions":
         known = {f.name for f in dataclasses.fields(self)}

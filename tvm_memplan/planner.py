@@ -12,8 +12,8 @@ from .options import MemplanOptions, current_options
 from .relax.extract import extract_plan_input
 from .relax.module import relax_functions
 from .relax.passes import ArenaPlanBlockMemory, PlanReport
-from .relax.pipeline import resolve_target, schedule_passes, stage_passes
-from .relax.reorder import OrderReport, ReorderForMemory
+from .relax.pipeline import order_passes, resolve_target, schedule_passes, stage_passes
+from .relax.reorder import OrderReport
 from .relax.stock import stock_planned_bytes
 
 
@@ -82,9 +82,7 @@ def plan_model(
     stock_staged = _sequential(stages.lowering, dataflow, resolved_target)
 
     order_reports: list[OrderReport] = []
-    reordered = _sequential(
-        [ReorderForMemory(resolved.order, resolved.order_seconds, resolved.inplace, order_reports.append)], dataflow, resolved_target
-    )
+    reordered = _sequential(order_passes(resolved, order_reports.append), dataflow, resolved_target)
     staged = _sequential(stages.lowering, reordered, resolved_target)
     reports: list[PlanReport] = []
     planned = _sequential([ArenaPlanBlockMemory(resolved, reports.append)], staged, resolved_target)

@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "tvm_memplan.cli.deploy",
     "tvm_memplan.cli.lq",
     "tvm_memplan.cli.gpu",
+    "tvm_memplan.cli.groups",
 ]
 
 

@@ -57,9 +57,12 @@ def _planner_options(parser: argparse.ArgumentParser, default_alignment: int = 6
     parser.add_argument("--time-budget", type=float, default=10.0, metavar="S", help="seconds the search may spend once the greedy orderings miss the lower bound (default 10)")
 
 
-def model_planner_options(parser: argparse.ArgumentParser) -> None:
-    """Options of every command that plans a model (plan, build, measure)."""
+def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) -> None:
+    """Options of every command that plans a model (plan, build, measure; bench takes its own ``--groups``)."""
     _planner_options(parser)
+    if groups:
+        parser.add_argument("--groups", metavar="G", help="layer grouping (seed 000): seq, a group count per layer, "
+                            "or auto; tensors a group uses never share memory (default: off)")
     parser.add_argument("--inplace", action=argparse.BooleanOptionalAction, default=None,
                         help="in-place kernels and concat elimination (default on; off for opencl/vulkan targets, "
                         "whose devices copy tensors placed at arena offsets)")
@@ -79,6 +82,7 @@ def model_planner_kwargs(args: argparse.Namespace) -> dict:
         "order": args.order,
         "order_seconds": args.order_seconds,
         "schedule": args.schedule,
+        "groups": getattr(args, "groups", None),
     }
 
 
@@ -143,7 +147,7 @@ def run_plan(args: argparse.Namespace) -> int:
         "arena_bytes": arena,
         "arena_over_bound": round(arena / bound, 4) if bound else 1.0,
         "plan_seconds": round(plan.total("plan_seconds"), 4),
-        "order": plan.options.order,
+        "order": plan.options.order if plan.options.groups is None else "layers",
         "order_strategy": ", ".join(sorted({r.strategy for r in plan.order_reports})) or None,
         "order_optimal": bool(plan.order_reports) and all(r.optimal for r in plan.order_reports),
         "order_seconds": round(sum(r.seconds for r in plan.order_reports), 3),
@@ -158,6 +162,8 @@ def run_plan(args: argparse.Namespace) -> int:
         "unplanned": {f"{r.function}.{k}": v for r in plan.reports for k, v in r.unplanned.items()},
         "verified": verified,
     }
+    if plan.options.groups is not None:
+        summary.update(_groups_summary(plan))
     if split is not None:
         summary.update(_split_summary(split, arena))
     if verify_result is not None:
@@ -242,6 +248,8 @@ def _print_plan_report(summary: dict, layouts) -> None:
         rows.append(("verified", f"{status}: identical to stock TVM={verify['identical_to_stock']}, "
                      f"max |diff| vs onnxruntime={diff:.2g}" if diff is not None else status))
         rows.append(("VM storage requests", ", ".join(human_bytes(b) for b in verify["vm_storage_bytes"])))
+    if "groups" in summary:
+        rows += _groups_rows(summary)
     if "split" in summary:
         rows += _split_rows(summary)
     out.print(key_value_table("tvm-memplan plan", rows))
@@ -261,6 +269,29 @@ def _print_plan_report(summary: dict, layouts) -> None:
             out.print(f"  [red]problem[/red]: {problem_text}")
     if "plot" in summary:
         out.print(f"layout plot written to {summary['plot']}")
+
+
+def _groups_summary(plan) -> dict:
+    """Layer grouping's part of the report: layers, groups and the F-predicate's price."""
+    unconstrained = plan.total("unconstrained_arena_bytes")
+    arena = plan.total("arena_bytes")
+    return {
+        "groups": plan.options.groups,
+        "layers": plan.total("layers"),
+        "group_count": plan.total("groups"),
+        "kernels": plan.total("kernels"),
+        "unconstrained_arena_bytes": unconstrained,
+        "arena_over_unconstrained": round(arena / unconstrained, 4) if unconstrained else 1.0,
+    }
+
+
+def _groups_rows(summary: dict) -> list[tuple[str, str]]:
+    return [
+        ("layer grouping", f"groups={summary['groups']}: {summary['layers']} layers, {summary['group_count']} groups, "
+         f"{summary['kernels']} kernels"),
+        ("arena without the F-predicate", human_bytes(summary["unconstrained_arena_bytes"]) + "  (same layer-wise order)"),
+        ("arena / unconstrained", f"{summary['arena_over_unconstrained']:.3f}"),
+    ]
 
 
 def _split_rows(summary: dict) -> list[tuple[str, str]]:

@@ -28,7 +28,7 @@ def coalesce(problem: Problem) -> tuple[Problem, list[tuple[int, int]]]:
         if gi == gj:
             raise ValueError(f"buffers {i} and {j} must not share memory but are aliased")
         conflicts.add((gi, gj))
-    return Problem(buffers, frozenset(conflicts), problem.alignment), placement
+    return Problem(buffers, frozenset(conflicts), problem.alignment, concurrent=problem.concurrent), placement
 
 
 def plan_aliased(problem: Problem, time_budget: float = 10.0) -> tuple[Plan, Problem]:

@@ -56,6 +56,9 @@ class Problem:
     ``conflicts`` holds extra index pairs that may not share bytes even when their lifetimes
     are disjoint (the F-predicate of layer grouping). ``alignment`` applies to every offset;
     sizes are padded to it when placing, so the lower bound is taken over padded sizes.
+    ``concurrent`` lists disjoint step ranges ``[lo, hi)`` whose operators run as one group:
+    every buffer alive anywhere in a range may share bytes with no other such buffer, so the
+    pairs this implies are added to ``conflicts`` (seed 000's F-predicate for groups).
     """
 
     buffers: list[Buffer]
@@ -65,12 +68,17 @@ class Problem:
     """Buffer ``i`` → ``(j, delta)``: ``i`` must sit at ``offset(j) + delta`` (in-place outputs,
     concat inputs written into their slice of the output). Buffers joined this way form an
     alias group; they may share bytes while alive, by design."""
+    concurrent: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.alignment < 1:
             raise ValueError(f"alignment must be positive, got {self.alignment}")
         n = len(self.buffers)
-        normalised = set()
+        self.concurrent = tuple(sorted((int(lo), int(hi)) for lo, hi in self.concurrent))
+        for (lo, hi), following in zip(self.concurrent, (*self.concurrent[1:], None)):
+            if hi <= lo or (following is not None and following[0] < hi):
+                raise ValueError(f"concurrent step ranges must be non-empty and disjoint, got {self.concurrent}")
+        normalised = set(self._concurrent_pairs())
         for i, j in self.conflicts:
             if not (0 <= i < n and 0 <= j < n) or i == j:
                 raise ValueError(f"conflict pair ({i}, {j}) does not name two buffers")
@@ -81,6 +89,33 @@ class Problem:
                 raise ValueError(f"alias ({i} -> {j}) does not name two buffers")
             if delta < 0 or delta % self.alignment:
                 raise ValueError(f"alias offset {delta} of buffer {i} is not a non-negative multiple of {self.alignment}")
+
+    def _concurrent_pairs(self) -> list[tuple[int, int]]:
+        """Pairs alive in one concurrent range whose own lifetimes are disjoint.
+
+        Members of one alias group are left out: whoever aliased them (in-place kernels, concat
+        slices) knew the groups and shares their bytes by design.
+        """
+        if not self.concurrent:
+            return []
+        root = [self.alias_root(i)[0] for i in range(len(self.buffers))]
+        pairs = []
+        for lo, hi in self.concurrent:
+            inside = [i for i, b in enumerate(self.buffers) if b.start < hi and lo < b.end]
+            for a, i in enumerate(inside):
+                for j in inside[a + 1:]:
+                    if root[i] != root[j] and not self.buffers[i].lives_with(self.buffers[j]):
+                        pairs.append((i, j))
+        return pairs
+
+    def widened_lifetime(self, start: int, end: int) -> tuple[int, int]:
+        """``[start, end)`` stretched over the concurrent ranges its first and last steps fall in."""
+        for lo, hi in self.concurrent:
+            if lo <= start < hi:
+                start = lo
+            if lo <= end - 1 < hi:
+                end = hi
+        return start, end
 
     def alias_root(self, index: int) -> tuple[int, int]:
         """The buffer at the top of ``index``'s alias chain and ``index``'s offset from it."""
@@ -134,12 +169,15 @@ class Problem:
     def lower_bound(self) -> int:
         """Maximum over time of the padded bytes alive at once (a bound for any placement).
 
-        An alias group counts once, with its byte extent, over its lifetime hull.
+        An alias group counts once, with its byte extent, over its lifetime hull. With
+        ``concurrent`` ranges each hull is widened over the ranges it touches: the buffers alive
+        at one widened step pairwise may not share bytes, so their sum still bounds any placement.
         """
         events: list[tuple[int, int]] = []
         for group in self.alias_groups():
-            events.append((group.start, group.size))
-            events.append((group.end, -group.size))
+            start, end = self.widened_lifetime(group.start, group.end)
+            events.append((start, group.size))
+            events.append((end, -group.size))
         # At equal times frees (negative) come first: lifetimes are half-open.
         events.sort(key=lambda e: (e[0], e[1]))
         live = peak = 0

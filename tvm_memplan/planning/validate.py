@@ -18,8 +18,9 @@ def validate_offsets(problem: Problem, offsets: Sequence[int], arena_bytes: int 
 
     Checks: one non-negative offset a buffer, every offset a multiple of the alignment, every
     buffer inside ``arena_bytes`` (when given), every alias at its declared offset, and no two
-    buffers that are alive together or named in ``problem.conflicts`` sharing a byte — unless
-    they belong to the same alias group, whose sharing is by design.
+    buffers that are alive together, named in ``problem.conflicts`` or alive in one of
+    ``problem.concurrent``'s step ranges (re-derived here, not read from the conflicts) sharing
+    a byte — unless they belong to the same alias group, whose sharing is by design.
     """
     n = len(problem.buffers)
     if len(offsets) != n:
@@ -57,6 +58,9 @@ def validate_offsets(problem: Problem, offsets: Sequence[int], arena_bytes: int 
     together = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
     for i, j in problem.conflicts:
         together[i, j] = together[j, i] = True
+    for lo, hi in problem.concurrent:
+        alive = (start < hi) & (lo < end)
+        together |= alive[:, None] & alive[None, :]
     np.fill_diagonal(together, False)
     overlap = (off[:, None] < (off + size)[None, :]) & (off[None, :] < (off + size)[:, None])
     nonempty = size > 0

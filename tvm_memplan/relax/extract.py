@@ -8,6 +8,7 @@ destination-passing call that writes it. Each top-level binding is one step of e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import tvm
 from tvm import relax, tirx
@@ -137,14 +138,39 @@ def _may_alias(value: relax.Expr, var: relax.Var) -> bool:
     return True
 
 
+def _shared_within(
+    lifetimes: dict, operators: Sequence[Operator], kernel_steps: set[int], concurrent: Sequence[tuple[int, int]]
+) -> dict:
+    """Lifetimes for the in-place decisions: a tensor two kernels of one concurrent range read
+    lives past the range, so no kernel there may take it as its in-place source."""
+    widened = dict(lifetimes)
+    for lo, hi in concurrent:
+        readers: dict = {}
+        for step in range(lo, hi):
+            if step in kernel_steps:
+                for tensor in operators[step].inputs:
+                    readers[tensor] = readers.get(tensor, 0) + 1
+        for tensor, count in readers.items():
+            if count > 1 and tensor in widened:
+                start, end = widened[tensor]
+                widened[tensor] = (start, max(end, hi + 1))
+    return widened
+
+
 def extract_plan_input(
-    func: relax.Function, mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT, inplace: bool = False
+    func: relax.Function,
+    mod: tvm.IRModule,
+    alignment: int = DEFAULT_ALIGNMENT,
+    inplace: bool = False,
+    concurrent: Sequence[tuple[int, int]] = (),
 ) -> FunctionPlanInput:
     """Find the statically shaped intermediate tensors of ``func`` and their lifetimes.
 
     A view or tuple of a tensor extends the tensor's lifetime to the view's last use;
     tensors reachable from the function's result are outputs and stay unplanned. With
     ``inplace``, in-place kernels and removable concats become aliases in the problem.
+    ``concurrent`` step ranges run their kernels at once (layer grouping): a tensor two of a
+    range's kernels read is never overwritten in place there (the other reader could see it).
     """
     bindings = top_level_bindings(func)
     sites: dict[relax.Var, AllocSite] = {}
@@ -186,7 +212,9 @@ def extract_plan_input(
     lifetimes = tensor_lifetimes(operators)
     decisions = AliasDecisions()
     if inplace:
-        decisions = decide_aliases(bindings, sites, owners, lifetimes, mod, alignment)
+        kernel_steps = {step for step, binding in enumerate(bindings) if _is_prim_func_call(binding.value, mod)}
+        decision_lifetimes = _shared_within(lifetimes, operators, kernel_steps, concurrent)
+        decisions = decide_aliases(bindings, sites, owners, decision_lifetimes, mod, alignment)
 
     groups: dict[tuple[int, str], list[relax.Var]] = {}
     for var, site in sites.items():

@@ -12,7 +12,8 @@ from tvm import relax
 from ..options import MemplanOptions, current_options
 from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem
 from ..planning.aliasing import plan_aliased
-from .extract import extract_plan_input
+from .extract import extract_plan_input, top_level_bindings
+from .grouping import kernel_groups, layers_from_outputs
 from .module import relax_functions, with_functions
 from .offsets import kernels_take_offsets, offset_tensors
 from .rewrite import apply_plans
@@ -41,6 +42,14 @@ class PlanReport:
     """Per arena: device, scope, and each tensor's name, size, lifetime, offset and the index of
     the tensor it lives inside (``alias_of``, at ``alias_delta`` bytes) — enough to re-validate."""
     alignment: int = DEFAULT_ALIGNMENT
+    kernels: int = 0
+    """Kernel launches per call when every kernel is its own launch."""
+    layers: int = 0
+    """Maxdist layers among the kernels (layer grouping only, else 0)."""
+    groups: int = 0
+    """Groups the kernels run in (layer grouping only, else 0): one launch each when fused."""
+    unconstrained_arena_bytes: int = 0
+    """Layer grouping only: the arena of the same order without the F-predicate."""
 
     def layouts(self) -> list[tuple[Problem, list[int], int]]:
         """Each arena as (problem, offsets, arena bytes), rebuilt from the report alone."""
@@ -51,6 +60,7 @@ class PlanReport:
                 [Buffer(t["name"], t["bytes"], t["start"], t["end"]) for t in tensors],
                 alignment=self.alignment,
                 aliases={i: (t["alias_of"], t["alias_delta"]) for i, t in enumerate(tensors) if t["alias_of"] is not None},
+                concurrent=tuple(tuple(r) for r in arena.get("concurrent", ())),
             )
             result.append((problem, [t["offset"] for t in tensors], arena["arena_bytes"]))
         return result
@@ -59,12 +69,28 @@ class PlanReport:
 def plan_function(
     func: relax.Function, mod: tvm.IRModule, name: str, options: MemplanOptions
 ) -> tuple[relax.Function, PlanReport]:
-    """Plan one function's statically shaped intermediates into arenas."""
+    """Plan one function's statically shaped intermediates into arenas.
+
+    With layer grouping, every group's step range becomes ``concurrent`` in each arena's
+    problem (the F-predicate); a group's kernels may run at once, so none overwrites in place
+    a tensor another member reads.
+    """
     started = time.monotonic()
-    plan_input = extract_plan_input(func, mod, options.alignment, inplace=options.inplace)
+    grouped = options.groups is not None
+    bindings = top_level_bindings(func)
+    groups = kernel_groups(bindings, mod, options.groups if grouped else "seq", layers_from_outputs(func))
+    concurrent = groups.concurrent_steps() if grouped else ()
+    plan_input = extract_plan_input(func, mod, options.alignment, inplace=options.inplace, concurrent=concurrent)
+    unconstrained = 0
+    if grouped:
+        for arena in plan_input.arenas:
+            unconstrained += plan_aliased(arena.problem, time_budget=options.time_budget)[0].arena_bytes
+            arena.problem = Problem(arena.problem.buffers, alignment=arena.problem.alignment,
+                                    aliases=arena.problem.aliases, concurrent=concurrent)
     planned = [plan_aliased(arena.problem, time_budget=options.time_budget) for arena in plan_input.arenas]
     plans = [plan for plan, _ in planned]
     bounds = [coalesced.lower_bound() for _, coalesced in planned]
+    removed_steps = {step for step, b in enumerate(bindings) if b.var in plan_input.decisions.removed_calls}
     at_offset = offset_tensors(func, mod) if kernels_take_offsets(tvm.target.Target.current(allow_none=True)) else set()
     new_func = apply_plans(func, plan_input.arenas, plans, plan_input.decisions.removed_calls, at_offset)
     arenas = []
@@ -77,6 +103,7 @@ def plan_function(
                 "arena_bytes": plan.arena_bytes,
                 "lower_bound_bytes": bound,
                 "allocator": plan.allocator,
+                "concurrent": [list(r) for r in arena.problem.concurrent],
                 "tensors": [
                     {
                         "name": site.var.name,
@@ -109,6 +136,10 @@ def plan_function(
         removable_ops=plan_input.removable_ops,
         arenas=arenas,
         alignment=options.alignment,
+        kernels=groups.kernels - len(removed_steps),
+        layers=groups.layers if grouped else 0,
+        groups=sum(1 for group in groups.groups if set(group) - removed_steps) if grouped else 0,
+        unconstrained_arena_bytes=unconstrained,
     )
     return new_func, report
 

@@ -12,6 +12,7 @@ from ..backends.schedules import with_gpu_schedules
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
+from .grouping import LayerOrder
 from .offsets import KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
@@ -81,6 +82,13 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages
     return Stages(before[:cut], before[cut:], finalize[at:])
 
 
+def order_passes(options: MemplanOptions, on_order_report: Callable[[OrderReport], None] | None = None) -> list:
+    """Layer-wise order when grouping (every group consecutive), else the memory-driven order."""
+    if options.groups is not None:
+        return [LayerOrder(options.groups, options.inplace)]
+    return [ReorderForMemory(options.order, options.order_seconds, options.inplace, on_order_report)]
+
+
 def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
     """The kernel passes after planning: tvm_memplan's default CPU schedules for ``llvm``/``c``
     targets unless ``schedule="none"`` (GPU kernels are scheduled before planning, in
@@ -118,7 +126,7 @@ def pipeline(
         with resolved_target:
             seq = tvm.transform.Sequential(
                 stages.dataflow
-                + [ReorderForMemory(run_options.order, run_options.order_seconds, run_options.inplace, on_order_report)]
+                + order_passes(run_options, on_order_report)
                 + stages.lowering
                 + [ArenaPlanBlockMemory(run_options, on_report)]
                 + schedule_passes(resolved_target, run_options)
