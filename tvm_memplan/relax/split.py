@@ -343,11 +343,11 @@ def _row_operand(arg: relax.Expr, rows: int) -> bool:
 
 
 def _row_chains(bindings: list, uses: dict, outputs: set, component) -> list[Chain]:
-    """Row chains of transformer blocks: from a matmul with constant weights over a tensor that
-    stays whole (the feed-forward input, also read by the residual add), every row-wise operator
-    that reads the chain, up to the longest prefix whose tensors reach the rest of the program
-    through one tensor (the block's output, made tile by tile into its rows). The chain's
-    tensors must share the sequence axis's component of the axis connection graph."""
+    """Row chains of transformer blocks: from a matmul with constant weights (a feed-forward
+    block's first), every row-wise operator that reads the chain, up to the longest prefix whose
+    tensors reach the rest of the program through one tensor (the block's output, made tile by
+    tile into its rows). The chain's tensors must share the sequence axis's component of the
+    axis connection graph."""
     defined_at = {b.var: i for i, b in enumerate(bindings)}
     found = []
     for i, head in enumerate(bindings):
@@ -356,23 +356,25 @@ def _row_chains(bindings: list, uses: dict, outputs: set, component) -> list[Cha
                 or _rows(head.value.args[0]) != rows):
             continue
         comp = component(head.var)
+        if comp is None:
+            continue
         region, best = [head], None
-        members = {head.var}
+        inside = {i}
         for j in range(i + 1, len(bindings)):
             value = bindings[j].value
-            reads = [v for v in relax.analysis.free_vars(value)]
-            if not any(v in members for v in reads):
+            reads = list(relax.analysis.free_vars(value))
+            if not any(defined_at.get(v) in inside for v in reads):
                 continue
             if (_rows(bindings[j].var) != rows or not _row_wise(value, rows) or component(bindings[j].var) != comp
-                    or any(v not in members and defined_at.get(v, -1) >= i for v in reads)):
+                    or any(defined_at.get(v, -1) not in inside and defined_at.get(v, -1) >= i for v in reads)):
                 break
             region.append(bindings[j])
-            members.add(bindings[j].var)
-            escaping = [b.var for b in region if b.var in outputs
-                        or any(k not in {defined_at[m] for m in members} for k in uses.get(b.var, []))]
-            if escaping == [region[-1].var] and len(region) > 1:
+            inside.add(j)
+            escaping = [b.var for b in region
+                        if b.var in outputs or any(k not in inside for k in uses.get(b.var, []))]
+            if escaping == [region[-1].var]:
                 best = list(region)
-        if best is None or component(head.var) is None:
+        if best is None:
             continue
         names = tuple(b.var.name for b in best)
         tiles = sum(_nbytes(b.var) for b in best[:-1])
