@@ -99,3 +99,17 @@ def test_kernels_called_in_place_keep_noalias_and_compute_the_same(target):
     assert all(noalias.values()), noalias
     inputs = [random_input((64, 64))]
     np.testing.assert_allclose(run_vm(planned, inputs)[0][0], run_vm(stock, inputs)[0][0], rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_with_symbolic_scratch_extents_are_not_aliased():
+    """GPU cumsum kernels carry scratch buffers of symbolic extent: the in-place analysis says no
+    instead of failing on ``int()`` of a variable (building needs no OpenCL device)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.cumsum(relax.op.add(x, relax.const(1.0)), axis=1))
+            out = bb.emit_output(relax.op.multiply(y, relax.const(2.0)))
+        bb.emit_func_output(out)
+    target = tvm.target.Target({"kind": "opencl", "host": "llvm"})
+    assert tvm.compile(bb.get(), target, relax_pipeline=tvm_memplan.pipeline(target)) is not None

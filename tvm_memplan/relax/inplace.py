@@ -104,6 +104,9 @@ def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> b
     """
     params = list(func.params)
     source, output = params[source_index], params[output_index]
+    shapes = [source.shape, output.shape]
+    if any(not isinstance(d, tirx.IntImm) for shape in shapes for d in shape):
+        return False  # a symbolic extent (cumsum's scratch buffers): nothing can be proven
     if [int(d) for d in source.shape] != [int(d) for d in output.shape] or str(source.dtype) != str(output.dtype):
         return False
     try:
