@@ -9,28 +9,12 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from tvm_memplan.relax import stage_passes
 from tvm_memplan.schedule.gpu import ThreadPerOutput
 
+from ..kernels import conv_body, kernels_of
 from .conftest import needs_device
 
 OPENCL = tvm.target.Target({"kind": "opencl", "host": "llvm"})
-
-
-def _kernel(build_body, input_shape) -> tirx.PrimFunc:
-    """The one fused PrimFunc TVM's pipeline makes of a one-input Relax function, unscheduled
-    (the CPU pipeline schedules after planning, so its dataflow stage leaves kernels as emitted)."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(input_shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(build_body(bb, x))
-        bb.emit_func_output(out)
-    target = tvm.target.Target("llvm")
-    with target:
-        mod = tvm.transform.Sequential(stage_passes(target).dataflow)(bb.get())
-    (func,) = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
-    return func
 
 
 def _run(func: tirx.PrimFunc, target: tvm.target.Target, dev: tvm.runtime.Device) -> np.ndarray:
@@ -41,27 +25,14 @@ def _run(func: tirx.PrimFunc, target: tvm.target.Target, dev: tvm.runtime.Device
     return args[-1].numpy()
 
 
-def _conv(channels_out, kernel, stride=1, padding=0, groups=1):
-    def body(bb, x):
-        channels_in = int(x.ty.shape.values[1])
-        rng = np.random.default_rng(1)
-        w = relax.const(rng.standard_normal((channels_out, channels_in // groups, kernel, kernel)).astype("float32"))
-        b = relax.const(rng.standard_normal((1, channels_out, 1, 1)).astype("float32"))
-        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=padding, groups=groups))
-        y = bb.emit(relax.op.add(y, b))
-        return relax.op.clip(y, 0, 6)
-
-    return body
-
-
 CASES = {
-    "depthwise3x3": (_conv(16, 3, padding=1, groups=16), (1, 16, 10, 10)),
-    "depthwise3x3_stride2": (_conv(24, 3, stride=2, padding=1, groups=24), (1, 24, 11, 11)),
-    "depthwise5x5": (_conv(8, 5, padding=2, groups=8), (1, 8, 9, 9)),
-    "conv3x3_stride2_stem": (_conv(8, 3, stride=2, padding=1), (1, 3, 16, 16)),
-    "conv1x1": (_conv(12, 1), (1, 8, 7, 7)),
-    "conv3x3_batch2_partial_block": (_conv(8, 3, padding=1), (2, 4, 7, 7)),  # 196 threads in blocks of 128
-    "grouped3x3": (_conv(8, 3, padding=1, groups=2), (1, 4, 6, 6)),
+    "depthwise3x3": (conv_body(16, 3, padding=1, groups=16, activation="relu6"), (1, 16, 10, 10)),
+    "depthwise3x3_stride2": (conv_body(24, 3, stride=2, padding=1, groups=24, activation="relu6"), (1, 24, 11, 11)),
+    "depthwise5x5": (conv_body(8, 5, padding=2, groups=8, activation="relu6"), (1, 8, 9, 9)),
+    "conv3x3_stride2_stem": (conv_body(8, 3, stride=2, padding=1, activation="relu6"), (1, 3, 16, 16)),
+    "conv1x1": (conv_body(12, 1, activation="relu6"), (1, 8, 7, 7)),
+    "conv3x3_batch2_partial_block": (conv_body(8, 3, padding=1, activation="relu6"), (2, 4, 7, 7)),  # 196 threads in blocks of 128
+    "grouped3x3": (conv_body(8, 3, padding=1, groups=2, activation="relu6"), (1, 4, 6, 6)),
     "max_pool": (lambda bb, x: relax.op.nn.max_pool2d(x, 3, 2, 1), (1, 8, 9, 9)),
     "avg_pool": (lambda bb, x: relax.op.nn.avg_pool2d(x, 2, 2), (1, 8, 8, 8)),
     "global_mean": (lambda bb, x: relax.op.mean(x, axis=[2, 3], keepdims=True), (1, 32, 5, 5)),
@@ -72,7 +43,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_rule_schedules_the_kernel_and_matches_the_cpu(case):
     body, shape = CASES[case]
-    func = _kernel(body, shape)
+    (func,) = kernels_of(body, shape).values()
     sch = ThreadPerOutput().apply(func, OPENCL, False)
     assert sch is not None, f"{case}: not scheduled by ThreadPerOutput"
     expected = _run(func, tvm.target.Target("llvm"), tvm.cpu())
@@ -82,5 +53,5 @@ def test_the_rule_schedules_the_kernel_and_matches_the_cpu(case):
 def test_a_dense_layer_is_left_to_dlight():
     """1000 outputs of a 1280-long reduction: a cross-thread reduction (dlight's GEMV) suits it."""
     w = relax.const(np.ones((1280, 1000), "float32"))
-    func = _kernel(lambda bb, x: relax.op.matmul(x, w), (1, 1280))
+    (func,) = kernels_of(lambda bb, x: relax.op.matmul(x, w), (1, 1280)).values()
     assert ThreadPerOutput().apply(func, OPENCL, False) is None

@@ -8,24 +8,11 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from tvm_memplan.relax import stage_passes
 from tvm_memplan.schedule import CpuSpec, cpu_spec, schedule_function
 
+from ..kernels import conv_body, kernels_of
+
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
-
-
-def _kernels(build_body, input_shape) -> dict[str, tirx.PrimFunc]:
-    """The fused PrimFuncs TVM's CPU pipeline makes of a one-input Relax function."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(input_shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(build_body(bb, x))
-        bb.emit_func_output(out)
-    target = tvm.target.Target.from_device("cpu")
-    with target:
-        mod = tvm.transform.Sequential(stage_passes(target).dataflow)(bb.get())
-    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
 
 
 def _run(func: tirx.PrimFunc, target: tvm.target.Target, tmp_path=None) -> np.ndarray:
@@ -40,28 +27,15 @@ def _run(func: tirx.PrimFunc, target: tvm.target.Target, tmp_path=None) -> np.nd
     return args[-1].numpy()
 
 
-def _conv(channels_out, kernel, stride=1, padding=0, groups=1, activation=True):
-    def body(bb, x):
-        channels_in = int(x.ty.shape.values[1])
-        rng = np.random.default_rng(1)
-        w = relax.const(rng.standard_normal((channels_out, channels_in // groups, kernel, kernel)).astype("float32"))
-        b = relax.const(rng.standard_normal((1, channels_out, 1, 1)).astype("float32"))
-        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=padding, groups=groups))
-        y = bb.emit(relax.op.add(y, b))
-        return relax.op.nn.relu(y) if activation else y
-
-    return body
-
-
 CASES = {
-    "conv3x3_pad": (_conv(32, 3, padding=1), (1, 16, 14, 14), "tiled_reduction"),
-    "conv1x1_odd_width": (_conv(24, 1), (1, 8, 13, 13), "tiled_reduction"),
-    "conv3x3_wide_odd": (_conv(16, 3, padding=1), (1, 8, 9, 37), "tiled_reduction"),
-    "conv7x7_stride2_stem": (_conv(16, 7, stride=2, padding=3), (1, 3, 32, 32), "tiled_reduction"),
-    "conv1x1_stride2": (_conv(32, 1, stride=2, activation=False), (1, 16, 14, 14), "tiled_reduction"),
-    "depthwise3x3": (_conv(24, 3, padding=1, groups=24), (1, 24, 28, 28), "tiled_reduction"),
-    "depthwise3x3_stride2": (_conv(24, 3, stride=2, padding=1, groups=24), (1, 24, 28, 28), "tiled_reduction"),
-    "grouped3x3": (_conv(32, 3, padding=1, groups=8), (1, 32, 10, 10), "tiled_reduction"),
+    "conv3x3_pad": (conv_body(32, 3, padding=1), (1, 16, 14, 14), "tiled_reduction"),
+    "conv1x1_odd_width": (conv_body(24, 1), (1, 8, 13, 13), "tiled_reduction"),
+    "conv3x3_wide_odd": (conv_body(16, 3, padding=1), (1, 8, 9, 37), "tiled_reduction"),
+    "conv7x7_stride2_stem": (conv_body(16, 7, stride=2, padding=3), (1, 3, 32, 32), "tiled_reduction"),
+    "conv1x1_stride2": (conv_body(32, 1, stride=2, activation=None), (1, 16, 14, 14), "tiled_reduction"),
+    "depthwise3x3": (conv_body(24, 3, padding=1, groups=24), (1, 24, 28, 28), "tiled_reduction"),
+    "depthwise3x3_stride2": (conv_body(24, 3, stride=2, padding=1, groups=24), (1, 24, 28, 28), "tiled_reduction"),
+    "grouped3x3": (conv_body(32, 3, padding=1, groups=8), (1, 32, 10, 10), "tiled_reduction"),
     "max_pool": (lambda bb, x: relax.op.nn.max_pool2d(x, 3, 2, 1), (1, 8, 27, 27), "tiled_reduction"),
     "avg_pool": (lambda bb, x: relax.op.nn.avg_pool2d(x, 2, 2), (1, 8, 16, 16), None),
     "global_avg_pool": (lambda bb, x: relax.op.mean(x, axis=[2, 3], keepdims=True), (1, 32, 7, 7), "generic"),
@@ -87,7 +61,7 @@ CASES = {
 def test_schedule_matches_unscheduled_kernel(case: str) -> None:
     body, shape, expected_rule = CASES[case]
     target = tvm.target.Target.from_device("cpu")
-    for name, func in _kernels(body, shape).items():
+    for name, func in kernels_of(body, shape).items():
         scheduled = schedule_function(func, cpu_spec(target))
         assert scheduled is not None, f"{name}: no rule applied"
         new_func, rule = scheduled
@@ -98,7 +72,7 @@ def test_schedule_matches_unscheduled_kernel(case: str) -> None:
 
 
 def test_tiled_kernels_are_parallel_vectorized_and_register_tiled() -> None:
-    (func,) = _kernels(_conv(64, 3, padding=1), (1, 32, 28, 28)).values()
+    (func,) = kernels_of(conv_body(64, 3, padding=1), (1, 32, 28, 28)).values()
     new_func, _ = schedule_function(func, cpu_spec(AVX2))
     script = new_func.script()
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
@@ -109,7 +83,7 @@ def test_c_target_gets_unrolled_not_vectorized_loops(tmp_path) -> None:
     c = tvm.target.Target({"kind": "c"})
     spec = cpu_spec(c)
     assert not spec.vector_codegen
-    (func,) = _kernels(_conv(16, 3, padding=1), (1, 8, 12, 12)).values()
+    (func,) = kernels_of(conv_body(16, 3, padding=1), (1, 8, 12, 12)).values()
     new_func, _ = schedule_function(func, spec)
     assert "T.vectorized" not in new_func.script()
     np.testing.assert_allclose(_run(new_func, c, tmp_path), _run(func, c, tmp_path), rtol=1e-4, atol=1e-4)
@@ -132,6 +106,6 @@ def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> 
 
 
 def test_one_thread_keeps_kernels_serial() -> None:
-    (func,) = _kernels(_conv(32, 3, padding=1), (1, 16, 28, 28)).values()
+    (func,) = kernels_of(conv_body(32, 3, padding=1), (1, 16, 28, 28)).values()
     new_func, _ = schedule_function(func, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True))
     assert "T.parallel" not in new_func.script()

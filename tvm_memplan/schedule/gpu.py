@@ -29,9 +29,9 @@ from .rules import (
     _blocks,
     _is_output,
     _is_padding,
-    _is_reduction,
     _reduction_axes,
     _region_uses,
+    the_reduction,
 )
 
 THREADS = 128
@@ -61,10 +61,7 @@ class ThreadPerOutput(GPUScheduleRule):
 def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     """Schedule ``sch``'s function as described in the module docstring, or raise NotApplicable."""
     blocks = _blocks(sch)
-    reductions = [b for b in blocks if _is_reduction(sch.get(b))]
-    if len(reductions) != 1:
-        raise NotApplicable("needs exactly one reduction block")
-    main = reductions[0]
+    main = the_reduction(sch, blocks)
     block = sch.get(main)
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
     if any(kind not in (_DATA_PAR, _REDUCE) for kind in kinds):

@@ -100,6 +100,14 @@ def _region_uses(region, var: tirx.Var) -> bool:
     return any(_uses(r.min, var) for r in region)
 
 
+def the_reduction(sch: s_tir.Schedule, blocks: list):
+    """The function's one reduction block (the rules that tile a reduction need exactly one)."""
+    reductions = [b for b in blocks if _is_reduction(sch.get(b))]
+    if len(reductions) != 1:
+        raise NotApplicable("needs exactly one reduction block")
+    return reductions[0]
+
+
 def _is_padding(block: s_tir.SBlock) -> bool:
     """A block whose value is selected by a bounds check (``pad``): inlining it would put the
     check into the innermost loop of its consumer."""
@@ -165,10 +173,7 @@ def _reduction_axes(block: s_tir.SBlock, extents: list[int]) -> _Axes:
 def tiled_reduction(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     """Register-tiled reduction with fused producers and epilogue (see the module docstring)."""
     blocks = _blocks(sch)
-    reductions = [b for b in blocks if _is_reduction(sch.get(b))]
-    if len(reductions) != 1:
-        raise NotApplicable("needs exactly one reduction block")
-    main = reductions[0]
+    main = the_reduction(sch, blocks)
     position = [sch.get(b).name_hint for b in blocks].index(sch.get(main).name_hint)
     block = sch.get(main)
     extents = [int(iv.dom.extent) for iv in block.iter_vars]
