@@ -40,6 +40,7 @@ _PER_CHANNEL_OPS = {
     "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.leakyrelu", "relax.exp", "relax.sqrt",
 }
 _POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
+_ELEMENTWISE_PER_CHANNEL = _PER_CHANNEL_OPS - _POOLS
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
 _RAISABLE = {"maximum": (topi.maximum, relax.op.maximum), "minimum": (topi.minimum, relax.op.minimum),
              "add": (topi.add, relax.op.add), "multiply": (topi.multiply, relax.op.multiply),
@@ -192,7 +193,12 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
         while True:
             j = single_consumer(current)
             if j is None:
-                return found, units, None
+                diamond = closing_diamond(current, comp, since)
+                if diamond is None:
+                    return found, units, None
+                found.extend(diamond)
+                current = diamond[-1].var
+                continue
             nxt = bindings[j]
             op = _op_name(nxt.value)
             if op == _CONV and nxt.value.args[0].same_as(current) and _const(nxt.value.args[1]) is not None:
@@ -207,6 +213,34 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
                 return found, units, j
             found.append(nxt)
             current = nxt.var
+
+    def closing_diamond(current: relax.Var, comp: int, since: int) -> list | None:
+        """Elementwise operators that read ``current`` on several paths and meet again in one
+        tensor (SiLU ``x * sigmoid(x)``, hard-swish): the bindings up to where they meet."""
+        if current in outputs or len(uses.get(current, [])) < 2:
+            return None
+        pending = {current: set(uses[current])}
+        members = []
+        for j in range(defined_at[current] + 1, len(bindings)):
+            binding = bindings[j]
+            reads = [v for v in relax.analysis.free_vars(binding.value) if v in pending]
+            if not reads:
+                continue
+            value = binding.value
+            if (_op_name(value) not in _ELEMENTWISE_PER_CHANNEL or _channels(binding.var) != _channels(current)
+                    or component(binding.var) != comp or binding.var in outputs or len(members) == 8
+                    or any(isinstance(a, relax.Var) and a not in pending and defined_at.get(a, -1) >= since
+                           for a in value.args)):
+                return None
+            members.append(binding)
+            for v in reads:
+                pending[v].discard(j)
+                if not pending[v]:
+                    del pending[v]
+            pending[binding.var] = set(uses.get(binding.var, []))
+            if list(pending) == [binding.var]:
+                return members
+        return None
 
     def reduces(j: int | None, current: relax.Var, comp: int) -> bool:
         if j is None:
@@ -470,8 +504,10 @@ class _SplitRewriter(PyExprMutator):
 
     def _emit_tile_ops(self, links: list, current: relax.Expr, previous: relax.Var, parts: int, t: int,
                        units: int) -> relax.Expr:
-        """A branch's per-channel operators (and grouped convolutions) on tile ``t``."""
+        """A branch's per-channel operators (and grouped convolutions) on tile ``t``; an operator
+        may read several of the branch's tensors (the two paths of a SiLU)."""
         bb = self.builder_
+        tiles = {previous: current}
         for link in links:
             value, c_in = link.value, _channels(previous)
             lo, hi = _tile_ranges(parts, units, c_in)[t]
@@ -480,11 +516,12 @@ class _SplitRewriter(PyExprMutator):
                 olo, ohi = _tile_ranges(parts, units, _channels(link.var))[t]
                 new = _conv(value, current, _const(value.args[1])[olo:ohi], groups * (hi - lo) // c_in)
             else:
-                args = [current if a.same_as(previous) else _slice_operand(self.visit_expr(a), lo, hi, c_in, bb)
+                args = [tiles[a] if a in tiles else _slice_operand(self.visit_expr(a), lo, hi, c_in, bb)
                         for a in value.args]
                 new = relax.Call(value.op, args, value.attrs, value.ty_args)
             current = bb.emit(new)
             previous = link.var
+            tiles[previous] = current
         return current
 
     def _emit_rows(self, choice: SplitChoice) -> None:
