@@ -106,10 +106,20 @@ def _stem(name: str, count: int, resolution: int, **kwargs) -> Factory:
     return make
 
 
+def _shufflenet_unit() -> Factory:
+    def make():
+        from torchvision.models.shufflenetv2 import InvertedResidual
+
+        return InvertedResidual(48, 48, 1), (torch.randn(1, 48, 12, 12),)
+    return make
+
+
 FIXTURES: dict[str, Factory] = {
     "torchvision_mobilenet_v2_stem": _stem("mobilenet_v2", 4, 48, width_mult=0.5),
     "torchvision_squeezenet1_0_stem": _stem("squeezenet1_0", 5, 48),
     "torchvision_efficientnet_b0_stem": _stem("efficientnet_b0", 3, 48),
+    # x.chunk(2) and the channel shuffle: the TorchScript exporter computes the chunk sizes at run time
+    "torchvision_shufflenet_v2_unit": _shufflenet_unit(),
 }
 
 

@@ -80,14 +80,66 @@ def unsupported_operators(model: onnx.ModelProto) -> list[str]:
 
 
 def to_relax(model: LoadedModel):
-    """Import into a Relax IRModule with weights as constants (what the planner sees)."""
+    """Import into a Relax IRModule with weights as constants (what the planner sees).
+
+    Exporters compute some shapes at run time (the TorchScript exporter's ``chunk`` is
+    ``Shape -> Gather -> Div -> Slice``); TVM's importer leaves such computations in the graph and
+    its legalization then fails. When the inputs are static and onnxruntime's constant folding
+    resolves them all, the folded graph is imported instead."""
     from tvm.relax.frontend.onnx import from_onnx
 
     missing = unsupported_operators(model.onnx_model)
     if missing:
         raise UserError(f"{model.name}: unsupported ONNX operator(s) {', '.join(missing)} (TVM 0.27 Relax frontend)")
     try:
-        return from_onnx(model.onnx_model, keep_params_in_input=False)
+        mod = from_onnx(model.onnx_model, keep_params_in_input=False)
+        if _computes_shapes(mod) and _static_inputs(model):
+            folded = from_onnx(fold_constants(model.onnx_model), keep_params_in_input=False)
+            mod = mod if _computes_shapes(folded) else folded
+    except UserError:
+        raise
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{model.name}: TVM could not import the model: {first_line}") from None
+    return mod
+
+
+_SHAPE_OPS = {"relax.shape_of", "relax.shape_to_tensor", "relax.tensor_to_shape"}
+
+
+def _computes_shapes(mod) -> bool:
+    """Whether ``main`` has shape computations or tensors whose shapes are not constants."""
+    from tvm import relax
+
+    from .relax.tensor_types import static_shape
+
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value, ty = binding.value, binding.var.ty
+            if isinstance(value, relax.Call) and getattr(value.op, "name", None) in _SHAPE_OPS:
+                return True
+            if isinstance(ty, relax.TensorType) and static_shape(ty) is None:
+                return True
+    return False
+
+
+def _static_inputs(model: LoadedModel) -> bool:
+    return all(isinstance(d, int) and d > 0 for _, shape, _ in model.input_specs() for d in shape)
+
+
+def fold_constants(onnx_model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph after onnxruntime's basic optimizations (constant folding, shapes of static
+    tensors, redundant nodes): standard ONNX operators only."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    with tempfile.TemporaryDirectory() as tmp:
+        options.optimized_model_filepath = str(Path(tmp) / "folded.onnx")
+        try:
+            ort.InferenceSession(onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's errors have no common base
+            raise UserError(f"onnxruntime could not fold the graph's shape computations: {str(exc).splitlines()[0][:200]}") from None
+        return onnx.load(options.optimized_model_filepath)

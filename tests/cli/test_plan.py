@@ -138,3 +138,17 @@ def test_memory_limit_must_be_a_byte_count(capsys):
         main(["plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "lots"])
     assert exit_info.value.code == 2
     assert "not a byte count" in capsys.readouterr().err
+
+
+def test_an_internal_failure_is_one_line_and_exit_1(capsys, monkeypatch, small_onnx):
+    import tvm_memplan.cli.plan as plan_cli
+
+    def broken(*args, **kwargs):
+        raise AssertionError("emit_te now only supports Tensor that has ShapeExpr shape")
+
+    monkeypatch.setattr(plan_cli, "run_plan", broken)
+    monkeypatch.delenv("TVM_MEMPLAN_TRACEBACK", raising=False)
+    assert main(["plan", small_onnx]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tvm-memplan: internal error (AssertionError): emit_te now only supports Tensor that has "
+                   "ShapeExpr shape (set TVM_MEMPLAN_TRACEBACK=1 for the traceback)"]

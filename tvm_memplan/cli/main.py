@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -41,6 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tvm-memplan: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a failure inside TVM or a bug: one line, the traceback on request
+        if os.environ.get("TVM_MEMPLAN_TRACEBACK"):
+            raise
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        print(f"tvm-memplan: internal error ({type(exc).__name__}): {lines[-1] if lines else 'no message'} "
+              "(set TVM_MEMPLAN_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
