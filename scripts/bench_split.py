@@ -73,7 +73,7 @@ def bench(spec: str, budget: float, seconds: float, order_seconds: float) -> dic
         "problems": verified.problems,
         "beyond": min(beyond, key=lambda p: p.peak_bytes) if beyond else None,
         "original_ms": result.original.latency_ms,
-        "bottleneck": ", ".join(result.bottleneck.live[:3]),
+        "bottleneck": "; ".join(outcome.bottleneck[:3]),
         "stopped": result.stopped,
     }
 

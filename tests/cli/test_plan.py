@@ -108,6 +108,10 @@ def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path)
     assert summary["split_subgraphs"] and all(s["parts"] >= 2 for s in summary["split_subgraphs"])
     assert summary["latency_before_ms"] > 0 and summary["latency_after_ms"] > 0
     assert summary["pareto_front"][-1]["parts"] == {}  # the unsplit model is on the front
+    # what limits the plan now, by operator and shape (the simulator's tensor names are kept too)
+    assert len(summary["bottleneck_described"]) == len(summary["bottleneck"])
+    assert all(" of " in d or "x" in d for d in summary["bottleneck_described"])
+    assert any("conv2d" in d or "pool" in d for d in summary["bottleneck_described"])
     # the report (not JSON) prints the same search as tables
     plot = tmp_path / "tiles.png"
     code, out, _ = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K",

@@ -210,6 +210,7 @@ def _split_summary(split, arena: int) -> dict:
         "latency_after_ms": round(split.latency_after_ms, 4),
         "latency_estimated_ms": round(result.best.latency_ms, 4),
         "bottleneck": list(result.bottleneck.live[:6]),
+        "bottleneck_described": split.bottleneck,
         "pareto_front": [{"peak_bytes": p.peak_bytes, "latency_ms": round(p.latency_ms, 4),
                           "parts": {c.chain.name: c.parts for c in p.choices}} for p in result.front],
         "search_seconds": round(result.seconds, 2),
@@ -305,7 +306,7 @@ def _split_rows(summary: dict) -> list[tuple[str, str]]:
         ("split search", f"{summary['search_seconds']:.1f} s, {summary['plans_simulated']:,} plans simulated, "
          f"{summary['latency_measurements']} latencies measured, {summary['latency_cache_hits']} from the cache; "
          f"stopped: {summary['split_reason']}"),
-        ("bottleneck now", ", ".join(summary["bottleneck"]) or "-"),
+        ("bottleneck now", "; ".join(summary["bottleneck_described"]) or "-"),
     ]
 
 

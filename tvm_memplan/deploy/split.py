@@ -12,7 +12,7 @@ import tvm
 
 from ..errors import UserError
 from ..frontend import LoadedModel, to_relax
-from ..relax.split import find_chains, normalize, program_of, split_chains
+from ..relax.split import describe_tensors, find_chains, normalize, program_of, split_chains
 from ..split.search import SearchResult, search
 from ..split.simulate import Chain, SplitChoice, peak, split_program
 from .chain_latency import DEFAULT_CACHE, ChainLatency
@@ -34,6 +34,8 @@ class SplitOutcome:
     samples_after_ms: list[float]
     cache_hits: int
     cache_misses: int
+    bottleneck: list[str]
+    """What is live at the kept plan's peak, largest first, as operators and shapes."""
 
     @property
     def choices(self) -> list[SplitChoice]:
@@ -69,7 +71,7 @@ def search_split(
     program = program_of(mod)
     result = search(program, chains, before, measurer, budget, seconds, memory_limit)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
-        at_peak = ", ".join(result.bottleneck.live[:4])
+        at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
         raise UserError(
             f"{model.name}: no split plan fits in {memory_limit:,} bytes: the smallest found peaks at "
             f"{min(p.peak_bytes for p in result.front):,} bytes ({at_peak} live at its peak)"
@@ -77,7 +79,7 @@ def search_split(
     before, after, result = _confirm(mod, result, measurer, budget if memory_limit is None else None)
     result.bottleneck = peak(split_program(program, list(result.best.choices)))
     return SplitOutcome(model.name, chains, result, float(np.median(before)), float(np.median(after)), before, after,
-                        measurer.hits, measurer.misses)
+                        measurer.hits, measurer.misses, describe_tensors(mod, list(result.bottleneck.live[:6])))
 
 
 def _confirm(mod: tvm.IRModule, result: SearchResult, measurer: ChainLatency, budget: float | None,

@@ -620,6 +620,29 @@ class _SplitRewriter(PyExprMutator):
         return current
 
 
+def describe_tensors(mod: tvm.IRModule, names: list[str]) -> list[str]:
+    """Simulator tensor names as a reader wants them: the operator and shape behind each
+    (``lv9#lv#1`` is tile 2 of the chain at ``lv``, written by the depthwise convolution ``lv9``)."""
+    table = {b.var.name: b for b in _bindings(mod["main"])}
+    described = []
+    for name in names:
+        base, _, tile = name.partition("#")
+        binding = table.get(base)
+        if binding is None:
+            described.append(name)
+            continue
+        op = (_op_name(binding.value) or "kernel").removeprefix("relax.").removeprefix("nn.")
+        if op == "conv2d" and int(binding.value.attrs.groups) > 1:
+            op = "depthwise conv2d" if int(binding.value.attrs.groups) == _channels(binding.var) else "grouped conv2d"
+        shape = "x".join(str(d) for d in (static_shape(binding.var.ty) or ())[1:])
+        what = f"{op} {shape} ({base})"
+        if tile:
+            head, t = tile.split("#")[:2]
+            what = f"tile {int(t) + 1} of {what}, chain at {head}"
+        described.append(what)
+    return described
+
+
 def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
     """A copy of the normalized ``mod`` with every chosen chain split into its parts."""
     if not choices:
