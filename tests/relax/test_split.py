@@ -207,3 +207,14 @@ def test_unfolded_batch_norm_and_clip_from_constants_split(tmp_path):
     (reference,) = ort.InferenceSession(model.onnx_model.SerializeToString()).run(None, {"x": x})
     split = split_chains(mod, [SplitChoice(chain, 4)])
     np.testing.assert_allclose(_run(split, x), reference, rtol=1e-4, atol=1e-4)
+
+
+def test_a_chain_whose_pool_shrinks_it_is_also_offered_without_partial_sums(mcu):
+    """conv -> pool -> depthwise, reduced by a 1x1 conv: the search may tile it with partial sums
+    of the tail or write the (pooled, smaller) last tensor tile by tile and run the tail whole."""
+    variants = [c for c in find_chains(mcu) if c.head == "lv"]
+    assert sorted(c.tail is None for c in variants) == [False, True]
+    whole_tail = next(c for c in variants if c.tail is None)
+    assert whole_tail.bindings == tuple(n for n in next(c for c in variants if c.tail).bindings[:-1])
+    x = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype("float32")
+    np.testing.assert_allclose(_run(split_chains(mcu, [SplitChoice(whole_tail, 4)]), x), _run(mcu, x), rtol=1e-4, atol=1e-5)

@@ -272,6 +272,10 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
     for i, (branch, last, end, tensors) in branches.items():
         comp = component(bindings[i].var)
         if reduces(end, last, comp):
+            if len(tensors) > 1 and _nbytes(last) < _nbytes(tensors[0]):
+                # the same tiles written into the last tensor, the tail run whole: as small when a
+                # pool or a stride shrank that tensor (a stem's conv -> pool), and no partial sums
+                chains.append(Chain((branch,), None, (), None, sum(_nbytes(v) for v in tensors[:-1])))
             chains.append(Chain((branch,), None, (), bindings[end].var.name, sum(_nbytes(v) for v in tensors)))
         elif len(tensors) > 1:
             chains.append(Chain((branch,), None, (), None, sum(_nbytes(v) for v in tensors[:-1])))
