@@ -15,8 +15,8 @@ from tvm import relax
 
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.planner import plan_model
-from tvm_memplan.relax.split import find_chains, normalize, split_chains
-from tvm_memplan.split.simulate import SplitChoice, disjoint
+from tvm_memplan.relax.split import find_chains, normalize, program_of, split_chains
+from tvm_memplan.split.simulate import SplitChoice, disjoint, peak, split_program
 from tvm_memplan.verify import verify_plan
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -66,12 +66,26 @@ def test_exported_efficientnet_stem_arena_drops_and_vm_equals_plan():
     onnxruntime too)."""
     model = _fixture("efficientnet_b0", "dynamo")
     coarse = plan_model(model, "llvm", order_seconds=1).total("arena_bytes")
-
-    def prepare(mod: tvm.IRModule) -> tvm.IRModule:
-        mod = normalize(mod)
-        return split_chains(mod, _all_chains_split(mod, 4))
-
-    plan = plan_model(model, "llvm", prepare=prepare, order_seconds=1)
+    mod = normalize(to_relax(model))
+    choices = _all_chains_split(mod, 4)
+    plan = plan_model(model, "llvm", prepare=lambda m: split_chains(normalize(m), choices), order_seconds=1)
     assert plan.total("arena_bytes") < 0.6 * coarse
+    simulated = peak(split_program(program_of(mod), choices)).bytes
+    assert abs(simulated - plan.total("arena_bytes")) <= 0.02 * plan.total("arena_bytes")
     result = verify_plan(plan)
     assert result.ok, result.problems
+
+
+def test_squeeze_excitation_scaling_is_simulated_as_a_tensor_of_its_own():
+    """``multiply(scale, x)`` broadcasts a 1x1 scale over x: the simulator must not count its
+    output as written into the scale's buffer (it did, and under-counted MobileNetV3's split
+    peaks by a quarter against the planner)."""
+    mod = normalize(to_relax(_fixture("efficientnet_b0", "dynamo")))
+    program = program_of(mod)
+    scaled = [b for blk in mod["main"].body.blocks for b in blk.bindings
+              if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.multiply"
+              and [len(a.ty.shape) and int(a.ty.shape[2]) for a in b.value.args][0] == 1]
+    assert scaled
+    for binding in scaled:
+        written = program.tensor(binding.var.name)
+        assert program.sizes[written] == 4 * int(np.prod([int(d) for d in binding.var.ty.shape]))

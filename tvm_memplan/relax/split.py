@@ -688,7 +688,11 @@ def program_of(mod: tvm.IRModule) -> Program:
         var, value, name = b.var, b.value, b.var.name
         reads = tuple(tensor[v] for v in relax.analysis.free_vars(value) if v in tensor)
         op = _op_name(value)
-        first = value.args[0] if isinstance(value, relax.Call) and value.args else None
+        # the operand whose buffer a fused elementwise kernel could write: one of the output's
+        # shape (``multiply(scale, x)`` of a squeeze-excitation block broadcasts the scale)
+        shape = static_shape(var.ty)
+        first = next((a for a in value.args if isinstance(a, relax.Var) and static_shape(a.ty) == shape), None) \
+            if isinstance(value, relax.Call) and shape is not None else None
         fused = (
             (op in _ELEMENTWISE or op == "relax.reshape") and isinstance(first, relax.Var) and first in tensor
             and first not in func.params and tensor[first] in sizes and first not in returned
