@@ -156,3 +156,43 @@ def test_an_internal_failure_is_one_line_and_exit_1(capsys, monkeypatch, small_o
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["tvm-memplan: internal error (AssertionError): emit_te now only supports Tensor that has "
                    "ShapeExpr shape (set TVM_MEMPLAN_TRACEBACK=1 for the traceback)"]
+
+
+def test_a_planned_arena_over_the_memory_limit_searches_again_then_fails_in_one_line(monkeypatch):
+    """The simulator may fit a plan whose planned arena misses the limit: the search is repeated
+    under a limit lowered by the overshoot, and a plan that still misses is an error, never a
+    silent 'fits'."""
+    import argparse
+
+    import tvm_memplan.cli.plan as plan_cli
+    import tvm_memplan.planner as planner
+    from tvm_memplan.errors import UserError
+
+    class Plan:
+        def __init__(self, arena):
+            self.arena = arena
+
+        def total(self, key):
+            return self.arena
+
+    class Split:
+        def prepare(self):
+            return None
+
+    limits = []
+    monkeypatch.setattr(plan_cli, "_search_split", lambda args, model, limit: limits.append(limit) or Split())
+    args = argparse.Namespace(memory_limit=1000, target="host")
+    monkeypatch.setattr(plan_cli, "model_planner_kwargs", lambda a: {})
+    model = argparse.Namespace(name="m")
+
+    arenas = iter([900])
+    monkeypatch.setattr(planner, "plan_model", lambda *a, **k: Plan(next(arenas)))
+    plan, _ = plan_cli._fit_planned_arena(args, model, Plan(1250), Split())
+    assert plan.arena == 900 and limits == [800]  # 1000 * 1000 / 1250
+
+    limits.clear()
+    arenas = iter([1100, 1050])
+    monkeypatch.setattr(planner, "plan_model", lambda *a, **k: Plan(next(arenas)))
+    with pytest.raises(UserError, match="planned arena is 1,050 bytes"):
+        plan_cli._fit_planned_arena(args, model, Plan(1250), Split())
+    assert limits == [800, 727]

@@ -119,8 +119,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..verify import verify_plan
 
     model = load_model(args.model)
-    split = _search_split(args, model) if args.split == "acg" else None
+    split = _search_split(args, model, args.memory_limit) if args.split == "acg" else None
     plan = plan_model(model, _target_arg(args.target), prepare=split.prepare() if split else None, **model_planner_kwargs(args))
+    if split is not None and args.memory_limit is not None:
+        plan, split = _fit_planned_arena(args, model, plan, split)
     verified = None
     verify_result = None
     if args.verify:
@@ -183,7 +185,28 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0 if verified in (None, True) else 1
 
 
-def _search_split(args: argparse.Namespace, model):
+def _fit_planned_arena(args: argparse.Namespace, model, plan, split, attempts: int = 2):
+    """The search fits the simulator's peak under ``--memory-limit``; the planner's arena can
+    come out larger (alignment, a fusion the simulator models differently). Search again under a
+    limit lowered by the overshoot, and say so in one line when the planned arena still misses."""
+    from ..planner import plan_model
+
+    limit = args.memory_limit
+    for _ in range(attempts):
+        arena = plan.total("arena_bytes")
+        if arena <= args.memory_limit:
+            return plan, split
+        limit = int(limit * args.memory_limit / arena)
+        split = _search_split(args, model, limit)
+        plan = plan_model(model, _target_arg(args.target), prepare=split.prepare(), **model_planner_kwargs(args))
+    arena = plan.total("arena_bytes")
+    if arena > args.memory_limit:
+        raise UserError(f"{model.name}: the split plan's simulated peak fits {args.memory_limit:,} bytes but the planned "
+                        f"arena is {arena:,} bytes; nothing found fits in the planner")
+    return plan, split
+
+
+def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
     from ..deploy.chain_latency import DEFAULT_CACHE
     from ..deploy.measure import Device
     from ..deploy.split import search_split
@@ -192,7 +215,7 @@ def _search_split(args: argparse.Namespace, model):
         raise UserError("--split acg measures latencies: give --target as a name (host, c, llvm-aarch64, ...)")
     device = Device(args.rpc_tracker, args.rpc_key)
     return search_split(model, args.target, device, budget=args.latency_budget, seconds=args.search_seconds,
-                        memory_limit=args.memory_limit, cache=Path(args.split_cache) if args.split_cache else DEFAULT_CACHE,
+                        memory_limit=memory_limit, cache=Path(args.split_cache) if args.split_cache else DEFAULT_CACHE,
                         schedule=args.schedule)
 
 
