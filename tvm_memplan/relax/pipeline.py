@@ -12,6 +12,7 @@ from ..backends.schedules import with_gpu_schedules
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
+from .fusion import FuseGroupKernels
 from .grouping import LayerOrder
 from .offsets import KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
@@ -19,6 +20,8 @@ from .reorder import OrderReport, ReorderForMemory
 
 _SPBM = "StaticPlanBlockMemory"
 _RESHAPE = "RewriteDataflowReshape"
+FUSED_KINDS = ("vulkan", "opencl", "cuda", "rocm", "metal")
+"""GPU targets: with layer grouping, each group's kernels run as one fused launch."""
 
 
 def resolve_target(target: Any) -> tvm.target.Target:
@@ -98,6 +101,8 @@ def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
         passes.append(DefaultCPUSchedule(target))
     if kernels_take_offsets(target):
         passes.append(KernelOffsetParams())
+    if options.groups is not None and target.kind.name in FUSED_KINDS:
+        passes.append(FuseGroupKernels())
     return passes
 
 
