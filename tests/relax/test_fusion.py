@@ -10,8 +10,8 @@ from tvm import relax
 from tvm.script import tirx as T
 
 import tvm_memplan
-from tvm_memplan.backends import vulkan as vulkan_codegen
 from tvm_memplan.deploy.remote import kernel_counter
+from tvm_memplan.deploy.targets import get_target
 from tvm_memplan.relax.fusion import KernelNest, select_members
 from tvm_memplan.verify.run import flatten_outputs
 
@@ -41,6 +41,21 @@ def inception(channels: int = 8, size: int = 8) -> tvm.IRModule:
             pool = relax.op.nn.max_pool2d(x, pool_size=3, strides=1, padding=1)
             b4 = bb.emit(relax.op.nn.relu(conv(pool, weights["b4"])))
             out = bb.emit_output(relax.op.concat([b1, b2, b3, b4], axis=1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def narrow_convs(channels: int = 256, size: int = 2) -> tvm.IRModule:
+    """Two 1x1 convolutions of one input, whose reductions outnumber their outputs: dlight's
+    matmul rule schedules them with shared memory, barriers and 8x8 threads."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", tensor((1, channels, size, size)))
+    w1, w2 = (relax.const(random_input((n, channels, 1, 1), seed=n)) for n in (32, 16))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.conv2d(x, w1))
+            b = bb.emit(relax.op.nn.conv2d(x, w2))
+            out = bb.emit_output(relax.op.concat([a, b], axis=1))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -80,9 +95,7 @@ def with_unfusable_member() -> tvm.IRModule:
 def run(mod: tvm.IRModule, kind: str, groups, x: np.ndarray):
     """Build ``mod`` for ``kind`` with ``groups`` and run it once: outputs, the VM's storage
     requests, the kernels it launched, and the plan report."""
-    if kind == "vulkan":
-        vulkan_codegen.register()
-    target = tvm.target.Target({"kind": kind, "host": "llvm"})
+    target = get_target(kind).tvm_target()  # what the command line builds with (registers the Vulkan generator)
     dev = tvm.device(kind, 0)
     reports = []
     exe = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target, groups=groups, on_report=reports.append))
@@ -112,6 +125,15 @@ def test_one_launch_per_group_and_outputs_identical_to_the_ungrouped_build(kind)
         np.testing.assert_array_equal(got, expected)
         assert sorted(storage) == sorted([report.arena_bytes, got.nbytes])  # the VM allocates the plan
         assert launches == report.groups < report.kernels  # every kernel here can join a fused launch
+
+
+@pytest.mark.parametrize("kind", GPUS)
+def test_kernels_with_barriers_fuse_at_their_own_thread_count(kind):
+    x = random_input((1, 256, 2, 2))
+    (expected,), _, _, _ = run(narrow_convs(), kind, None, x)
+    (got,), _, launches, report = run(narrow_convs(), kind, 1, x)
+    np.testing.assert_array_equal(got, expected)
+    assert report.kernels == 3 and report.groups == 2 and launches == 2  # the convolutions, then the concat
 
 
 @pytest.mark.parametrize("kind", GPUS)

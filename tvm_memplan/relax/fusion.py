@@ -3,17 +3,21 @@
 The arena planner knows the groups (:func:`~tvm_memplan.relax.grouping.kernel_groups`) and plans
 with the F-predicate, so no two tensors a group touches share bytes and its kernels may run at once.
 :func:`FuseGroupKernels` then replaces each group's destination-passing calls by one call of a fused
-PrimFunc: ``blockIdx.x`` runs over the sum of the members' block counts (multi-dimensional grids
-flattened), ``threadIdx.x`` over the largest member's thread count, and each block takes the branch
-of the member its index falls in, with its block index rebased and ``if threadIdx.x < T_i`` around a
-member with fewer threads. Every member keeps its own schedule. Allocations are left exactly as
-planned: only calls move, so the VM still requests what the plan says.
+PrimFunc, each member keeping its own (already applied) schedule: ``blockIdx.x`` runs over the sum of
+the members' block counts (their block grids flattened), ``threadIdx.x`` over the largest member's
+thread count (their thread axes flattened, x fastest), and each block takes the branch of the member
+its index falls in, with the block index rebased and ``if threadIdx.x < T_i`` around a member with
+fewer threads. Allocations stay exactly as planned: only calls move (to the group's last member), so
+the VM still requests what the plan says.
 
-Branching on the block index is uniform within a block; a thread guard is not, so a member that
-synchronises its threads (shared memory, cross-thread reductions, barriers) joins only if its thread
-count equals the fused one. A member that is not a single ``blockIdx``/``threadIdx`` loop nest over
-static buffers (several kernels in one PrimFunc, other thread axes, scalar or dynamic-shape
-parameters) stays its own launch; a group left with fewer than two members is not fused at all.
+Branching on the block index is uniform within a block (marked ``tvm_thread_invariant`` so that TVM
+may place barriers inside it); a thread guard is not, so a member that synchronises its threads
+(shared memory, barriers) joins only at its own thread count, and one that reduces across threads
+only with ``threadIdx.x`` alone, bound once, above everything else. Members a fused launch cannot
+take form further fused launches among themselves or stay their own launch: PrimFuncs that are not
+one loop nest under ``blockIdx`` axes (several kernels, no block axis, a thread axis bound with two
+extents, virtual threads, scalar or dynamic-shape parameters), and whatever would push the fused
+grid past :data:`MAX_BLOCKS`.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ class KernelNest:
     uniform: bool = False
     """The body synchronises its threads: every thread of a block must take the same branch."""
     reduces_across_threads: bool = False
-    """A reduction over ``threadIdx.x``: TVM lowers it from the thread loop itself."""
+    """A reduction across threads: TVM lowers it from the thread loop itself, which must stay the
+    innermost loop around the reduction (fusion keeps it so only for a nest bound once, above everything)."""
 
     @property
     def block_count(self) -> int:
@@ -156,6 +161,8 @@ def kernel_nest(func: tirx.PrimFunc) -> KernelNest | None:
     body = _substitute(stmt, mapping, unroll_thread_loops=True)
     alloc_buffers = list(block.alloc_buffers)
     uniform, across = _synchronisation(body, alloc_buffers, [var for var, _ in threads.values()])
+    if across and inner:
+        return None  # TVM lowers such a reduction from its own thread loop, which fusion would fold away
     return KernelNest(func, blocks, threads, body, alloc_buffers, uniform, across)
 
 
@@ -260,17 +267,19 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
         alloc_buffers += nest.alloc_buffers
         start += nest.block_count
         branches.append((start, body))
-    # one bounded branch per member (no else chain): buffer compaction reads the bounds of the
-    # condition, so the members' local buffers keep their own sizes
-    begin, dispatch = 0, []
-    for end, body in branches:
+    # one branch per member, its condition bounded on both sides (buffer compaction reads the
+    # bounds, so members' local buffers keep their sizes) and the same for every thread of a block
+    # (barriers inside stay legal); chained with else: with a run of separate ifs, PoCL computed a
+    # member with barriers wrong here
+    begin, conditions = 0, []
+    for end, _ in branches:
         inside = tirx.LT(block_var, tirx.const(end, dtype))
-        if begin:
-            inside = tirx.And(tirx.GE(block_var, tirx.const(begin, dtype)), inside)
-        # the same for every thread of a block: barriers inside a member stay legal
-        dispatch.append(tirx.IfThenElse(tirx.op.tvm_thread_invariant(inside), body, None))
+        conditions.append(tirx.op.tvm_thread_invariant(tirx.And(tirx.GE(block_var, tirx.const(begin, dtype)), inside) if begin else inside))
         begin = end
-    outer = _thread_loop(block_var, BLOCK_TAGS[0], total, _thread_loop(thread_var, THREAD_TAGS[0], threads, tirx.SeqStmt(dispatch)))
+    dispatch = tirx.IfThenElse(conditions[-1], branches[-1][1], None)
+    for condition, (_, body) in reversed(list(zip(conditions, branches))[:-1]):
+        dispatch = tirx.IfThenElse(condition, body, dispatch)
+    outer = _thread_loop(block_var, BLOCK_TAGS[0], total, _thread_loop(thread_var, THREAD_TAGS[0], threads, dispatch))
     root = s_tir.SBlock([], [], [], "root", outer, alloc_buffers=alloc_buffers)
     attrs = {"tirx.is_scheduled": True, "tirx.noalias": True}
     return tirx.PrimFunc(params, s_tir.SBlockRealize([], True, root)).with_attrs(attrs), call_args

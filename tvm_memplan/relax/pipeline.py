@@ -95,7 +95,8 @@ def order_passes(options: MemplanOptions, on_order_report: Callable[[OrderReport
 def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
     """The kernel passes after planning: tvm_memplan's default CPU schedules for ``llvm``/``c``
     targets unless ``schedule="none"`` (GPU kernels are scheduled before planning, in
-    :func:`stage_passes`); on OpenCL and Vulkan, kernels that read their buffers at an offset."""
+    :func:`stage_passes`); on OpenCL and Vulkan, kernels that read their buffers at an offset; on GPU
+    targets with layer grouping, one fused launch per group."""
     passes = []
     if options.schedule != "none" and target.kind.name in ("llvm", "c"):
         passes.append(DefaultCPUSchedule(target))
