@@ -26,6 +26,7 @@ def test_a_cpu_function_is_one_launch_and_a_vm_builtin_none():
 @needs_device("opencl")
 def test_a_gpu_function_launches_each_of_its_device_kernels():
     target = tvm.target.Target({"kind": "opencl", "host": "llvm"})
-    count = kernel_counter(tvm.compile(tvm.IRModule({"two_kernels": two_kernels.with_attr("global_symbol", "two_kernels")}), target=target).mod)
+    kernels = tvm.IRModule({"two_kernels": two_kernels.with_attr("global_symbol", "two_kernels")})
+    count = kernel_counter(tvm.compile(kernels, target=target).mod)
     assert count("two_kernels") == 2
     assert count("vm.builtin.alloc_storage") == 0

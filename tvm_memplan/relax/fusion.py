@@ -156,7 +156,7 @@ def kernel_nest(func: tirx.PrimFunc) -> KernelNest | None:
             return None  # blocks below blocks: a second kernel
         threads.setdefault(tag, (loop.loop_var, int(loop.extent.value)))
         if int(loop.extent.value) != threads[tag][1]:
-            return None  # one axis, two extents: TVM would launch the largest and guard the rest
+            return None  # one axis bound with two extents: no single thread count serves both
         mapping[loop.loop_var] = threads[tag][0]
     body = _substitute(stmt, mapping, unroll_thread_loops=True)
     alloc_buffers = list(block.alloc_buffers)
@@ -198,14 +198,21 @@ def _joins(nest: KernelNest, threads: int) -> bool:
 def select_members(nests: Sequence[KernelNest]) -> list[int]:
     """Which of a group's fusable kernels join, in order: the fused thread count is the one most
     kernels can run with (members that synchronise need exactly theirs, the others at most it),
-    and the fused grid stays within :data:`MAX_BLOCKS`."""
+    and the fused grid stays within :data:`MAX_BLOCKS`. Reductions across threads share the
+    fused thread loop as it is: one index type for all of them."""
     best: list[int] = []
     for threads in sorted({n.thread_count for n in nests}, reverse=True):
-        chosen, blocks = [], 0
+        chosen, blocks, index_type = [], 0, None
         for i, nest in enumerate(nests):
-            if _joins(nest, threads) and blocks + nest.block_count <= MAX_BLOCKS:
-                chosen.append(i)
-                blocks += nest.block_count
+            if not _joins(nest, threads) or blocks + nest.block_count > MAX_BLOCKS:
+                continue
+            if nest.reduces_across_threads:
+                own = str(nest.threads[THREAD_TAGS[0]][0].ty)
+                if index_type not in (None, own):
+                    continue
+                index_type = own
+            chosen.append(i)
+            blocks += nest.block_count
         if len(chosen) > len(best):
             best = chosen
     return best
@@ -274,7 +281,9 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
     begin, conditions = 0, []
     for end, _ in branches:
         inside = tirx.LT(block_var, tirx.const(end, dtype))
-        conditions.append(tirx.op.tvm_thread_invariant(tirx.And(tirx.GE(block_var, tirx.const(begin, dtype)), inside) if begin else inside))
+        if begin:
+            inside = tirx.And(tirx.GE(block_var, tirx.const(begin, dtype)), inside)
+        conditions.append(tirx.op.tvm_thread_invariant(inside))
         begin = end
     dispatch = tirx.IfThenElse(conditions[-1], branches[-1][1], None)
     for condition, (_, body) in reversed(list(zip(conditions, branches))[:-1]):
@@ -335,6 +344,8 @@ def _fuse_function(func: relax.Function, mod: tvm.IRModule, group_of: Sequence[i
             if not all(i in in_group or _movable(blocks[block].bindings[i]) for i in range(first, last)):
                 break
             fused, args = fuse_nests([m.nest for m in chosen], [list(m.binding.value.args) for m in chosen])
+            if not s_tir.analysis.verify_well_formed(fused, assert_mode=False):
+                break  # a construct this pass does not foresee: the members stay as they are
             call = relax.Call(add(fused), args)
             placed[(block, last)] = relax.VarBinding(relax.Var("group_launch", chosen[-1].binding.var.ty), call)
             removed.setdefault(block, set()).update(m.position for m in chosen)
