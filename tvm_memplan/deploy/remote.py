@@ -34,7 +34,7 @@ def kernel_counter(executable_module):
     """``count(symbol)``: the kernels one VM call of ``symbol`` launches. On a GPU, the device
     kernels TVM split out of that function (``SYMBOL_kernel``, ``SYMBOL_kernel_1``, ...); on a CPU,
     1 for a compiled function; 0 for the VM's builtins."""
-    modules = executable_module._collect_from_import_tree(lambda m: True)  # noqa: SLF001 - TVM's own walk of the import tree
+    modules = executable_module._collect_from_import_tree(lambda m: True)  # noqa: SLF001 - TVM has no public walk
     devices = [m for m in modules if m.kind in DEVICE_KINDS]
     counts: dict[str, int] = {}
 
