@@ -7,11 +7,13 @@ group setting (layer-wise order, the F-predicate in the arena; ``seq`` = one ker
 the seed's "layer-wise" row). Each build is checked bit-identical to the ungrouped build and
 the VM's storage requests against the plan. Builds are timed in interleaved rounds (forward,
 then reversed) so that drift on a shared machine hits all alike; latency is the median over all
-repeats, spread the interquartile range. On CPU the VM still launches every kernel in turn, so "fused
-launches" is what one launch per group would be, not what ran.
+repeats, spread the interquartile range. "Launches" are the kernel launches the VM made in one
+call, traced on the device: on a GPU target a group whose kernels were fused is one launch; on CPU
+every kernel is its own, and "groups" is what one launch per group would be.
 
     TVM_NUM_THREADS=2 python scripts/bench_layers.py                      # the five networks, published sizes
     TVM_NUM_THREADS=2 python scripts/bench_layers.py --resolution 96 --models googlenet
+    python scripts/bench_layers.py --target vulkan --resolution 32 --models googlenet --append
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def table(bench: GroupBench) -> list[str]:
         "",
         f"No planning (every tensor its own memory) {mib(bench.naive_bytes)} MiB; TVM default {mib(bench.tvm_default_bytes)} MiB.",
         "",
-        "| setting | latency ms (IQR) | arena MiB | arena without F MiB | launches | fused launches | layers | identical | VM = plan |",
+        "| setting | latency ms (IQR) | arena MiB | arena without F MiB | launches (traced) | groups | layers | identical | VM = plan |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in bench.rows:
@@ -80,6 +82,18 @@ def summary(benches: list[GroupBench]) -> list[str]:
     return lines
 
 
+def device_note(target: str, machine: str) -> str:
+    """The device a GPU target ran on here, and whether it is a software one (Mesa's lavapipe, PoCL's CPU device)."""
+    import tvm
+
+    from tvm_memplan.deploy.targets import get_target
+
+    name = tvm.device(get_target(target).device, 0).device_name
+    software = any(word in name for word in ("llvmpipe", "pthread", "cpu"))
+    note = f"a software device: its kernels run on this machine's CPU, {machine}; latencies say nothing about a GPU" if software else machine
+    return f"target `{target}` on {name} ({note})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(SEED_NETWORKS), choices=zoo.names())
@@ -88,22 +102,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed repeats per build and round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all builds of a network")
     parser.add_argument("--time-budget", type=float, default=2.0, help="allocator search seconds per arena")
+    parser.add_argument("--target", default="host", help="deploy target run on this machine (default host; vulkan, opencl, ...)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_layers.md"))
+    parser.add_argument("--append", action="store_true", help="add this run's section to --out instead of replacing the file")
     args = parser.parse_args(argv)
     settings = parse_group_settings(args.groups)
     benches = []
     for name in args.models:
         print(f"{name} ...", file=sys.stderr, flush=True)
-        benches.append(bench_groups(spec(name, args.resolution), settings, repeat=args.repeat, rounds=args.rounds,
-                                    time_budget=args.time_budget))
+        benches.append(bench_groups(spec(name, args.resolution), settings, target=args.target, repeat=args.repeat,
+                                    rounds=args.rounds, time_budget=args.time_budget))
         print("\n".join(table(benches[-1])), file=sys.stderr)
     threads = os.environ.get("TVM_NUM_THREADS", "unset (one thread)")
     size = f"{args.resolution}x{args.resolution} inputs" if args.resolution else "published input sizes"
+    machine = f"{platform.machine()} with {os.cpu_count()} cores (shared with other jobs: latencies are noisy)"
+    where = f"CPU `host`, TVM_NUM_THREADS={threads}, {machine}" if args.target == "host" else device_note(args.target, machine)
     lines = [
-        f"## Layer grouping on seed 000's networks ({datetime.date.today().isoformat()})",
+        f"## Layer grouping on seed 000's networks, {args.target} ({datetime.date.today().isoformat()})",
         "",
-        f"CPU `host`, TVM_NUM_THREADS={threads}, {platform.machine()} with {os.cpu_count()} cores (shared with other jobs: "
-        f"latencies are noisy), {size}, batch 1, float32, {args.rounds} interleaved rounds x {args.repeat} repeats per build "
+        f"{where}, {size}, batch 1, float32, {args.rounds} interleaved rounds x {args.repeat} repeats per build "
         f"(latency: median over all repeats, IQR in brackets). "
         f"Produced by `python scripts/bench_layers.py {' '.join(argv if argv is not None else sys.argv[1:])}`.",
         "",
@@ -112,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += table(bench) + [""]
     lines += summary(benches)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
+    before = args.out.read_text() + "\n" if args.append and args.out.exists() else ""
+    args.out.write_text(before + "\n".join(lines) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

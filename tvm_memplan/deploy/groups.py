@@ -49,9 +49,11 @@ class GroupRow:
     arena_bytes: int
     """Planned bytes: memplan's arena, or StaticPlanBlockMemory's blocks for ``stock``."""
     launches: int
-    """Kernel launches per inference as built here (one per kernel: the VM calls them in turn)."""
+    """Kernel launches per inference as built here, traced on the device (on a GPU, one per group
+    whose kernels were fused; else one per kernel); the plan's kernel count where the server
+    cannot trace."""
     group_launches: int | None
-    """Launches with one horizontally fused kernel per group (what seed 000 runs on a GPU)."""
+    """Groups with at least one kernel: the launches if every group ran as one fused kernel."""
     layers: int | None
     unconstrained_arena_bytes: int | None
     """The arena of the same order without the F-predicate."""
@@ -105,8 +107,9 @@ def _row(groups: GroupSetting | None, pipeline: str, m: Measurement, report_plan
         latency_ms=m.latency_ms,
         latency_spread_ms=m.latency_spread_ms,
         arena_bytes=int(report_plan.total("arena_bytes") if pipeline != "stock" else report_plan.tvm_default_bytes),
+        launches=m.launches if m.launches is not None else
         # TVM's planner keeps the concats memplan writes in place: one more kernel each
-        launches=int(report_plan.total("kernels") + (report_plan.total("concats_removed") if pipeline == "stock" else 0)),
+        int(report_plan.total("kernels") + (report_plan.total("concats_removed") if pipeline == "stock" else 0)),
         group_launches=int(report_plan.total("groups")) if grouped else None,
         layers=int(report_plan.total("layers")) if grouped else None,
         unconstrained_arena_bytes=int(report_plan.total("unconstrained_arena_bytes")) if grouped else None,

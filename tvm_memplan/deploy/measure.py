@@ -69,6 +69,8 @@ class Measurement:
     zero_offset_calls: int | None = None
     """``ensure_zero_offset`` calls in one call (None when the server cannot trace): on OpenCL and
     Vulkan each one at a nonzero offset copies a tensor out of the plan."""
+    launches: int | None = None
+    """Kernel launches in one call, traced on the device (None when the server cannot trace)."""
     time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     def summary(self) -> dict[str, Any]:
@@ -184,6 +186,7 @@ def measure_artifact(
         reference=reference[1],
         tvm_num_threads=traced.get("tvm_num_threads"),
         zero_offset_calls=traced.get("zero_offset_calls"),
+        launches=traced.get("launches"),
         source=source or str(artifact),
     )
 

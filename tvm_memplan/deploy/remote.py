@@ -26,38 +26,66 @@ import time
 TRACE_FUNCTION = "tvm_memplan.vm_alloc_trace"
 
 
-def alloc_trace(executable_module, device, *inputs) -> tuple[list[int], int]:
-    """Run ``main`` once: the byte size of every ``vm.builtin.alloc_storage`` call, and the number of
-    ``vm.builtin.ensure_zero_offset`` calls (on OpenCL/Vulkan each at a nonzero offset is a copy)."""
+DEVICE_KINDS = ("opencl", "vulkan", "cuda", "rocm", "metal", "webgpu")
+"""Module kinds that hold device kernels."""
+
+
+def kernel_counter(executable_module):
+    """``count(symbol)``: the kernels one VM call of ``symbol`` launches. On a GPU, the device
+    kernels TVM split out of that function (``SYMBOL_kernel``, ``SYMBOL_kernel_1``, ...); on a CPU,
+    1 for a compiled function; 0 for the VM's builtins."""
+    modules = executable_module._collect_from_import_tree(lambda m: True)  # noqa: SLF001 - TVM has no public walk
+    devices = [m for m in modules if m.kind in DEVICE_KINDS]
+    counts: dict[str, int] = {}
+
+    def count(symbol: str) -> int:
+        if symbol not in counts:
+            found = 0
+            while any(m.implements_function(f"{symbol}_kernel" + (f"_{found}" if found else "")) for m in devices):
+                found += 1
+            counts[symbol] = found or int(not devices and any(m.implements_function(symbol) for m in modules))
+        return counts[symbol]
+
+    return count
+
+
+def alloc_trace(executable_module, device, *inputs) -> tuple[list[int], int, int]:
+    """Run ``main`` once: the byte size of every ``vm.builtin.alloc_storage`` call, the number of
+    ``vm.builtin.ensure_zero_offset`` calls (on OpenCL/Vulkan each at a nonzero offset is a copy),
+    and the kernel launches (see :func:`kernel_counter`)."""
     from tvm import relax
 
     sizes: list[int] = []
     zero_offset_calls = 0
+    launches = 0
+    kernels = kernel_counter(executable_module)
 
     def instrument(func, func_symbol, before_run, ret_value, *args) -> int:
-        nonlocal zero_offset_calls
+        nonlocal zero_offset_calls, launches
         # vm.builtin.alloc_storage(ctx, Shape([nbytes]), device_index, dtype_hint, scope)
         if before_run and func_symbol == "vm.builtin.alloc_storage":
             sizes.append(int(args[1][0]))
         elif before_run and func_symbol == "vm.builtin.ensure_zero_offset":
             zero_offset_calls += 1
+        elif before_run and not func_symbol.startswith("vm.builtin."):
+            launches += kernels(func_symbol)
         return 0
 
     vm = relax.VirtualMachine(executable_module, device)
     vm.set_instrument(instrument)
     vm["main"](*inputs)
-    return sizes, zero_offset_calls
+    return sizes, zero_offset_calls, launches
 
 
 def register_trace_function() -> None:
     """Register :data:`TRACE_FUNCTION`, returning JSON (RPC carries strings, not lists or dicts):
-    ``{"storage": [bytes, ...], "zero_offset_calls": n, "tvm_num_threads": "2" or null}`` from the
-    device's side."""
+    ``{"storage": [bytes, ...], "zero_offset_calls": n, "launches": n, "tvm_num_threads": "2" or null}``
+    from the device's side."""
     import tvm
 
     def trace(mod, dev, *inputs) -> str:
-        storage, zero_offset_calls = alloc_trace(mod, dev, *inputs)
-        return json.dumps({"storage": storage, "zero_offset_calls": zero_offset_calls,
+        storage, zero_offset_calls, launches = alloc_trace(mod, dev, *inputs)
+        return json.dumps({"storage": storage, "zero_offset_calls": zero_offset_calls, "launches": launches,
                            "tvm_num_threads": os.environ.get("TVM_NUM_THREADS")})
 
     tvm.register_global_func(TRACE_FUNCTION, trace, override=True)

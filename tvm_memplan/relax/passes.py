@@ -13,6 +13,7 @@ from ..options import MemplanOptions, current_options
 from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem
 from ..planning.aliasing import plan_aliased
 from .extract import extract_plan_input, top_level_bindings
+from .fusion import GROUPS_ATTR
 from .grouping import kernel_groups, layers_from_outputs
 from .module import relax_functions, with_functions
 from .offsets import kernels_take_offsets, offset_tensors
@@ -93,6 +94,10 @@ def plan_function(
     removed_steps = {step for step, b in enumerate(bindings) if b.var in plan_input.decisions.removed_calls}
     at_offset = offset_tensors(func, mod) if kernels_take_offsets(tvm.target.Target.current(allow_none=True)) else set()
     new_func = apply_plans(func, plan_input.arenas, plans, plan_input.decisions.removed_calls, at_offset)
+    if grouped:  # for FuseGroupKernels: each remaining kernel call's group, in call order
+        group_of = {step: index for index, group in enumerate(groups.groups) for step in group}
+        kernel_steps = sorted(step for step in group_of if step not in removed_steps)
+        new_func = new_func.with_attr(GROUPS_ATTR, [group_of[step] for step in kernel_steps])
     arenas = []
     for arena, plan, bound in zip(plan_input.arenas, plans, bounds):
         alias_of = arena.problem.aliases

@@ -12,6 +12,7 @@ from ..backends.schedules import with_gpu_schedules
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
+from .fusion import FuseGroupKernels
 from .grouping import LayerOrder
 from .offsets import KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
@@ -19,6 +20,8 @@ from .reorder import OrderReport, ReorderForMemory
 
 _SPBM = "StaticPlanBlockMemory"
 _RESHAPE = "RewriteDataflowReshape"
+FUSED_KINDS = ("vulkan", "opencl", "cuda", "rocm", "metal")
+"""GPU targets: with layer grouping, each group's kernels run as one fused launch."""
 
 
 def resolve_target(target: Any) -> tvm.target.Target:
@@ -92,12 +95,15 @@ def order_passes(options: MemplanOptions, on_order_report: Callable[[OrderReport
 def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
     """The kernel passes after planning: tvm_memplan's default CPU schedules for ``llvm``/``c``
     targets unless ``schedule="none"`` (GPU kernels are scheduled before planning, in
-    :func:`stage_passes`); on OpenCL and Vulkan, kernels that read their buffers at an offset."""
+    :func:`stage_passes`); on OpenCL and Vulkan, kernels that read their buffers at an offset; on GPU
+    targets with layer grouping, one fused launch per group."""
     passes = []
     if options.schedule != "none" and target.kind.name in ("llvm", "c"):
         passes.append(DefaultCPUSchedule(target))
     if kernels_take_offsets(target):
         passes.append(KernelOffsetParams())
+    if options.groups is not None and target.kind.name in FUSED_KINDS:
+        passes.append(FuseGroupKernels())
     return passes
 
 

@@ -388,7 +388,7 @@ class _Printer:
             if dtype_of(args[0]).lanes > 1:
                 raise _Unsupported("if_then_else on vectors")
             return f"({self.expr(args[0])} ? {self.expr(args[1])} : {self.expr(args[2])})"
-        if op == "likely":
+        if op in ("likely", "tvm_thread_invariant"):  # hints: the value is the condition itself
             return self.expr(args[0])
         if op in CALL_BINARY:
             return f"({self.expr(args[0])} {CALL_BINARY[op]} {self.expr(args[1])})"

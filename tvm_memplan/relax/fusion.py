@@ -1,0 +1,408 @@
+"""One GPU launch per group (seed 000): horizontal fusion of a group's kernels.
+
+The arena planner knows the groups (:func:`~tvm_memplan.relax.grouping.kernel_groups`) and plans
+with the F-predicate, so no two tensors a group touches share bytes and its kernels may run at once.
+:func:`FuseGroupKernels` then replaces each group's destination-passing calls by one call of a fused
+PrimFunc, each member keeping its own (already applied) schedule: ``blockIdx.x`` runs over the sum of
+the members' block counts (their block grids flattened), ``threadIdx.x`` over the largest member's
+thread count (their thread axes flattened, x fastest), and each block takes the branch of the member
+its index falls in, with the block index rebased and ``if threadIdx.x < T_i`` around a member with
+fewer threads. Allocations stay exactly as planned: only calls move (to the group's last member), so
+the VM still requests what the plan says.
+
+Branching on the block index is uniform within a block (marked ``tvm_thread_invariant`` so that TVM
+may place barriers inside it); a thread guard is not, so a member that synchronises its threads
+(shared memory, barriers) joins only at its own thread count, and one that reduces across threads
+only with ``threadIdx.x`` alone, bound once, above everything else. Members a fused launch cannot
+take form further fused launches among themselves or stay their own launch: PrimFuncs that are not
+one loop nest under ``blockIdx`` axes (several kernels, no block axis, a thread axis bound with two
+extents, virtual threads, scalar or dynamic-shape parameters), and whatever would push the fused
+grid past :data:`MAX_BLOCKS`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm.tirx import buffer as tir_buffer
+
+from .extract import top_level_bindings
+from .inplace import prim_func_of
+from .module import relax_functions, with_blocks
+
+GROUPS_ATTR = "tvm_memplan.kernel_groups"
+"""Function attribute the arena planner leaves: the group index of each kernel call, in call order."""
+FUSION_PASS_NAME = "tvm_memplan.FuseGroupKernels"
+BLOCK_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
+THREAD_TAGS = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
+MAX_BLOCKS = 65535
+"""Fused grid limit: the smallest ``maxComputeWorkGroupCount[0]`` Vulkan allows (CUDA and OpenCL allow more)."""
+_SYNC_OPS = ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce", "tirx.tvm_warp_shuffle")
+_COMM_REDUCE = 2
+_MOVABLE_OPS = tuple(
+    tvm.ir.Op.get(name)
+    for name in ("relax.memory.alloc_tensor", "relax.builtin.alloc_tensor", "relax.memory.ensure_zero_offset",
+                 "relax.reshape", "relax.memory.view")
+)
+"""Bindings a fused call may move past: they launch nothing and read no tensor's bytes."""
+
+
+@dataclass
+class KernelNest:
+    """A PrimFunc that is one thread-bound loop nest: what fusion needs of it."""
+
+    func: tirx.PrimFunc
+    blocks: dict[str, tuple[tvm.ir.Var, int]]
+    """Block axis tag → (loop variable, extent)."""
+    threads: dict[str, tuple[tvm.ir.Var, int]]
+    """Thread axis tag → (loop variable, extent)."""
+    body: tirx.Stmt
+    """Everything inside the nest, inner loops over the same thread axes folded into the outer ones."""
+    alloc_buffers: list = field(default_factory=list)
+    uniform: bool = False
+    """The body synchronises its threads: every thread of a block must take the same branch."""
+    reduces_across_threads: bool = False
+    """A reduction across threads: TVM lowers it from the thread loop itself, which must stay the
+    innermost loop around the reduction (fusion keeps it so only for a nest bound once, above everything)."""
+
+    @property
+    def block_count(self) -> int:
+        return math.prod(extent for _, extent in self.blocks.values())
+
+    @property
+    def thread_count(self) -> int:
+        return math.prod(extent for _, extent in self.threads.values())
+
+
+def _is_const(expr: object) -> bool:
+    return isinstance(expr, tirx.IntImm)
+
+
+def _is_thread_loop(node: object) -> bool:
+    return isinstance(node, tirx.For) and int(node.kind) == int(tirx.ForKind.THREAD_BINDING)
+
+
+def _walk(node: object, on_node) -> None:
+    """Call ``on_node`` on every object under ``node`` (pre-order)."""
+    tvm_ffi.structural_walk(node, on_node, order="pre")
+
+
+def _uses(expr: object, variables: Sequence[tvm.ir.Var]) -> bool:
+    hits = []
+    _walk(expr, lambda n: hits.append(True) if isinstance(n, tvm.ir.Var) and any(n.same_as(v) for v in variables) else None)
+    return bool(hits)
+
+
+def _synchronisation(body: tirx.Stmt, alloc_buffers: Sequence, thread_vars: Sequence[tvm.ir.Var]) -> tuple[bool, bool]:
+    """(threads synchronise: shared memory, a barrier or a reduction across threads; the latter)."""
+    shared = [any(str(b.ty.storage_scope).startswith("shared") for b in alloc_buffers)]
+    across = [False]
+
+    def visit(node: object) -> None:
+        if isinstance(node, s_tir.SBlock):
+            shared[0] |= any(str(b.ty.storage_scope).startswith("shared") for b in node.alloc_buffers)
+        elif isinstance(node, s_tir.SBlockRealize):
+            across[0] |= any(int(iv.iter_type) == _COMM_REDUCE and _uses(value, thread_vars)
+                             for iv, value in zip(node.block.iter_vars, node.iter_values))
+        elif isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op):
+            shared[0] |= node.op.name in _SYNC_OPS
+
+    _walk(body, visit)
+    return shared[0] or across[0], across[0]
+
+
+def kernel_nest(func: tirx.PrimFunc) -> KernelNest | None:
+    """``func`` as one loop nest over ``blockIdx`` axes, its thread axes bound anywhere below them
+    with one extent each (cooperative fetches and dlight's reductions bind them more than once),
+    virtual threads of extent 1 allowed; None where it is anything else."""
+    if not all(tir_buffer.is_buffer_var(p) and all(_is_const(d) for d in p.ty.shape) for p in func.params):
+        return None
+    root = func.body
+    if not isinstance(root, s_tir.SBlockRealize):
+        return None
+    block = root.block
+    if len(block.iter_vars) or len(block.match_buffers) or block.init is not None:
+        return None
+    stmt = block.body
+    axes: dict[str, tuple[tvm.ir.Var, int]] = {}
+    mapping: dict = {}
+    while _is_thread_loop(stmt):
+        tag = str(stmt.thread_binding.thread_tag)
+        if tag in axes or not (_is_const(stmt.min) and int(stmt.min.value) == 0 and _is_const(stmt.extent)):
+            return None
+        if tag.startswith("vthread"):
+            if int(stmt.extent.value) != 1:
+                return None
+            mapping[stmt.loop_var] = tirx.const(0, stmt.loop_var.ty)
+        elif tag in BLOCK_TAGS or tag in THREAD_TAGS:
+            axes[tag] = (stmt.loop_var, int(stmt.extent.value))
+        else:
+            return None
+        stmt = stmt.body
+    blocks = {t: axes[t] for t in BLOCK_TAGS if t in axes}
+    threads = {t: axes[t] for t in THREAD_TAGS if t in axes}
+    if not blocks:
+        return None
+    inner: list = []
+    _walk(stmt, lambda n: inner.append(n) if _is_thread_loop(n) else None)
+    for loop in inner:  # threads bound below the blocks (dlight's reductions bind them twice)
+        tag = str(loop.thread_binding.thread_tag)
+        if tag not in THREAD_TAGS or not (_is_const(loop.extent) and _is_const(loop.min) and int(loop.min.value) == 0):
+            return None  # blocks below blocks: a second kernel
+        threads.setdefault(tag, (loop.loop_var, int(loop.extent.value)))
+        if int(loop.extent.value) != threads[tag][1]:
+            return None  # one axis bound with two extents: no single thread count serves both
+        mapping[loop.loop_var] = threads[tag][0]
+    body = _substitute(stmt, mapping, unroll_thread_loops=True)
+    alloc_buffers = list(block.alloc_buffers)
+    uniform, across = _synchronisation(body, alloc_buffers, [var for var, _ in threads.values()])
+    if across and inner:
+        return None  # TVM lowers such a reduction from its own thread loop, which fusion would fold away
+    return KernelNest(func, blocks, threads, body, alloc_buffers, uniform, across)
+
+
+def _substitute(stmt: tirx.Stmt, mapping: dict, unroll_thread_loops: bool = False) -> tirx.Stmt:
+    """``stmt`` with variables replaced (loop variables by expressions, buffers by buffers) and,
+    with ``unroll_thread_loops``, every thread-bound loop replaced by its body."""
+    if not mapping and not unroll_thread_loops:
+        return stmt
+
+    def swap(var: tvm.ir.Var) -> object:
+        for old, new in mapping.items():
+            if var.same_as(old):
+                return new
+        return var
+
+    callbacks = [(tvm.ir.Var, swap)]
+    if unroll_thread_loops:
+        callbacks.append((tirx.For, lambda loop: loop.body if _is_thread_loop(loop) else loop))
+    return tvm_ffi.structural_map(stmt, callbacks)
+
+
+def _as(dtype: object, expr: tirx.Expr) -> tirx.Expr:
+    return expr if expr.ty == dtype else tirx.Cast(dtype, expr)
+
+
+def _joins(nest: KernelNest, threads: int) -> bool:
+    """Whether ``nest`` can run in a block of ``threads`` threads (see the module docstring)."""
+    if nest.reduces_across_threads:
+        return list(nest.threads) == [THREAD_TAGS[0]] and nest.thread_count == threads
+    return nest.thread_count == threads if nest.uniform else nest.thread_count <= threads
+
+
+def select_members(nests: Sequence[KernelNest]) -> list[int]:
+    """Which of a group's fusable kernels join, in order: the fused thread count is the one most
+    kernels can run with (members that synchronise need exactly theirs, the others at most it),
+    and the fused grid stays within :data:`MAX_BLOCKS`. Reductions across threads share the
+    fused thread loop as it is: one index type for all of them."""
+    best: list[int] = []
+    for threads in sorted({n.thread_count for n in nests}, reverse=True):
+        chosen, blocks, index_type = [], 0, None
+        for i, nest in enumerate(nests):
+            if not _joins(nest, threads) or blocks + nest.block_count > MAX_BLOCKS:
+                continue
+            if nest.reduces_across_threads:
+                own = str(nest.threads[THREAD_TAGS[0]][0].ty)
+                if index_type not in (None, own):
+                    continue
+                index_type = own
+            chosen.append(i)
+            blocks += nest.block_count
+        if len(chosen) > len(best):
+            best = chosen
+    return best
+
+
+def _flat_index(flat: tirx.Expr, axes: dict[str, tuple[tvm.ir.Var, int]], tags: Sequence[str], total: int) -> dict:
+    """Each axis variable as a function of the flattened index (the first tag varies fastest)."""
+    mapping, stride = {}, 1
+    for tag in tags:
+        if tag not in axes:
+            continue
+        var, extent = axes[tag]
+        dtype = flat.ty
+        index = tirx.floordiv(flat, tirx.const(stride, dtype)) if stride > 1 else flat
+        if stride * extent < total:
+            index = tirx.floormod(index, tirx.const(extent, dtype))
+        mapping[var] = tirx.const(0, var.ty) if extent == 1 else _as(var.ty, index)
+        stride *= extent
+    return mapping
+
+
+def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]) -> tuple[tirx.PrimFunc, list[relax.Expr]]:
+    """One PrimFunc running every nest in its own range of blocks, and the arguments to call it with.
+
+    Parameters are the union of the members'; a Relax variable two members take through buffers of
+    the same type is passed once.
+    """
+    across = [n for n in nests if n.reduces_across_threads]
+    # a reduction across threads is lowered from its thread loop: the fused loop keeps its type
+    dtype = across[0].threads[THREAD_TAGS[0]][0].ty if across else next(iter(nests[0].blocks.values()))[0].ty
+    threads = max(n.thread_count for n in nests)
+    total = sum(n.block_count for n in nests)
+    block_var = tirx.Var("group_block", dtype)
+    thread_var = tirx.Var("group_thread", dtype)
+    params: list[tvm.ir.Var] = []
+    call_args: list[relax.Expr] = []
+    branches: list[tuple[int, tirx.Stmt]] = []
+    alloc_buffers: list = []
+    start = 0
+    for nest, member_args in zip(nests, args):
+        mapping: dict = {}
+        for param, arg in zip(nest.func.params, member_args):
+            shared = next(
+                (p for p, a in zip(params, call_args)
+                 if a.same_as(arg) and tvm_ffi.structural_equal(p.ty, param.ty, map_free_vars=True)),
+                None,
+            )
+            if shared is None:
+                params.append(param)
+                call_args.append(arg)
+            else:
+                mapping[param] = shared
+        local = block_var - tirx.const(start, dtype) if start else block_var
+        mapping.update(_flat_index(local, nest.blocks, BLOCK_TAGS, nest.block_count))
+        mapping.update(_flat_index(thread_var, nest.threads, THREAD_TAGS, threads))
+        body = _substitute(nest.body, mapping)
+        if nest.thread_count < threads:
+            body = tirx.IfThenElse(tirx.LT(thread_var, tirx.const(nest.thread_count, dtype)), body, None)
+        alloc_buffers += nest.alloc_buffers
+        start += nest.block_count
+        branches.append((start, body))
+    # one branch per member, its condition bounded on both sides (buffer compaction reads the
+    # bounds, so members' local buffers keep their sizes) and the same for every thread of a block
+    # (barriers inside stay legal); chained with else: with a run of separate ifs, PoCL computed a
+    # member with barriers wrong here
+    begin, conditions = 0, []
+    for end, _ in branches:
+        inside = tirx.LT(block_var, tirx.const(end, dtype))
+        if begin:
+            inside = tirx.And(tirx.GE(block_var, tirx.const(begin, dtype)), inside)
+        conditions.append(tirx.op.tvm_thread_invariant(inside))
+        begin = end
+    dispatch = tirx.IfThenElse(conditions[-1], branches[-1][1], None)
+    for condition, (_, body) in reversed(list(zip(conditions, branches))[:-1]):
+        dispatch = tirx.IfThenElse(condition, body, dispatch)
+    outer = _thread_loop(block_var, BLOCK_TAGS[0], total, _thread_loop(thread_var, THREAD_TAGS[0], threads, dispatch))
+    root = s_tir.SBlock([], [], [], "root", outer, alloc_buffers=alloc_buffers)
+    attrs = {"tirx.is_scheduled": True, "tirx.noalias": True}
+    return tirx.PrimFunc(params, s_tir.SBlockRealize([], True, root)).with_attrs(attrs), call_args
+
+
+def _thread_loop(var: tvm.ir.Var, tag: str, extent: int, body: tirx.Stmt) -> tirx.For:
+    dtype = var.ty
+    binding = tirx.IterVar(None, tirx.Var(tag.replace(".", "_"), dtype), tirx.IterVar.ThreadIndex, tag)
+    return tirx.For(var, tirx.const(0, dtype), tirx.const(extent, dtype), tirx.ForKind.THREAD_BINDING, body, binding)
+
+
+def _movable(binding: relax.Binding) -> bool:
+    value = binding.value
+    if isinstance(value, (relax.Var, relax.TupleGetItem)):
+        return True
+    return isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _MOVABLE_OPS)
+
+
+@dataclass(eq=False)
+class _Member:
+    block: int
+    position: int
+    binding: relax.VarBinding
+    nest: KernelNest | None
+
+
+def _fuse_function(func: relax.Function, mod: tvm.IRModule, group_of: Sequence[int], add) -> relax.Function:
+    """``func`` with each fusable group's calls replaced by one call of a fused PrimFunc (``add``
+    puts it into the module and returns its GlobalVar)."""
+    blocks = list(func.body.blocks)
+    calls = [(b, i, binding) for b, block in enumerate(blocks) for i, binding in enumerate(block.bindings)
+             if prim_func_of(binding.value, mod) is not None]
+    if len(calls) != len(group_of):
+        return func  # not the function the planner saw
+    members: dict[int, list[_Member]] = {}
+    for (b, i, binding), group in zip(calls, group_of):
+        members.setdefault(group, []).append(_Member(b, i, binding, None))
+    removed: dict[int, set[int]] = {}
+    placed: dict[tuple[int, int], relax.VarBinding] = {}
+    for group in members.values():
+        if len(group) < 2 or len({m.block for m in group}) != 1:
+            continue
+        for m in group:  # fresh variables and buffers: a group may call one PrimFunc twice
+            m.nest = kernel_nest(s_tir.renew_defs(prim_func_of(m.binding.value, mod)))
+        candidates = [m for m in group if m.nest is not None]
+        in_group = {m.position for m in group}
+        while len(candidates) > 1:  # kernels one fused launch cannot take may form another
+            chosen = [candidates[i] for i in select_members([m.nest for m in candidates])]
+            if len(chosen) < 2:
+                break
+            candidates = [m for m in candidates if m not in chosen]
+            block, first, last = chosen[0].block, chosen[0].position, chosen[-1].position
+            if not all(i in in_group or _movable(blocks[block].bindings[i]) for i in range(first, last)):
+                break
+            fused, args = fuse_nests([m.nest for m in chosen], [list(m.binding.value.args) for m in chosen])
+            if not s_tir.analysis.verify_well_formed(fused, assert_mode=False):
+                break  # a construct this pass does not foresee: the members stay as they are
+            call = relax.Call(add(fused), args)
+            placed[(block, last)] = relax.VarBinding(relax.Var("group_launch", chosen[-1].binding.var.ty), call)
+            removed.setdefault(block, set()).update(m.position for m in chosen)
+    if not placed:
+        return func
+    new_blocks = []
+    for b, block in enumerate(blocks):
+        bindings = []
+        for i, binding in enumerate(block.bindings):
+            if (b, i) in placed:
+                bindings.append(placed[(b, i)])
+            elif i not in removed.get(b, ()):
+                bindings.append(binding)
+        new_blocks.append(type(block)(bindings))
+    return with_blocks(func, new_blocks)
+
+
+def _referenced_globals(mod: tvm.IRModule) -> set[str]:
+    names: set[str] = set()
+    for _, func in relax_functions(mod):
+        _walk(func, lambda n: names.add(n.name_hint) if isinstance(n, tvm.ir.GlobalVar) else None)
+    return names
+
+
+def FuseGroupKernels() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+    """Every group the arena planner recorded runs as one launch (see the module docstring).
+
+    Runs after ``ArenaPlanBlockMemory`` (and ``KernelOffsetParams``) on GPU targets; functions
+    without the planner's group attribute, and groups with fewer than two fusable kernels, are left
+    as they are. PrimFuncs no call uses any more are dropped.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name=FUSION_PASS_NAME)
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        functions = dict(mod.functions)
+        taken = {gvar.name_hint for gvar in functions}
+        replaced: set[str] = set()
+
+        def add(prim: tirx.PrimFunc) -> tvm.ir.GlobalVar:
+            name = next(f"group_kernel{i}" for i in range(len(taken) + 1) if f"group_kernel{i}" not in taken)
+            taken.add(name)
+            gvar = relax.BlockBuilder().add_func(prim, name)  # a GlobalVar typed as Relax calls need
+            functions[gvar] = prim
+            return gvar
+
+        for gvar, func in relax_functions(mod):
+            attrs = func.attrs
+            if attrs is None or GROUPS_ATTR not in attrs:
+                continue
+            new_func = _fuse_function(func, mod, [int(g) for g in attrs[GROUPS_ATTR]], add)
+            if not new_func.same_as(func):
+                functions[gvar] = new_func
+                replaced |= {b.value.op.name_hint for b in top_level_bindings(func) if prim_func_of(b.value, mod) is not None}
+        if not replaced:
+            return mod
+        new_mod = tvm.IRModule(functions, attrs=mod.attrs)
+        unused = replaced - _referenced_globals(new_mod)
+        return tvm.IRModule({g: f for g, f in functions.items() if g.name_hint not in unused}, attrs=mod.attrs)
+
+    return _pass
