@@ -9,7 +9,7 @@ import numpy as np
 
 from ..planner import ModelPlan
 from ..planning import validate_offsets
-from .run import run_vm
+from .run import run_vm, target_device
 
 
 @dataclass
@@ -22,6 +22,8 @@ class VerifyResult:
     trace_bytes: list[int]
     expected_trace_bytes: list[int]
     offsets_valid: bool
+    device: str
+    """Where both programs ran (``cpu:0``, ``opencl:0``, ``vulkan:0``)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -45,9 +47,11 @@ def _onnxruntime_outputs(plan: ModelPlan, inputs: dict[str, np.ndarray]) -> list
 def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-4) -> VerifyResult:
     """Build the planned and stock programs, run both on the same random inputs, and compare.
 
+    Both run on the plan's target device (``opencl(0)``, ``vulkan(0)``, the CPU for llvm and c).
     The VM's storage requests must be exactly the planned arenas plus the function outputs
     (which no planner places) — anything else means the plan is not what runs.
     """
+    device = target_device(plan.target)
     problems: list[str] = []
     offsets_valid = True
     for report in plan.reports:
@@ -59,8 +63,8 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
                 problems.append(f"{report.function}: {exc}")
 
     inputs = plan.model.random_inputs(seed)
-    outputs, trace = run_vm(plan.build(), inputs)
-    stock_outputs, _ = run_vm(plan.build_stock(), inputs)
+    outputs, trace = run_vm(plan.build(), inputs, device)
+    stock_outputs, _ = run_vm(plan.build_stock(), inputs, device)
 
     identical = len(outputs) == len(stock_outputs) and all(
         a.shape == b.shape and np.array_equal(a, b) for a, b in zip(outputs, stock_outputs)
@@ -85,6 +89,7 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
         trace_bytes=trace.storage_bytes,
         expected_trace_bytes=expected,
         offsets_valid=offsets_valid,
+        device=str(device),
         problems=problems,
     )
     if not result.trace_matches_plan:
