@@ -175,6 +175,7 @@ def run_plan(args: argparse.Namespace) -> int:
             "max_abs_diff_vs_onnxruntime": verify_result.max_abs_diff_vs_onnxruntime,
             "vm_storage_bytes": verify_result.trace_bytes,
             "planned_storage_bytes": verify_result.expected_trace_bytes,
+            "zero_offset_calls": verify_result.zero_offset_calls,
             "problems": verify_result.problems,
         }
     if args.plot:
