@@ -1,20 +1,27 @@
 """tvm_memplan's GPU rule computes what the unscheduled kernel computes on this machine's OpenCL
 device (PoCL in CI): depthwise, regular and pointwise convolutions, pools; it leaves long
-reductions to dlight. Reference: the same kernel unscheduled, built by LLVM for the CPU."""
+reductions to dlight. Reference: the same kernel unscheduled, built by LLVM for the CPU. The last
+rule, ThreadPerLoopNest, makes the kernels every other rule declines (non-global adaptive pools)
+device kernels, on PoCL and lavapipe."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
-from tvm_memplan.schedule.gpu import ThreadPerOutput
+from tvm_memplan.backends.schedules import generic_gpu_schedule
+from tvm_memplan.relax.pipeline import pipeline
+from tvm_memplan.schedule.gpu import ThreadPerLoopNest, ThreadPerOutput
+from tvm_memplan.verify import run_vm
 
 from ..kernels import conv_body, kernels_of
-from .conftest import needs_device
+from .conftest import device_ready, needs_device
 
 OPENCL = tvm.target.Target({"kind": "opencl", "host": "llvm"})
+GPUS = {kind: tvm.target.Target({"kind": kind, "host": "llvm"}) for kind in ("opencl", "vulkan")}
 
 
 def _run(func: tirx.PrimFunc, target: tvm.target.Target, dev: tvm.runtime.Device) -> np.ndarray:
@@ -55,3 +62,53 @@ def test_a_dense_layer_is_left_to_dlight():
     w = relax.const(np.ones((1280, 1000), "float32"))
     (func,) = kernels_of(lambda bb, x: relax.op.matmul(x, w), (1, 1280)).values()
     assert ThreadPerOutput().apply(func, OPENCL, False) is None
+
+
+def adaptive_avg_pool(x: np.ndarray, size: int) -> np.ndarray:
+    """PyTorch's adaptive average pool: output i averages rows floor(i*H/size) to ceil((i+1)*H/size)."""
+    height, width = x.shape[2:]
+    rows = [(i * height // size, -(-(i + 1) * height // size)) for i in range(size)]
+    cols = [(j * width // size, -(-(j + 1) * width // size)) for j in range(size)]
+    return np.array([[[[x[n, c, r0:r1, c0:c1].mean() for c0, c1 in cols] for r0, r1 in rows]
+                      for c in range(x.shape[1])] for n in range(x.shape[0])], dtype=x.dtype)
+
+
+ADAPTIVE = {"2x2_of_7x7": ((1, 8, 7, 7), 2), "7x7_of_15x15": ((1, 16, 15, 15), 7)}
+
+
+@pytest.mark.parametrize("case", list(ADAPTIVE))
+def test_every_rule_before_the_last_declines_an_adaptive_pool_the_last_binds_it(case):
+    """Its windows vary with the output position (a nested block dlight cannot normalise): without
+    ThreadPerLoopNest the kernel stays unscheduled host code."""
+    shape, size = ADAPTIVE[case]
+    (func,) = kernels_of(lambda bb, x: relax.op.nn.adaptive_avg_pool2d(x, (size, size)), shape).values()
+    assert ThreadPerOutput().apply(func, OPENCL, False) is None
+    with OPENCL:
+        scheduled = generic_gpu_schedule()(tvm.IRModule({"main": func}))["main"]
+    bound = []
+    tvm_ffi.structural_walk(scheduled.body, [(tirx.For, lambda loop: bound.append(loop.thread_binding.thread_tag)
+                                              if loop.thread_binding is not None else None)], order="post")
+    assert sorted(bound) == ["blockIdx.x", "threadIdx.x"]  # one kernel, its epilogue in the same thread
+
+
+@pytest.mark.parametrize("kind", list(GPUS))
+@pytest.mark.parametrize("case", list(ADAPTIVE))
+def test_an_adaptive_pool_runs_on_the_device_and_matches_numpy_and_the_cpu(kind, case):
+    """Built by the GPU pipeline with a ReLU fused after the pool, run on PoCL and lavapipe."""
+    if not device_ready(kind):
+        pytest.skip(f"no {kind} device: run tvm-memplan setup-gpu")
+    shape, size = ADAPTIVE[case]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pooled = bb.emit(relax.op.nn.adaptive_avg_pool2d(x, (size, size)))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.subtract(pooled, relax.const(0.5, "float32"))))
+        bb.emit_func_output(out)
+    data = np.random.default_rng(0).random(shape, dtype="float32")
+    target = GPUS[kind]
+    (gpu,), _ = run_vm(tvm.compile(bb.get(), target, relax_pipeline=pipeline(target)), [data], tvm.device(kind, 0))
+    cpu_target = tvm.target.Target("llvm")
+    (cpu,), _ = run_vm(tvm.compile(bb.get(), cpu_target, relax_pipeline=pipeline(cpu_target)), [data])
+    np.testing.assert_allclose(gpu, np.maximum(adaptive_avg_pool(data, size) - 0.5, 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-5, atol=1e-6)

@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 
 from tvm_memplan.cli.main import main
+from tvm_memplan.deploy import targets
+
+from ..backends.conftest import device_ready
 
 CHALLENGING = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "minimalloc-challenging"
 
@@ -196,3 +199,28 @@ def test_a_planned_arena_over_the_memory_limit_searches_again_then_fails_in_one_
     with pytest.raises(UserError, match="planned arena is 1,050 bytes"):
         plan_cli._fit_planned_arena(args, model, Plan(1250), Split())
     assert limits == [800, 727]
+
+
+@pytest.mark.parametrize("target", ["opencl", "vulkan"])
+def test_plan_verify_runs_on_the_targets_device(capsys, target):
+    """Both programs are built for the GPU target and run on its device (PoCL, lavapipe here): the
+    outputs match stock TVM and onnxruntime, and the device's storage requests are the plan."""
+    if not device_ready(target):
+        pytest.skip(f"no {target} device: run tvm-memplan setup-gpu")
+    code, out, err = run_cli(capsys, "plan", "zoo:mcu_cnn", "--verify", "--target", target, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["verified"] is True and report["target"] == target
+    verify = report["verify"]
+    assert verify["device"] == f"{target}:0" and verify["identical_to_stock"]
+    assert verify["max_abs_diff_vs_onnxruntime"] < 1e-4
+    assert sorted(verify["vm_storage_bytes"]) == sorted(verify["planned_storage_bytes"])
+    assert verify["vm_storage_bytes"][0] == report["arena_bytes"]
+
+
+@pytest.mark.parametrize("target", ["opencl", "vulkan"])
+def test_plan_verify_without_the_runtime_says_to_run_setup_gpu(capsys, monkeypatch, target):
+    monkeypatch.setattr(targets, "runtime_loaded", lambda device: False)
+    code, _, err = run_cli(capsys, "plan", "zoo:mlp?hidden=16", "--verify", "--target", target)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "tvm-memplan setup-gpu" in err

@@ -13,7 +13,7 @@ import tvm
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.base import ScheduleRule
 
-from ..schedule.gpu import ThreadPerOutput
+from ..schedule.gpu import ThreadPerLoopNest, ThreadPerOutput
 
 APPLY_DEFAULT_SCHEDULE = "ApplyDefaultSchedule"
 
@@ -34,8 +34,11 @@ class DeclineOnError(ScheduleRule):
 def generic_gpu_schedule(schedule: str = "default") -> tvm.transform.Pass:
     """The rules of ``relax.backend.gpu_generic.legalize_passes``, in its order, each declining on
     error; with ``schedule="default"`` tvm_memplan's :class:`~tvm_memplan.schedule.gpu.ThreadPerOutput`
-    (convolutions, pools) goes first, ``"none"`` keeps TVM's rules alone (for comparison)."""
-    rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    (convolutions, pools) goes first, ``"none"`` keeps TVM's rules alone (for comparison). Either way
+    :class:`~tvm_memplan.schedule.gpu.ThreadPerLoopNest` comes last: a kernel every rule declines
+    would otherwise stay host code, which does not run on the GPU."""
+    rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
+             ThreadPerLoopNest())
     if schedule == "default":
         rules = (ThreadPerOutput(), *rules)
     return dl.ApplyDefaultSchedule(*(DeclineOnError(rule) for rule in rules))

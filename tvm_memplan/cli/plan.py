@@ -64,8 +64,7 @@ def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) 
         parser.add_argument("--groups", metavar="G", help="layer grouping (seed 000): seq, a group count per layer, "
                             "or auto; tensors a group uses never share memory (default: off)")
     parser.add_argument("--inplace", action=argparse.BooleanOptionalAction, default=None,
-                        help="in-place kernels and concat elimination (default on; off for opencl/vulkan targets, "
-                        "whose devices copy tensors placed at arena offsets)")
+                        help="in-place kernels and concat elimination (default on)")
     parser.add_argument("--order", choices=["program", "dfs", "bfs", "search"], default="search",
                         help="execution order: as imported, TVM's depth-/breadth-first TopologicalSort, or searched (default)")
     parser.add_argument("--order-seconds", type=float, default=10.0, metavar="S", help="time budget of the order search (default 10)")
@@ -116,8 +115,11 @@ def _target_arg(text: str):
 def run_plan(args: argparse.Namespace) -> int:
     from ..frontend import load_model
     from ..planner import plan_model
-    from ..verify import verify_plan
+    from ..relax.pipeline import resolve_target
+    from ..verify import target_device, verify_plan
 
+    if args.verify:  # before planning: a model can take minutes to compile for a device that is not here
+        target_device(resolve_target(_target_arg(args.target)))
     model = load_model(args.model)
     split = _search_split(args, model, args.memory_limit) if args.split == "acg" else None
     plan = plan_model(model, _target_arg(args.target), prepare=split.prepare() if split else None, **model_planner_kwargs(args))
@@ -170,10 +172,12 @@ def run_plan(args: argparse.Namespace) -> int:
         summary.update(_split_summary(split, arena))
     if verify_result is not None:
         summary["verify"] = {
+            "device": verify_result.device,
             "identical_to_stock": verify_result.identical_to_stock,
             "max_abs_diff_vs_onnxruntime": verify_result.max_abs_diff_vs_onnxruntime,
             "vm_storage_bytes": verify_result.trace_bytes,
             "planned_storage_bytes": verify_result.expected_trace_bytes,
+            "zero_offset_calls": verify_result.zero_offset_calls,
             "problems": verify_result.problems,
         }
     if args.plot:
@@ -269,8 +273,8 @@ def _print_plan_report(summary: dict, layouts) -> None:
         verify = summary["verify"]
         status = "PASS" if summary["verified"] else "FAIL"
         diff = verify["max_abs_diff_vs_onnxruntime"]
-        rows.append(("verified", f"{status}: identical to stock TVM={verify['identical_to_stock']}, "
-                     f"max |diff| vs onnxruntime={diff:.2g}" if diff is not None else status))
+        rows.append(("verified", f"{status} on {verify['device']}: identical to stock TVM={verify['identical_to_stock']}, "
+                     f"max |diff| vs onnxruntime={diff:.2g}" if diff is not None else f"{status} on {verify['device']}"))
         rows.append(("VM storage requests", ", ".join(human_bytes(b) for b in verify["vm_storage_bytes"])))
     if "groups" in summary:
         rows += _groups_rows(summary)

@@ -12,6 +12,7 @@ from ..backends.schedules import with_gpu_schedules
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
+from .fold import FoldDataMovementConstants
 from .fusion import FuseGroupKernels
 from .grouping import LayerOrder
 from .offsets import KernelOffsetParams, kernels_take_offsets
@@ -70,10 +71,13 @@ class Stages:
 
 def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages:
     """TVM's passes for ``target`` split at the insertion points of reordering and arena planning.
-    GPU kernels are scheduled in the first stage: ``schedule="none"`` leaves them to TVM's rules."""
+    GPU kernels are scheduled in the first stage: ``schedule="none"`` leaves them to TVM's rules.
+    The frontend's constant-only reshapes and selects are folded in numpy first (``FoldConstant``
+    would build each one with LLVM)."""
     backend = _backend_module(target)
     legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
-    before = backend.library_dispatch_passes(target) + legalize + backend.dataflow_lower_passes(target)
+    before = ([FoldDataMovementConstants()] + backend.library_dispatch_passes(target) + legalize
+              + backend.dataflow_lower_passes(target))
     finalize = list(backend.finalize_passes(target))
     names = [p.info.name for p in finalize]
     if _SPBM not in names:

@@ -10,6 +10,10 @@ accumulator, and where a reused operand allows it (a convolution's output channe
 in the CPU rules) each thread computes a few channels, loading the input element they share into a
 register once per reduction step. Only thread bindings and local buffers: the same TIR suits OpenCL,
 Vulkan and CUDA.
+
+:class:`ThreadPerLoopNest` is the last rule: it binds what no rule before it schedules (a non-global
+adaptive pool, whose windows vary with the output position, nests a block that dlight cannot
+normalise), because a function left without thread bindings is host code that a GPU target cannot run.
 """
 
 from __future__ import annotations
@@ -126,6 +130,87 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     for loop in [*reduce, *tile_loops]:
         if int(sch.get(loop).extent) <= UNROLL_WINDOW:
             sch.unroll(loop)
+
+
+class ThreadPerLoopNest(GPUScheduleRule):
+    """The last rule, for kernels every other rule declined: each top-level loop nest runs with one
+    thread per iteration of its outer spatial loops, the rest of the nest (reductions, nested blocks)
+    inside the thread; consumers that can run in the same thread do, their intermediates in local
+    buffers. A baseline, not a tuned schedule: it only makes such functions device kernels."""
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            thread_per_loop_nest(sch, max_threads_per_block(target))
+        except (NotApplicable, *_FAILURES):
+            return None
+        return sch
+
+
+def thread_per_loop_nest(sch: s_tir.Schedule, max_threads: int) -> None:
+    """Schedule ``sch``'s function as :class:`ThreadPerLoopNest` describes, or raise NotApplicable."""
+    root = sch.get_sblock("root")
+    blocks = list(sch.get_child_blocks(root))
+    if any(sch.get(loop).thread_binding is not None for block in blocks for loop in sch.get_loops(block)):
+        raise NotApplicable("already bound")
+    for block in blocks[:-1]:
+        try:
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            pass  # a reduction or a multi-consumer producer: it gets a loop nest of its own
+    groups: list[list] = []
+    thread_loop = None
+    for block in sch.get_child_blocks(root):
+        if thread_loop is not None:
+            try:
+                sch.reverse_compute_at(block, thread_loop)
+                groups[-1].append(block)
+                continue
+            except s_tir.ScheduleError:
+                pass
+        thread_loop = _bind_outer_spatial(sch, block, max_threads)
+        groups.append([block])
+    allocated = list(sch.get(root).alloc_buffers)
+    for group in groups:
+        inside = [region.source for b in group for region in sch.get(b).reads]
+        outside = [region.source for g in groups if g is not group for b in g for region in sch.get(b).reads]
+        for index, region in enumerate(sch.get(group[0]).writes):
+            written = region.source
+            if _among(written, allocated) and _among(written, inside) and not _among(written, outside):
+                sch.set_scope(group[0], index, "local")  # produced and consumed in one thread
+
+
+def _among(buffer: tirx.Buffer, buffers: list) -> bool:
+    return any(buffer.same_as(b) for b in buffers)
+
+
+def _bind_outer_spatial(sch: s_tir.Schedule, block, max_threads: int):
+    """Fuse the outer loops that only spatial iterators use, bind them to blocks and threads, and
+    return the thread loop; a nest without such loops runs in one thread."""
+    loops = list(sch.get_loops(block))
+    realize = sch.get(loops[-1]).body if loops else None
+    if loops and not isinstance(realize, s_tir.SBlockRealize):
+        raise NotApplicable("the block is not the innermost loop's body")
+    spatial_vars, other_vars = set(), set()
+    if realize is not None:
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+            used = {v.name for v in tirx.analysis.undefined_vars(value, [])}
+            (spatial_vars if int(iv.iter_type) == _DATA_PAR else other_vars).update(used)
+    outer = []
+    for loop in loops:
+        name = sch.get(loop).loop_var.name
+        if name not in spatial_vars or name in other_vars:
+            break
+        outer.append(loop)
+    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0] if outer else sch.add_unit_loop(block)
+    extent = sch.get(fused).extent
+    threads = min(THREADS, max_threads, int(extent)) if isinstance(extent, tirx.IntImm) else min(THREADS, max_threads)
+    block_loop, thread_loop = sch.split(fused, [None, threads])
+    sch.bind(block_loop, "blockIdx.x")
+    sch.bind(thread_loop, "threadIdx.x")
+    return thread_loop
 
 
 def _shared_operands(block: s_tir.SBlock, channel: int) -> set:

@@ -9,19 +9,23 @@ import numpy as np
 
 from ..planner import ModelPlan
 from ..planning import validate_offsets
-from .run import run_vm
+from .run import run_vm, target_device
 
 
 @dataclass
 class VerifyResult:
     """Outcome of running a planned model beside its references."""
 
-    identical_to_stock: bool
-    max_abs_diff_vs_stock: float
+    identical_to_stock: bool | None
+    max_abs_diff_vs_stock: float | None
     max_abs_diff_vs_onnxruntime: float | None
     trace_bytes: list[int]
     expected_trace_bytes: list[int]
     offsets_valid: bool
+    zero_offset_calls: int
+    """``ensure_zero_offset`` calls in the run (on OpenCL and Vulkan each one at a nonzero offset copies a tensor)."""
+    device: str
+    """Where both programs ran (``cpu:0``, ``opencl:0``, ``vulkan:0``)."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -42,12 +46,16 @@ def _onnxruntime_outputs(plan: ModelPlan, inputs: dict[str, np.ndarray]) -> list
     return session.run(None, inputs)
 
 
-def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-4) -> VerifyResult:
+def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-4, stock: bool = True) -> VerifyResult:
     """Build the planned and stock programs, run both on the same random inputs, and compare.
 
+    Both run on the plan's target device (``opencl(0)``, ``vulkan(0)``, the CPU for llvm and c).
+    ``stock=False`` builds and runs only the planned program (half the compile time on a software GPU;
+    it is then not compared with stock, and ``identical_to_stock`` is None).
     The VM's storage requests must be exactly the planned arenas plus the function outputs
     (which no planner places) — anything else means the plan is not what runs.
     """
+    device = target_device(plan.target)
     problems: list[str] = []
     offsets_valid = True
     for report in plan.reports:
@@ -59,15 +67,16 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
                 problems.append(f"{report.function}: {exc}")
 
     inputs = plan.model.random_inputs(seed)
-    outputs, trace = run_vm(plan.build(), inputs)
-    stock_outputs, _ = run_vm(plan.build_stock(), inputs)
-
-    identical = len(outputs) == len(stock_outputs) and all(
-        a.shape == b.shape and np.array_equal(a, b) for a, b in zip(outputs, stock_outputs)
-    )
-    diff_stock = max((float(np.max(np.abs(a - b))) for a, b in zip(outputs, stock_outputs) if a.size), default=0.0)
-    if not identical:
-        problems.append(f"outputs differ from TVM's stock pipeline (max |diff| {diff_stock:.3g})")
+    outputs, trace = run_vm(plan.build(), inputs, device)
+    identical, diff_stock = None, None
+    if stock:
+        stock_outputs, _ = run_vm(plan.build_stock(), inputs, device)
+        identical = len(outputs) == len(stock_outputs) and all(
+            a.shape == b.shape and np.array_equal(a, b) for a, b in zip(outputs, stock_outputs)
+        )
+        diff_stock = max((float(np.max(np.abs(a - b))) for a, b in zip(outputs, stock_outputs) if a.size), default=0.0)
+        if not identical:
+            problems.append(f"outputs differ from TVM's stock pipeline (max |diff| {diff_stock:.3g})")
 
     diff_ort = None
     reference = _onnxruntime_outputs(plan, inputs)
@@ -85,6 +94,8 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
         trace_bytes=trace.storage_bytes,
         expected_trace_bytes=expected,
         offsets_valid=offsets_valid,
+        zero_offset_calls=trace.zero_offset_calls,
+        device=str(device),
         problems=problems,
     )
     if not result.trace_matches_plan:

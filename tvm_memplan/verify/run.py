@@ -9,6 +9,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..deploy.targets import TARGETS
+from ..errors import UserError
+
 
 @dataclass
 class AllocationTrace:
@@ -32,6 +35,19 @@ def flatten_outputs(value) -> list[np.ndarray]:
     if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
         return [array for item in value for array in flatten_outputs(item)]
     return [value.numpy()]
+
+
+def target_device(target: tvm.target.Target) -> tvm.runtime.Device:
+    """Device 0 of the kind a build for ``target`` runs on (the CPU for llvm and c), so that a GPU
+    build is run on its GPU; a one-line UserError when this machine has none."""
+    kind = target.kind.name
+    if kind in ("llvm", "c"):
+        return tvm.cpu()
+    known = TARGETS.get(kind)
+    problem = known.runtime_problem() if known is not None else f"target {kind}: no device of this kind runs here"
+    if problem:
+        raise UserError(problem)
+    return tvm.device(kind, 0)
 
 
 def run_vm(
