@@ -73,21 +73,13 @@ def row(path: Path, budget: float, seconds: float, cache: Path, timeout: int) ->
             f"{smallest['latency_ms']:.2f} ms | {verified} | {time.perf_counter() - start:,.0f} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--latency-budget", type=float, default=0.05)
-    parser.add_argument("--search-seconds", type=float, default=30)
-    parser.add_argument("--cache", type=Path, default=Path("exports_split_cache.jsonl"))
-    parser.add_argument("--timeout", type=int, default=1800, help="seconds per plan run")
-    args = parser.parse_args()
-    lines = [
+def header(budget: float, seconds: float) -> list[str]:
+    return [
         "# Third-party ONNX exports: planned, split and verified (`scripts/check_exports.py`)",
         "",
         f"Files from `scripts/export_torch.py` (torchvision, timm and transformers networks with random weights; "
         f"`torchscript` = `torch.onnx.export(dynamo=False)`, `dynamo` = the `torch.export` exporter). "
-        f"Host CPU, latency budget {args.latency_budget:.0%}, search {args.search_seconds:g} s. Coarse = the arena "
+        f"Host CPU, latency budget {budget:.0%}, search {seconds:g} s. Coarse = the arena "
         f"without splitting (order search, in-place, concat elimination); kept = the plan the search keeps within "
         f"the budget (latency measured on this machine, whole model both ways); smallest = the most-split point of "
         f"the Pareto front with its estimated latency; checked = that plan built with `--memory-limit` and "
@@ -98,6 +90,18 @@ def main() -> None:
         "| split chains (parts) | smallest on the front | checked: correct, diff, VM | wall s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--latency-budget", type=float, default=0.05)
+    parser.add_argument("--search-seconds", type=float, default=30)
+    parser.add_argument("--cache", type=Path, default=Path("exports_split_cache.jsonl"))
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per plan run")
+    args = parser.parse_args()
+    lines = header(args.latency_budget, args.search_seconds)
     for path in args.files:
         lines.append(row(path, args.latency_budget, args.search_seconds, args.cache, args.timeout))
         print(lines[-1], flush=True)
