@@ -99,27 +99,24 @@ def main() -> None:
             "| model | correct, requests = plan | max abs diff | = plan | `ensure_zero_offset` | wall s |",
             "|---|---|---|---|---|---|",
         ]
-        for spec in args.models:
-            lines.append(memplan_row(spec, args.target))
-            print(lines[-1], flush=True)
-        if args.out:
-            args.out.write_text("\n".join(lines) + "\n")
-        return
-    lines = [
-        f"# Zoo models on the local {args.target} device at small sizes (`scripts/check_gpu_zoo.py`)",
-        "",
-        "The default GPU schedules (tvm_memplan's rule for convolutions and pools, then dlight), stock and memplan pipelines, checked against onnxruntime. "
-        "Requested = what the VM's `alloc_storage` calls asked for in one run (outputs included); "
-        "`= plan` says memplan's requests equal its plan. Latency is a software device on a shared "
-        "2-core CPU (median of 3): it says nothing about a GPU. In-place/concat aliasing is on; kernels read tensors "
-        "at their arena offsets (an `elem_offset` parameter); `ensure_zero_offset` counts memplan's calls in one run "
-        "(each one at a nonzero offset would copy a tensor out of the arena).",
-        "",
-        "| model | correct stock / memplan | max abs diff | stock requested KiB | memplan requested KiB | = plan | `ensure_zero_offset` | latency ms stock / memplan | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+        make_row = memplan_row
+    else:
+        lines = [
+            f"# Zoo models on the local {args.target} device at small sizes (`scripts/check_gpu_zoo.py`)",
+            "",
+            "The default GPU schedules (tvm_memplan's rule for convolutions and pools, then dlight), stock and memplan pipelines, checked against onnxruntime. "
+            "Requested = what the VM's `alloc_storage` calls asked for in one run (outputs included); "
+            "`= plan` says memplan's requests equal its plan. Latency is a software device on a shared "
+            "2-core CPU (median of 3): it says nothing about a GPU. In-place/concat aliasing is on; kernels read tensors "
+            "at their arena offsets (an `elem_offset` parameter); `ensure_zero_offset` counts memplan's calls in one run "
+            "(each one at a nonzero offset would copy a tensor out of the arena).",
+            "",
+            "| model | correct stock / memplan | max abs diff | stock requested KiB | memplan requested KiB | = plan | `ensure_zero_offset` | latency ms stock / memplan | wall s |",
+            "|---|---|---|---|---|---|---|---|---|",
+            ]
+        make_row = row
     for spec in args.models:
-        lines.append(row(spec, args.target))
+        lines.append(make_row(spec, args.target))
         print(lines[-1], flush=True)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")

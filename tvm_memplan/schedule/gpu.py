@@ -18,6 +18,8 @@ normalise), because a function left without thread bindings is host code that a 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import math
 
 import tvm
@@ -46,20 +48,26 @@ UNROLL_WINDOW = 7
 """Reduction loops up to this extent (kernel windows) are unrolled."""
 
 
+def _scheduled(rule: GPUScheduleRule, func: tirx.PrimFunc, target: tvm.target.Target,
+               schedule: Callable[[s_tir.Schedule, int], None]) -> s_tir.Schedule | None:
+    """``func`` scheduled by ``schedule``, or None where the rule does not apply (dlight's contract)."""
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    try:
+        schedule(sch, max_threads_per_block(target))
+    except (NotApplicable, *_FAILURES):
+        return None
+    return sch
+
+
 class ThreadPerOutput(GPUScheduleRule):
     """Kernels with one reduction block whose outputs outnumber its reduction length (convolutions,
     depthwise convolutions, pools): one thread per output element or channel tile. Declines the rest
     (dense layers, softmax, norms), which dlight's reduction rules schedule better."""
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        try:
-            thread_per_output(sch, max_threads_per_block(target))
-        except (NotApplicable, *_FAILURES):
-            return None
-        return sch
+        return _scheduled(self, func, target, thread_per_output)
 
 
 def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
@@ -139,14 +147,7 @@ class ThreadPerLoopNest(GPUScheduleRule):
     buffers. A baseline, not a tuned schedule: it only makes such functions device kernels."""
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = s_tir.Schedule(func)
-        try:
-            thread_per_loop_nest(sch, max_threads_per_block(target))
-        except (NotApplicable, *_FAILURES):
-            return None
-        return sch
+        return _scheduled(self, func, target, thread_per_loop_nest)
 
 
 def thread_per_loop_nest(sch: s_tir.Schedule, max_threads: int) -> None:
