@@ -18,9 +18,8 @@ normalise), because a function left without thread bindings is host code that a 
 
 from __future__ import annotations
 
-from typing import Callable
-
 import math
+from typing import Callable
 
 import tvm
 from tvm import s_tir, tirx
