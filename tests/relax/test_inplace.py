@@ -113,3 +113,20 @@ def test_kernels_with_symbolic_scratch_extents_are_not_aliased():
         bb.emit_func_output(out)
     target = tvm.target.Target({"kind": "opencl", "host": "llvm"})
     assert tvm.compile(bb.get(), target, relax_pipeline=tvm_memplan.pipeline(target)) is not None
+
+
+def test_an_intermediate_read_at_another_index_forbids_writing_in_place():
+    """out = transpose(x + 1): x itself is read at its own index, but the intermediate is not, and
+    a schedule that inlines the intermediate reads x[j, i] after out[j, i] may have replaced it.
+    The TorchScript export of ShuffleNetV2 (slice, concat, channel shuffle) computed wrong
+    outputs this way with the default CPU schedules."""
+    from tvm import te
+
+    from tvm_memplan.relax.inplace import inplace_safe
+
+    x = te.placeholder((8, 8), "float32", name="x")
+    plus_one = te.compute((8, 8), lambda i, j: x[i, j] + 1.0, name="plus_one")
+    transposed = te.compute((8, 8), lambda i, j: plus_one[j, i], name="transposed")
+    assert not inplace_safe(te.create_prim_func([x, transposed]), 0, 1)
+    doubled = te.compute((8, 8), lambda i, j: plus_one[i, j] * 2.0, name="doubled")
+    assert inplace_safe(te.create_prim_func([x, doubled]), 0, 1)

@@ -90,8 +90,10 @@ def _blocks_feeding_reductions(blocks: list) -> set[int]:
 def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> bool:
     """Whether writing parameter ``output_index`` over parameter ``source_index`` is safe.
 
-    Proven from the PrimFunc's blocks: the source is only ever read elementwise (each block
-    reading it has no reduction iterator and reads exactly its own index), the output is only
+    Proven from the PrimFunc's blocks: the source, and every intermediate computed from it, is
+    only ever read elementwise (each block reading it has no reduction iterator and reads exactly
+    its own index: a schedule inlines intermediates into the output's block, so a transpose of
+    an intermediate would read elements already overwritten), the output is only
     written elementwise and never read, and no block reads the source after the first block
     that writes the output. Then every element is read before the write that replaces it.
     The source must also not feed a reduction (directly or through other blocks): a schedule
@@ -116,15 +118,22 @@ def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> b
         return False
     feeding = _blocks_feeding_reductions(blocks)
     last_source_read = first_output_write = None
+    derived = [source]  # the source and every intermediate computed from it
     for position, block in enumerate(blocks):
         spatial = all(int(iv.iter_type) == 0 for iv in block.iter_vars)
+        reads_derived = False
         for read in block.reads:
             if read.source.same_as(output):
                 return False
-            if read.source.same_as(source):
+            if any(read.source.same_as(d) for d in derived):
+                # read at the block's own index, also from intermediates: a schedule inlines them
+                # into the output's block, and a transpose in between would read overwritten elements
                 if position in feeding or not (spatial and _identity_access(read.region, block.iter_vars)):
                     return False
+                reads_derived = True
                 last_source_read = position
+        if reads_derived:
+            derived.extend(write.source for write in block.writes if not write.source.same_as(output))
         for write in block.writes:
             if write.source.same_as(source):
                 return False
