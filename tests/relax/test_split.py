@@ -218,3 +218,15 @@ def test_a_chain_whose_pool_shrinks_it_is_also_offered_without_partial_sums(mcu)
     assert whole_tail.bindings == tuple(n for n in next(c for c in variants if c.tail).bindings[:-1])
     x = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype("float32")
     np.testing.assert_allclose(_run(split_chains(mcu, [SplitChoice(whole_tail, 4)]), x), _run(mcu, x), rtol=1e-4, atol=1e-5)
+
+
+def test_reshapes_are_views_in_the_simulator():
+    """A reshape writes no tensor of its own (TVM rewrites it to a view): the simulator aliases it
+    to its input, whatever its shape."""
+    mod = normalize(to_relax(load_model("zoo:bert_tiny?resolution=16")))
+    program = program_of(mod)
+    reshapes = [b for block in mod["main"].body.blocks for b in block.bindings
+                if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.reshape"
+                and isinstance(b.value.args[0], relax.Var) and b.value.args[0].name in program.sizes]
+    assert reshapes
+    assert all(program.tensor(b.var.name) == program.tensor(b.value.args[0].name) for b in reshapes)

@@ -41,6 +41,8 @@ _PER_CHANNEL_OPS = {
 }
 _POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
 _ELEMENTWISE_PER_CHANNEL = _PER_CHANNEL_OPS - _POOLS
+_DIAMOND_OPS = 8
+"""Operators an activation diamond may have (hard-swish has four): a longer walk is not one."""
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
 _RAISABLE = {"maximum": (topi.maximum, relax.op.maximum), "minimum": (topi.minimum, relax.op.minimum),
              "add": (topi.add, relax.op.add), "multiply": (topi.multiply, relax.op.multiply),
@@ -228,7 +230,7 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
                 continue
             value = binding.value
             if (_op_name(value) not in _ELEMENTWISE_PER_CHANNEL or _channels(binding.var) != _channels(current)
-                    or component(binding.var) != comp or binding.var in outputs or len(members) == 8
+                    or component(binding.var) != comp or binding.var in outputs or len(members) == _DIAMOND_OPS
                     or any(isinstance(a, relax.Var) and a not in pending and defined_at.get(a, -1) >= since
                            for a in value.args)):
                 return None
@@ -688,11 +690,7 @@ def program_of(mod: tvm.IRModule) -> Program:
         var, value, name = b.var, b.value, b.var.name
         reads = tuple(tensor[v] for v in relax.analysis.free_vars(value) if v in tensor)
         op = _op_name(value)
-        # the operand whose buffer a fused elementwise kernel could write: one of the output's
-        # shape (``multiply(scale, x)`` of a squeeze-excitation block broadcasts the scale)
-        shape = static_shape(var.ty)
-        first = next((a for a in value.args if isinstance(a, relax.Var) and static_shape(a.ty) == shape), None) \
-            if isinstance(value, relax.Call) and shape is not None else None
+        first = _written_operand(value, var)
         fused = (
             (op in _ELEMENTWISE or op == "relax.reshape") and isinstance(first, relax.Var) and first in tensor
             and first not in func.params and tensor[first] in sizes and first not in returned
@@ -715,6 +713,19 @@ def program_of(mod: tvm.IRModule) -> Program:
         if op == "relax.concat" and target in sizes:
             _eliminate_concat(value, target, tensor, uses, sizes, aliases, steps)
     return Program(steps, sizes, aliases)
+
+
+def _written_operand(value: relax.Expr, var: relax.Var) -> relax.Expr | None:
+    """The operand whose buffer the binding may write when fused: a reshape's input (a view), or
+    for an elementwise operator an operand of the output's shape (``multiply(scale, x)`` of a
+    squeeze-excitation block broadcasts the 1x1 scale, which cannot hold the output)."""
+    if not isinstance(value, relax.Call) or not value.args:
+        return None
+    if _op_name(value) == "relax.reshape":
+        return value.args[0]
+    shape = static_shape(var.ty)
+    return next((a for a in value.args if isinstance(a, relax.Var) and shape is not None and static_shape(a.ty) == shape),
+                None)
 
 
 def _eliminate_concat(value: relax.Call, target: str, tensor: dict, uses: dict, sizes: dict, aliases: dict,
