@@ -79,7 +79,7 @@ def test_exported_efficientnet_stem_arena_drops_and_vm_equals_plan():
 def test_squeeze_excitation_scaling_is_simulated_as_a_tensor_of_its_own():
     """``multiply(scale, x)`` broadcasts a 1x1 scale over x: the simulator must not count its
     output as written into the scale's buffer (it did, and under-counted MobileNetV3's split
-    peaks by a quarter against the planner)."""
+    peaks against the planner)."""
     mod = normalize(to_relax(_fixture("efficientnet_b0", "dynamo")))
     program = program_of(mod)
     scaled = [b for blk in mod["main"].body.blocks for b in blk.bindings
