@@ -136,7 +136,7 @@ def test_plan_split_of_a_model_without_chains_keeps_the_plan(capsys, tmp_path):
     code, out, err = run_cli(capsys, "plan", "zoo:mlp", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), "--json")
     assert code == 0, err
     summary = json.loads(out)
-    assert summary["split_subgraphs"] == [] and "no channel chain" in summary["split_reason"]
+    assert summary["split_subgraphs"] == [] and "no chain to split" in summary["split_reason"]
     assert summary["peak_after_bytes"] == summary["peak_before_bytes"]
 
 

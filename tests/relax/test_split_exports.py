@@ -70,8 +70,11 @@ def test_exported_efficientnet_stem_arena_drops_and_vm_equals_plan():
     choices = _all_chains_split(mod, 4)
     plan = plan_model(model, "llvm", prepare=lambda m: split_chains(normalize(m), choices), order_seconds=1)
     assert plan.total("arena_bytes") < 0.6 * coarse
+    # the simulator follows the program's order; the order search may still improve on it
+    in_order = plan_model(model, "llvm", prepare=lambda m: split_chains(normalize(m), choices), order="program")
     simulated = peak(split_program(program_of(mod), choices)).bytes
-    assert abs(simulated - plan.total("arena_bytes")) <= 0.02 * plan.total("arena_bytes")
+    assert abs(simulated - in_order.total("arena_bytes")) <= 0.02 * in_order.total("arena_bytes")
+    assert plan.total("arena_bytes") <= in_order.total("arena_bytes")
     result = verify_plan(plan)
     assert result.ok, result.problems
 

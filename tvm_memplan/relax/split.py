@@ -25,14 +25,17 @@ import numpy as np
 import tvm
 from tvm import relax, te, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.script import tirx as T
 
 from ..errors import UserError
 from ..split.acg import AxisConnectionGraph, build_acg
 from ..split.simulate import Branch, Chain, Program, SplitChoice, Step, disjoint
+from ..split.spatial import RowOp, Rows, RowWindow, tile_rows
 from .axes import graph_model
 from .tensor_types import static_shape
 
 CHANNEL = 1
+ROWS = 2
 _CONV = "relax.nn.conv2d"
 _PER_CHANNEL_OPS = {
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
@@ -43,6 +46,10 @@ _POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
 _ELEMENTWISE_PER_CHANNEL = _PER_CHANNEL_OPS - _POOLS
 _DIAMOND_OPS = 8
 """Operators an activation diamond may have (hard-swish has four): a longer walk is not one."""
+SPATIAL_WINDOWS = 6
+"""Convolutions and pools one spatial chain may span (a MobileNetV2 stem and its first block):
+each adds its halo to the rows the earlier ones recompute."""
+_SPATIAL_BINDINGS = 40
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
 _RAISABLE = {"maximum": (topi.maximum, relax.op.maximum), "minimum": (topi.minimum, relax.op.minimum),
              "add": (topi.add, relax.op.add), "multiply": (topi.multiply, relax.op.multiply),
@@ -283,7 +290,13 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
             chains.append(Chain((branch,), None, (), None, sum(_nbytes(v) for v in tensors[:-1])))
     chains.extend(_concat_chains(bindings, branches, follow, reduces, component, defined_at))
     chains.extend(_row_chains(bindings, uses, outputs, component))
+    chains.extend(_spatial_chains(bindings, uses, outputs, lambda var: _component_id(acg, var, ROWS)))
     return chains
+
+
+def _component_id(acg: AxisConnectionGraph, var: relax.Var, axis: int) -> int | None:
+    comp = acg.component_of(var.name, axis)
+    return comp.id if comp is not None else None
 
 
 def _pool_head(value: relax.Expr, uses: dict, outputs: set) -> bool:
@@ -422,6 +435,134 @@ def _row_chains(bindings: list, uses: dict, outputs: set, component) -> list[Cha
     return found
 
 
+def _nchw(arg: relax.Expr) -> tuple[int, ...] | None:
+    """The shape of a batch-1 4-D tensor."""
+    shape = static_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
+    return tuple(shape) if shape is not None and len(shape) == 4 and shape[0] == 1 else None
+
+
+def _padding(attrs) -> list[int]:
+    """(top, left, bottom, right)."""
+    pads = [int(x) for x in attrs.padding]
+    return pads * 2 if len(pads) == 2 else pads
+
+
+def _row_window(value: relax.Call) -> RowWindow | None:
+    """How a batch-1 NCHW convolution with constant weights, or a pool, reads rows (None: not one
+    a tile can reproduce, e.g. an average pool in ceil mode, whose border divisors would change)."""
+    a, op, shape = value.attrs, _op_name(value), _nchw(value.args[0])
+    if shape is None:
+        return None
+    if op == _CONV:
+        if ((str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout)) != ("NCHW", "OIHW", "NCHW")
+                or _const(value.args[1]) is None):
+            return None
+        kernel = static_shape(value.args[1].ty)[2]
+    elif op in _POOLS:
+        if str(a.layout) != "NCHW" or str(a.out_layout or a.layout) != "NCHW" or (bool(a.ceil_mode) and op != "relax.nn.max_pool2d"):
+            return None
+        kernel = int(a.pool_size[0])
+    else:
+        return None
+    window = RowWindow(kernel, int(a.strides[0]), _padding(a)[0], int(a.dilation[0]), shape[ROWS])
+    rows = _nchw(value)[ROWS]
+    if any(lo >= hi for (lo, hi), _, _ in (window.input_rows((0, 1)), window.input_rows((rows - 1, rows)))):
+        return None  # a border row that reads only padding
+    return window
+
+
+def _row_op(binding: relax.VarBinding, inside: set[relax.Var], defined_at: dict, since: int) -> RowOp | None:
+    """``binding`` as an operator of a spatial chain whose bindings so far are ``inside``, or None.
+    Operands from outside must exist before the chain's head (its tiles run there)."""
+    value, var = binding.value, binding.var
+    out = _nchw(var)
+    if out is None or not isinstance(value, relax.Call) or _op_name(value) is None:
+        return None
+    row_bytes = _nbytes(var) // out[ROWS]
+
+    def outside_ok(arg: relax.Expr) -> bool:
+        return not isinstance(arg, relax.Var) or defined_at.get(arg, -1) < since
+
+    if _op_name(value) in (_CONV, *_POOLS):
+        window, data = _row_window(value), value.args[0]
+        if window is None or not all(outside_ok(a) for a in value.args[1:]):
+            return None
+        if data in inside:
+            return RowOp(var.name, (data.name,), out[ROWS], row_bytes, window)
+        if not outside_ok(data):
+            return None
+        return RowOp(var.name, (), out[ROWS], row_bytes, window, (data.name,))
+    if _op_name(value) not in _ELEMENTWISE_PER_CHANNEL:
+        return None
+    reads, outside = [], []
+    for arg in value.args:
+        if not isinstance(arg.ty, relax.TensorType):  # a clip's bounds
+            continue
+        shape = static_shape(arg.ty)
+        if arg in inside:
+            if tuple(shape) != out:
+                return None
+            reads.append(arg.name)
+        elif not outside_ok(arg):
+            return None
+        elif shape is not None and len(shape) == 4 and shape[ROWS] == out[ROWS] and out[ROWS] > 1:
+            if _nchw(arg) is None or _const(arg) is not None:
+                return None
+            outside.append(arg.name)
+        elif shape is None or (len(shape) >= 2 and shape[-2] != 1):  # not broadcast along the rows
+            return None
+    return RowOp(var.name, tuple(dict.fromkeys(reads)), out[ROWS], row_bytes, None, tuple(outside))
+
+
+def _spatial_chains(bindings: list, uses: dict, outputs: set, component) -> list[Chain]:
+    """Spatial chains: from each convolution or pool reading a tensor from outside, the operators
+    that read the chain and can be cut into rows (convolutions, pools, elementwise), up to every
+    prefix whose tensors reach the rest of the program through its last one alone (made tile by
+    tile into its rows). At least two convolutions or pools (one and its epilogue gain nothing),
+    at most :data:`SPATIAL_WINDOWS`; the rows of all tensors in one component of the axis
+    connection graph (sliding-window axes join a tensor's rows to its consumer's)."""
+    defined_at = {b.var: i for i, b in enumerate(bindings)}
+    found = []
+    for i, head in enumerate(bindings):
+        if _op_name(head.value) not in (_CONV, *_POOLS):
+            continue
+        first = _row_op(head, set(), defined_at, i)
+        comp = component(head.var)
+        if first is None or comp is None:
+            continue
+        ops, members, inside = [first], [i], {head.var}
+        windows = 1
+        for j in range(i + 1, len(bindings)):
+            binding = bindings[j]
+            if not any(v in inside for v in relax.analysis.free_vars(binding.value)):
+                continue
+            op = _row_op(binding, inside, defined_at, i)
+            if op is None or component(binding.var) != comp or len(ops) == _SPATIAL_BINDINGS:
+                break
+            windows += op.window is not None
+            if windows > SPATIAL_WINDOWS:
+                break
+            ops.append(op)
+            members.append(j)
+            inside.add(binding.var)
+            escaping = [bindings[k].var for k in members
+                        if bindings[k].var in outputs or any(u not in members for u in uses.get(bindings[k].var, []))]
+            if escaping != [binding.var] or windows < 2 or op.rows < 2 or _epilogue_follows(binding.var, bindings, uses, outputs):
+                continue
+            names = tuple(bindings[k].var.name for k in members)
+            tiles = sum(_nbytes(bindings[k].var) for k in members[:-1])
+            found.append(Chain((Branch(names[0], names[1:], op.rows, _nchw(binding.var)[CHANNEL]),), None, (), None,
+                               tiles, spatial=tuple(ops)))
+    return found
+
+
+def _epilogue_follows(var: relax.Var, bindings: list, uses: dict, outputs: set) -> bool:
+    """``var``'s only consumer is an elementwise operator (a bias or activation): a chain ending
+    here would cut an epilogue off its convolution."""
+    users = uses.get(var, [])
+    return var not in outputs and len(users) == 1 and _op_name(bindings[users[0]].value) in _ELEMENTWISE_PER_CHANNEL
+
+
 def _operands_ok(value: relax.Call, current: relax.Var, defined_at: dict, head_index: int) -> bool:
     """Other operands are constants or tensors that exist before the chain starts."""
     for arg in value.args:
@@ -553,6 +694,9 @@ class _SplitRewriter(PyExprMutator):
         if chain.rows:
             self._emit_rows(choice)
             return
+        if chain.spatial:
+            self._emit_spatial(choice)
+            return
         branch = chain.branches[index]
         tail = table[chain.tail] if chain.tail else None
         post = [table[n] for n in chain.post]
@@ -599,6 +743,46 @@ class _SplitRewriter(PyExprMutator):
             ordered = [pieces[k] for k in sorted(pieces)]
             bb.emit_normalized(relax.VarBinding(final, bb.normalize(relax.op.concat(ordered, axis=CHANNEL))))
 
+    def _emit_spatial(self, choice: SplitChoice) -> None:
+        """A spatial chain, tile by tile: every operator on the rows it must produce (convolutions
+        and pools read their input rows, halo included, with padding only at the tensor's real
+        borders), each tile of the last tensor copied into its rows of the full tensor."""
+        bb, ops = self.builder_, choice.chain.spatial
+        last = self.table[ops[-1].name].var
+        full = None
+        for need in tile_rows(ops, choice.parts):
+            tiles: dict[str, tuple[relax.Expr, Rows]] = {}
+            for op in ops:
+                value, rows = self.table[op.name].value, need[op.name]
+                if op.window is None:
+                    new = relax.Call(value.op, [self._rows_of(a, rows, tiles) for a in value.args], value.attrs, value.ty_args)
+                else:
+                    in_rows, top, bottom = op.window.input_rows(rows)
+                    data = value.args[0]
+                    if op.outside and in_rows != (0, op.window.rows_in):
+                        tiles[op.name] = (_emit_windowed_rows(bb, value, self.visit_expr(data), in_rows, top, bottom), rows)
+                        continue
+                    new = _windowed(value, self._rows_of(data, in_rows, tiles), top, bottom)
+                tiles[op.name] = (bb.emit(new), rows)
+            full = _write_rows(bb, tiles[ops[-1].name][0], full, need[ops[-1].name][0], last.ty)
+        bb.emit_normalized(relax.VarBinding(last, full))
+
+    def _rows_of(self, arg: relax.Expr, rows: Rows, tiles: dict[str, tuple[relax.Expr, Rows]]) -> relax.Expr:
+        """``rows`` of an operand: of a chain tensor's tile (cut when the tile holds more), of a
+        tensor from outside, or the operand whole when it is broadcast along the rows."""
+        bb = self.builder_
+        if isinstance(arg, relax.Var) and arg.name in tiles:
+            tile, (lo, _) = tiles[arg.name]
+            whole, rows, total = tile, (rows[0] - lo, rows[1] - lo), _nchw(tile)[ROWS]
+        else:
+            whole, shape = self.visit_expr(arg), _nchw(arg)
+            if shape is None or shape[ROWS] == 1:
+                return whole
+            total = shape[ROWS]
+        if rows == (0, total):
+            return whole
+        return bb.emit(relax.op.strided_slice(whole, axes=[ROWS], begin=[rows[0]], end=[rows[1]]))
+
     def _emit_pooled_head(self, conv: relax.Call, pool: relax.Call, lo: int, hi: int, parts: int) -> relax.Expr:
         """Output channels [lo, hi) of ``conv(pool(x))`` as partial sums over slices of ``x``."""
         bb, source = self.builder_, pool.args[0]
@@ -624,6 +808,90 @@ class _SplitRewriter(PyExprMutator):
             current = bb.emit(relax.Call(link.value.op, args, link.value.attrs, link.value.ty_args))
             previous = link.var
         return current
+
+
+def _window_padding(value: relax.Call, top: int, bottom: int) -> list[int]:
+    """(top, left, bottom, right) padding of a tile of ``value``: ``top`` and ``bottom`` rows; a
+    max pool in ceil mode gets explicit right padding, so its columns stay as they were."""
+    a = value.attrs
+    _, left, _, right = _padding(a)
+    if _op_name(value) in _POOLS and bool(a.ceil_mode):
+        kernel, stride, dilation = int(a.pool_size[1]), int(a.strides[1]), int(a.dilation[1])
+        columns_in, columns_out = _nchw(value.args[0])[3], _nchw(value)[3]
+        right = max(right, (columns_out - 1) * stride - left + dilation * (kernel - 1) + 1 - columns_in)
+    return [top, left, bottom, right]
+
+
+def _windowed(value: relax.Call, data: relax.Expr, top: int, bottom: int) -> relax.Expr:
+    """The convolution or pool ``value`` on ``data`` (some of its input rows) with ``top`` and
+    ``bottom`` rows of padding."""
+    a, padding = value.attrs, _window_padding(value, top, bottom)
+    if _op_name(value) == _CONV:
+        return relax.op.nn.conv2d(
+            data, value.args[1], strides=[int(x) for x in a.strides], padding=padding,
+            dilation=[int(x) for x in a.dilation], groups=int(a.groups), data_layout=str(a.data_layout),
+            kernel_layout=str(a.kernel_layout), out_layout=str(a.out_layout), out_dtype=str(value.ty.dtype),
+        )
+    pool = relax.op.nn.max_pool2d if _op_name(value) == "relax.nn.max_pool2d" else relax.op.nn.avg_pool2d
+    return pool(data, pool_size=[int(x) for x in a.pool_size], strides=[int(x) for x in a.strides],
+                padding=padding, dilation=[int(x) for x in a.dilation], ceil_mode=False,
+                count_include_pad=bool(a.count_include_pad), layout=str(a.layout), out_layout=str(a.out_layout))
+
+
+def _emit_windowed_rows(bb: relax.BlockBuilder, value: relax.Call, data: relax.Expr, rows: Rows, top: int,
+                        bottom: int) -> relax.Expr:
+    """The convolution or pool ``value`` on ``rows`` of the whole tensor ``data``, reading them in
+    place: one kernel (TOPI's, as legalization builds it, behind a row offset), where a
+    ``strided_slice`` would copy the rows out in a kernel of its own first."""
+    a, padding = value.attrs, _window_padding(value, top, bottom)
+    strides, dilation = [int(x) for x in a.strides], [int(x) for x in a.dilation]
+    first, count = rows[0], rows[1] - rows[0]
+
+    def compute(whole: te.Tensor, *weight: te.Tensor) -> te.Tensor:
+        batch, channels, _, columns = whole.shape
+        cut = te.compute((batch, channels, count, columns), lambda n, c, h, w: whole[n, c, h + first, w], name="rows")
+        if weight:
+            return topi.nn.conv(cut, weight[0], strides, padding, dilation, int(a.groups), "NCHW", "OIHW", str(value.ty.dtype))
+        pool_type = "max" if _op_name(value) == "relax.nn.max_pool2d" else "avg"
+        return topi.nn.pool2d(cut, [int(x) for x in a.pool_size], strides, dilation, padding, pool_type, False, "NCHW",
+                              bool(a.count_include_pad))
+
+    weights = [value.args[1]] if _op_name(value) == _CONV else []
+    return bb.emit_te(compute, data, *weights, primfunc_name_hint=f"{_op_name(value).split('.')[-1]}_rows")
+
+
+def _row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str, into: bool) -> tvm.tirx.PrimFunc:
+    """A kernel copying a ``rows``-row tile into rows ``[offset, offset + rows)`` of a tensor of
+    ``shape``: of a new tensor (the first tile), or ``into`` the tensor in place (the others).
+    Opaque to fusion: FuseTIR cannot fuse an in-place call with the tile's producer."""
+    _, channels, _, columns = shape
+
+    @T.prim_func(private=True, s_tir=True)
+    def write_first(tile: T.Buffer((1, channels, rows, columns), dtype), full: T.Buffer(shape, dtype)):
+        for c, h, w in T.grid(channels, rows, columns):
+            with T.sblock("write"):
+                vc, vh, vw = T.axis.remap("SSS", [c, h, w])
+                full[0, vc, vh + offset, vw] = tile[0, vc, vh, vw]
+
+    @T.prim_func(private=True, s_tir=True)
+    def write_into(full: T.Buffer(shape, dtype), tile: T.Buffer((1, channels, rows, columns), dtype)):
+        for c, h, w in T.grid(channels, rows, columns):
+            with T.sblock("write"):
+                vc, vh, vw = T.axis.remap("SSS", [c, h, w])
+                full[0, vc, vh + offset, vw] = tile[0, vc, vh, vw]
+
+    return (write_into if into else write_first).with_attr("op_pattern", 8).with_attr("tirx.noalias", True)
+
+
+def _write_rows(bb: relax.BlockBuilder, tile: relax.Expr, full: relax.Expr | None, offset: int,
+                ty: relax.TensorType) -> relax.Expr:
+    """``tile`` copied into its rows of the chain's last tensor (``full``: the tensor so far)."""
+    shape, dtype = tuple(static_shape(ty)), str(ty.dtype)
+    rows = _nchw(tile)[ROWS]
+    gvar = bb.add_func(_row_writer(shape, rows, offset, dtype, full is not None), "write_rows")
+    if full is None:
+        return bb.emit(relax.call_tir(gvar, [tile], out_ty=ty))
+    return bb.emit(relax.call_tir_inplace(gvar, [full, tile], [0], ty))
 
 
 def describe_tensors(mod: tvm.IRModule, names: list[str]) -> list[str]:

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .spatial import RowOp, tile_rows
+
+SPATIAL_PARTS = 16
+
 
 @dataclass(frozen=True)
 class Branch:
@@ -48,6 +52,9 @@ class Chain:
     rows: bool = False
     """A row chain: rows of ``(1, sequence, features)`` tensors instead of channels (a
     transformer's feed-forward block), every operator row-wise, the last tensor made tile by tile."""
+    spatial: tuple[RowOp, ...] = ()
+    """A spatial chain (:mod:`tvm_memplan.split.spatial`): its operators cut along the rows of NCHW
+    tensors, halos recomputed, each tile of the last tensor copied into its rows."""
 
     @property
     def head(self) -> str:
@@ -60,7 +67,20 @@ class Chain:
     @property
     def name(self) -> str:
         last = self.tail or (self.post[-1] if self.post else self.concat) or (self.branches[0].mids or (self.head,))[-1]
+        if self.spatial:
+            return f"{self.head}..{self.spatial[-1].name} (rows)"
         return f"{self.head}..{last}" + (f" ({len(self.branches)} branches)" if len(self.branches) > 1 else "")
+
+    @property
+    def kind(self) -> str:
+        """``spatial`` (row tiles of NCHW tensors), ``rows`` (of a transformer's sequence),
+        ``temporal`` (channel tiles reduced by partial sums) or ``concat`` (channel tiles written
+        into their regions)."""
+        if self.spatial:
+            return "spatial"
+        if self.rows:
+            return "rows"
+        return "temporal" if self.tail else "concat"
 
     @property
     def bindings(self) -> tuple[str, ...]:
@@ -69,7 +89,9 @@ class Chain:
         return tuple(names) + self.post + ((self.tail,) if self.tail else ())
 
     def parts_ladder(self, limit: int = 64) -> list[int]:
-        """Numbers of parts worth trying: powers of two up to the number of units."""
+        """Numbers of parts worth trying: powers of two up to the number of units (for spatial
+        tiles up to :data:`SPATIAL_PARTS`: thinner tiles mostly recompute halos)."""
+        limit = min(limit, SPATIAL_PARTS) if self.spatial else limit
         ladder, parts = [], 2
         while parts <= min(self.units, limit):
             ladder.append(parts)
@@ -160,7 +182,9 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
     sizes = dict(program.sizes)
     written: set[str] = set()  # final tensors already written: later tiles accumulate into them
     for i, step in enumerate(program.steps):
-        if i in at:
+        if i in at and at[i][0].chain.spatial:
+            steps.extend(_spatial_steps(program, at[i][0], sizes))
+        elif i in at:
             steps.extend(_branch_steps(program, *at[i], sizes, written))
         elif step.name not in inside:
             steps.append(step)
@@ -209,4 +233,27 @@ def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: 
             previous = (tile, *outer)
         steps.append(Step(f"{final}#{branch.head}#{t}", final, previous + ((final,) if final in written else ())))
         written.add(final)
+    return steps
+
+
+def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int]) -> list[Step]:
+    """A spatial chain tile by tile: each operator on its rows (fused elementwise operators in
+    their producer's tile; a convolution reads its rows of an outside tensor in place), the last
+    tile copied into the chain's final tensor."""
+    chain, ops = choice.chain, choice.chain.spatial
+    by_name = {s.name: s for s in program.steps}
+    group = {program.tensor(op.name) for op in ops}
+    final = program.tensor(ops[-1].name)
+    steps: list[Step] = []
+    for t, need in enumerate(tile_rows(ops, choice.parts)):
+        tile_of: dict[str, str] = {}
+        for op in ops:
+            tensor = program.tensor(op.name)
+            tile = tile_of.setdefault(tensor, f"{tensor}#{chain.head}#{t}")
+            lo, hi = need[op.name]
+            sizes[tile] = max(sizes.get(tile, 1), (hi - lo) * op.row_bytes)
+            outer = tuple(r for r in by_name[op.name].reads if r not in group)
+            reads = tuple(dict.fromkeys(tile_of[program.tensor(r)] for r in op.reads if program.tensor(r) != tensor))
+            steps.append(Step(tile, tile, reads + outer))
+        steps.append(Step(f"write#{chain.head}#{t}", final, (tile_of[final],) + ((final,) if t else ())))
     return steps

@@ -1,0 +1,68 @@
+"""Row tiles with halos (no TVM): the rows each tile computes reproduce the whole operator."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tvm_memplan.split.simulate import Branch, Chain, Program, SplitChoice, Step, peak, split_program
+from tvm_memplan.split.spatial import RowOp, RowWindow, tile_rows
+
+
+def _window_rows(x: np.ndarray, kernel: int, stride: int, top: int, bottom: int, dilation: int) -> np.ndarray:
+    """A 1-D "convolution" along the rows that keeps which input rows each output row read:
+    output row r = the tuple of (padded) input row values at its window's taps."""
+    padded = np.concatenate([np.full(top, -1), x, np.full(bottom, -1)])
+    count = (len(padded) - dilation * (kernel - 1) - 1) // stride + 1
+    return np.array([[padded[r * stride + dilation * k] for k in range(kernel)] for r in range(count)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(kernel=st.integers(1, 7), stride=st.integers(1, 3), dilation=st.integers(1, 2), rows_in=st.integers(1, 40),
+       pad=st.integers(0, 3), bottom_extra=st.integers(0, 2), data=st.data())
+def test_input_rows_with_border_padding_reproduce_the_output_rows(kernel, stride, dilation, rows_in, pad, bottom_extra, data):
+    reach = dilation * (kernel - 1) + 1
+    if rows_in + 2 * pad + bottom_extra < reach or pad + bottom_extra >= reach:
+        return  # no output row, or one that reads only padding (the chain finder refuses those)
+    rows = np.arange(rows_in)
+    whole = _window_rows(rows, kernel, stride, pad, pad + bottom_extra, dilation)
+    lo = data.draw(st.integers(0, len(whole) - 1))
+    hi = data.draw(st.integers(lo + 1, len(whole)))
+    (first, end), top, bottom = RowWindow(kernel, stride, pad, dilation, rows_in).input_rows((lo, hi))
+    assert 0 <= first < end <= rows_in and top <= pad and bottom <= pad + bottom_extra
+    tile = _window_rows(rows[first:end], kernel, stride, top, bottom, dilation)
+    np.testing.assert_array_equal(tile, whole[lo:hi])
+
+
+def _stem() -> tuple[Program, Chain]:
+    """x (3 rows-in-12) -> conv k3 s2 -> a (6 rows) -> depthwise k3 -> d (6 rows) -> 1x1 -> y -> z."""
+    ops = (
+        RowOp("a", (), 6, 100, RowWindow(3, 2, 1, 1, 12), ("x",)),
+        RowOp("d", ("a",), 6, 100, RowWindow(3, 1, 1, 1, 6)),
+        RowOp("y", ("d",), 6, 20, RowWindow(1, 1, 0, 1, 6)),
+    )
+    sizes = {"a": 600, "d": 600, "y": 120, "z": 120}
+    steps = [Step("a", "a", ("x",)), Step("d", "d", ("a",)), Step("y", "y", ("d",)), Step("z", "z", ("y",))]
+    chain = Chain((Branch("a", ("d", "y"), 6, 2),), None, (), None, 1200, spatial=ops)
+    return Program(steps, sizes), chain
+
+
+def test_tiles_cover_the_last_tensor_and_overlap_by_the_halos():
+    _, chain = _stem()
+    tiles = tile_rows(chain.spatial, 3)
+    assert [t["y"] for t in tiles] == [(0, 2), (2, 4), (4, 6)]
+    # the depthwise conv needs one row above and below; the strided conv reads rows 2r-1..2r+1
+    assert [t["d"] for t in tiles] == [(0, 2), (2, 4), (4, 6)]
+    assert [t["a"] for t in tiles] == [(0, 3), (1, 5), (3, 6)]
+
+
+def test_spatial_split_lowers_the_peak_to_tiles_and_the_last_tensor():
+    program, chain = _stem()
+    assert peak(program).bytes == 1200
+    split = split_program(program, [SplitChoice(chain, 3)])
+    assert not {"a", "d"} & set(split.sizes)
+    middle = [s for s in split.steps if s.name.endswith("#1")]
+    assert [s.name for s in middle] == ["a#a#1", "d#a#1", "y#a#1", "write#a#1"]
+    # tile 1: a's rows 1..5 (the depthwise conv's halo around d's rows 2..4), d's rows 2..4, and
+    # y (120 bytes), alive from the first tile's copy on, are the peak
+    assert split.sizes["a#a#1"] == 4 * 100 and split.sizes["d#a#1"] == 2 * 100
+    assert peak(split).bytes == 4 * 100 + 2 * 100 + 120

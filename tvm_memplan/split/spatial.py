@@ -1,0 +1,79 @@
+"""Spatial tiles (seed 003's sliding-window axes): which rows each operator of a row-tiled chain
+computes, halos included.
+
+A *spatial chain* is cut along the rows (H) of its NCHW tensors, so every tile keeps all the
+channels (a convolution's register tile and vector width stay as in the whole kernel; channel
+tiles of a 3-channel stem re-read the input once per tile). A convolution or pool reading rows
+through a window needs ``dilation * (kernel - 1)`` rows beyond ``stride`` per output row: tiles
+of its input overlap by that halo, which neighbouring tiles both compute (MCUNetV2's patch-based
+inference pays the same recomputation). Rows are planned backwards from the chain's last tensor:
+each operator computes the hull of what its consumers in the chain need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Rows = tuple[int, int]
+"""``[lo, hi)``"""
+
+
+@dataclass(frozen=True)
+class RowWindow:
+    """How a convolution or pool reads rows: output row ``r`` reads input rows
+    ``stride * r - pad_top + dilation * k`` for ``k < kernel`` (those outside ``[0, rows_in)`` are padding)."""
+
+    kernel: int
+    stride: int
+    pad_top: int
+    dilation: int
+    rows_in: int
+
+    def input_rows(self, rows: Rows) -> tuple[Rows, int, int]:
+        """Input rows that output ``rows`` read, and the padding above and below them that a
+        convolution over just those rows needs to produce exactly ``rows``."""
+        lo, hi = rows
+        first = lo * self.stride - self.pad_top
+        end = (hi - 1) * self.stride - self.pad_top + self.dilation * (self.kernel - 1) + 1
+        clipped = (max(first, 0), min(end, self.rows_in))
+        return clipped, clipped[0] - first, end - clipped[1]
+
+
+@dataclass(frozen=True)
+class RowOp:
+    """One binding of a spatial chain, for the simulator and the rewriter."""
+
+    name: str
+    reads: tuple[str, ...]
+    """Bindings of the chain it reads (its row operands inside the chain)."""
+    rows: int
+    """Rows of its output."""
+    row_bytes: int
+    """Bytes of one output row (all channels and columns)."""
+    window: RowWindow | None = None
+    """None: output row ``r`` reads row ``r`` of its operands (elementwise, 1x1 stride-1 convolutions)."""
+    outside: tuple[str, ...] = ()
+    """Operands from outside the chain it reads row by row (its rows of them per tile)."""
+
+
+def operand_rows(op: RowOp, rows: Rows) -> Rows:
+    """Rows of ``op``'s row operands that its output ``rows`` read."""
+    return op.window.input_rows(rows)[0] if op.window is not None else rows
+
+
+def tile_rows(ops: tuple[RowOp, ...], parts: int) -> list[dict[str, Rows]]:
+    """Per tile, the output rows every operator computes: the last operator's rows split into
+    ``parts`` even ranges, earlier ones the hull of what their consumers in the chain read."""
+    last = ops[-1]
+    tiles = []
+    for t in range(parts):
+        need: dict[str, Rows] = {last.name: (t * last.rows // parts, (t + 1) * last.rows // parts)}
+        for op in reversed(ops):
+            rows = need[op.name]
+            for name in op.reads:
+                lo, hi = operand_rows(op, rows)
+                have = need.get(name)
+                need[name] = (lo, hi) if have is None else (min(have[0], lo), max(have[1], hi))
+        tiles.append(need)
+    return tiles
+
