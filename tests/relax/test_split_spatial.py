@@ -53,9 +53,10 @@ def stem():
     return _stem_module()
 
 
-def _longest(mod, windows: int = 4):
+def _longest(mod, windows: int = 4, gathered: bool = False):
     """The longest spatial chain with ``windows`` convolutions and pools."""
-    chains = [c for c in find_chains(mod) if sum(op.window is not None for op in c.spatial) == windows]
+    chains = [c for c in find_chains(mod)
+              if sum(op.window is not None for op in c.spatial) == windows and c.gathered == gathered]
     return max(chains, key=lambda c: len(c.spatial))
 
 
@@ -70,16 +71,28 @@ def test_spatial_chains_span_windows_and_their_epilogues(stem):
     assert chain.parts_ladder() == [2, 4, 8]
 
 
-@pytest.mark.parametrize("parts", [2, 3, 8])
-def test_row_tiles_compute_the_same_outputs(stem, parts):
+@pytest.mark.parametrize("parts, gathered", [(2, False), (3, False), (8, False), (3, True)])
+def test_row_tiles_compute_the_same_outputs(stem, parts, gathered):
     x = np.random.default_rng(1).standard_normal(SHAPE).astype("float32")
     (expected,), _ = _run(stem, x)
-    (got,), _ = _run(split_chains(stem, [SplitChoice(_longest(stem), parts)]), x)
+    (got,), _ = _run(split_chains(stem, [SplitChoice(_longest(stem, gathered=gathered), parts)]), x)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_vm_requests_equal_the_plan_and_the_simulator_is_close(stem):
-    chain = _longest(stem)
+def test_a_small_last_tensor_is_also_offered_gathered(stem):
+    """The last tensor (4x8x7) is far smaller than the stem's (8x17x15): the chain is also offered
+    with its last tiles kept and concatenated once, which the simulator prices at the end."""
+    chain, gathered = _longest(stem), _longest(stem, gathered=True)
+    assert gathered.spatial == chain.spatial and gathered.name.endswith("(rows, gathered)")
+    program = program_of(stem)
+    split = split_program(program, [SplitChoice(gathered, 4)])
+    assert [s.name for s in split.steps if s.name.startswith(("write#", "gather#"))] == [f"gather#{chain.head}"]
+    assert not [s for s in split_program(program, [SplitChoice(chain, 4)]).steps if s.name.startswith("gather#")]
+
+
+@pytest.mark.parametrize("gathered", [False, True])
+def test_vm_requests_equal_the_plan_and_the_simulator_is_close(stem, gathered):
+    chain = _longest(stem, gathered=gathered)
     choice = SplitChoice(chain, 3)
     split = split_chains(stem, [choice])
     x = np.random.default_rng(2).standard_normal(SHAPE).astype("float32")

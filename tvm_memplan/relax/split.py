@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
 
 import numpy as np
 import tvm
@@ -50,6 +51,9 @@ SPATIAL_WINDOWS = 6
 """Convolutions and pools one spatial chain may span (a MobileNetV2 stem and its first block):
 each adds its halo to the rows the earlier ones recompute."""
 _SPATIAL_BINDINGS = 40
+GATHER_BELOW = 4
+"""A spatial chain is also offered with its last tiles concatenated once at the end when its last
+tensor is this many times smaller than its largest."""
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
 _RAISABLE = {"maximum": (topi.maximum, relax.op.maximum), "minimum": (topi.minimum, relax.op.minimum),
              "add": (topi.add, relax.op.add), "multiply": (topi.multiply, relax.op.multiply),
@@ -551,8 +555,11 @@ def _spatial_chains(bindings: list, uses: dict, outputs: set, component) -> list
                 continue
             names = tuple(bindings[k].var.name for k in members)
             tiles = sum(_nbytes(bindings[k].var) for k in members[:-1])
-            found.append(Chain((Branch(names[0], names[1:], op.rows, _nchw(binding.var)[CHANNEL]),), None, (), None,
-                               tiles, spatial=tuple(ops)))
+            chain = Chain((Branch(names[0], names[1:], op.rows, _nchw(binding.var)[CHANNEL]),), None, (), None,
+                          tiles, spatial=tuple(ops))
+            found.append(chain)
+            if GATHER_BELOW * _nbytes(binding.var) <= max(_nbytes(bindings[k].var) for k in members):
+                found.append(replace(chain, gathered=True))
     return found
 
 
@@ -746,10 +753,11 @@ class _SplitRewriter(PyExprMutator):
     def _emit_spatial(self, choice: SplitChoice) -> None:
         """A spatial chain, tile by tile: every operator on the rows it must produce (convolutions
         and pools read their input rows, halo included, with padding only at the tensor's real
-        borders), each tile of the last tensor copied into its rows of the full tensor."""
+        borders), each tile of the last tensor copied into its rows of the full tensor (or all of them
+        concatenated at the end)."""
         bb, ops = self.builder_, choice.chain.spatial
         last = self.table[ops[-1].name].var
-        full = None
+        full, pieces = None, []
         for need in tile_rows(ops, choice.parts):
             tiles: dict[str, tuple[relax.Expr, Rows]] = {}
             for op in ops:
@@ -764,7 +772,12 @@ class _SplitRewriter(PyExprMutator):
                         continue
                     new = _windowed(value, self._rows_of(data, in_rows, tiles), top, bottom)
                 tiles[op.name] = (bb.emit(new), rows)
-            full = _write_rows(bb, tiles[ops[-1].name][0], full, need[ops[-1].name][0], last.ty)
+            if choice.chain.gathered:
+                pieces.append(tiles[ops[-1].name][0])
+            else:
+                full = _write_rows(bb, tiles[ops[-1].name][0], full, need[ops[-1].name][0], last.ty)
+        if choice.chain.gathered:
+            full = bb.normalize(relax.op.concat(pieces, axis=ROWS))
         bb.emit_normalized(relax.VarBinding(last, full))
 
     def _rows_of(self, arg: relax.Expr, rows: Rows, tiles: dict[str, tuple[relax.Expr, Rows]]) -> relax.Expr:

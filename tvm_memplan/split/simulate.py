@@ -55,6 +55,10 @@ class Chain:
     spatial: tuple[RowOp, ...] = ()
     """A spatial chain (:mod:`tvm_memplan.split.spatial`): its operators cut along the rows of NCHW
     tensors, halos recomputed, each tile of the last tensor copied into its rows."""
+    gathered: bool = False
+    """A spatial chain whose last tiles are kept and concatenated once at the end: one kernel in
+    place of a copy per tile, for the last tensor's size again at the end (offered where strides
+    made that tensor small)."""
 
     @property
     def head(self) -> str:
@@ -68,7 +72,7 @@ class Chain:
     def name(self) -> str:
         last = self.tail or (self.post[-1] if self.post else self.concat) or (self.branches[0].mids or (self.head,))[-1]
         if self.spatial:
-            return f"{self.head}..{self.spatial[-1].name} (rows)"
+            return f"{self.head}..{self.spatial[-1].name} (rows{', gathered' if self.gathered else ''})"
         return f"{self.head}..{last}" + (f" ({len(self.branches)} branches)" if len(self.branches) > 1 else "")
 
     @property
@@ -239,12 +243,13 @@ def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: 
 def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int]) -> list[Step]:
     """A spatial chain tile by tile: each operator on its rows (fused elementwise operators in
     their producer's tile; a convolution reads its rows of an outside tensor in place), the last
-    tile copied into the chain's final tensor."""
+    tile copied into the chain's final tensor (or all last tiles concatenated at the end)."""
     chain, ops = choice.chain, choice.chain.spatial
     by_name = {s.name: s for s in program.steps}
     group = {program.tensor(op.name) for op in ops}
     final = program.tensor(ops[-1].name)
     steps: list[Step] = []
+    last_tiles = []
     for t, need in enumerate(tile_rows(ops, choice.parts)):
         tile_of: dict[str, str] = {}
         for op in ops:
@@ -255,5 +260,9 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
             outer = tuple(r for r in by_name[op.name].reads if r not in group)
             reads = tuple(dict.fromkeys(tile_of[program.tensor(r)] for r in op.reads if program.tensor(r) != tensor))
             steps.append(Step(tile, tile, reads + outer))
-        steps.append(Step(f"write#{chain.head}#{t}", final, (tile_of[final],) + ((final,) if t else ())))
+        last_tiles.append(tile_of[final])
+        if not chain.gathered:
+            steps.append(Step(f"write#{chain.head}#{t}", final, (tile_of[final],) + ((final,) if t else ())))
+    if chain.gathered:
+        steps.append(Step(f"gather#{chain.head}", final, tuple(last_tiles)))
     return steps
