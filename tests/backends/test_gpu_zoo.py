@@ -41,9 +41,6 @@ SLOW = [
 CI_OPTIONS = {"order": "program", "time_budget": 1.0}
 """No order search (up to 10 s per function) and a short allocator search: what runs is still the plan."""
 ALL = os.environ.get("TVM_MEMPLAN_GPU_ZOO") == "all"
-UBO_RACE = ("TVM 0.27's Vulkan runtime writes the scalars of a kernel with more than 16 (arena offsets "
-            "beyond 128 bytes of push constants) into one uniform buffer shared by all launches still queued: "
-            "DenseNet's concat+BatchNorm kernels read each other's offsets and lavapipe crashes")
 
 
 def _cases():
@@ -52,8 +49,6 @@ def _cases():
             marks = []
             if spec in SLOW and not ALL:
                 marks.append(pytest.mark.skip(reason="many kernels: set TVM_MEMPLAN_GPU_ZOO=all"))
-            if spec.startswith("zoo:densenet121") and kind == "vulkan":
-                marks.append(pytest.mark.xfail(run=False, reason=UBO_RACE))
             yield pytest.param(spec, kind, marks=marks, id=f"{kind}-{spec.removeprefix('zoo:')}")
 
 
