@@ -31,6 +31,12 @@ from tvm_memplan.cli.main import main
 from tvm_memplan.deploy import error_line
 from tvm_memplan.deploy.rpc import start_farm
 from tvm_memplan.errors import UserError
+from tvm_memplan.frontend import LoadedModel
+from tvm_memplan.planner import plan_model
+from tvm_memplan.relax.offsets import scalar_params
+from tvm_memplan.relax.pipeline import schedule_passes
+from tvm_memplan.verify import verify_plan
+from tvm_memplan.zoo.graph import GraphBuilder
 
 from .conftest import needs_device
 
@@ -185,12 +191,55 @@ def test_scalar_arguments(n, alpha):
     np.testing.assert_allclose(b, np.where(np.arange(64) < n, a * np.float32(alpha), 0), rtol=1e-6)
 
 
+@ours
 @needs_vulkan
-def test_scalar_arguments_in_a_uniform_buffer_when_push_constants_are_too_small():
-    a = rand(64)
-    (_, b), glsl = run_prim_func(scaled_prefix, a, np.zeros(64, "float32"), 5, 4.0, max_push_constants_size=8)
-    np.testing.assert_allclose(b, np.where(np.arange(64) < 5, a * 4, 0), rtol=1e-6)
-    assert "binding = 2) uniform Args" in glsl  # after the two buffers
+def test_more_scalars_than_push_constants_hold_is_a_one_line_error_naming_the_kernel():
+    """TVM's runtime would pass them in a uniform buffer that launches still queued overwrite."""
+    with pytest.raises(RuntimeError) as raised:  # a UserError raised under TVM's C++ arrives as RuntimeError
+        run_prim_func(scaled_prefix, rand(64), np.zeros(64, "float32"), 5, 4.0, max_push_constants_size=8)
+    assert error_line(raised.value).endswith(
+        "Vulkan code generator: kernel scaled_prefix_kernel takes 2 scalar arguments (16 bytes), more than the 8 "
+        "bytes of push constants (TVM's Vulkan runtime would pass them in a uniform buffer that launches still "
+        "queued overwrite)")
+
+
+def dense_concat(inputs: int) -> LoadedModel:
+    """DenseNet's widest kernel in small: ``inputs`` convolutions of one stem, concatenated, then
+    BatchNorm and ReLU, which TVM fuses into one kernel of ``inputs + 1`` buffers."""
+    g = GraphBuilder("dense_concat", 8)
+    stem = g.conv(g.input((1, 3, 8, 8)), 8, 1, base="stem")
+    features = [g.conv(stem, 4, 3, 1, 1) for _ in range(inputs)]
+    return LoadedModel("dense_concat", g.finish(g.relu(g.batchnorm(g.concat(features)))))
+
+
+def scheduled(plan) -> tvm.IRModule:
+    """The planned module after the kernel passes (what codegen gets, before TVM's finalize passes)."""
+    with plan.target:
+        return tvm.transform.Sequential(schedule_passes(plan.target, plan.options))(plan.planned)
+
+
+def test_a_kernel_over_the_push_constants_gets_the_arena_offsets_as_constants():
+    plan = plan_model(dense_concat(20), VULKAN, order="program", time_budget=1.0)
+    kernels = {gvar.name_hint: func for gvar, func in scheduled(plan).functions.items()
+               if isinstance(func, tvm.tirx.PrimFunc)}
+    assert max(scalar_params(func) for func in kernels.values()) <= 16  # 128 bytes of 8-byte slots
+    concat = [func for name, func in kernels.items() if "concatenate" in name]
+    assert len(concat) == 1 and len(concat[0].params) == 25  # 20 feature maps, BatchNorm's 4 constants, output
+    baked = [int(param.ty.elem_offset.value) * 4 for param in concat[0].params[:20]]
+    planned = {t["offset"] for arena in plan.main.arenas for t in arena["tensors"]}
+    assert len(set(baked)) == 20 and set(baked) <= planned  # each feature map where the plan put it
+    assert all(int(param.ty.elem_offset.value) == 0 for param in concat[0].params[20:])
+    convs = [func for name, func in kernels.items() if name.startswith("conv2d")]
+    assert convs and all(isinstance(p.ty.elem_offset, tvm.tirx.Var) for f in convs for p in f.params)
+
+
+@needs_vulkan
+def test_a_concat_of_twenty_feature_maps_runs_correctly_and_as_planned():
+    plan = plan_model(dense_concat(20), VULKAN, order="program", time_budget=1.0)
+    result = verify_plan(plan, stock=False)
+    assert result.device == "vulkan:0" and result.ok, result.problems  # onnxruntime's outputs, requests = plan
+    assert result.max_abs_diff_vs_onnxruntime is not None and result.trace_matches_plan
+    assert result.zero_offset_calls == 0
 
 
 @needs_vulkan

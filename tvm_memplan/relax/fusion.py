@@ -33,7 +33,7 @@ from tvm.tirx import buffer as tir_buffer
 
 from .extract import top_level_bindings
 from .inplace import prim_func_of
-from .module import relax_functions, with_blocks
+from .module import referenced_globals, relax_functions, with_blocks
 
 GROUPS_ATTR = "tvm_memplan.kernel_groups"
 """Function attribute the arena planner leaves: the group index of each kernel call, in call order."""
@@ -363,13 +363,6 @@ def _fuse_function(func: relax.Function, mod: tvm.IRModule, group_of: Sequence[i
     return with_blocks(func, new_blocks)
 
 
-def _referenced_globals(mod: tvm.IRModule) -> set[str]:
-    names: set[str] = set()
-    for _, func in relax_functions(mod):
-        _walk(func, lambda n: names.add(n.name_hint) if isinstance(n, tvm.ir.GlobalVar) else None)
-    return names
-
-
 def FuseGroupKernels() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
     """Every group the arena planner recorded runs as one launch (see the module docstring).
 
@@ -402,7 +395,7 @@ def FuseGroupKernels() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's p
         if not replaced:
             return mod
         new_mod = tvm.IRModule(functions, attrs=mod.attrs)
-        unused = replaced - _referenced_globals(new_mod)
+        unused = replaced - referenced_globals(new_mod)
         return tvm.IRModule({g: f for g, f in functions.items() if g.name_hint not in unused}, attrs=mod.attrs)
 
     return _pass

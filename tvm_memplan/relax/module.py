@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterator, Mapping, Sequence
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 
@@ -31,3 +32,12 @@ def with_functions(mod: tvm.IRModule, updates: Mapping[tvm.ir.GlobalVar, relax.F
     for gvar, func in updates.items():
         new_mod[gvar] = func
     return new_mod
+
+
+def referenced_globals(mod: tvm.IRModule) -> set[str]:
+    """Names of the global functions the module's Relax functions refer to."""
+    names: set[str] = set()
+    for _, func in relax_functions(mod):
+        tvm_ffi.structural_walk(func, lambda n: names.add(n.name_hint) if isinstance(n, tvm.ir.GlobalVar) else None,
+                                order="pre")
+    return names

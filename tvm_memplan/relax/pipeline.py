@@ -9,13 +9,14 @@ from typing import Any, Callable
 import tvm
 
 from ..backends.schedules import with_gpu_schedules
+from ..backends.vulkan.glsl import scalar_slots
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..schedule import DefaultCPUSchedule
 from .fold import FoldDataMovementConstants
 from .fusion import FuseGroupKernels
 from .grouping import LayerOrder
-from .offsets import KernelOffsetParams, kernels_take_offsets
+from .offsets import BakeKernelOffsets, KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
 
@@ -100,7 +101,8 @@ def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
     """The kernel passes after planning: tvm_memplan's default CPU schedules for ``llvm``/``c``
     targets unless ``schedule="none"`` (GPU kernels are scheduled before planning, in
     :func:`stage_passes`); on OpenCL and Vulkan, kernels that read their buffers at an offset; on GPU
-    targets with layer grouping, one fused launch per group."""
+    targets with layer grouping, one fused launch per group; on Vulkan, no kernel with more scalars
+    than its push constants hold."""
     passes = []
     if options.schedule != "none" and target.kind.name in ("llvm", "c"):
         passes.append(DefaultCPUSchedule(target))
@@ -108,6 +110,8 @@ def schedule_passes(target: tvm.target.Target, options: MemplanOptions) -> list:
         passes.append(KernelOffsetParams())
     if options.groups is not None and target.kind.name in FUSED_KINDS:
         passes.append(FuseGroupKernels())
+    if target.kind.name == "vulkan":
+        passes.append(BakeKernelOffsets(scalar_slots(target)))
     return passes
 
 

@@ -21,12 +21,10 @@ import tvm_ffi
 
 from ...errors import UserError
 from . import GLSLANG, RUNTIME_FACTORY, check_ready
-from .glsl import DEFAULT_PUSH_CONSTANT_BYTES, Kernel, kernel_to_glsl
+from .glsl import Kernel, kernel_to_glsl, push_constant_bytes
 
 SPIRV_ENV = "vulkan1.1"
 """What phones' Vulkan drivers (Mali, Adreno) and lavapipe all accept."""
-USE_UBO_FLAG = 1 << 0
-"""``ShaderMetaDataFlagMask::kUseUBO`` in TVM's ``vulkan_common.h``: scalars come in a uniform buffer."""
 DEVICE_KERNEL_LAUNCH = 2
 """``calling_conv`` of a kernel the host launches (TVM's ``kDeviceKernelLaunch``)."""
 
@@ -44,9 +42,10 @@ def compile_glsl(kernel: Kernel, scratch: Path) -> bytes:
     return binary.read_bytes()
 
 
-def shader_bytes(spirv: bytes, use_ubo: bool) -> bytes:
-    """TVM's serialized ``SPIRVShader``: a uint32 flag, then the words as a uint64-counted vector."""
-    return struct.pack("<IQ", USE_UBO_FLAG if use_ubo else 0, len(spirv) // 4) + spirv
+def shader_bytes(spirv: bytes) -> bytes:
+    """TVM's serialized ``SPIRVShader``: a uint32 flag (0: scalars in push constants, never its uniform
+    buffer), then the words as a uint64-counted vector."""
+    return struct.pack("<IQ", 0, len(spirv) // 4) + spirv
 
 
 def function_info(kernels: list[Kernel]):
@@ -59,7 +58,7 @@ def function_info(kernels: list[Kernel]):
 
 def device_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> list[Kernel]:
     """Every function of the device module as GLSL."""
-    limit = int(target.attrs.get("max_push_constants_size", DEFAULT_PUSH_CONSTANT_BYTES))
+    limit = push_constant_bytes(target)
     kernels = []
     for gv, func in mod.functions.items():
         name = str(func.attrs.get("global_symbol", gv.name_hint)) if func.attrs else gv.name_hint
@@ -77,6 +76,6 @@ def build_vulkan(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Mo
     with tempfile.TemporaryDirectory(prefix="tvm_memplan_vulkan_") as scratch:
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             binaries = list(pool.map(lambda k: compile_glsl(k, Path(scratch)), kernels))
-    shaders = {k.name: shader_bytes(b, k.use_ubo) for k, b in zip(kernels, binaries)}
+    shaders = {k.name: shader_bytes(b) for k, b in zip(kernels, binaries)}
     glsl = "\n".join(f"// kernel {k.name}\n{k.glsl}" for k in kernels)
     return tvm_ffi.get_global_func(RUNTIME_FACTORY)(shaders, "vulkan", function_info(kernels), {"glsl": glsl, "": glsl})

@@ -5,9 +5,12 @@ The input is what TVM's GPU pipeline hands ``target.build.vulkan``: flat buffers
 cross-thread reductions already lowered to shared memory (Vulkan targets have ``thread_warp_size`` 1,
 so TVM emits no warp shuffles). The calling convention is that of TVM's Vulkan runtime
 (``vulkan_wrapped_func.cc``): buffer arguments are storage buffers at bindings 0..n-1 of set 0, and
-scalar arguments follow them, each in an 8-byte slot of a push-constant block (or of a uniform buffer
-at binding n when they do not fit). Whatever has no GLSL form raises a one-line :class:`UserError`
-naming the construct and the kernel.
+scalar arguments follow them, each in an 8-byte slot of a push-constant block. Beyond the
+push-constant bytes that runtime would pass the scalars in a uniform buffer, which it writes when a
+launch is recorded, not when it runs (every queued launch reads the last one's scalars): a kernel
+with more scalars than fit is refused, and the Relax pipeline keeps kernels within the limit
+(:func:`tvm_memplan.relax.offsets.BakeKernelOffsets`). Whatever has no GLSL form raises a one-line
+:class:`UserError` naming the construct and the kernel.
 """
 
 from __future__ import annotations
@@ -37,6 +40,17 @@ SCALAR_ARG_TYPES = ("int32", "uint32", "int64", "uint64", "float32", "float64")
 SLOT_BYTES = 8
 DEFAULT_PUSH_CONSTANT_BYTES = 128
 """What every Vulkan device offers (the spec's minimum ``maxPushConstantsSize``), as TVM assumes."""
+
+
+def push_constant_bytes(target: tvm.target.Target) -> int:
+    """The push-constant bytes kernels for ``target`` may use (its ``max_push_constants_size``)."""
+    return int(target.attrs.get("max_push_constants_size", DEFAULT_PUSH_CONSTANT_BYTES))
+
+
+def scalar_slots(target: tvm.target.Target) -> int:
+    """How many scalar arguments a kernel for ``target`` can take in push constants."""
+    return push_constant_bytes(target) // SLOT_BYTES
+
 
 HEADER = """#version 450
 #extension GL_EXT_shader_explicit_arithmetic_types : require
@@ -112,6 +126,10 @@ class _Unsupported(Exception):
     """Raised inside the printer; :func:`kernel_to_glsl` adds the kernel's name."""
 
 
+class _TooManyScalars(Exception):
+    """The kernel's scalar arguments do not fit in push constants; :func:`kernel_to_glsl` adds its name."""
+
+
 @dataclass
 class Kernel:
     """One compute shader and what TVM's runtime needs to launch it."""
@@ -120,7 +138,6 @@ class Kernel:
     glsl: str
     arg_types: list[str]
     launch_param_tags: list[str]
-    use_ubo: bool
 
 
 @dataclass
@@ -596,8 +613,8 @@ class _Printer:
         self.emit("continue;")
 
     # ---- the kernel ----
-    def arguments(self, func: tvm.tirx.PrimFunc) -> tuple[list[str], list[str], bool]:
-        """Declare the buffers and scalars; returns (arg_types, declarations, use_ubo)."""
+    def arguments(self, func: tvm.tirx.PrimFunc) -> tuple[list[str], list[str]]:
+        """Declare the buffers and scalars; returns (arg_types, declarations)."""
         arg_types, declarations, scalars = [], [], []
         restrict = "restrict " if func.attrs.get("tirx.noalias", False) else ""
         seen_scalar = False
@@ -622,31 +639,34 @@ class _Printer:
                     raise _Unsupported(f"scalar argument {param.name} of type {dtype}")
                 scalars.append((param, dtype))
                 arg_types.append(dtype)
-        use_ubo = len(scalars) * SLOT_BYTES > self.max_push_constant_bytes
+        if len(scalars) * SLOT_BYTES > self.max_push_constant_bytes:
+            raise _TooManyScalars(f"{len(scalars)} scalar arguments ({len(scalars) * SLOT_BYTES} bytes), more than the "
+                                  f"{self.max_push_constant_bytes} bytes of push constants (TVM's Vulkan runtime would pass "
+                                  "them in a uniform buffer that launches still queued overwrite)")
         if scalars:
             members = []
             for slot, (param, dtype) in enumerate(scalars):
                 member = self.fresh(param.name)
                 members.append(f"layout(offset = {slot * SLOT_BYTES}) {SCALAR_TYPES[dtype]} {member};")
                 self.names[param] = f"args.{member}"
-            qualifier = (f"layout(std140, set = 0, binding = {len(arg_types) - len(scalars)}) uniform" if use_ubo
-                         else "layout(push_constant) uniform")
-            declarations.append(f"{qualifier} Args {{ {' '.join(members)} }} args;")
-        return arg_types, declarations, use_ubo
+            declarations.append(f"layout(push_constant) uniform Args {{ {' '.join(members)} }} args;")
+        return arg_types, declarations
 
 
 def kernel_to_glsl(name: str, func: tvm.tirx.PrimFunc, max_push_constant_bytes: int = DEFAULT_PUSH_CONSTANT_BYTES) -> Kernel:
     """The GLSL compute shader of one device kernel, or a one-line UserError naming what it cannot print."""
     printer = _Printer(max_push_constant_bytes)
     try:
-        arg_types, declarations, use_ubo = printer.arguments(func)
+        arg_types, declarations = printer.arguments(func)
         printer.stmt(func.body)
     except _Unsupported as exc:
         raise UserError(f"Vulkan code generator: kernel {name} uses {exc}, which has no GLSL form here") from None
+    except _TooManyScalars as exc:
+        raise UserError(f"Vulkan code generator: kernel {name} takes {exc}") from None
     size = printer.workgroup
     layout = (f"layout(local_size_x = {size.get('x', 1)}, local_size_y = {size.get('y', 1)}, "
               f"local_size_z = {size.get('z', 1)}) in;")
     source = "\n".join([HEADER, layout, *declarations, *printer.globals, *printer.helpers.values(),
                         "void main() {", *printer.lines, "}", ""])
     tags = [str(t) for t in func.attrs.get("tirx.kernel_launch_params", [])]
-    return Kernel(name, source, arg_types, tags, use_ubo)
+    return Kernel(name, source, arg_types, tags)
