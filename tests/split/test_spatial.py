@@ -4,6 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tvm_memplan.split.search import pareto, search, search_phased
 from tvm_memplan.split.simulate import Branch, Chain, Program, SplitChoice, Step, peak, split_program
 from tvm_memplan.split.spatial import RowOp, RowWindow, tile_rows
 
@@ -66,3 +67,17 @@ def test_spatial_split_lowers_the_peak_to_tiles_and_the_last_tensor():
     # y (120 bytes), alive from the first tile's copy on, are the peak
     assert split.sizes["a#a#1"] == 4 * 100 and split.sizes["d#a#1"] == 2 * 100
     assert peak(split).bytes == 4 * 100 + 2 * 100 + 120
+
+
+def test_phased_search_goes_below_the_channel_plan_and_keeps_both_fronts():
+    """Channel chains first, then every chain from the plan they gave: never above the channel
+    plan, and the front holds the points of both phases."""
+    program, spatial = _stem()
+    channel = Chain((Branch("a", ("d",), 8, 8),), None, (), "y", 1200)
+    cost = {2: 0.01, 3: 0.01, 4: 0.02, 8: 0.04, 16: 0.08}
+    plain = search(program, [channel], 1.0, lambda c, n: cost[n], budget=0.2)
+    phased = search_phased(program, [channel, spatial], 1.0, lambda c, n: cost[n], budget=0.2)
+    assert phased.best.peak_bytes <= plain.best.peak_bytes
+    assert phased.best.latency_ms <= 1.2 + 1e-9
+    assert phased.original.peak_bytes == peak(program).bytes and phased.original in phased.front
+    assert {p.peak_bytes for p in pareto(plain.front + phased.front)} == {p.peak_bytes for p in phased.front}

@@ -13,7 +13,7 @@ import tvm
 from ..errors import UserError
 from ..frontend import LoadedModel, to_relax
 from ..relax.split import describe_tensors, find_chains, normalize, program_of, split_chains
-from ..split.search import SearchResult, search
+from ..split.search import SearchResult, search_phased
 from ..split.simulate import Chain, SplitChoice, peak, split_program
 from .chain_latency import DEFAULT_CACHE, ChainLatency
 from .measure import Device
@@ -69,7 +69,7 @@ def search_split(
     measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule)
     before = measurer.time_ms(mod, "model")
     program = program_of(mod)
-    result = search(program, chains, before, measurer, budget, seconds, memory_limit)
+    result = search_phased(program, chains, before, measurer, budget, seconds, memory_limit)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
         raise UserError(

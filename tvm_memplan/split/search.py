@@ -58,14 +58,16 @@ def search(
     budget: float = 0.05,
     seconds: float = 60.0,
     memory_limit: int | None = None,
+    start_from: tuple[SplitChoice, ...] = (),
 ) -> SearchResult:
-    """Greedy descent on the simulated peak; ``chain_delta_ms(chain, parts)`` is the measured
-    latency change of splitting ``chain`` into ``parts`` (cached by the caller)."""
+    """Greedy descent on the simulated peak from the plan ``start_from`` (none: unsplit);
+    ``chain_delta_ms(chain, parts)`` is the measured latency change of splitting ``chain`` into
+    ``parts`` (cached by the caller)."""
     if budget < 0:
         raise ValueError("latency budget must not be negative")
     start = time.monotonic()
     allowed = base_latency_ms * (1 + budget)
-    state: dict[Chain, int] = {}
+    state: dict[Chain, int] = {c.chain: c.parts for c in start_from}
     deltas: dict[tuple[Chain, int], float] = {}
     evaluated = measured = 0
 
@@ -82,9 +84,9 @@ def search(
     def latency_of(s: dict[Chain, int]) -> float:
         return base_latency_ms + sum(delta(c, p) for c, p in s.items())
 
-    current = peak(program)
-    original = Point((), current.bytes, base_latency_ms)
-    points = [original]
+    original = Point((), peak(program).bytes, base_latency_ms)
+    current = peak(split_program(program, list(start_from)))
+    points = [original] + ([Point(tuple(start_from), current.bytes, latency_of(state))] if start_from else [])
     stopped = "no split lowers the peak within the budget"
     while True:
         if memory_limit is not None and current.bytes <= memory_limit:
@@ -137,3 +139,35 @@ def search(
         final = min(fitting, key=lambda p: p.latency_ms) if fitting else final
     return SearchResult(final, original, front, evaluated, measured, time.monotonic() - start, stopped,
                         peak(split_program(program, list(final.choices))))
+
+
+def search_phased(
+    program: Program,
+    chains: list[Chain],
+    base_latency_ms: float,
+    chain_delta_ms: Callable[[Chain, int], float],
+    budget: float = 0.05,
+    seconds: float = 60.0,
+    memory_limit: int | None = None,
+) -> SearchResult:
+    """:func:`search` over the channel and row chains first, then over every chain from the plan
+    it kept. Spatial chains reach across blocks, so a greedy search that takes one first can be
+    left where no other move lowers the peak, above what channel tiles reach alone (MobileNetV2-1.0's
+    simulated floor: 3.47x greedy over all chains, 4.90x over channel chains); from the channel
+    plan, spatial chains only go lower."""
+    plain = [c for c in chains if not c.spatial]
+    if not plain or len(plain) == len(chains):
+        return search(program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit)
+    started = time.monotonic()
+    first = search(program, plain, base_latency_ms, chain_delta_ms, budget, seconds / 2, memory_limit)
+    left = max(seconds - (time.monotonic() - started), 0.0)
+    second = search(program, chains, base_latency_ms, chain_delta_ms, budget, left, memory_limit,
+                    start_from=first.best.choices)
+    front = pareto(first.front + second.front)
+    best = second.best
+    if memory_limit is not None:
+        fitting = [p for p in front if p.peak_bytes <= memory_limit]
+        best = min(fitting, key=lambda p: p.latency_ms) if fitting else best
+    return SearchResult(best, first.original, front, first.evaluated + second.evaluated,
+                        first.measured + second.measured, time.monotonic() - started, second.stopped,
+                        peak(split_program(program, list(best.choices))))
