@@ -94,3 +94,32 @@ def test_latencies_measured_through_rpc(mcu, farm, tmp_path):
     assert outcome.result.best.peak_bytes <= 30 * 1024
     keys = [line for line in (tmp_path / "latency.jsonl").read_text().splitlines()]
     assert keys and all(f"rpc:local@{farm.tracker}" in k for k in keys)
+
+
+def test_confirmation_falls_back_to_the_channel_plan(monkeypatch):
+    """When the front's points all miss the budget as a whole model (spatial tiles timed alone can
+    look cheaper than they are in the model), the channel phase's plan is tried before unsplit."""
+    from tvm_memplan.deploy import split as split_module
+    from tvm_memplan.split.search import Point, SearchResult
+    from tvm_memplan.split.simulate import Branch, Chain
+
+    def chain(name):
+        return Chain((Branch(name, (), 8, 8),), None, (), None, 100)
+
+    original = Point((), 1000, 1.0)
+    spatial = [Point((SplitChoice(chain(f"s{i}"), 2),), 100 * (i + 1), 1.01) for i in range(4)]
+    channel = Point((SplitChoice(chain("c"), 2),), 600, 1.02)
+    result = SearchResult(spatial[0], original, [spatial[0], spatial[1], spatial[2], spatial[3], original], 1, 1, 0.1,
+                          "done", fallback=channel)
+
+    class Timer:
+        tried = []
+
+        def compare(self, before, after):
+            self.tried.append(after)
+            return [1.0], [1.02 if after == "c" else 1.2]
+
+    monkeypatch.setattr(split_module, "split_chains", lambda mod, choices: choices[0].chain.head)
+    before, after, kept = split_module._confirm("model", result, Timer(), budget=0.05)
+    assert Timer.tried == ["s0", "s1", "s2", "c"]
+    assert kept.best is channel and "channel chains' plan" in kept.stopped and after == [1.02]

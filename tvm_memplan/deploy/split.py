@@ -86,16 +86,21 @@ def _confirm(mod: tvm.IRModule, result: SearchResult, measurer: ChainLatency, bu
              attempts: int = 3) -> tuple[list[float], list[float], SearchResult]:
     """Time the whole model with and without the kept split, side by side. The search's latency
     is a sum of chains timed alone; when the model as a whole misses the budget, fall back along
-    the Pareto front to the next smaller saving."""
-    candidates = [result.best] + [p for p in result.front if p.choices and p.peak_bytes > result.best.peak_bytes]
+    the Pareto front to the next smaller saving, then to the channel phase's plan."""
+    candidates = ([result.best] + [p for p in result.front if p.choices and p.peak_bytes > result.best.peak_bytes])[:attempts]
+    if result.fallback is not None and result.fallback.choices and result.fallback not in candidates:
+        candidates.append(result.fallback)
     before: list[float] = []
     after: list[float] = []
-    for point in candidates[:attempts]:
+    for point in candidates:
         if not point.choices:
             break
         before, after = measurer.compare(mod, split_chains(mod, list(point.choices)))
         if budget is None or np.median(after) <= np.median(before) * (1 + budget):
-            if point is not result.best:
+            if point is result.fallback and point is not result.best:
+                result = replace(result, best=point, stopped=f"{result.stopped}; the whole model missed the budget "
+                                 "with the points of the front tried, kept the channel chains' plan")
+            elif point is not result.best:
                 result = replace(result, best=point, stopped=f"{result.stopped}; the whole model missed the budget "
                                  "with the smaller plans, kept the next point of the front")
             return before, after, result

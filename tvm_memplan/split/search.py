@@ -40,6 +40,9 @@ class SearchResult:
     """Why the search ended."""
     bottleneck: Peak = field(default=None)  # type: ignore[assignment]
     """The peak of the kept plan: what limits it now."""
+    fallback: Point | None = None
+    """A plan to confirm when the front's points miss the budget as a whole model: the channel
+    phase's (:func:`search_phased`), which the spatial phase's points may dominate by estimate."""
 
 
 def pareto(points: list[Point]) -> list[Point]:
@@ -170,4 +173,4 @@ def search_phased(
         best = min(fitting, key=lambda p: p.latency_ms) if fitting else best
     return SearchResult(best, first.original, front, first.evaluated + second.evaluated,
                         first.measured + second.measured, time.monotonic() - started, second.stopped,
-                        peak(split_program(program, list(best.choices))))
+                        peak(split_program(program, list(best.choices))), first.best)
