@@ -81,3 +81,18 @@ def test_phased_search_goes_below_the_channel_plan_and_keeps_both_fronts():
     assert phased.best.latency_ms <= 1.2 + 1e-9
     assert phased.original.peak_bytes == peak(program).bytes and phased.original in phased.front
     assert {p.peak_bytes for p in pareto(plain.front + phased.front)} == {p.peak_bytes for p in phased.front}
+
+
+def test_phased_search_under_a_memory_limit_keeps_the_fastest_fitting_plan():
+    """Under a limit the channel phase may already fit; spatial plans that fit still compete on
+    latency (the second phase starts unsplit)."""
+    program, spatial = _stem()
+    channel = Chain((Branch("a", ("d",), 8, 8),), None, (), "y", 1200)
+    cost = {2: 0.3, 4: 0.4, 8: 0.5}  # channel tiles dear; row tiles (below) cheap
+    limit = peak(split_program(program, [SplitChoice(channel, 2)])).bytes
+    assert min(peak(split_program(program, [SplitChoice(spatial, n)])).bytes for n in (2, 4)) <= limit
+    plain = search(program, [channel], 1.0, lambda c, n: cost[n], memory_limit=limit)
+    phased = search_phased(program, [channel, spatial], 1.0, lambda c, n: cost[n] if c is channel else 0.01,
+                           memory_limit=limit)
+    assert plain.best.peak_bytes <= limit and phased.best.peak_bytes <= limit
+    assert phased.best.latency_ms < plain.best.latency_ms

@@ -157,15 +157,18 @@ def search_phased(
     it kept. Spatial chains reach across blocks, so a greedy search that takes one first can be
     left where no other move lowers the peak, above what channel tiles reach alone (MobileNetV2-1.0's
     simulated floor: 3.47x greedy over all chains, 4.90x over channel chains); from the channel
-    plan, spatial chains only go lower."""
+    plan, spatial chains only go lower. Under a memory limit both phases start unsplit and the
+    fastest plan that fits on either front is kept."""
     plain = [c for c in chains if not c.spatial]
     if not plain or len(plain) == len(chains):
         return search(program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit)
     started = time.monotonic()
     first = search(program, plain, base_latency_ms, chain_delta_ms, budget, seconds / 2, memory_limit)
     left = max(seconds - (time.monotonic() - started), 0.0)
-    second = search(program, chains, base_latency_ms, chain_delta_ms, budget, left, memory_limit,
-                    start_from=first.best.choices)
+    # under a memory limit the channel plan may already fit: the second phase then starts unsplit,
+    # so that spatial plans that fit compete on latency with it
+    start_from = () if memory_limit is not None else first.best.choices
+    second = search(program, chains, base_latency_ms, chain_delta_ms, budget, left, memory_limit, start_from=start_from)
     front = pareto(first.front + second.front)
     best = second.best
     if memory_limit is not None:
