@@ -1,5 +1,7 @@
 """Row tiles with halos (no TVM): the rows each tile computes reproduce the whole operator."""
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,3 +98,13 @@ def test_phased_search_under_a_memory_limit_keeps_the_fastest_fitting_plan():
                            memory_limit=limit)
     assert plain.best.peak_bytes <= limit and phased.best.peak_bytes <= limit
     assert phased.best.latency_ms < plain.best.latency_ms
+
+
+def test_chain_kinds_name_the_axis_and_the_tail():
+    """``plan --json`` reports each split sub-graph's kind from :attr:`Chain.kind`."""
+    _, spatial = _stem()
+    channel = Chain((Branch("a", ("d",), 8, 8),), None, (), "y", 1200)
+    regions = Chain((Branch("a", ("d",), 8, 8),), None, (), None, 600)
+    rows = Chain((Branch("a", ("d",), 6, 6),), None, (), None, 600, rows=True)
+    assert [c.kind for c in (spatial, channel, regions, rows)] == ["spatial", "temporal", "concat", "rows"]
+    assert spatial.name == "a..y (rows)" and replace(spatial, gathered=True).name == "a..y (rows, gathered)"
