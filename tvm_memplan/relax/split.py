@@ -598,11 +598,15 @@ def _slice_operand(arg: relax.Expr, lo: int, hi: int, channels: int, bb: relax.B
     return bb.emit(relax.op.strided_slice(arg, axes=[CHANNEL], begin=[lo], end=[hi]))
 
 
-def _conv(value: relax.Call, data: relax.Expr, weight: np.ndarray, groups: int) -> relax.Expr:
+def _conv(value: relax.Call, data: relax.Expr, weight: np.ndarray | relax.Expr, groups: int,
+          padding: list[int] | None = None) -> relax.Expr:
+    """The convolution ``value`` with another input, weights (a tile's slice, or the original
+    constant shared by every tile), groups and padding (a row tile's)."""
     a = value.attrs
+    kernel = weight if isinstance(weight, relax.Expr) else relax.const(np.ascontiguousarray(weight), str(value.args[1].ty.dtype))
     return relax.op.nn.conv2d(
-        data, relax.const(np.ascontiguousarray(weight), str(value.args[1].ty.dtype)),
-        strides=[int(x) for x in a.strides], padding=[int(x) for x in a.padding],
+        data, kernel, strides=[int(x) for x in a.strides],
+        padding=padding if padding is not None else [int(x) for x in a.padding],
         dilation=[int(x) for x in a.dilation], groups=groups, data_layout=str(a.data_layout),
         kernel_layout=str(a.kernel_layout), out_layout=str(a.out_layout),
         out_dtype=str(value.ty.dtype),
@@ -763,15 +767,16 @@ class _SplitRewriter(PyExprMutator):
             for op in ops:
                 value, rows = self.table[op.name].value, need[op.name]
                 if op.window is None:
-                    new = relax.Call(value.op, [self._rows_of(a, rows, tiles) for a in value.args], value.attrs, value.ty_args)
+                    args = [self._rows_of(a, rows, tiles) for a in value.args]
+                    tile = bb.emit(relax.Call(value.op, args, value.attrs, value.ty_args))
                 else:
                     in_rows, top, bottom = op.window.input_rows(rows)
                     data = value.args[0]
-                    if op.outside and in_rows != (0, op.window.rows_in):
-                        tiles[op.name] = (_emit_windowed_rows(bb, value, self.visit_expr(data), in_rows, top, bottom), rows)
-                        continue
-                    new = _windowed(value, self._rows_of(data, in_rows, tiles), top, bottom)
-                tiles[op.name] = (bb.emit(new), rows)
+                    if op.outside and in_rows != (0, op.window.rows_in):  # rows of an outside tensor, in place
+                        tile = _emit_windowed_rows(bb, value, self.visit_expr(data), in_rows, top, bottom)
+                    else:
+                        tile = bb.emit(_windowed(value, self._rows_of(data, in_rows, tiles), top, bottom))
+                tiles[op.name] = (tile, rows)
             if choice.chain.gathered:
                 pieces.append(tiles[ops[-1].name][0])
             else:
@@ -840,11 +845,7 @@ def _windowed(value: relax.Call, data: relax.Expr, top: int, bottom: int) -> rel
     ``bottom`` rows of padding."""
     a, padding = value.attrs, _window_padding(value, top, bottom)
     if _op_name(value) == _CONV:
-        return relax.op.nn.conv2d(
-            data, value.args[1], strides=[int(x) for x in a.strides], padding=padding,
-            dilation=[int(x) for x in a.dilation], groups=int(a.groups), data_layout=str(a.data_layout),
-            kernel_layout=str(a.kernel_layout), out_layout=str(a.out_layout), out_dtype=str(value.ty.dtype),
-        )
+        return _conv(value, data, value.args[1], int(a.groups), padding)
     pool = relax.op.nn.max_pool2d if _op_name(value) == "relax.nn.max_pool2d" else relax.op.nn.avg_pool2d
     return pool(data, pool_size=[int(x) for x in a.pool_size], strides=[int(x) for x in a.strides],
                 padding=padding, dilation=[int(x) for x in a.dilation], ceil_mode=False,
@@ -873,38 +874,30 @@ def _emit_windowed_rows(bb: relax.BlockBuilder, value: relax.Call, data: relax.E
     return bb.emit_te(compute, data, *weights, primfunc_name_hint=f"{_op_name(value).split('.')[-1]}_rows")
 
 
-def _row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str, into: bool) -> tvm.tirx.PrimFunc:
+def _row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str) -> tvm.tirx.PrimFunc:
     """A kernel copying a ``rows``-row tile into rows ``[offset, offset + rows)`` of a tensor of
-    ``shape``: of a new tensor (the first tile), or ``into`` the tensor in place (the others).
+    ``shape``: called out of place for the first tile (a new tensor), in place for the others.
     Opaque to fusion: FuseTIR cannot fuse an in-place call with the tile's producer."""
     _, channels, _, columns = shape
 
     @T.prim_func(private=True, s_tir=True)
-    def write_first(tile: T.Buffer((1, channels, rows, columns), dtype), full: T.Buffer(shape, dtype)):
+    def write_rows(tile: T.Buffer((1, channels, rows, columns), dtype), full: T.Buffer(shape, dtype)):
         for c, h, w in T.grid(channels, rows, columns):
             with T.sblock("write"):
                 vc, vh, vw = T.axis.remap("SSS", [c, h, w])
                 full[0, vc, vh + offset, vw] = tile[0, vc, vh, vw]
 
-    @T.prim_func(private=True, s_tir=True)
-    def write_into(full: T.Buffer(shape, dtype), tile: T.Buffer((1, channels, rows, columns), dtype)):
-        for c, h, w in T.grid(channels, rows, columns):
-            with T.sblock("write"):
-                vc, vh, vw = T.axis.remap("SSS", [c, h, w])
-                full[0, vc, vh + offset, vw] = tile[0, vc, vh, vw]
-
-    return (write_into if into else write_first).with_attr("op_pattern", 8).with_attr("tirx.noalias", True)
+    return write_rows.with_attr("op_pattern", 8).with_attr("tirx.noalias", True)
 
 
 def _write_rows(bb: relax.BlockBuilder, tile: relax.Expr, full: relax.Expr | None, offset: int,
                 ty: relax.TensorType) -> relax.Expr:
     """``tile`` copied into its rows of the chain's last tensor (``full``: the tensor so far)."""
     shape, dtype = tuple(static_shape(ty)), str(ty.dtype)
-    rows = _nchw(tile)[ROWS]
-    gvar = bb.add_func(_row_writer(shape, rows, offset, dtype, full is not None), "write_rows")
+    gvar = bb.add_func(_row_writer(shape, _nchw(tile)[ROWS], offset, dtype), "write_rows")
     if full is None:
         return bb.emit(relax.call_tir(gvar, [tile], out_ty=ty))
-    return bb.emit(relax.call_tir_inplace(gvar, [full, tile], [0], ty))
+    return bb.emit(relax.call_tir_inplace(gvar, [tile, full], [1], ty))
 
 
 def describe_tensors(mod: tvm.IRModule, names: list[str]) -> list[str]:

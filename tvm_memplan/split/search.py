@@ -53,6 +53,13 @@ def pareto(points: list[Point]) -> list[Point]:
     return front
 
 
+def _fastest_fitting(front: list[Point], memory_limit: int | None, otherwise: Point) -> Point:
+    """Under a memory limit, the fastest point of the front that fits (``otherwise`` when none does
+    or there is no limit)."""
+    fitting = [p for p in front if memory_limit is not None and p.peak_bytes <= memory_limit]
+    return min(fitting, key=lambda p: p.latency_ms) if fitting else otherwise
+
+
 def search(
     program: Program,
     chains: list[Chain],
@@ -136,10 +143,7 @@ def search(
         if not accepted:
             break
     front = pareto(points)
-    final = Point(choices_of(state), current.bytes, latency_of(state))
-    if memory_limit is not None:
-        fitting = [p for p in front if p.peak_bytes <= memory_limit]
-        final = min(fitting, key=lambda p: p.latency_ms) if fitting else final
+    final = _fastest_fitting(front, memory_limit, Point(choices_of(state), current.bytes, latency_of(state)))
     return SearchResult(final, original, front, evaluated, measured, time.monotonic() - start, stopped,
                         peak(split_program(program, list(final.choices))))
 
@@ -170,10 +174,7 @@ def search_phased(
     start_from = () if memory_limit is not None else first.best.choices
     second = search(program, chains, base_latency_ms, chain_delta_ms, budget, left, memory_limit, start_from=start_from)
     front = pareto(first.front + second.front)
-    best = second.best
-    if memory_limit is not None:
-        fitting = [p for p in front if p.peak_bytes <= memory_limit]
-        best = min(fitting, key=lambda p: p.latency_ms) if fitting else best
+    best = _fastest_fitting(front, memory_limit, second.best)
     return SearchResult(best, first.original, front, first.evaluated + second.evaluated,
                         first.measured + second.measured, time.monotonic() - started, second.stopped,
                         peak(split_program(program, list(best.choices))), first.best)
