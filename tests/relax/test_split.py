@@ -160,6 +160,35 @@ def test_transformer_feed_forward_splits_into_row_tiles():
     assert after < before
 
 
+def test_attention_splits_along_the_query_rows():
+    """From a query projection the row chain spans the attention (scores against whole keys,
+    softmax, context against whole values, the heads' transposes and reshapes) and the block
+    after it; its tiles run once the keys and values exist, and compute the same."""
+    model = load_model("zoo:bert_tiny?resolution=32")
+    mod = normalize(to_relax(model))
+    table = {b.var.name: b for block in mod["main"].body.blocks for b in block.bindings}
+    attention = [c for c in find_chains(mod) if c.rows and c.anchor is not None]
+    assert len(attention) == 2  # one per encoder layer
+    for chain in attention:
+        ops = [table[n].value.op.name for n in chain.bindings]
+        assert {"relax.nn.softmax", "relax.permute_dims", "relax.reshape", "relax.nn.layer_norm"} <= set(ops)
+        assert ops.count("relax.matmul") >= 5  # query, scores, context, output, feed-forward
+        names = list(table)
+        assert names.index(chain.anchor) > names.index(chain.head)
+    # alone (as the measurer times it) the keys and values are parameters: the tiles run at the head
+    alone = chain_module(mod, attention[0])
+    tvm.compile(split_chains(alone, [SplitChoice(attention[0], 2)]), TARGET)
+    chosen = [SplitChoice(c, 4) for c in attention]
+    split = split_chains(mod, chosen)
+    ids = np.random.default_rng(0).integers(0, 30000, (1, 32)).astype("int64")
+    np.testing.assert_allclose(_run(split, ids), _run(mod, ids), rtol=1e-5, atol=1e-5)
+    program = program_of(mod)
+    assert peak(split_program(program, chosen)).bytes < peak(program).bytes
+    before = plan_model(model, "llvm").total("arena_bytes")
+    after = plan_model(model, "llvm", prepare=lambda m: split_chains(normalize(m), chosen)).total("arena_bytes")
+    assert after < before
+
+
 def _exported_block(path) -> str:
     """An inverted-residual block as exporters write it when they fold nothing: BatchNormalization
     after each convolution, Clip with bounds from Constant nodes."""

@@ -44,3 +44,33 @@ def test_branches_joined_by_a_concat_never_materialize_it():
     # branch b's share of c is 3/4, a quarter of it per tile: 300; its share of p per tile: 75
     assert split.sizes["c#b#0"] == 300 and split.sizes["p#b#0"] == 75
     assert peak(split).bytes == 100 + 300 + 75 + 100
+
+
+def test_an_anchored_chain_runs_after_its_anchor():
+    """Attention: the query projection q heads a row chain whose scores read the keys k, computed
+    after q; the tiles run once k exists (the chain's anchor), q never exists whole."""
+    sizes = {"x": 100, "q": 100, "k": 100, "s": 400, "o": 100}
+    steps = [Step("x", "x", ()), Step("q", "q", ("x",)), Step("k", "k", ("x",)), Step("s", "s", ("q", "k")),
+             Step("o", "o", ("s", "x")), Step("out", "out", ("o",))]
+    program = Program(steps, sizes)
+    chain = Chain((Branch("q", ("s", "o"), 4, 4),), None, (), None, 500, rows=True, anchor="k")
+    split = split_program(program, [SplitChoice(chain, 4)])
+    names = [s.name for s in split.steps]
+    assert names[:3] == ["x", "k", "q#q#0"] and names[-1] == "out"
+    assert "q" not in split.sizes and "s" not in split.sizes
+    # x, k and the output whole, one tile of q and s at a time
+    assert peak(split).bytes == 100 + 100 + 100 + 25 + 100
+    assert peak(program).bytes == 100 + 100 + 100 + 400  # x, q, k, s
+
+
+def test_an_anchor_inside_another_chain_places_the_tiles_after_that_chain():
+    sizes = {"x": 100, "q": 100, "k": 200, "kt": 100, "s": 400, "o": 100}
+    steps = [Step("x", "x", ()), Step("q", "q", ("x",)), Step("k", "k", ("x",)), Step("kt", "kt", ("k",)),
+             Step("s", "s", ("q", "kt")), Step("o", "o", ("s", "x")), Step("out", "out", ("o",))]
+    program = Program(steps, sizes)
+    keys = Chain((Branch("k", ("kt",), 4, 4),), None, (), None, 200, rows=True)
+    queries = Chain((Branch("q", ("s", "o"), 4, 4),), None, (), None, 500, rows=True, anchor="kt")
+    split = split_program(program, [SplitChoice(queries, 2), SplitChoice(keys, 2)])
+    names = [s.name for s in split.steps]
+    assert names.index("q#q#0") > max(i for i, n in enumerate(names) if n.startswith("kt#k#"))
+    assert all(n not in names for n in ("q", "k", "kt", "s", "o"))

@@ -168,7 +168,8 @@ def _inference_batch_norm(value: relax.Expr | None) -> relax.Expr | None:
 
 def axis_graph(mod: tvm.IRModule) -> tuple[AxisConnectionGraph, object]:
     """The axis connection graph of a normalized module, from its legalized TIR."""
-    graph = graph_model(relax.transform.LegalizeOps()(mod))
+    # reshapes stay views (as TVM later makes them), so their kept axes connect
+    graph = graph_model(relax.transform.LegalizeOps({"relax.reshape": lambda _bb, call: call})(mod))
     return build_acg(graph), graph
 
 
@@ -293,7 +294,7 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
         elif len(tensors) > 1:
             chains.append(Chain((branch,), None, (), None, sum(_nbytes(v) for v in tensors[:-1])))
     chains.extend(_concat_chains(bindings, branches, follow, reduces, component, defined_at))
-    chains.extend(_row_chains(bindings, uses, outputs, component))
+    chains.extend(_row_chains(bindings, uses, outputs, lambda var, axis: _component_id(acg, var, axis)))
     chains.extend(_spatial_chains(bindings, uses, outputs, lambda var: _component_id(acg, var, ROWS)))
     return chains
 
@@ -375,58 +376,110 @@ def _rows(var: relax.Expr) -> int | None:
     return shape[1] if shape is not None and len(shape) == 3 and shape[0] == 1 else None
 
 
-def _row_wise(value: relax.Expr, rows: int) -> bool:
-    """An operator whose output row r depends on row r of its row operands alone: elementwise
-    operators (other operands broadcast without a sequence axis), a matmul with constant weights,
-    a layer norm or softmax over the features."""
+def _row_axis(value: relax.Expr, out: relax.Var, axis_of: dict, rows: int) -> int | None:
+    """The sequence axis of ``out`` when ``value`` is row-wise in its operands from the chain
+    (``axis_of``: chain tensor -> its sequence axis), else None. Row-wise: output row r depends on
+    row r of the chain operands alone. Elementwise operators (other operands broadcast along the
+    rows or sliced with them), a matmul whose left operand has the rows as its second-to-last axis
+    and whose right one comes from outside (constant weights; an attention's keys or values,
+    computed whole), a layer norm or softmax over other axes, and the views between attention
+    heads and tokens: a reshape that keeps every axis up to the rows, a transpose (the rows move)."""
     op = _op_name(value)
+    shape = static_shape(out.ty)
+    chained = [a for a in getattr(value, "args", []) if isinstance(a, relax.Var) and a in axis_of]
+    if shape is None or not chained or op is None:
+        return None
+    data = value.args[0]
     if op == "relax.matmul":
-        return _const(value.args[1]) is not None and len(static_shape(value.args[1].ty) or ()) == 2
-    if op in ("relax.nn.layer_norm", "relax.nn.rms_norm"):
-        return [int(a) % 3 for a in value.attrs.axes] == [2]
-    if op == "relax.nn.softmax":
-        return int(value.attrs.axis) % 3 == 2
-    return op in _ROW_OPS and all(_row_operand(a, rows) for a in value.args)
+        left, right = value.args
+        right_shape = static_shape(right.ty)
+        if (left not in axis_of or right in axis_of or right_shape is None or len(right_shape) < 2
+                or axis_of[left] != len(static_shape(left.ty)) - 2):
+            return None
+        axis = len(shape) - 2
+    elif data not in axis_of or chained != [data]:
+        if op not in _ROW_OPS:
+            return None
+        axis = axis_of[chained[0]]
+        if any(axis_of[a] != axis or static_shape(a.ty) != shape for a in chained):
+            return None
+        if not all(a in axis_of or _broadcast_or_rows(a, shape, axis, rows) for a in value.args):
+            return None
+    else:
+        axis = axis_of[data]
+        if op in ("relax.nn.layer_norm", "relax.nn.rms_norm"):
+            if any(int(a) % len(shape) == axis for a in value.attrs.axes):
+                return None
+        elif op == "relax.nn.softmax":
+            if int(value.attrs.axis) % len(shape) == axis:
+                return None
+        elif op == "relax.reshape":
+            if tuple(static_shape(data.ty)[:axis + 1]) != tuple(shape[:axis + 1]):
+                return None
+        elif op == "relax.permute_dims":
+            order = [int(a) for a in value.attrs.axes] if value.attrs.axes is not None else list(range(len(shape)))[::-1]
+            axis = order.index(axis)
+        elif op not in _ROW_OPS or static_shape(data.ty) != shape or not all(
+                _broadcast_or_rows(a, shape, axis, rows) for a in value.args[1:]):
+            return None
+    return axis if axis < len(shape) and shape[axis] == rows and shape[0] == 1 else None
 
 
-def _row_operand(arg: relax.Expr, rows: int) -> bool:
-    """A tensor with the chain's rows (sliced per tile) or broadcast along them (kept whole)."""
-    shape = static_shape(arg.ty)
-    if shape is None:
+def _broadcast_or_rows(arg: relax.Expr, shape: tuple[int, ...], axis: int, rows: int) -> bool:
+    """An operand from outside the chain that an elementwise operator broadcasts along the rows
+    (kept whole) or that has the rows (sliced per tile)."""
+    arg_shape = static_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
+    if arg_shape is None or len(arg_shape) > len(shape):
         return False
-    if len(shape) == 3:
-        return shape[0] == 1 and shape[1] in (1, rows)
-    return len(shape) < 2 or shape[0] == 1
+    at = axis - (len(shape) - len(arg_shape))
+    return at < 0 or arg_shape[at] in (1, rows)
+
+
+def _outside_row_axis(value: relax.Call, index: int, out_shape: tuple[int, ...], out_axis: int, rows: int) -> int | None:
+    """The axis along which a row tile slices operand ``index`` of a row-wise ``value`` from
+    outside the chain, or None when every tile reads it whole (weights, keys and values,
+    operands broadcast along the rows)."""
+    arg = value.args[index]
+    shape = static_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
+    if shape is None:
+        return None
+    if _op_name(value) == "relax.matmul":
+        return len(shape) - 2 if index == 0 else None
+    at = out_axis - (len(out_shape) - len(shape))
+    return at if at >= 0 and shape[at] == rows and rows > 1 else None
 
 
 def _row_chains(bindings: list, uses: dict, outputs: set, component) -> list[Chain]:
-    """Row chains of transformer blocks: from a matmul with constant weights (a feed-forward
-    block's first), every row-wise operator that reads the chain, up to the longest prefix whose
-    tensors reach the rest of the program through one tensor (the block's output, made tile by
-    tile into its rows). The chain's tensors must share the sequence axis's component of the
-    axis connection graph."""
+    """Row chains of transformer blocks: from a matmul with constant weights on ``(1, sequence,
+    features)`` (a projection), every row-wise operator (:func:`_row_axis`) that reads the chain,
+    up to the longest prefix whose tensors reach the rest of the program through one tensor (the
+    block's output, made tile by tile into its rows). From a query projection that spans the
+    attention: scores, softmax and context of a few query rows at a time against whole keys and
+    values; the tiles then run once those exist (the chain's anchor). The chain's tensors must
+    share one component of the axis connection graph along their sequence axes."""
     defined_at = {b.var: i for i, b in enumerate(bindings)}
     found = []
     for i, head in enumerate(bindings):
         rows = _rows(head.var)
-        if (rows is None or rows < 2 or _op_name(head.value) != "relax.matmul" or not _row_wise(head.value, rows)
-                or _rows(head.value.args[0]) != rows):
+        if (rows is None or rows < 2 or _op_name(head.value) != "relax.matmul" or _const(head.value.args[1]) is None
+                or len(static_shape(head.value.args[1].ty) or ()) != 2 or _rows(head.value.args[0]) != rows):
             continue
-        comp = component(head.var)
+        comp = component(head.var, 1)
         if comp is None:
             continue
         region, best = [head], None
-        inside = {i}
+        inside, axis_of = {i}, {head.var: 1}
         for j in range(i + 1, len(bindings)):
-            value = bindings[j].value
-            reads = list(relax.analysis.free_vars(value))
+            binding = bindings[j]
+            reads = list(relax.analysis.free_vars(binding.value))
             if not any(defined_at.get(v) in inside for v in reads):
                 continue
-            if (_rows(bindings[j].var) != rows or not _row_wise(value, rows) or component(bindings[j].var) != comp
-                    or any(defined_at.get(v, -1) not in inside and defined_at.get(v, -1) >= i for v in reads)):
+            axis = _row_axis(binding.value, binding.var, axis_of, rows)
+            if axis is None or component(binding.var, axis) != comp:
                 break
-            region.append(bindings[j])
+            region.append(binding)
             inside.add(j)
+            axis_of[binding.var] = axis
             escaping = [b.var for b in region
                         if b.var in outputs or any(k not in inside for k in uses.get(b.var, []))]
             if escaping == [region[-1].var]:
@@ -434,8 +487,12 @@ def _row_chains(bindings: list, uses: dict, outputs: set, component) -> list[Cha
         if best is None:
             continue
         names = tuple(b.var.name for b in best)
+        members = {b.var for b in best}
+        later = [defined_at[v] for b in best for v in relax.analysis.free_vars(b.value)
+                 if v not in members and defined_at.get(v, -1) > i]
+        anchor = bindings[max(later)].var.name if later else None
         tiles = sum(_nbytes(b.var) for b in best[:-1])
-        found.append(Chain((Branch(names[0], names[1:], rows, rows),), None, (), None, tiles, rows=True))
+        found.append(Chain((Branch(names[0], names[1:], rows, rows),), None, (), None, tiles, rows=True, anchor=anchor))
     return found
 
 
@@ -598,6 +655,16 @@ def _slice_operand(arg: relax.Expr, lo: int, hi: int, channels: int, bb: relax.B
     return bb.emit(relax.op.strided_slice(arg, axes=[CHANNEL], begin=[lo], end=[hi]))
 
 
+def _slice_rows(arg: relax.Expr, axis: int, lo: int, hi: int, bb: relax.BlockBuilder) -> relax.Expr:
+    """Rows ``[lo, hi)`` along ``axis`` of an operand: a constant sliced here, a tensor by ``strided_slice``."""
+    data = _const(arg)
+    if data is not None:
+        index = [slice(None)] * data.ndim
+        index[axis] = slice(lo, hi)
+        return relax.const(np.ascontiguousarray(data[tuple(index)]), str(arg.ty.dtype))
+    return bb.emit(relax.op.strided_slice(arg, axes=[axis], begin=[lo], end=[hi]))
+
+
 def _conv(value: relax.Call, data: relax.Expr, weight: np.ndarray | relax.Expr, groups: int,
           padding: list[int] | None = None) -> relax.Expr:
     """The convolution ``value`` with another input, weights (a tile's slice, or the original
@@ -649,6 +716,9 @@ class _SplitRewriter(PyExprMutator):
         self.running: dict[Chain, relax.Expr | None] = {}
         self.pieces: dict[Chain, dict[int, relax.Expr]] = {}
         self.left = {c.chain: len(c.chain.branches) for c in choices}
+        # a chain module (the chain alone) has its anchor as a parameter: tiles run at the head
+        self.anchored = {c.chain.anchor: c for c in choices if c.chain.anchor in self.table}
+        self.deferred = {c.chain for c in self.anchored.values()}
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         name = binding.var.name
@@ -657,8 +727,17 @@ class _SplitRewriter(PyExprMutator):
         entry = self.branch_at.get(name)
         if entry is None:
             super().visit_var_binding_(binding)
+            done = [name]
+        elif entry[0].chain in self.deferred:
             return
-        self._emit_branch(*entry)
+        else:
+            self._emit_branch(*entry)
+            done = list(entry[0].chain.bindings) if not self.left[entry[0].chain] else []
+        while done:  # chains anchored after what has just been bound (an anchor may be in a chain)
+            choice = self.anchored.pop(done.pop(), None)
+            if choice is not None:
+                self._emit_branch(choice, 0)
+                done.extend(choice.chain.bindings)
 
     def _emit_tile_ops(self, links: list, current: relax.Expr, previous: relax.Var, parts: int, t: int,
                        units: int) -> relax.Expr:
@@ -683,30 +762,50 @@ class _SplitRewriter(PyExprMutator):
         return current
 
     def _emit_rows(self, choice: SplitChoice) -> None:
-        """A row chain, tile by tile: every operator on its rows (operands with the sequence axis
-        sliced, broadcast ones whole), the tiles of the last tensor concatenated along the rows
-        (written into place by concat elimination: batch 1 makes each tile contiguous)."""
+        """A row chain, tile by tile: every operator on its rows (operands from outside sliced
+        along their sequence axis, or whole: weights, keys and values, broadcast operands), the
+        tiles of the last tensor concatenated along its rows (written into place by concat
+        elimination when the rows are its outermost non-unit axis)."""
         bb, (branch,) = self.builder_, choice.chain.branches
         links = [self.table[n] for n in (branch.head, *branch.mids)]
+        rows = branch.units
+        axis_of: dict[relax.Var, int] = {links[0].var: 1}
+        for link in links[1:]:
+            axis_of[link.var] = _row_axis(link.value, link.var, axis_of, rows)
         pieces = []
-        for lo, hi in _tile_ranges(choice.parts, branch.units, branch.units):
+        for lo, hi in _tile_ranges(choice.parts, rows, rows):
             tile: dict[relax.Expr, relax.Expr] = {}
+            sliced: dict[tuple[relax.Expr, int], relax.Expr] = {}  # outside operands, once per tile and axis
             for link in links:
-                for a in link.value.args:  # outside operands sliced once per tile
-                    if a not in tile:
-                        tile[a] = _slice_operand(self.visit_expr(a), lo, hi, branch.units, bb)
-                args = [tile[a] for a in link.value.args]
-                tile[link.var] = bb.emit(relax.Call(link.value.op, args, link.value.attrs, link.value.ty_args))
+                value, out_shape, out_axis = link.value, static_shape(link.var.ty), axis_of[link.var]
+                args = []
+                for index, arg in enumerate(value.args):
+                    if arg in tile:
+                        args.append(tile[arg])
+                        continue
+                    axis = _outside_row_axis(value, index, out_shape, out_axis, rows)
+                    if axis is None:
+                        args.append(self.visit_expr(arg))
+                        continue
+                    if (arg, axis) not in sliced:
+                        sliced[(arg, axis)] = _slice_rows(self.visit_expr(arg), axis, lo, hi, bb)
+                    args.append(sliced[(arg, axis)])
+                if _op_name(value) == "relax.reshape":
+                    shape = list(out_shape)
+                    shape[out_axis] = hi - lo
+                    call = relax.op.reshape(args[0], shape)
+                else:
+                    call = relax.Call(value.op, args, value.attrs, value.ty_args)
+                tile[link.var] = bb.emit(call)
             pieces.append(tile[links[-1].var])
-        bb.emit_normalized(relax.VarBinding(links[-1].var, bb.normalize(relax.op.concat(pieces, axis=1))))
+        last = links[-1].var
+        bb.emit_normalized(relax.VarBinding(last, bb.normalize(relax.op.concat(pieces, axis=axis_of[last]))))
 
     def _emit_branch(self, choice: SplitChoice, index: int) -> None:
         bb, chain, table = self.builder_, choice.chain, self.table
-        if chain.rows:
-            self._emit_rows(choice)
-            return
-        if chain.spatial:
-            self._emit_spatial(choice)
+        if chain.rows or chain.spatial:
+            self._emit_rows(choice) if chain.rows else self._emit_spatial(choice)
+            self.left[chain] -= 1
             return
         branch = chain.branches[index]
         tail = table[chain.tail] if chain.tail else None

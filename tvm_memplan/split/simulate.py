@@ -59,6 +59,10 @@ class Chain:
     """A spatial chain whose last tiles are kept and concatenated once at the end: one kernel in
     place of a copy per tile, for the last tensor's size again at the end (offered where strides
     made that tensor small)."""
+    anchor: str | None = None
+    """The binding after which the tiles run, when an operand from outside the chain is computed
+    after its head (an attention's keys and values, after its query projection); None: where the
+    head ran."""
 
     @property
     def head(self) -> str:
@@ -175,23 +179,41 @@ def _tile_fraction(parts: int, units: int, t: int) -> float:
 
 def split_program(program: Program, choices: list[SplitChoice]) -> Program:
     """The program with every chosen chain run tile by tile: each branch's tiles where its head
-    ran (as the rewriter emits them), the chain's other bindings gone."""
+    ran, or a chain with an anchor right after the anchor (as the rewriter emits them), the
+    chains' other bindings gone."""
     position = {step.name: i for i, step in enumerate(program.steps)}
     at: dict[int, tuple[SplitChoice, Branch]] = {}
+    anchored: dict[str, SplitChoice] = {}
     for choice in choices:
+        if choice.chain.anchor is not None:
+            anchored[choice.chain.anchor] = choice
+            continue
         for branch in choice.chain.branches:
             at[position[branch.head]] = (choice, branch)
     inside = {name for c in choices for name in c.chain.bindings}
     steps: list[Step] = []
     sizes = dict(program.sizes)
     written: set[str] = set()  # final tensors already written: later tiles accumulate into them
+
+    def emit(choice: SplitChoice, branch: Branch) -> list[str]:
+        if choice.chain.spatial:
+            steps.extend(_spatial_steps(program, choice, sizes))
+        else:
+            steps.extend(_branch_steps(program, choice, branch, sizes, written))
+        return list(choice.chain.bindings) if branch is choice.chain.branches[-1] else []
+
     for i, step in enumerate(program.steps):
-        if i in at and at[i][0].chain.spatial:
-            steps.extend(_spatial_steps(program, at[i][0], sizes))
-        elif i in at:
-            steps.extend(_branch_steps(program, *at[i], sizes, written))
+        done = []
+        if i in at:
+            done = emit(*at[i])
         elif step.name not in inside:
             steps.append(step)
+            done = [step.name]
+        while done:  # anchored chains whose anchor has just run (an anchor may itself be in a chain)
+            name = done.pop()
+            if name in anchored:
+                choice = anchored.pop(name)
+                done.extend(emit(choice, choice.chain.branches[0]))
     for choice in choices:
         chain = choice.chain
         for name in {program.tensor(b) for b in chain.bindings if b != chain.tail} - {_final(program, chain)}:
