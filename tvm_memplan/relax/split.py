@@ -370,6 +370,11 @@ _ROW_OPS = {
 }
 
 
+_ROW_GUARDS = {"relax.isnan", "relax.isinf", "relax.isfinite", "relax.logical_not", "relax.where"}
+"""Elementwise selections exporters put after a softmax (``where(isnan(p), 0, p)``): row-wise,
+but left out of the simulator's fusion (boolean tensors)."""
+
+
 def _rows(var: relax.Expr) -> int | None:
     """Rows of a ``(1, sequence, features)`` tensor."""
     shape = static_shape(var.ty)
@@ -398,7 +403,7 @@ def _row_axis(value: relax.Expr, out: relax.Var, axis_of: dict, rows: int) -> in
             return None
         axis = len(shape) - 2
     elif data not in axis_of or chained != [data]:
-        if op not in _ROW_OPS:
+        if op not in _ROW_OPS | _ROW_GUARDS:
             return None
         axis = axis_of[chained[0]]
         if any(axis_of[a] != axis or static_shape(a.ty) != shape for a in chained):
@@ -419,7 +424,7 @@ def _row_axis(value: relax.Expr, out: relax.Var, axis_of: dict, rows: int) -> in
         elif op == "relax.permute_dims":
             order = [int(a) for a in value.attrs.axes] if value.attrs.axes is not None else list(range(len(shape)))[::-1]
             axis = order.index(axis)
-        elif op not in _ROW_OPS or static_shape(data.ty) != shape or not all(
+        elif op not in _ROW_OPS | _ROW_GUARDS or static_shape(data.ty) != shape or not all(
                 _broadcast_or_rows(a, shape, axis, rows) for a in value.args[1:]):
             return None
     return axis if axis < len(shape) and shape[axis] == rows and shape[0] == 1 else None
