@@ -48,13 +48,15 @@ def _timm(name: str, resolution: int = 224) -> Factory:
     return make
 
 
-def _bert(layers: int = 2, hidden: int = 128, heads: int = 2, sequence: int = 128) -> Factory:
+def _bert(layers: int = 2, hidden: int = 128, heads: int = 2, sequence: int = 128, vocab: int = 30522,
+          positions: int = 512) -> Factory:
     def make():
         from transformers import BertConfig, BertModel
 
         config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                            intermediate_size=4 * hidden, vocab_size=30522)
-        return _Encoder(BertModel(config, add_pooling_layer=False)), (torch.randint(0, 30522, (1, sequence)),)
+                            intermediate_size=4 * hidden, vocab_size=vocab,
+                            max_position_embeddings=positions)
+        return _Encoder(BertModel(config, add_pooling_layer=False)), (torch.randint(0, vocab, (1, sequence)),)
     return make
 
 
@@ -120,6 +122,8 @@ FIXTURES: dict[str, Factory] = {
     "torchvision_efficientnet_b0_stem": _stem("efficientnet_b0", 3, 48),
     # x.chunk(2) and the channel shuffle: the TorchScript exporter computes the chunk sizes at run time
     "torchvision_shufflenet_v2_unit": _shufflenet_unit(),
+    # attention as transformers writes it (the dynamo exporter adds a NaN guard after the softmax)
+    "transformers_bert_layer": _bert(layers=1, hidden=32, heads=2, sequence=16, vocab=64, positions=16),
 }
 
 

@@ -1,6 +1,6 @@
 """Splitting on what PyTorch's two ONNX exporters write, not only on the zoo's graphs.
 
-The fixtures are the stems of torchvision networks (random weights), written by
+The fixtures are the stems of torchvision networks and a transformers BERT layer (random weights), written by
 ``scripts/export_torch.py --fixtures tests/fixtures``: the TorchScript exporter (Identity nodes,
 Constant nodes as Clip bounds) and the ``torch.export`` one (BatchNormalization folded differently,
 ReduceMean for the squeeze-excitation pool, SiLU as ``x * sigmoid(x)``)."""
@@ -92,3 +92,27 @@ def test_squeeze_excitation_scaling_is_simulated_as_a_tensor_of_its_own():
     for binding in scaled:
         written = program.tensor(binding.var.name)
         assert program.sizes[written] == 4 * int(np.prod([int(d) for d in binding.var.ty.shape]))
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_exported_attention_splits_along_the_query_rows(exporter):
+    """A transformers BERT layer as both exporters write it (the dynamo exporter guards the softmax
+    with ``where(isnan(p), 0, p)``; the K path folds the heads into the batch axis): the query
+    projection's row chain spans the attention and the feed-forward block, and computes what
+    onnxruntime computes on the file, in a smaller arena."""
+    model = load_model(str(FIXTURES / f"transformers_bert_layer.{exporter}.onnx"))
+    mod = normalize(to_relax(model))
+    table = {b.var.name: b.value for blk in mod["main"].body.blocks for b in blk.bindings}
+    (attention,) = [c for c in find_chains(mod) if c.anchor is not None]
+    ops = {table[n].op.name for n in attention.bindings}
+    assert {"relax.nn.softmax", "relax.nn.layer_norm", "relax.permute_dims"} <= ops
+    choice = [SplitChoice(attention, 4)]
+    inputs = model.random_inputs(0)
+    session = ort.InferenceSession(model.onnx_model.SerializeToString())
+    (reference,) = session.run(None, inputs)
+    vm = relax.VirtualMachine(tvm.compile(split_chains(mod, choice), tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+    np.testing.assert_allclose(out, reference, rtol=1e-4, atol=1e-5)
+    before = plan_model(model, "llvm").total("arena_bytes")
+    after = plan_model(model, "llvm", prepare=lambda m: split_chains(normalize(m), choice)).total("arena_bytes")
+    assert after < before
