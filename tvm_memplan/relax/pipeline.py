@@ -19,6 +19,7 @@ from .grouping import LayerOrder
 from .offsets import BakeKernelOffsets, KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
+from .tile_writes import WriteTilesInPlace
 
 _SPBM = "StaticPlanBlockMemory"
 _RESHAPE = "RewriteDataflowReshape"
@@ -140,6 +141,7 @@ def pipeline(
         with resolved_target:
             seq = tvm.transform.Sequential(
                 stages.dataflow
+                + [WriteTilesInPlace()]
                 + order_passes(run_options, on_order_report)
                 + stages.lowering
                 + [ArenaPlanBlockMemory(run_options, on_report)]

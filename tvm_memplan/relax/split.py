@@ -34,6 +34,7 @@ from ..split.simulate import Branch, Chain, Program, SplitChoice, Step, disjoint
 from ..split.spatial import RowOp, Rows, RowWindow, tile_rows
 from .axes import graph_model
 from .tensor_types import static_shape
+from .tile_writes import ROW_OFFSET_ATTR
 
 CHANNEL = 1
 ROWS = 2
@@ -981,7 +982,8 @@ def _emit_windowed_rows(bb: relax.BlockBuilder, value: relax.Call, data: relax.E
 def _row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str) -> tvm.tirx.PrimFunc:
     """A kernel copying a ``rows``-row tile into rows ``[offset, offset + rows)`` of a tensor of
     ``shape``: called out of place for the first tile (a new tensor), in place for the others.
-    Opaque to fusion: FuseTIR cannot fuse an in-place call with the tile's producer."""
+    Opaque to fusion (FuseTIR cannot fuse an in-place call with the tile's producer); after fusion,
+    :func:`~tvm_memplan.relax.tile_writes.WriteTilesInPlace` makes the producer write the rows itself."""
     _, channels, _, columns = shape
 
     @T.prim_func(private=True, s_tir=True)
@@ -991,7 +993,7 @@ def _row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str) -> t
                 vc, vh, vw = T.axis.remap("SSS", [c, h, w])
                 full[0, vc, vh + offset, vw] = tile[0, vc, vh, vw]
 
-    return write_rows.with_attr("op_pattern", 8).with_attr("tirx.noalias", True)
+    return write_rows.with_attr("op_pattern", 8).with_attr("tirx.noalias", True).with_attr(ROW_OFFSET_ATTR, offset)
 
 
 def _write_rows(bb: relax.BlockBuilder, tile: relax.Expr, full: relax.Expr | None, offset: int,

@@ -265,7 +265,8 @@ def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: 
 def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int]) -> list[Step]:
     """A spatial chain tile by tile: each operator on its rows (fused elementwise operators in
     their producer's tile; a convolution reads its rows of an outside tensor in place), the last
-    tile copied into the chain's final tensor (or all last tiles concatenated at the end)."""
+    operator writing its rows of the chain's final tensor (or all last tiles concatenated at the
+    end)."""
     chain, ops = choice.chain, choice.chain.spatial
     by_name = {s.name: s for s in program.steps}
     group = {program.tensor(op.name) for op in ops}
@@ -276,15 +277,15 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
         tile_of: dict[str, str] = {}
         for op in ops:
             tensor = program.tensor(op.name)
-            tile = tile_of.setdefault(tensor, f"{tensor}#{chain.head}#{t}")
-            lo, hi = need[op.name]
-            sizes[tile] = max(sizes.get(tile, 1), (hi - lo) * op.row_bytes)
+            into_final = tensor == final and not chain.gathered
+            tile = tile_of.setdefault(tensor, final if into_final else f"{tensor}#{chain.head}#{t}")
+            if not into_final:
+                lo, hi = need[op.name]
+                sizes[tile] = max(sizes.get(tile, 1), (hi - lo) * op.row_bytes)
             outer = tuple(r for r in by_name[op.name].reads if r not in group)
             reads = tuple(dict.fromkeys(tile_of[program.tensor(r)] for r in op.reads if program.tensor(r) != tensor))
-            steps.append(Step(tile, tile, reads + outer))
+            steps.append(Step(f"{tensor}#{chain.head}#{t}", tile, reads + outer + ((final,) if into_final and t else ())))
         last_tiles.append(tile_of[final])
-        if not chain.gathered:
-            steps.append(Step(f"write#{chain.head}#{t}", final, (tile_of[final],) + ((final,) if t else ())))
     if chain.gathered:
         steps.append(Step(f"gather#{chain.head}", final, tuple(last_tiles)))
     return steps
