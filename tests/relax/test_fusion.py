@@ -12,6 +12,7 @@ from tvm.script import tirx as T
 import tvm_memplan
 from tvm_memplan.deploy.remote import kernel_counter
 from tvm_memplan.deploy.targets import get_target
+from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.relax.fusion import KernelNest, launch_shape, select_members
 from tvm_memplan.verify.run import flatten_outputs
 
@@ -118,13 +119,13 @@ def with_unfusable_member() -> tvm.IRModule:
     return bb.get()
 
 
-def run(mod: tvm.IRModule, kind: str, groups, x: np.ndarray):
-    """Build ``mod`` for ``kind`` with ``groups`` and run it once: outputs, the VM's storage
-    requests, the kernels it launched, and the plan report."""
+def run(mod: tvm.IRModule, kind: str, groups, x: np.ndarray, **options):
+    """Build ``mod`` for ``kind`` with ``groups`` (and pipeline ``options``) and run it once:
+    outputs, the VM's storage requests, the kernels it launched, and the plan report."""
     target = get_target(kind).tvm_target()  # what the command line builds with (registers the Vulkan generator)
     dev = tvm.device(kind, 0)
     reports = []
-    exe = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target, groups=groups, on_report=reports.append))
+    exe = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target, groups=groups, on_report=reports.append, **options))
     kernels = kernel_counter(exe.mod)
     storage, launches = [], []
 
@@ -194,6 +195,38 @@ def test_a_kernel_no_fused_launch_can_take_runs_on_its_own(kind):
     np.testing.assert_array_equal(got, expected)
     # two groups: the reductions as one launch beside two_kernels' two, then the sum
     assert report.groups == 2 and launches == 4
+
+
+SEED_NETWORKS = {
+    "googlenet": "zoo:googlenet?resolution=31", "resnext50_32x4d": "zoo:resnext50_32x4d?resolution=16",
+    "mobilenet_v2": "zoo:mobilenet_v2?width=0.35&resolution=32", "xception": "zoo:xception?resolution=16",
+    "inception_v3": "zoo:inception_v3?resolution=75",
+}
+"""Seed 000's networks at the smallest input each builds at. Their four Vulkan builds took 46, 22, 26,
+21 and 59 s in one run here (a shared 2-core machine): the cost follows the kernel count, not the input size."""
+CI_NETWORKS = ("googlenet", "resnext50_32x4d")
+"""Within CI's ~90 s; GoogLeNet exercises every joining rule. The others are opt-in (``slow_gpu``)."""
+TWO_REDUCTION_SHAPES = {("googlenet", 1): 2, ("inception_v3", 1): 2, ("inception_v3", 2): 2}
+"""Groups whose reductions across threads come in two thread shapes (dlight's 64 threads and its 32x8),
+so launch twice: the last inception blocks, on 1x1 (GoogLeNet) and 2x2 (Inception-v3) maps."""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not device_ready("vulkan"), reason="no Vulkan device (tvm-memplan setup-gpu)")
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=() if name in CI_NETWORKS else pytest.mark.slow_gpu) for name in SEED_NETWORKS
+])
+def test_seed_networks_on_vulkan_identical_for_every_setting_and_one_launch_per_group(name):
+    model = load_model(SEED_NETWORKS[name])
+    mod, (x,) = to_relax(model), model.random_inputs(0).values()
+    expected, _, launches, report = run(mod, "vulkan", None, x, order="program", time_budget=1.0)
+    assert launches == report.kernels
+    for groups in ("seq", 1, 2):
+        got, storage, launches, report = run(mod, "vulkan", groups, x, time_budget=1.0)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+        assert sorted(storage) == sorted([report.arena_bytes, *(a.nbytes for a in got)])  # the VM allocates the plan
+        assert launches == report.groups + TWO_REDUCTION_SHAPES.get((name, groups), 0)
 
 
 def nest(threads: dict[str, int], blocks: int = 1, uniform: bool = False, across: bool = False,
