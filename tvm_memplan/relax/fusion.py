@@ -3,24 +3,25 @@
 The arena planner knows the groups (:func:`~tvm_memplan.relax.grouping.kernel_groups`) and plans
 with the F-predicate, so no two tensors a group touches share bytes and its kernels may run at once.
 :func:`FuseGroupKernels` then replaces each group's destination-passing calls by one call of a fused
-PrimFunc, each member keeping its own (already applied) schedule: ``blockIdx.x`` runs over the sum of
-the members' block counts (their block grids flattened), ``threadIdx.x`` over the largest member's
-thread count (their thread axes flattened, x fastest), and each block takes the branch of the member
-its index falls in, with the block index rebased and ``if threadIdx.x < T_i`` around a member with
-fewer threads. Allocations stay exactly as planned: only calls move (to the group's last member), so
-the VM still requests what the plan says.
+PrimFunc, each member keeping its own (already applied) schedule: ``blockIdx.x`` runs over the sum
+of the members' block counts (their block grids flattened), the thread axes over the launch's thread
+shape (:func:`launch_shape`), and each block takes the branch of the member its index falls in, with
+the block index rebased and the member's threads mapped onto the launch's (below). Allocations stay
+exactly as planned: only calls move (to the group's last member), so the VM still requests what the
+plan says.
 
 Branching on the block index is uniform within a block (marked ``tvm_thread_invariant`` so that TVM
 may place barriers inside it); a thread guard is not. So the launch runs at the thread count of its
 synchronising members (shared memory, barriers), which must all have it; a member that does not
-synchronise joins at any count: with fewer threads under ``if t < T_i``, with more in a serial loop
-over its flattened thread index (``t = threadIdx + k * T`` for ``k < ceil(T_i / T)``). A member that
-reduces across threads keeps its own thread loops (TVM lowers the reduction from them), nested in
-the launch's loops over the same axes, so the launch takes exactly its thread shape (extent per axis).
-Members a fused launch cannot take form further fused launches among themselves or stay their own
-launch: PrimFuncs that are not one loop nest under ``blockIdx`` axes (several kernels, no block axis,
-a thread axis bound with two extents, virtual threads, scalar or dynamic-shape parameters), and
-whatever would push the fused grid past :data:`MAX_BLOCKS`.
+synchronise joins at any count, its thread axes flattened onto the launch's flattened index ``t`` (x
+fastest): with fewer threads under ``if t < T_i``, with more in a serial loop over its own flattened
+index (``t + k * T`` for ``k < ceil(T_i / T)``). A member that reduces across threads keeps its own
+thread loops (TVM lowers the reduction from them), nested in the launch's loops over the same axes,
+so the launch takes exactly its thread shape (extent per axis). Members a fused launch cannot take
+form further fused launches among themselves or stay their own launch: PrimFuncs that are not one
+loop nest under ``blockIdx`` axes (several kernels, no block axis, a thread axis bound with two
+extents, virtual threads, scalar or dynamic-shape parameters), and whatever would push the fused
+grid past :data:`MAX_BLOCKS`.
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ def kernel_nest(func: tirx.PrimFunc) -> KernelNest | None:
         if int(loop.extent.value) != threads[tag][1]:
             return None  # one axis bound with two extents: no single thread count serves both
         mapping[loop.loop_var] = threads[tag][0]
-    alloc_buffers = list(block.alloc_buffers)
     body = _substitute(stmt, mapping, unroll_thread_loops=True)
+    alloc_buffers = list(block.alloc_buffers)
     uniform, across = _synchronisation(body, alloc_buffers, [var for var, _ in threads.values()])
     if not across:
         return KernelNest(func, blocks, threads, body, alloc_buffers, uniform, across, tuple(threads))
@@ -280,9 +281,10 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
     total = sum(n.block_count for n in nests)
     block_var = tirx.Var("group_block", dtype)
     thread_vars = {tag: tirx.Var(f"group_thread_{tag[-1]}", dtype) for tag, _ in shape}
-    flat, stride = tirx.const(0, dtype), 1
-    for tag, extent in shape:  # x fastest
-        flat = thread_vars[tag] if stride == 1 else flat + thread_vars[tag] * tirx.const(stride, dtype)
+    (fastest, stride), *slower = shape
+    flat = thread_vars[fastest]  # the launch's flattened thread index, x fastest
+    for tag, extent in slower:
+        flat = flat + thread_vars[tag] * tirx.const(stride, dtype)
         stride *= extent
     params: list[tvm.ir.Var] = []
     call_args: list[relax.Expr] = []
