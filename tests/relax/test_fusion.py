@@ -67,8 +67,9 @@ def narrow_convs(channels: int = 256, size: int = 2, pool: bool = False) -> tvm.
 
 def reductions_on_one_pixel(channels: int = 256) -> tvm.IRModule:
     """An inception block's last stages on a 1x1 map: dlight reduces the convolutions across
-    threads, bound inside other loops (1x1 kernels: 32x8 threads; the 3x3 one: 64), beside a
-    128-thread max pool. Layer 1 is one launch; in layer 2 the two thread shapes cannot share one."""
+    threads, bound inside other loops (lavapipe: 32x8 threads for the 1x1 kernels, 64 for the 3x3
+    one; PoCL: 64 and 256), beside a 128-thread max pool. Layer 1 is one launch; in layer 2 the
+    two thread shapes cannot share one."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", tensor((1, channels, 1, 1)))
     weights = {name: relax.const(random_input(shape, seed=i)) for i, (name, shape) in enumerate({
@@ -208,7 +209,7 @@ CI_NETWORKS = ("googlenet", "resnext50_32x4d")
 """Within CI's ~90 s; GoogLeNet exercises every joining rule. The others are opt-in (``slow_gpu``)."""
 TWO_REDUCTION_SHAPES = {("googlenet", 1): 2, ("inception_v3", 1): 2, ("inception_v3", 2): 2}
 """Groups whose reductions across threads come in two thread shapes (dlight's 64 threads and its 32x8),
-so launch twice: the last inception blocks, on 1x1 (GoogLeNet) and 2x2 (Inception-v3) maps."""
+so launch twice: in the last inception blocks, where the maps are smallest."""
 
 
 @pytest.mark.slow
