@@ -112,14 +112,14 @@ def gather(table, ids):
     (elementwise, lambda: (rand(4, 33), rand(4, 33, seed=1)), ["tvm_erf(", "tanh(", "exp("]),
     # a long reduction over few outputs stays with dlight (cross-thread: shared memory and barriers)
     (lambda x, w, b: op.nn.relu(op.add(op.matmul(x, w), b)), lambda: (rand(1, 256), rand(256, 24), rand(24)),
-     ["shared float", "barrier();"]),
+     ["shared precise float", "barrier();"]),
     (lambda x, w: op.nn.relu(op.nn.conv2d(x, w, padding=(1, 1))), lambda: (rand(1, 3, 10, 10), rand(8, 3, 3, 3)),
      [" ? "]),  # padding is an if_then_else
     (lambda x, w: op.clip(op.nn.conv2d(x, w, strides=(2, 2), padding=(1, 1), groups=8), 0.0, 6.0),
      lambda: (rand(1, 8, 9, 9), rand(8, 1, 3, 3)), ["min(", "max("]),
     (pooling, lambda: (rand(1, 4, 9, 9),), ["max("]),
     # cross-thread reductions: TVM lowers them through shared memory (Vulkan's thread_warp_size is 1)
-    (reductions, lambda: (rand(3, 300), rand(300), rand(300)), ["shared float", "barrier();", "sqrt(", "exp("]),
+    (reductions, lambda: (rand(3, 300), rand(300), rand(300)), ["shared precise float", "barrier();", "sqrt(", "exp("]),
 ], ids=["elementwise", "dense", "conv2d", "depthwise", "pooling", "softmax_layernorm_sum"])
 def test_kernels_match_the_llvm_build(build, inputs, glsl):
     vulkan, llvm, source = run_both(build, *inputs())
@@ -178,7 +178,7 @@ def run_prim_func(func: tvm.tirx.PrimFunc, *args, **target_attrs) -> tuple[list[
 def test_shared_memory_and_a_barrier():
     a = np.arange(128, dtype="float32")
     (_, b), glsl = run_prim_func(reverse_in_shared, a, np.zeros(128, "float32"))
-    assert "shared float" in glsl and "barrier();" in glsl
+    assert "shared precise float" in glsl and "barrier();" in glsl  # floats as written: no fma contraction
     np.testing.assert_array_equal(b, np.concatenate([a[63::-1], a[:63:-1]]))
 
 

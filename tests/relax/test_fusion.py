@@ -12,7 +12,8 @@ from tvm.script import tirx as T
 import tvm_memplan
 from tvm_memplan.deploy.remote import kernel_counter
 from tvm_memplan.deploy.targets import get_target
-from tvm_memplan.relax.fusion import KernelNest, select_members
+from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.relax.fusion import KernelNest, launch_shape, select_members
 from tvm_memplan.verify.run import flatten_outputs
 
 from ..backends.conftest import device_ready
@@ -45,9 +46,10 @@ def inception(channels: int = 8, size: int = 8) -> tvm.IRModule:
     return bb.get()
 
 
-def narrow_convs(channels: int = 256, size: int = 2) -> tvm.IRModule:
+def narrow_convs(channels: int = 256, size: int = 2, pool: bool = False) -> tvm.IRModule:
     """Two 1x1 convolutions of one input, whose reductions outnumber their outputs: dlight's
-    matmul rule schedules them with shared memory, barriers and 8x8 threads."""
+    matmul rule schedules them with shared memory, barriers and 8x8 threads; with ``pool``, a max
+    pool of the input beside them, a kernel of tvm_memplan's with 128 threads and no barrier."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", tensor((1, channels, size, size)))
     w1, w2 = (relax.const(random_input((n, channels, 1, 1), seed=n)) for n in (32, 16))
@@ -55,7 +57,33 @@ def narrow_convs(channels: int = 256, size: int = 2) -> tvm.IRModule:
         with bb.dataflow():
             a = bb.emit(relax.op.nn.conv2d(x, w1))
             b = bb.emit(relax.op.nn.conv2d(x, w2))
-            out = bb.emit_output(relax.op.concat([a, b], axis=1))
+            branches = [a, b]
+            if pool:
+                branches.append(bb.emit(relax.op.nn.max_pool2d(x, pool_size=3, strides=1, padding=1)))
+            out = bb.emit_output(relax.op.concat(branches, axis=1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def reductions_on_one_pixel(channels: int = 256) -> tvm.IRModule:
+    """An inception block's last stages on a 1x1 map: dlight reduces the convolutions across
+    threads, bound inside other loops (lavapipe: 32x8 threads for the 1x1 kernels, 64 for the 3x3
+    one; PoCL: 64 and 256), beside a 128-thread max pool. Layer 1 is one launch; in layer 2 the
+    two thread shapes cannot share one."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", tensor((1, channels, 1, 1)))
+    weights = {name: relax.const(random_input(shape, seed=i)) for i, (name, shape) in enumerate({
+        "a": (64, channels, 1, 1), "b": (32, channels, 1, 1), "c": (32, 64, 3, 3), "d": (16, channels, 1, 1),
+    }.items())}
+    conv = relax.op.nn.conv2d
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(conv(x, weights["a"])))
+            b = bb.emit(relax.op.nn.relu(conv(x, weights["b"])))
+            pool = bb.emit(relax.op.nn.max_pool2d(x, pool_size=3, strides=1, padding=1))
+            c = bb.emit(relax.op.nn.relu(conv(a, weights["c"], padding=1)))
+            d = bb.emit(relax.op.nn.relu(conv(pool, weights["d"])))
+            out = bb.emit_output(relax.op.concat([b, c, d], axis=1))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -92,13 +120,13 @@ def with_unfusable_member() -> tvm.IRModule:
     return bb.get()
 
 
-def run(mod: tvm.IRModule, kind: str, groups, x: np.ndarray):
-    """Build ``mod`` for ``kind`` with ``groups`` and run it once: outputs, the VM's storage
-    requests, the kernels it launched, and the plan report."""
+def run(mod: tvm.IRModule, kind: str, groups, x: np.ndarray, **options):
+    """Build ``mod`` for ``kind`` with ``groups`` (and pipeline ``options``) and run it once:
+    outputs, the VM's storage requests, the kernels it launched, and the plan report."""
     target = get_target(kind).tvm_target()  # what the command line builds with (registers the Vulkan generator)
     dev = tvm.device(kind, 0)
     reports = []
-    exe = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target, groups=groups, on_report=reports.append))
+    exe = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target, groups=groups, on_report=reports.append, **options))
     kernels = kernel_counter(exe.mod)
     storage, launches = [], []
 
@@ -137,6 +165,29 @@ def test_kernels_with_barriers_fuse_at_their_own_thread_count(kind):
 
 
 @pytest.mark.parametrize("kind", GPUS)
+def test_a_kernel_without_barriers_loops_over_its_threads_in_a_launch_with_fewer(kind):
+    x = random_input((1, 256, 2, 2))
+    (expected,), _, _, _ = run(narrow_convs(pool=True), kind, None, x)
+    (got,), storage, launches, report = run(narrow_convs(pool=True), kind, 1, x)
+    np.testing.assert_array_equal(got, expected)
+    assert sorted(storage) == sorted([report.arena_bytes, got.nbytes])
+    # the 128-thread pool runs twice in each thread of the convolutions' 64-thread launch
+    assert report.kernels == 4 and report.groups == 2 and launches == 2
+
+
+@pytest.mark.parametrize("kind", GPUS)
+def test_reductions_across_threads_join_a_launch_of_their_thread_shape(kind):
+    x = random_input((1, 256, 1, 1))
+    (expected,), _, _, _ = run(reductions_on_one_pixel(), kind, None, x)
+    (got,), storage, launches, report = run(reductions_on_one_pixel(), kind, 1, x)
+    np.testing.assert_array_equal(got, expected)
+    assert sorted(storage) == sorted([report.arena_bytes, got.nbytes])
+    # layer 1 (two reductions and the pool) is one launch; layer 2's reductions, in two thread
+    # shapes, are two; then the concat
+    assert report.kernels == 6 and report.groups == 3 and launches == 4
+
+
+@pytest.mark.parametrize("kind", GPUS)
 def test_a_kernel_no_fused_launch_can_take_runs_on_its_own(kind):
     x = random_input((32, 32))
     (expected,), _, launches, report = run(with_unfusable_member(), kind, None, x)
@@ -147,19 +198,70 @@ def test_a_kernel_no_fused_launch_can_take_runs_on_its_own(kind):
     assert report.groups == 2 and launches == 4
 
 
-def nest(threads: dict[str, int], blocks: int = 1, uniform: bool = False, across: bool = False) -> KernelNest:
-    var = tvm.tirx.Var("v", "int32")
-    return KernelNest(None, {"blockIdx.x": (var, blocks)}, {t: (var, n) for t, n in threads.items()}, None, [], uniform, across)
+SEED_NETWORKS = {
+    "googlenet": "zoo:googlenet?resolution=31", "resnext50_32x4d": "zoo:resnext50_32x4d?resolution=16",
+    "mobilenet_v2": "zoo:mobilenet_v2?width=0.35&resolution=32", "xception": "zoo:xception?resolution=16",
+    "inception_v3": "zoo:inception_v3?resolution=75",
+}
+"""Seed 000's networks at the smallest input each builds at. Their four Vulkan builds took 46, 22, 26,
+21 and 59 s in one run here (a shared 2-core machine): the cost follows the kernel count, not the input size."""
+CI_NETWORKS = ("googlenet", "resnext50_32x4d")
+"""Within CI's ~90 s; GoogLeNet exercises every joining rule. The others are opt-in (``slow_gpu``)."""
+TWO_REDUCTION_SHAPES = {("googlenet", 1): 2, ("inception_v3", 1): 2, ("inception_v3", 2): 2}
+"""Groups whose reductions across threads come in two thread shapes (dlight's 64 threads and its 32x8),
+so launch twice: in the last inception blocks, where the maps are smallest."""
 
 
-def test_kernels_that_synchronise_join_only_at_their_own_thread_count():
+@pytest.mark.slow
+@pytest.mark.skipif(not device_ready("vulkan"), reason="no Vulkan device (tvm-memplan setup-gpu)")
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=() if name in CI_NETWORKS else pytest.mark.slow_gpu) for name in SEED_NETWORKS
+])
+def test_seed_networks_on_vulkan_identical_for_every_setting_and_one_launch_per_group(name):
+    model = load_model(SEED_NETWORKS[name])
+    mod, (x,) = to_relax(model), model.random_inputs(0).values()
+    expected, _, launches, report = run(mod, "vulkan", None, x, order="program", time_budget=1.0)
+    assert launches == report.kernels
+    for groups in ("seq", 1, 2):
+        got, storage, launches, report = run(mod, "vulkan", groups, x, time_budget=1.0)
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+        assert sorted(storage) == sorted([report.arena_bytes, *(a.nbytes for a in got)])  # the VM allocates the plan
+        assert launches == report.groups + TWO_REDUCTION_SHAPES.get((name, groups), 0)
+
+
+def nest(threads: dict[str, int], blocks: int = 1, uniform: bool = False, across: bool = False,
+         index: str = "int32") -> KernelNest:
+    var = tvm.tirx.Var("v", index)
+    return KernelNest(None, {"blockIdx.x": (var, blocks)}, {t: (var, n) for t, n in threads.items()}, None, [],
+                      uniform or across, across, () if across else tuple(threads))
+
+
+def test_a_launch_runs_at_the_thread_count_of_its_synchronising_members():
     spatial128, spatial64 = nest({"threadIdx.x": 128}), nest({"threadIdx.x": 64})
     shared64 = nest({"threadIdx.x": 8, "threadIdx.y": 8}, uniform=True)
     shared128 = nest({"threadIdx.x": 128}, uniform=True)
-    # 128 threads: both spatial kernels and the 128-thread shared-memory kernel; not the 64-thread one
+    # at 128 threads three kernels join, at 64 also three (the 128-thread one looping): more threads win
     assert select_members([spatial128, shared64, spatial64, shared128]) == [0, 2, 3]
-    # a reduction across threads needs threadIdx.x alone
-    reduce2d = nest({"threadIdx.x": 8, "threadIdx.y": 8}, uniform=True, across=True)
-    assert select_members([spatial64, reduce2d]) == [0]
+    # kernels without barriers join the shared-memory kernel at its count, with more threads or fewer
+    assert select_members([spatial128, shared64, spatial64]) == [0, 1, 2]
+    assert launch_shape([spatial128, shared64, spatial64]) == (("threadIdx.x", 64),)
+    # two synchronising kernels with different counts never share a launch
+    assert select_members([shared64, shared128]) == [1]
     # the fused grid stays within Vulkan's smallest limit
     assert select_members([nest({"threadIdx.x": 32}, blocks=40000)] * 2) == [0]
+
+
+def test_reductions_across_threads_need_their_own_thread_shape():
+    gemv = nest({"threadIdx.x": 32, "threadIdx.y": 8}, across=True)
+    row = nest({"threadIdx.x": 64}, across=True)
+    shared256 = nest({"threadIdx.x": 256}, uniform=True)
+    spatial128 = nest({"threadIdx.x": 128})
+    # the launch takes the reduction's 32x8 shape; the other 256-thread kernels flatten onto it
+    assert select_members([gemv, spatial128, shared256, gemv]) == [0, 1, 2, 3]
+    assert launch_shape([gemv, spatial128, shared256]) == (("threadIdx.x", 32), ("threadIdx.y", 8))
+    # 64 threads in one axis are not 32x8: the reductions go to separate launches
+    assert select_members([row, gemv, spatial128, gemv]) == [1, 2, 3]
+    assert select_members([row, row, gemv]) == [0, 1]
+    # nor do reductions whose thread loops have different index types share the launch's
+    assert select_members([gemv, nest({"threadIdx.x": 32, "threadIdx.y": 8}, across=True, index="int64")]) == [0]

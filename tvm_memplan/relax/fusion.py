@@ -3,19 +3,23 @@
 The arena planner knows the groups (:func:`~tvm_memplan.relax.grouping.kernel_groups`) and plans
 with the F-predicate, so no two tensors a group touches share bytes and its kernels may run at once.
 :func:`FuseGroupKernels` then replaces each group's destination-passing calls by one call of a fused
-PrimFunc, each member keeping its own (already applied) schedule: ``blockIdx.x`` runs over the sum of
-the members' block counts (their block grids flattened), ``threadIdx.x`` over the largest member's
-thread count (their thread axes flattened, x fastest), and each block takes the branch of the member
-its index falls in, with the block index rebased and ``if threadIdx.x < T_i`` around a member with
-fewer threads. Allocations stay exactly as planned: only calls move (to the group's last member), so
-the VM still requests what the plan says.
+PrimFunc, each member keeping its own (already applied) schedule: ``blockIdx.x`` runs over the sum
+of the members' block counts (their block grids flattened), the thread axes over the launch's thread
+shape (:func:`launch_shape`), and each block takes the branch of the member its index falls in, with
+the block index rebased and the member's threads mapped onto the launch's (below). Allocations stay
+exactly as planned: only calls move (to the group's last member), so the VM still requests what the
+plan says.
 
 Branching on the block index is uniform within a block (marked ``tvm_thread_invariant`` so that TVM
-may place barriers inside it); a thread guard is not, so a member that synchronises its threads
-(shared memory, barriers) joins only at its own thread count, and one that reduces across threads
-only with ``threadIdx.x`` alone, bound once, above everything else. Members a fused launch cannot
-take form further fused launches among themselves or stay their own launch: PrimFuncs that are not
-one loop nest under ``blockIdx`` axes (several kernels, no block axis, a thread axis bound with two
+may place barriers inside it); a thread guard is not. So the launch runs at the thread count of its
+synchronising members (shared memory, barriers), which must all have it; a member that does not
+synchronise joins at any count, its thread axes flattened onto the launch's flattened index ``t`` (x
+fastest): with fewer threads under ``if t < T_i``, with more in a serial loop over its own flattened
+index (``t + k * T`` for ``k < ceil(T_i / T)``). A member that reduces across threads keeps its own
+thread loops (TVM lowers the reduction from them), nested in the launch's loops over the same axes,
+so the launch takes exactly its thread shape (extent per axis). Members a fused launch cannot take
+form further fused launches among themselves or stay their own launch: PrimFuncs that are not one
+loop nest under ``blockIdx`` axes (several kernels, no block axis, a thread axis bound with two
 extents, virtual threads, scalar or dynamic-shape parameters), and whatever would push the fused
 grid past :data:`MAX_BLOCKS`.
 """
@@ -67,8 +71,11 @@ class KernelNest:
     uniform: bool = False
     """The body synchronises its threads: every thread of a block must take the same branch."""
     reduces_across_threads: bool = False
-    """A reduction across threads: TVM lowers it from the thread loop itself, which must stay the
-    innermost loop around the reduction (fusion keeps it so only for a nest bound once, above everything)."""
+    """A reduction across threads: TVM lowers it from the thread loops around it, so ``body`` keeps
+    the thread loops below the blocks and the launch must have exactly this nest's thread shape."""
+    bound_above: tuple[str, ...] = ()
+    """Thread tags bound above everything: their loop variables are free in ``body`` (all tags
+    where the inner thread loops are folded into them)."""
 
     @property
     def block_count(self) -> int:
@@ -77,6 +84,11 @@ class KernelNest:
     @property
     def thread_count(self) -> int:
         return math.prod(extent for _, extent in self.threads.values())
+
+    @property
+    def thread_shape(self) -> tuple[tuple[str, int], ...]:
+        """(tag, extent) per thread axis, x first."""
+        return tuple((tag, self.threads[tag][1]) for tag in THREAD_TAGS if tag in self.threads)
 
 
 def _is_const(expr: object) -> bool:
@@ -161,9 +173,12 @@ def kernel_nest(func: tirx.PrimFunc) -> KernelNest | None:
     body = _substitute(stmt, mapping, unroll_thread_loops=True)
     alloc_buffers = list(block.alloc_buffers)
     uniform, across = _synchronisation(body, alloc_buffers, [var for var, _ in threads.values()])
-    if across and inner:
-        return None  # TVM lowers such a reduction from its own thread loop, which fusion would fold away
-    return KernelNest(func, blocks, threads, body, alloc_buffers, uniform, across)
+    if not across:
+        return KernelNest(func, blocks, threads, body, alloc_buffers, uniform, across, tuple(threads))
+    # TVM lowers a reduction across threads from the thread loops around it: keep them
+    outer = {var: value for var, value in mapping.items() if not any(var.same_as(loop.loop_var) for loop in inner)}
+    above = tuple(tag for tag in threads if tag in axes)
+    return KernelNest(func, blocks, threads, _substitute(stmt, outer), alloc_buffers, uniform, across, above)
 
 
 def _substitute(stmt: tirx.Stmt, mapping: dict, unroll_thread_loops: bool = False) -> tirx.Stmt:
@@ -188,26 +203,44 @@ def _as(dtype: object, expr: tirx.Expr) -> tirx.Expr:
     return expr if expr.ty == dtype else tirx.Cast(dtype, expr)
 
 
-def _joins(nest: KernelNest, threads: int) -> bool:
-    """Whether ``nest`` can run in a block of ``threads`` threads (see the module docstring)."""
+ThreadShape = tuple[tuple[str, int], ...]
+"""(thread tag, extent) per thread axis of a launch, x first."""
+
+
+def launch_shape(nests: Sequence[KernelNest]) -> ThreadShape:
+    """The thread shape a fused launch of ``nests`` runs with: that of its members reducing across
+    threads (they keep their thread loops), else the count of those that synchronise (their threads
+    flattened onto ``threadIdx.x``), else the largest count (no member loops over its threads)."""
+    across = [n for n in nests if n.reduces_across_threads]
+    if across:
+        return across[0].thread_shape
+    uniform = [n for n in nests if n.uniform]
+    return ((THREAD_TAGS[0], (uniform or [max(nests, key=lambda n: n.thread_count)])[0].thread_count),)
+
+
+def _joins(nest: KernelNest, shape: ThreadShape) -> bool:
+    """Whether ``nest`` can run in a launch of thread shape ``shape`` (see the module docstring)."""
     if nest.reduces_across_threads:
-        return list(nest.threads) == [THREAD_TAGS[0]] and nest.thread_count == threads
-    return nest.thread_count == threads if nest.uniform else nest.thread_count <= threads
+        return nest.thread_shape == shape
+    return not nest.uniform or nest.thread_count == math.prod(extent for _, extent in shape)
 
 
 def select_members(nests: Sequence[KernelNest]) -> list[int]:
-    """Which of a group's fusable kernels join, in order: the fused thread count is the one most
-    kernels can run with (members that synchronise need exactly theirs, the others at most it),
-    and the fused grid stays within :data:`MAX_BLOCKS`. Reductions across threads share the
-    fused thread loop as it is: one index type for all of them."""
+    """Which of a group's fusable kernels join, in order: the launch's thread shape is the one most
+    kernels can run with (see :func:`launch_shape` for the candidates; on a tie the one with more
+    threads, so fewer members loop), and the fused grid stays within :data:`MAX_BLOCKS`. Reductions
+    across threads nest in the launch's thread loops: one index type for all of them."""
+    largest = max(n.thread_count for n in nests)
+    shapes = {n.thread_shape for n in nests if n.reduces_across_threads}
+    shapes |= {((THREAD_TAGS[0], n.thread_count),) for n in nests if n.uniform or n.thread_count == largest}
     best: list[int] = []
-    for threads in sorted({n.thread_count for n in nests}, reverse=True):
+    for shape in sorted(shapes, key=lambda shape: (-math.prod(extent for _, extent in shape), shape)):
         chosen, blocks, index_type = [], 0, None
         for i, nest in enumerate(nests):
-            if not _joins(nest, threads) or blocks + nest.block_count > MAX_BLOCKS:
+            if not _joins(nest, shape) or blocks + nest.block_count > MAX_BLOCKS:
                 continue
             if nest.reduces_across_threads:
-                own = str(nest.threads[THREAD_TAGS[0]][0].ty)
+                own = str(next(iter(nest.threads.values()))[0].ty)
                 if index_type not in (None, own):
                     continue
                 index_type = own
@@ -241,12 +274,18 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
     the same type is passed once.
     """
     across = [n for n in nests if n.reduces_across_threads]
-    # a reduction across threads is lowered from its thread loop: the fused loop keeps its type
-    dtype = across[0].threads[THREAD_TAGS[0]][0].ty if across else next(iter(nests[0].blocks.values()))[0].ty
-    threads = max(n.thread_count for n in nests)
+    # a reduction across threads nests in the launch's thread loops: they take its index type
+    dtype = next(iter(across[0].threads.values()))[0].ty if across else next(iter(nests[0].blocks.values()))[0].ty
+    shape = launch_shape(nests)
+    threads = math.prod(extent for _, extent in shape)
     total = sum(n.block_count for n in nests)
     block_var = tirx.Var("group_block", dtype)
-    thread_var = tirx.Var("group_thread", dtype)
+    thread_vars = {tag: tirx.Var(f"group_thread_{tag[-1]}", dtype) for tag, _ in shape}
+    (fastest, stride), *slower = shape
+    flat = thread_vars[fastest]  # the launch's flattened thread index, x fastest
+    for tag, extent in slower:
+        flat = flat + thread_vars[tag] * tirx.const(stride, dtype)
+        stride *= extent
     params: list[tvm.ir.Var] = []
     call_args: list[relax.Expr] = []
     branches: list[tuple[int, tirx.Stmt]] = []
@@ -267,10 +306,11 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
                 mapping[param] = shared
         local = block_var - tirx.const(start, dtype) if start else block_var
         mapping.update(_flat_index(local, nest.blocks, BLOCK_TAGS, nest.block_count))
-        mapping.update(_flat_index(thread_var, nest.threads, THREAD_TAGS, threads))
-        body = _substitute(nest.body, mapping)
-        if nest.thread_count < threads:
-            body = tirx.IfThenElse(tirx.LT(thread_var, tirx.const(nest.thread_count, dtype)), body, None)
+        if nest.reduces_across_threads:  # same thread shape: its own thread loops nest in the launch's
+            mapping.update({nest.threads[tag][0]: _as(nest.threads[tag][0].ty, thread_vars[tag]) for tag in nest.bound_above})
+            body = _substitute(nest.body, mapping)
+        else:
+            body = _thread_range(nest, mapping, flat, threads)
         alloc_buffers += nest.alloc_buffers
         start += nest.block_count
         branches.append((start, body))
@@ -288,10 +328,29 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
     dispatch = tirx.IfThenElse(conditions[-1], branches[-1][1], None)
     for condition, (_, body) in reversed(list(zip(conditions, branches))[:-1]):
         dispatch = tirx.IfThenElse(condition, body, dispatch)
-    outer = _thread_loop(block_var, BLOCK_TAGS[0], total, _thread_loop(thread_var, THREAD_TAGS[0], threads, dispatch))
+    for tag, extent in shape:  # x innermost
+        dispatch = _thread_loop(thread_vars[tag], tag, extent, dispatch)
+    outer = _thread_loop(block_var, BLOCK_TAGS[0], total, dispatch)
     root = s_tir.SBlock([], [], [], "root", outer, alloc_buffers=alloc_buffers)
     attrs = {"tirx.is_scheduled": True, "tirx.noalias": True}
     return tirx.PrimFunc(params, s_tir.SBlockRealize([], True, root)).with_attrs(attrs), call_args
+
+
+def _thread_range(nest: KernelNest, mapping: dict, flat: tirx.Expr, threads: int) -> tirx.Stmt:
+    """``nest``'s body for every thread index it has, run by a block of ``threads`` threads whose
+    flattened index is ``flat``: guarded where it has fewer, in a serial loop where it has more."""
+    dtype = flat.ty
+    count = nest.thread_count
+    rounds = -(-count // threads)
+    step = tirx.Var("group_round", dtype)
+    index = flat + step * tirx.const(threads, dtype) if rounds > 1 else flat
+    mapping = {**mapping, **_flat_index(index, nest.threads, THREAD_TAGS, max(count, threads))}
+    body = _substitute(nest.body, mapping)
+    if count % threads:
+        body = tirx.IfThenElse(tirx.LT(index, tirx.const(count, dtype)), body, None)
+    if rounds > 1:
+        body = tirx.For(step, tirx.const(0, dtype), tirx.const(rounds, dtype), tirx.ForKind.SERIAL, body)
+    return body
 
 
 def _thread_loop(var: tvm.ir.Var, tag: str, extent: int, body: tirx.Stmt) -> tirx.For:

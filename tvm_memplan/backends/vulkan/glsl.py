@@ -122,6 +122,13 @@ def glsl_type(dtype: tvm_ffi.dtype, what: str) -> str:
     return SCALAR_TYPES[base] if dtype.lanes == 1 else f"{VECTOR_PREFIX[base]}{dtype.lanes}"
 
 
+def declared(gtype: str) -> str:
+    """``gtype`` as declared: floating point ``precise``, so that the driver computes each operation as
+    written (no contraction into fma, no reassociation). Without it Mesa's lavapipe rounded the same TIR
+    differently depending on the code around it: a kernel fused into a group's launch gave other bits."""
+    return f"precise {gtype}" if re.fullmatch(r"float|float16_t|double|vec\d|f16vec\d|dvec\d", gtype) else gtype
+
+
 class _Unsupported(Exception):
     """Raised inside the printer; :func:`kernel_to_glsl` adds the kernel's name."""
 
@@ -480,7 +487,7 @@ class _Printer:
 
     def s_Bind(self, s: tvm.tirx.Stmt) -> None:
         value = self.expr(s.value)
-        self.emit(f"{glsl_type(dtype_of(s.var), 'variable ' + s.var.name)} {self.bind(s.var)} = {value};")
+        self.emit(f"{declared(glsl_type(dtype_of(s.var), 'variable ' + s.var.name))} {self.bind(s.var)} = {value};")
 
     def s_LetStmt(self, s: tvm.tirx.Stmt) -> None:
         self.emit("{")
@@ -507,7 +514,7 @@ class _Printer:
                 raise _Unsupported(f"allocation {buffer.name} of dynamic size")
             extent *= int(dim.value)
         dtype = tvm_ffi.dtype(str(buffer.dtype))
-        gtype = glsl_type(dtype, f"allocation {buffer.name}")
+        gtype = declared(glsl_type(dtype, f"allocation {buffer.name}"))
         name = self.fresh(buffer.name)
         if scope in ("shared", "shared.dyn"):
             self.globals.append(f"shared {gtype} {name}[{extent}];")
@@ -579,7 +586,7 @@ class _Printer:
             self.emit(f"{store.expr}[{index}] = {self.stored(store, value)};")
             return
         temp = self.fresh("lanes")
-        self.emit(f"{glsl_type(dtype, 'store')} {temp} = {value};")
+        self.emit(f"{declared(glsl_type(dtype, 'store'))} {temp} = {value};")
         for k, i in enumerate(index):
             self.emit(f"{store.expr}[{i}] = {self.stored(store, f'{temp}[{k}]')};")
 
@@ -627,7 +634,7 @@ class _Printer:
                 binding = len(arg_types)
                 name = self.fresh(param.name)
                 is_bool = element.is_bool
-                gtype = "uint8_t" if is_bool else glsl_type(element, f"argument {param.name}")
+                gtype = "uint8_t" if is_bool else declared(glsl_type(element, f"argument {param.name}"))
                 declarations.append(f"layout(std430, set = 0, binding = {binding}) {restrict}buffer B{binding} "
                                     f"{{ {gtype} data[]; }} {name};")
                 self.storage[param] = _Storage(f"{name}.data", element, is_bool)
