@@ -7,9 +7,7 @@
   gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm; ~30 s): ``TVM_MEMPLAN_RUN_MCU=1``;
 - ``@pytest.mark.timing``: checks that compare measured times (the LQ machine limits against the
   kernels); timed assertions stay out of CI, where other jobs share the cores:
-  ``TVM_MEMPLAN_RUN_TIMING=1``;
-- ``@pytest.mark.slow_gpu``: builds for a software GPU (lavapipe, PoCL) that take minutes together
-  (seed 000's networks grouped beyond the two CI runs): ``TVM_MEMPLAN_RUN_SLOW_GPU=1``.
+  ``TVM_MEMPLAN_RUN_TIMING=1``.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import os
 import pytest
 
 OPT_IN = {"arm64": "TVM_MEMPLAN_RUN_ARM64", "tuning": "TVM_MEMPLAN_RUN_TUNING", "mcu": "TVM_MEMPLAN_RUN_MCU",
-          "timing": "TVM_MEMPLAN_RUN_TIMING", "slow_gpu": "TVM_MEMPLAN_RUN_SLOW_GPU"}
+          "timing": "TVM_MEMPLAN_RUN_TIMING"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -205,8 +205,6 @@ SEED_NETWORKS = {
 }
 """Seed 000's networks at the smallest input each builds at. Their four Vulkan builds took 46, 22, 26,
 21 and 59 s in one run here (a shared 2-core machine): the cost follows the kernel count, not the input size."""
-CI_NETWORKS = ("googlenet", "resnext50_32x4d")
-"""Within CI's ~90 s; GoogLeNet exercises every joining rule. The others are opt-in (``slow_gpu``)."""
 TWO_REDUCTION_SHAPES = {("googlenet", 1): 2, ("inception_v3", 1): 2, ("inception_v3", 2): 2}
 """Groups whose reductions across threads come in two thread shapes (dlight's 64 threads and its 32x8),
 so launch twice: in the last inception blocks, where the maps are smallest."""
@@ -214,9 +212,7 @@ so launch twice: in the last inception blocks, where the maps are smallest."""
 
 @pytest.mark.slow
 @pytest.mark.skipif(not device_ready("vulkan"), reason="no Vulkan device (tvm-memplan setup-gpu)")
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=() if name in CI_NETWORKS else pytest.mark.slow_gpu) for name in SEED_NETWORKS
-])
+@pytest.mark.parametrize("name", list(SEED_NETWORKS))
 def test_seed_networks_on_vulkan_identical_for_every_setting_and_one_launch_per_group(name):
     model = load_model(SEED_NETWORKS[name])
     mod, (x,) = to_relax(model), model.random_inputs(0).values()

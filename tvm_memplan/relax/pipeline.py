@@ -64,7 +64,8 @@ class Stages:
     """TVM's default passes for a target, cut where tvm_memplan inserts its own."""
 
     dataflow: list
-    """Up to ``RewriteDataflowReshape``: fused kernels in dataflow blocks, reshapes are views."""
+    """Up to ``RewriteDataflowReshape``: fused kernels in dataflow blocks, reshapes are views; then
+    split row tiles written into their rows (:func:`~tvm_memplan.relax.tile_writes.WriteTilesInPlace`)."""
     lowering: list
     """The rest before memory planning (``ToNonDataflow`` ... ``CallTIRRewrite``)."""
     finalize: list
@@ -88,7 +89,7 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages
     before += finalize[:at]
     before_names = [p.info.name for p in before]
     cut = before_names.index(_RESHAPE) + 1 if _RESHAPE in before_names else len(before)
-    return Stages(before[:cut], before[cut:], finalize[at:])
+    return Stages(before[:cut] + [WriteTilesInPlace()], before[cut:], finalize[at:])
 
 
 def order_passes(options: MemplanOptions, on_order_report: Callable[[OrderReport], None] | None = None) -> list:
@@ -141,7 +142,6 @@ def pipeline(
         with resolved_target:
             seq = tvm.transform.Sequential(
                 stages.dataflow
-                + [WriteTilesInPlace()]
                 + order_passes(run_options, on_order_report)
                 + stages.lowering
                 + [ArenaPlanBlockMemory(run_options, on_report)]
