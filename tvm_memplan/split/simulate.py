@@ -54,11 +54,12 @@ class Chain:
     transformer's feed-forward block), every operator row-wise, the last tensor made tile by tile."""
     spatial: tuple[RowOp, ...] = ()
     """A spatial chain (:mod:`tvm_memplan.split.spatial`): its operators cut along the rows of NCHW
-    tensors, halos recomputed, each tile of the last tensor copied into its rows."""
+    tensors, halos recomputed, each tile of the last tensor written into its rows."""
     gathered: bool = False
-    """A spatial chain whose last tiles are kept and concatenated once at the end: one kernel in
-    place of a copy per tile, for the last tensor's size again at the end (offered where strides
-    made that tensor small)."""
+    """A spatial chain whose last tiles are kept and concatenated once at the end: the last tensor
+    grows tile by tile instead of existing whole from the first tile on (the middle tiles, where
+    the chain's peak is, hold less), for its size again at the end and a concat kernel (offered
+    where strides made that tensor small)."""
     anchor: str | None = None
     """The binding after which the tiles run, when an operand from outside the chain is computed
     after its head (an attention's keys and values, after its query projection); None: where the
