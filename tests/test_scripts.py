@@ -17,3 +17,19 @@ def test_check_exports_splits_and_verifies_an_exported_stem(tmp_path):
     (row,) = [line for line in out.read_text().splitlines() if line.startswith("| torchvision_mobilenet_v2_stem")]
     checked = row.split("|")[9]
     assert checked.strip().startswith("yes,") and "= plan" in checked and "NOT" not in checked, row
+
+
+def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
+    """The profile of mcu_cnn's stem chain in 2 and 4 row tiles: launches grow with the tiles, the
+    reduction steps cannot shrink (halos are recomputed), the simulated peak drops."""
+    out = tmp_path / "profile.md"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_split.py"), "zoo:mcu_cnn", "--chains",
+                           "lv..lv4 (rows)", "--parts", "2,4", "--rounds", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    unsplit, *tiles = rows
+    assert [int(r[2]) for r in tiles] == [2, 4]
+    peak, launches, steps = float(unsplit[3]), int(unsplit[4]), float(unsplit[5])
+    assert all(float(r[3]) < peak and int(r[4]) > launches and float(r[5].split()[0]) >= steps for r in tiles)
+    assert all("/" in r[6] and "/" in r[7] for r in tiles)  # both timed, side by side

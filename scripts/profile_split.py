@@ -1,0 +1,167 @@
+"""Where a split's time goes: chains timed alone and in the whole model, unsplit and in tiles, side by side.
+
+    TVM_NUM_THREADS=2 python scripts/profile_split.py "zoo:mobilenet_v2?width=0.35&resolution=144" \\
+        --chains "lv..lv41 (rows)" "lv21..lv39" --parts 2,4,8,16 --out results/profile_split.md
+
+For each chain and number of parts: the simulated peak of the model with that chain split (nothing
+else), the chain's kernel launches after TVM's fusion, the iterations of its reduction blocks
+(multiply-adds of convolutions and matmuls, window reads of pools; row tiles recompute their halos), the chain compiled alone and timed whole and split, and the
+whole model timed unsplit and split; each pair in interleaved rounds with the default CPU schedules.
+``--list`` prints the model's chains instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir
+
+from tvm_memplan.deploy.chain_latency import ChainLatency
+from tvm_memplan.deploy.measure import Device
+from tvm_memplan.deploy.targets import get_target
+from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.relax.pipeline import stage_passes
+from tvm_memplan.relax.split import chain_module, find_chains, normalize, program_of, split_chains
+from tvm_memplan.split.simulate import SplitChoice, peak, split_program
+
+_KERNEL_CALLS = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_inplace"))
+_REDUCE = 2  # IterVar.CommReduce
+
+
+def reduction_steps(mod: tvm.IRModule) -> int:
+    """Iterations of every reduction block of ``main``'s kernels after legalization: the
+    multiply-adds of convolutions and matmuls, the window reads of pools (however a kernel was
+    emitted: split tiles read their rows through TE kernels of their own)."""
+    legalized = relax.transform.LegalizeOps()(mod)
+    total = 0
+    for block in legalized["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _KERNEL_CALLS):
+                total += _kernel_reduction_steps(legalized[value.args[0]])
+    return total
+
+
+def _kernel_reduction_steps(func: tvm.tirx.PrimFunc) -> int:
+    steps = []
+
+    def visit(node) -> None:
+        if isinstance(node, s_tir.SBlock) and any(int(iv.iter_type) == _REDUCE for iv in node.iter_vars):
+            steps.append(int(np.prod([int(iv.dom.extent) for iv in node.iter_vars])))
+
+    tvm_ffi.structural_walk(func, visit, order="pre")
+    return sum(steps)
+
+
+def launches(mod: tvm.IRModule, target: tvm.target.Target) -> int:
+    """Kernel calls of ``main`` after TVM's legalization and fusion."""
+    with target:
+        fused = tvm.transform.Sequential(stage_passes(target).dataflow)(mod)
+    return sum(1 for block in fused["main"].body.blocks for b in block.bindings
+               if isinstance(b.value, relax.Call) and any(b.value.op.same_as(op) for op in _KERNEL_CALLS))
+
+
+def _median_ms(samples: list[float]) -> float:
+    return float(np.median(samples))
+
+
+def profile(spec: str, names: list[str], parts: list[int], rounds: int) -> list[dict]:
+    model = load_model(spec)
+    mod = normalize(to_relax(model))
+    chains = {c.name: c for c in find_chains(mod)}
+    missing = [n for n in names if n not in chains]
+    if missing:
+        raise SystemExit(f"{spec}: no chain {missing[0]!r} (--list shows them)")
+    deploy_target = get_target("host")
+    target = deploy_target.tvm_target()
+    measurer = ChainLatency(mod, deploy_target, Device(), cache=None)
+    program = program_of(mod)
+    rows = []
+    for name in names:
+        chain = chains[name]
+        alone = chain_module(mod, chain)
+        row = {"chain": name, "kind": chain.kind, "unsplit": {
+            "peak": peak(program).bytes, "launches": launches(alone, target), "macs": reduction_steps(alone)}}
+        for count in parts:
+            choice = [SplitChoice(chain, count)]
+            split_alone = split_chains(alone, choice)
+            chain_before, chain_after = measurer.compare(alone, split_alone, rounds)
+            model_before, model_after = measurer.compare(mod, split_chains(mod, choice), rounds)
+            row[count] = {
+                "peak": peak(split_program(program, choice)).bytes,
+                "launches": launches(split_alone, target),
+                "macs": reduction_steps(split_alone),
+                "chain_ms": (_median_ms(chain_before), _median_ms(chain_after)),
+                "model_ms": (_median_ms(model_before), _median_ms(model_after)),
+            }
+            print(f"{name} x{count}: {row[count]}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int) -> str:
+    threads = os.environ.get("TVM_NUM_THREADS", "unset")
+    lines = [
+        f"## Where a split's time goes: {spec} ({datetime.date.today()})",
+        "",
+        f"Target `host`, {platform.machine()} with {os.cpu_count()} cores, TVM_NUM_THREADS={threads}. One chain split "
+        "at a time (nothing else split). Peak: the simulator's, whole model. Launches: the chain's kernels after TVM's "
+        "fusion. Reduction steps: iterations of its kernels' reduction blocks (the multiply-adds of convolutions and matmuls, the window reads of pools; halos recomputed). Times: medians over "
+        f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit and split "
+        "side by side. Produced by `scripts/profile_split.py`.",
+        "",
+        "| chain | parts | peak KiB | launches | reduction steps (M) | chain alone ms: unsplit / split (added µs) "
+        "| whole model ms: unsplit / split (overhead) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        base = row["unsplit"]
+        lines.append(f"| {row['chain']} ({row['kind']}) | 1 | {base['peak'] / 1024:.1f} | {base['launches']} | "
+                     f"{base['macs'] / 1e6:.2f} | | |")
+        for count in parts:
+            r = row[count]
+            (cb, ca), (mb, ma) = r["chain_ms"], r["model_ms"]
+            lines.append(
+                f"| | {count} | {r['peak'] / 1024:.1f} | {r['launches']} | {r['macs'] / 1e6:.2f} "
+                f"({r['macs'] / base['macs'] - 1:+.0%}) | {cb:.3f} / {ca:.3f} ({(ca - cb) * 1e3:+.0f}) | "
+                f"{mb:.3f} / {ma:.3f} ({ma / mb - 1:+.1%}) |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--chains", nargs="*", default=[])
+    parser.add_argument("--parts", default="2,4,8")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--list", action="store_true", help="print the model's chains and exit")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if args.list:
+        mod = normalize(to_relax(load_model(args.model)))
+        for chain in find_chains(mod):
+            print(f"{chain.name:40s} {chain.kind:9s} units {chain.units}")
+        return 0
+    parts = [int(p) for p in args.parts.split(",")]
+    rows = profile(args.model, args.chains, parts, args.rounds)
+    text = markdown(args.model, rows, parts, args.rounds)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        temporary = args.out.with_suffix(".tmp")
+        temporary.write_text(text)
+        temporary.replace(args.out)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
