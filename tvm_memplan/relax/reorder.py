@@ -23,6 +23,7 @@ ORDERS = ("program", "dfs", "bfs", "search")
 REORDER_PASS_NAME = "tvm_memplan.ReorderForMemory"
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 
 
 @dataclass
@@ -58,6 +59,18 @@ def _call_tir_parts(value: relax.Expr, mod: tvm.IRModule) -> tuple[tirx.PrimFunc
     return prim, list(args.fields)
 
 
+def _inplace_operand(value: relax.Expr) -> relax.Var | None:
+    """The operand an ``R.call_tir_inplace`` with one output writes (split row tiles written into
+    their rows of the full tensor, the row copies)."""
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR_INPLACE)):
+        return None
+    indices = [int(i) for i in value.attrs.inplace_indices]
+    args = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else []
+    if len(indices) != 1 or not 0 <= indices[0] < len(args) or not isinstance(args[indices[0]], relax.Var):
+        return None
+    return args[indices[0]]
+
+
 def block_graph(
     block: relax.DataflowBlock, escaping: set[relax.Var], mod: tvm.IRModule, inplace: bool = True
 ) -> OrderGraph:
@@ -89,6 +102,10 @@ def block_graph(
                 if isinstance(a, relax.Var) and a in produced and static_nbytes(a.ty) == out_bytes
                 and inplace_safe(prim, i, len(args))
             ]
+        written = _inplace_operand(value)
+        if written is not None and written in produced:  # an in-place kernel's output is its operand's buffer
+            aliases[binding.var] = written
+            continue
         if _is_view(value):
             source = value if isinstance(value, relax.Var) else (
                 value.tuple_value if isinstance(value, relax.TupleGetItem) else value.args[0]
