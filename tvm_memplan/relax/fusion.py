@@ -78,7 +78,8 @@ class KernelNest:
     """The body synchronises its threads: every thread of a block must take the same branch."""
     reduces_across_threads: bool = False
     """A reduction across threads: TVM lowers it from the thread loops around it, so ``body`` keeps
-    the thread loops below the blocks and the launch must have exactly this nest's thread shape."""
+    the thread loops below the blocks and the launch must have this nest's thread shape or one they
+    split into (:func:`_placement`)."""
     bound_above: tuple[str, ...] = ()
     """Thread tags bound above everything: their loop variables are free in ``body`` (all tags
     where the inner thread loops are folded into them)."""
