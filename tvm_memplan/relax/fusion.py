@@ -17,7 +17,13 @@ synchronise joins at any count, its thread axes flattened onto the launch's flat
 fastest): with fewer threads under ``if t < T_i``, with more in a serial loop over its own flattened
 index (``t + k * T`` for ``k < ceil(T_i / T)``). A member that reduces across threads keeps its own
 thread loops (TVM lowers the reduction from them), nested in the launch's loops over the same axes,
-so the launch takes exactly its thread shape (extent per axis). Members a fused launch cannot take
+so the launch takes its thread shape (extent per axis) or one its loops are split into, as a schedule
+would split them (:func:`_placement`): a reduction over X*Y lanes runs on X x Y threads (TVM flattens
+a reduction's lanes x fastest, so the reduction tree is the same), and beside it one over X lanes runs
+its rows Y at a time in a serial loop, or, with one row per block, Y of its blocks per launch block.
+Each output is computed by the same operations in the same order as in the member alone, so outputs
+stay bit-identical to the ungrouped build (dlight's 64-lane and 32x8 reductions on Vulkan share a
+32x2 launch; on OpenCL its 256-lane and 64-lane ones a 64x4 launch). Members a fused launch cannot take
 form further fused launches among themselves or stay their own launch: PrimFuncs that are not one
 loop nest under ``blockIdx`` axes (several kernels, no block axis, a thread axis bound with two
 extents, virtual threads, scalar or dynamic-shape parameters), and whatever would push the fused
@@ -72,10 +78,13 @@ class KernelNest:
     """The body synchronises its threads: every thread of a block must take the same branch."""
     reduces_across_threads: bool = False
     """A reduction across threads: TVM lowers it from the thread loops around it, so ``body`` keeps
-    the thread loops below the blocks and the launch must have exactly this nest's thread shape."""
+    the thread loops below the blocks and the launch must have this nest's thread shape or one they
+    split into (:func:`_placement`)."""
     bound_above: tuple[str, ...] = ()
     """Thread tags bound above everything: their loop variables are free in ``body`` (all tags
     where the inner thread loops are folded into them)."""
+    reduced: tuple[str, ...] = ()
+    """Thread tags a reduction runs across (the other axes index independent rows)."""
 
     @property
     def block_count(self) -> int:
@@ -110,22 +119,24 @@ def _uses(expr: object, variables: Sequence[tvm.ir.Var]) -> bool:
     return bool(hits)
 
 
-def _synchronisation(body: tirx.Stmt, alloc_buffers: Sequence, thread_vars: Sequence[tvm.ir.Var]) -> tuple[bool, bool]:
-    """(threads synchronise: shared memory, a barrier or a reduction across threads; the latter)."""
+def _synchronisation(body: tirx.Stmt, alloc_buffers: Sequence, threads: dict[str, tuple[tvm.ir.Var, int]]) -> tuple[bool, tuple[str, ...]]:
+    """(threads synchronise: shared memory, a barrier or a reduction across threads; the thread
+    tags reductions run across)."""
     shared = [any(str(b.ty.storage_scope).startswith("shared") for b in alloc_buffers)]
-    across = [False]
+    reduced: set[str] = set()
 
     def visit(node: object) -> None:
         if isinstance(node, s_tir.SBlock):
             shared[0] |= any(str(b.ty.storage_scope).startswith("shared") for b in node.alloc_buffers)
         elif isinstance(node, s_tir.SBlockRealize):
-            across[0] |= any(int(iv.iter_type) == _COMM_REDUCE and _uses(value, thread_vars)
-                             for iv, value in zip(node.block.iter_vars, node.iter_values))
+            for iv, value in zip(node.block.iter_vars, node.iter_values):
+                if int(iv.iter_type) == _COMM_REDUCE:
+                    reduced.update(tag for tag, (var, _) in threads.items() if _uses(value, [var]))
         elif isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op):
             shared[0] |= node.op.name in _SYNC_OPS
 
     _walk(body, visit)
-    return shared[0] or across[0], across[0]
+    return shared[0] or bool(reduced), tuple(tag for tag in THREAD_TAGS if tag in reduced)
 
 
 def kernel_nest(func: tirx.PrimFunc) -> KernelNest | None:
@@ -172,13 +183,13 @@ def kernel_nest(func: tirx.PrimFunc) -> KernelNest | None:
         mapping[loop.loop_var] = threads[tag][0]
     body = _substitute(stmt, mapping, unroll_thread_loops=True)
     alloc_buffers = list(block.alloc_buffers)
-    uniform, across = _synchronisation(body, alloc_buffers, [var for var, _ in threads.values()])
-    if not across:
-        return KernelNest(func, blocks, threads, body, alloc_buffers, uniform, across, tuple(threads))
+    uniform, reduced = _synchronisation(body, alloc_buffers, threads)
+    if not reduced:
+        return KernelNest(func, blocks, threads, body, alloc_buffers, uniform, False, tuple(threads))
     # TVM lowers a reduction across threads from the thread loops around it: keep them
     outer = {var: value for var, value in mapping.items() if not any(var.same_as(loop.loop_var) for loop in inner)}
     above = tuple(tag for tag in threads if tag in axes)
-    return KernelNest(func, blocks, threads, _substitute(stmt, outer), alloc_buffers, uniform, across, above)
+    return KernelNest(func, blocks, threads, _substitute(stmt, outer), alloc_buffers, uniform, True, above, reduced)
 
 
 def _substitute(stmt: tirx.Stmt, mapping: dict, unroll_thread_loops: bool = False) -> tirx.Stmt:
@@ -207,45 +218,94 @@ ThreadShape = tuple[tuple[str, int], ...]
 """(thread tag, extent) per thread axis of a launch, x first."""
 
 
-def launch_shape(nests: Sequence[KernelNest]) -> ThreadShape:
-    """The thread shape a fused launch of ``nests`` runs with: that of its members reducing across
-    threads (they keep their thread loops), else the count of those that synchronise (their threads
-    flattened onto ``threadIdx.x``), else the largest count (no member loops over its threads)."""
-    across = [n for n in nests if n.reduces_across_threads]
-    if across:
-        return across[0].thread_shape
-    uniform = [n for n in nests if n.uniform]
-    return ((THREAD_TAGS[0], (uniform or [max(nests, key=lambda n: n.thread_count)])[0].thread_count),)
+def _lanes_rows(nest: KernelNest) -> tuple[int, int]:
+    """A reduction's threads as (``threadIdx.x`` extent, ``threadIdx.y`` extent)."""
+    return nest.threads.get(THREAD_TAGS[0], (None, 1))[1], nest.threads.get(THREAD_TAGS[1], (None, 1))[1]
+
+
+def _placement(nest: KernelNest, shape: ThreadShape) -> str | None:
+    """How a reduction across threads runs in a launch of thread shape ``shape``, None where it cannot.
+
+    Each is what a schedule's split of a thread loop gives, so TVM lowers the same reduction tree and
+    every output is computed by the same operations in the same order:
+    ``"same"``: its own shape; ``"lanes"``: its ``threadIdx.x`` loops (X*Y lanes) split into
+    ``threadIdx.y`` (Y) x ``threadIdx.x`` (X), x fastest as TVM flattens the lanes of a reduction;
+    ``"rows"``: its ``threadIdx.y`` loops (R independent rows) split into a serial loop of R/Y around
+    ``threadIdx.y`` (Y); ``"pack"``: one row per block, so Y of its blocks share a launch block,
+    one per ``threadIdx.y``."""
+    if nest.thread_shape == shape:
+        return "same"
+    if nest.bound_above or nest.reduced != THREAD_TAGS[:1] or not set(nest.threads) <= set(THREAD_TAGS[:2]):
+        return None
+    lanes, rows = _lanes_rows(nest)
+    x, y = dict(shape).get(THREAD_TAGS[0], 1), dict(shape).get(THREAD_TAGS[1], 1)
+    if len(shape) > 2 or y == 1:
+        return None
+    if lanes == x * y and rows == 1:
+        return "lanes"
+    if lanes == x and rows > y and rows % y == 0:
+        return "rows"
+    if lanes == x and rows == 1 and nest.block_count % y == 0:
+        return "pack"
+    return None
+
+
+def _launch_blocks(nest: KernelNest, shape: ThreadShape) -> int:
+    """The launch's blocks ``nest`` takes in a launch of thread shape ``shape``."""
+    packed = nest.reduces_across_threads and _placement(nest, shape) == "pack"
+    return nest.block_count // dict(shape)[THREAD_TAGS[1]] if packed else nest.block_count
 
 
 def _joins(nest: KernelNest, shape: ThreadShape) -> bool:
     """Whether ``nest`` can run in a launch of thread shape ``shape`` (see the module docstring)."""
     if nest.reduces_across_threads:
-        return nest.thread_shape == shape
+        return _placement(nest, shape) is not None
     return not nest.uniform or nest.thread_count == math.prod(extent for _, extent in shape)
 
 
-def select_members(nests: Sequence[KernelNest]) -> list[int]:
-    """Which of a group's fusable kernels join, in order: the launch's thread shape is the one most
-    kernels can run with (see :func:`launch_shape` for the candidates; on a tie the one with more
-    threads, so fewer members loop), and the fused grid stays within :data:`MAX_BLOCKS`. Reductions
-    across threads nest in the launch's thread loops: one index type for all of them."""
+def _candidates(nests: Sequence[KernelNest]) -> list[ThreadShape]:
+    """Launch thread shapes to try, most threads first: each reduction's own shape, X x Y for two
+    reductions of X and X*Y lanes, each synchronising member's count, and the largest count."""
     largest = max(n.thread_count for n in nests)
-    shapes = {n.thread_shape for n in nests if n.reduces_across_threads}
+    across = [n for n in nests if n.reduces_across_threads]
+    shapes = {n.thread_shape for n in across}
+    lanes = {_lanes_rows(n)[0] for n in across}
+    shapes |= {((THREAD_TAGS[0], x), (THREAD_TAGS[1], wide // x)) for x in lanes for wide in lanes if wide > x and wide % x == 0}
     shapes |= {((THREAD_TAGS[0], n.thread_count),) for n in nests if n.uniform or n.thread_count == largest}
-    best: list[int] = []
-    for shape in sorted(shapes, key=lambda shape: (-math.prod(extent for _, extent in shape), shape)):
-        chosen, blocks, index_type = [], 0, None
-        for i, nest in enumerate(nests):
-            if not _joins(nest, shape) or blocks + nest.block_count > MAX_BLOCKS:
+    return sorted(shapes, key=lambda shape: (-math.prod(extent for _, extent in shape), shape))
+
+
+def _members(nests: Sequence[KernelNest], shape: ThreadShape) -> list[int]:
+    """The nests that join a launch of ``shape``, in order, within :data:`MAX_BLOCKS` and with one
+    index type for the reductions across threads (they nest in the launch's thread loops)."""
+    chosen, blocks, index_type = [], 0, None
+    for i, nest in enumerate(nests):
+        if not _joins(nest, shape) or blocks + _launch_blocks(nest, shape) > MAX_BLOCKS:
+            continue
+        if nest.reduces_across_threads:
+            own = str(next(iter(nest.threads.values()))[0].ty)
+            if index_type not in (None, own):
                 continue
-            if nest.reduces_across_threads:
-                own = str(next(iter(nest.threads.values()))[0].ty)
-                if index_type not in (None, own):
-                    continue
-                index_type = own
-            chosen.append(i)
-            blocks += nest.block_count
+            index_type = own
+        chosen.append(i)
+        blocks += _launch_blocks(nest, shape)
+    return chosen
+
+
+def launch_shape(nests: Sequence[KernelNest]) -> ThreadShape:
+    """The thread shape a fused launch of ``nests`` runs with: the first of :func:`_candidates` all
+    of them join (reductions across threads fix it, then members that synchronise, else the largest
+    count wins, so no member loops over its threads)."""
+    return next(shape for shape in _candidates(nests) if len(_members(nests, shape)) == len(nests))
+
+
+def select_members(nests: Sequence[KernelNest]) -> list[int]:
+    """Which of a group's fusable kernels join, in order: those of the launch thread shape most
+    kernels can run with (see :func:`_candidates`; on a tie the one with more threads, so fewer
+    members loop), the fused grid within :data:`MAX_BLOCKS`."""
+    best: list[int] = []
+    for shape in _candidates(nests):
+        chosen = _members(nests, shape)
         if len(chosen) > len(best):
             best = chosen
     return best
@@ -278,7 +338,7 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
     dtype = next(iter(across[0].threads.values()))[0].ty if across else next(iter(nests[0].blocks.values()))[0].ty
     shape = launch_shape(nests)
     threads = math.prod(extent for _, extent in shape)
-    total = sum(n.block_count for n in nests)
+    total = sum(_launch_blocks(n, shape) for n in nests)
     block_var = tirx.Var("group_block", dtype)
     thread_vars = {tag: tirx.Var(f"group_thread_{tag[-1]}", dtype) for tag, _ in shape}
     (fastest, stride), *slower = shape
@@ -305,14 +365,18 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
             else:
                 mapping[param] = shared
         local = block_var - tirx.const(start, dtype) if start else block_var
+        placement = _placement(nest, shape) if nest.reduces_across_threads else None
+        if placement == "pack":  # Y of its blocks per launch block, one per threadIdx.y
+            rows = dict(shape)[THREAD_TAGS[1]]
+            local = local * tirx.const(rows, dtype) + thread_vars[THREAD_TAGS[1]]
         mapping.update(_flat_index(local, nest.blocks, BLOCK_TAGS, nest.block_count))
-        if nest.reduces_across_threads:  # same thread shape: its own thread loops nest in the launch's
+        if placement is not None:  # its own thread loops, reshaped, nest in the launch's
             mapping.update({nest.threads[tag][0]: _as(nest.threads[tag][0].ty, thread_vars[tag]) for tag in nest.bound_above})
-            body = _substitute(nest.body, mapping)
+            body = _reshape_threads(_substitute(nest.body, mapping), placement, shape)
         else:
             body = _thread_range(nest, mapping, flat, threads)
         alloc_buffers += nest.alloc_buffers
-        start += nest.block_count
+        start += _launch_blocks(nest, shape)
         branches.append((start, body))
     # one branch per member, its condition bounded on both sides (buffer compaction reads the
     # bounds, so members' local buffers keep their sizes) and the same for every thread of a block
@@ -334,6 +398,34 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
     root = s_tir.SBlock([], [], [], "root", outer, alloc_buffers=alloc_buffers)
     attrs = {"tirx.is_scheduled": True, "tirx.noalias": True}
     return tirx.PrimFunc(params, s_tir.SBlockRealize([], True, root)).with_attrs(attrs), call_args
+
+
+def _reshape_threads(body: tirx.Stmt, placement: str, shape: ThreadShape) -> tirx.Stmt:
+    """``body``'s thread loops as :func:`_placement` describes for ``placement`` in a launch of
+    thread shape ``shape`` (x = ``threadIdx.x`` extent, y = ``threadIdx.y`` extent)."""
+    if placement == "same":
+        return body
+    x, y = dict(shape)[THREAD_TAGS[0]], dict(shape)[THREAD_TAGS[1]]
+
+    def reshape(loop: tirx.For) -> tirx.Stmt:
+        if not _is_thread_loop(loop):
+            return loop
+        tag, var, extent = str(loop.thread_binding.thread_tag), loop.loop_var, int(loop.extent.value)
+        dtype = var.ty
+        if tag == THREAD_TAGS[1] and extent == 1:  # "pack": threadIdx.y picks the block instead
+            return _substitute(loop.body, {var: tirx.const(0, dtype)})
+        if placement == "lanes" and tag == THREAD_TAGS[0]:
+            lane, row = tirx.Var(f"{var.name}_x", dtype), tirx.Var(f"{var.name}_y", dtype)
+            inner = _substitute(loop.body, {var: lane + row * tirx.const(x, dtype)})
+            return _thread_loop(row, THREAD_TAGS[1], y, _thread_loop(lane, THREAD_TAGS[0], x, inner))
+        if placement == "rows" and tag == THREAD_TAGS[1]:
+            row, step = tirx.Var(f"{var.name}_y", dtype), tirx.Var(f"{var.name}_round", dtype)
+            inner = _substitute(loop.body, {var: row + step * tirx.const(y, dtype)})
+            return tirx.For(step, tirx.const(0, dtype), tirx.const(extent // y, dtype), tirx.ForKind.SERIAL,
+                            _thread_loop(row, THREAD_TAGS[1], y, inner))
+        return loop
+
+    return tvm_ffi.structural_map(body, [(tirx.For, reshape)])
 
 
 def _thread_range(nest: KernelNest, mapping: dict, flat: tirx.Expr, threads: int) -> tirx.Stmt:
