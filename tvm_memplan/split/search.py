@@ -53,6 +53,12 @@ def pareto(points: list[Point]) -> list[Point]:
     return front
 
 
+def _with_original(front: list[Point], original: Point) -> list[Point]:
+    """The front with the unsplit plan kept as its last point, the reference every split is read
+    against (chains timed a little faster split than whole, within noise, would drop it)."""
+    return front if original in front else [p for p in front if p.peak_bytes < original.peak_bytes] + [original]
+
+
 def _fastest_fitting(front: list[Point], memory_limit: int | None, otherwise: Point) -> Point:
     """Under a memory limit, the fastest point of the front that fits (``otherwise`` when none does
     or there is no limit)."""
@@ -142,7 +148,7 @@ def search(
                 break
         if not accepted:
             break
-    front = pareto(points)
+    front = _with_original(pareto(points), original)
     final = _fastest_fitting(front, memory_limit, Point(choices_of(state), current.bytes, latency_of(state)))
     return SearchResult(final, original, front, evaluated, measured, time.monotonic() - start, stopped,
                         peak(split_program(program, list(final.choices))))
@@ -173,7 +179,7 @@ def search_phased(
     # so that spatial plans that fit compete on latency with it
     start_from = () if memory_limit is not None else first.best.choices
     second = search(program, chains, base_latency_ms, chain_delta_ms, budget, left, memory_limit, start_from=start_from)
-    front = pareto(first.front + second.front)
+    front = _with_original(pareto(first.front + second.front), first.original)
     best = _fastest_fitting(front, memory_limit, second.best)
     return SearchResult(best, first.original, front, first.evaluated + second.evaluated,
                         first.measured + second.measured, time.monotonic() - started, second.stopped,
