@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
+from tvm_memplan.deploy.results import write_atomically
 from tvm_memplan.deploy.split import search_split
 from tvm_memplan.frontend import load_model
 from tvm_memplan.planner import plan_model
@@ -124,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {spec}", flush=True)
         rows.append(bench(spec, args.latency_budget, args.search_seconds, args.order_seconds))
     text = markdown(rows, args.latency_budget)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.out.with_suffix(".tmp")
-    temporary.write_text(text)
-    temporary.replace(args.out)
+    write_atomically(args.out, text)
     print(text)
     return 0
 

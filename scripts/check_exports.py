@@ -26,6 +26,8 @@ from pathlib import Path
 
 import onnx
 
+from tvm_memplan.deploy.results import write_atomically
+
 RECHECK_TIME = 4
 """Run 2 searches again, under a memory limit, from run 1's measurements: a few times run 1's time limit
 so that a busy machine does not stop it short of the plan run 1 found."""
@@ -111,9 +113,7 @@ def main() -> None:
         lines.append(row(path, args.latency_budget, args.search_seconds, args.cache, args.timeout))
         print(lines[-1], flush=True)
     if args.out:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(args.out)
+        write_atomically(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

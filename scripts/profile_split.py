@@ -26,6 +26,7 @@ from tvm import relax, s_tir
 
 from tvm_memplan.deploy.chain_latency import ChainLatency
 from tvm_memplan.deploy.measure import Device
+from tvm_memplan.deploy.results import write_atomically
 from tvm_memplan.deploy.targets import get_target
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.relax.pipeline import stage_passes
@@ -155,10 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = profile(args.model, args.chains, parts, args.rounds)
     text = markdown(args.model, rows, parts, args.rounds)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        temporary = args.out.with_suffix(".tmp")
-        temporary.write_text(text)
-        temporary.replace(args.out)
+        write_atomically(args.out, text)
     print(text)
     return 0
 

@@ -17,6 +17,15 @@ from typing import Any, Iterator
 DEFAULT_LOG = Path("results") / "measurements.jsonl"
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed over it: a result table is either
+    the old one or the new one, never half written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
 class ResultsLog:
     """JSON-lines file of measurement records (dicts), appended atomically."""
 
