@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 
 from ..relax.split import chain_module, chain_signature, split_chains
-from ..split.simulate import Chain, SplitChoice
+from ..split.chain import Chain, SplitChoice
 from .measure import Device
 from .results import ResultsLog
 from .targets import DeployTarget

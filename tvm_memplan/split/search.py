@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .simulate import Chain, Peak, Program, SplitChoice, peak, split_program
+from .chain import Chain, SpatialChain, SplitChoice
+from .simulate import Peak, Program, peak, split_program
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def search_phased(
     simulated floor: 3.47x greedy over all chains, 4.90x over channel chains); from the channel
     plan, spatial chains only go lower. Under a memory limit both phases start unsplit and the
     fastest plan that fits on either front is kept."""
-    plain = [c for c in chains if not c.spatial]
+    plain = [c for c in chains if not isinstance(c, SpatialChain)]
     if not plain or len(plain) == len(chains):
         return search(program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit)
     started = time.monotonic()

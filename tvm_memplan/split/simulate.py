@@ -12,112 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .spatial import RowOp, tile_rows
+from .chain import SPATIAL_PARTS, Branch, Chain, ChannelChain, RowChain, SpatialChain, SplitChoice, disjoint
 
-SPATIAL_PARTS = 16
-
-
-@dataclass(frozen=True)
-class Branch:
-    """A convolution whose output channels are independent and the per-channel operators after it."""
-
-    head: str
-    mids: tuple[str, ...]
-    units: int
-    """Tiles are made of whole units (channels, or groups of a grouped convolution)."""
-    channels: int
-    """Channels of the branch's last tensor (its share of a concat)."""
-    pool: str | None = None
-    """A pool that feeds the head from a tensor other operators keep whole (an inception
-    module's pool branch): each tile of the head sums ``parts`` partial convolutions, each of
-    a pool over a slice of that tensor's channels, so the pooled tensor never exists whole."""
-
-
-@dataclass(frozen=True)
-class Chain:
-    """A channel chain (see :mod:`tvm_memplan.relax.split`), by binding names in program order.
-
-    One branch, or several joined by a channel ``concat`` (the branches of an inception or fire
-    module), then per-channel operators on the joined tensor (``post``: a pool), then the tail.
-    """
-
-    branches: tuple[Branch, ...]
-    concat: str | None
-    post: tuple[str, ...]
-    tail: str | None
-    """The convolution that reduces over the chain's channels (partial sums), or None: the last
-    tensor is produced tile by tile into its regions (concat elimination)."""
-    tile_bytes: int
-    """Bytes of the tensors that become tiles."""
-    rows: bool = False
-    """A row chain: rows of ``(1, sequence, features)`` tensors instead of channels (a
-    transformer's feed-forward block), every operator row-wise, the last tensor made tile by tile."""
-    spatial: tuple[RowOp, ...] = ()
-    """A spatial chain (:mod:`tvm_memplan.split.spatial`): its operators cut along the rows of NCHW
-    tensors, halos recomputed, each tile of the last tensor written into its rows."""
-    gathered: bool = False
-    """A spatial chain whose last tiles are kept and concatenated once at the end: the last tensor
-    grows tile by tile instead of existing whole from the first tile on (the middle tiles, where
-    the chain's peak is, hold less), for its size again at the end and a concat kernel (offered
-    where strides made that tensor small)."""
-    anchor: str | None = None
-    """The binding after which the tiles run, when an operand from outside the chain is computed
-    after its head (an attention's keys and values, after its query projection); None: where the
-    head ran."""
-
-    @property
-    def head(self) -> str:
-        return self.branches[0].head
-
-    @property
-    def units(self) -> int:
-        return min(b.units for b in self.branches)
-
-    @property
-    def name(self) -> str:
-        last = self.tail or (self.post[-1] if self.post else self.concat) or (self.branches[0].mids or (self.head,))[-1]
-        if self.spatial:
-            return f"{self.head}..{self.spatial[-1].name} (rows{', gathered' if self.gathered else ''})"
-        return f"{self.head}..{last}" + (f" ({len(self.branches)} branches)" if len(self.branches) > 1 else "")
-
-    @property
-    def kind(self) -> str:
-        """``spatial`` (row tiles of NCHW tensors), ``rows`` (of a transformer's sequence),
-        ``temporal`` (channel tiles reduced by partial sums) or ``concat`` (channel tiles written
-        into their regions)."""
-        if self.spatial:
-            return "spatial"
-        if self.rows:
-            return "rows"
-        return "temporal" if self.tail else "concat"
-
-    @property
-    def bindings(self) -> tuple[str, ...]:
-        names = [n for b in self.branches for n in ((b.pool,) if b.pool else ()) + (b.head, *b.mids)]
-        names += [self.concat] if self.concat else []
-        return tuple(names) + self.post + ((self.tail,) if self.tail else ())
-
-    def parts_ladder(self, limit: int = 64) -> list[int]:
-        """Numbers of parts worth trying: powers of two up to the number of units (for spatial
-        tiles up to :data:`SPATIAL_PARTS`: thinner tiles mostly recompute halos)."""
-        limit = min(limit, SPATIAL_PARTS) if self.spatial else limit
-        ladder, parts = [], 2
-        while parts <= min(self.units, limit):
-            ladder.append(parts)
-            parts *= 2
-        return ladder
-
-
-@dataclass(frozen=True)
-class SplitChoice:
-    chain: Chain
-    parts: int
-
-
-def disjoint(chains: list[Chain]) -> bool:
-    names = [n for c in chains for n in c.bindings]
-    return len(names) == len(set(names))
-
+__all__ = [
+    "SPATIAL_PARTS", "Branch", "Chain", "ChannelChain", "Peak", "Program", "RowChain", "SpatialChain", "SplitChoice",
+    "Step", "disjoint", "peak", "split_program",
+]
 
 @dataclass(frozen=True)
 class Step:
@@ -174,10 +74,6 @@ def peak(program: Program) -> Peak:
     return Peak(best, best_step, tuple(live), ties)
 
 
-def _tile_fraction(parts: int, units: int, t: int) -> float:
-    return ((t + 1) * units // parts - t * units // parts) / units
-
-
 def split_program(program: Program, choices: list[SplitChoice]) -> Program:
     """The program with every chosen chain run tile by tile: each branch's tiles where its head
     ran, or a chain with an anchor right after the anchor (as the rewriter emits them), the
@@ -197,7 +93,7 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
     written: set[str] = set()  # final tensors already written: later tiles accumulate into them
 
     def emit(choice: SplitChoice, branch: Branch) -> list[str]:
-        if choice.chain.spatial:
+        if isinstance(choice.chain, SpatialChain):
             steps.extend(_spatial_steps(program, choice, sizes))
         else:
             steps.extend(_branch_steps(program, choice, branch, sizes, written))
@@ -217,23 +113,23 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
                 done.extend(emit(choice, choice.chain.branches[0]))
     for choice in choices:
         chain = choice.chain
-        for name in {program.tensor(b) for b in chain.bindings if b != chain.tail} - {_final(program, chain)}:
+        for name in {program.tensor(b) for b in chain.tiled} - {program.tensor(chain.final)}:
             sizes.pop(name, None)
     return Program(steps, sizes, dict(program.aliases))
 
 
-def _final(program: Program, chain: Chain) -> str:
-    return program.tensor(chain.tail) if chain.tail else program.tensor(chain.bindings[-1])
-
-
 def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: dict[str, int],
                   written: set[str]) -> list[Step]:
+    """A channel or row chain's branch tile by tile: its own tensors, then the ones after a concat
+    (channel chains), each tile ending in the chain's final tensor."""
     chain, parts = choice.chain, choice.parts
     by_name = {s.name: s for s in program.steps}
-    final = _final(program, chain)
-    joined = ([program.tensor(chain.concat)] if chain.concat else []) + [program.tensor(b) for b in chain.post]
+    final = program.tensor(chain.final)
+    joined = []
+    if isinstance(chain, ChannelChain):
+        joined = ([program.tensor(chain.concat)] if chain.concat else []) + [program.tensor(b) for b in chain.post]
     shared = [t for t in dict.fromkeys(joined) if t != final]
-    group = {program.tensor(b) for b in chain.bindings if b != chain.tail}
+    group = {program.tensor(b) for b in chain.tiled}
     links = (branch.head, *branch.mids)
     own = [t for t in dict.fromkeys(program.tensor(b) for b in links) if t not in shared and t != final]
     readers = links + ((branch.pool,) if branch.pool else ())
@@ -242,7 +138,7 @@ def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: 
     pooled = program.tensor(branch.pool) if branch.pool else None
     steps: list[Step] = []
     for t in range(parts):
-        fraction = _tile_fraction(parts, branch.units, t)
+        fraction = branch.tile_fraction(parts, t)
         previous: tuple[str, ...] = tuple(outer)
         for position, name in enumerate(own + shared):
             tile = f"{name}#{branch.head}#{t}"
@@ -268,13 +164,14 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
     their producer's tile; a convolution reads its rows of an outside tensor in place), the last
     operator writing its rows of the chain's final tensor (or all last tiles concatenated at the
     end)."""
-    chain, ops = choice.chain, choice.chain.spatial
+    chain: SpatialChain = choice.chain
+    ops = chain.ops
     by_name = {s.name: s for s in program.steps}
     group = {program.tensor(op.name) for op in ops}
     final = program.tensor(ops[-1].name)
     steps: list[Step] = []
     last_tiles = []
-    for t, need in enumerate(tile_rows(ops, choice.parts)):
+    for t, need in enumerate(chain.tile_rows(choice.parts)):
         tile_of: dict[str, str] = {}
         for op in ops:
             tensor = program.tensor(op.name)

@@ -1,0 +1,21 @@
+"""Fine-grained splitting on Relax (docs/design.md, "Fine-grained splitting"): normalize the module,
+find the chains the axis connection graph joins (channel, row and spatial chains), rewrite the
+chosen ones into tiles, and model ``main`` for the memory simulator.
+
+- :mod:`.normalize`: constants folded, importer kernels raised to operators, batch norms folded;
+- :mod:`.chains`: :class:`~.chains.FunctionIndex` and the chain finders;
+- :mod:`.rewrite`: the tiles in the high-level module;
+- :mod:`.program`: ``main`` as a simulator program;
+- :mod:`.measure`: chains as modules of their own for latency measurement.
+"""
+
+from .chains import FunctionIndex, axis_graph, find_chains
+from .measure import chain_module, chain_signature, describe_tensors
+from .normalize import normalize
+from .program import program_of
+from .rewrite import split_chains
+
+__all__ = [
+    "FunctionIndex", "axis_graph", "chain_module", "chain_signature", "describe_tensors", "find_chains", "normalize",
+    "program_of", "split_chains",
+]

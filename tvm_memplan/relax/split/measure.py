@@ -1,0 +1,83 @@
+"""Chains as modules of their own, for latency measurement (one signature per kind of block), and
+simulator tensor names as a reader wants them."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ...split.chain import Chain
+from ..ir_utils import op_name, static_shape, top_level_bindings
+from .normalize import normalize
+from .operators import channels
+
+
+@mutator
+class _Substitute(PyExprMutator):
+    def __init__(self, remap: dict) -> None:
+        super().__init__()
+        self.remap = remap
+
+    def visit_var_(self, var: relax.Var) -> relax.Expr:
+        return self.remap.get(var, var)
+
+    def visit_dataflow_var_(self, var: relax.Var) -> relax.Expr:
+        return self.remap.get(var, var)
+
+
+def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
+    """The chain alone: its outside tensors as parameters, its last tensor returned, binding
+    names kept (so :func:`split_chains` applies to it as to the whole model)."""
+    table = {b.var.name: b for b in top_level_bindings(mod["main"])}
+    links = [table[n] for n in chain.bindings]
+    defined = {b.var for b in links}
+    externals = list(dict.fromkeys(
+        v for b in links for v in relax.analysis.free_vars(b.value) if v not in defined
+    ))
+    params = [relax.Var(v.name, v.ty) for v in externals]
+    remap = dict(zip(externals, params))
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            for i, b in enumerate(links):
+                value = _Substitute(remap).visit_expr(b.value)
+                emit = bb.emit_output if i == len(links) - 1 else bb.emit
+                remap[b.var] = emit(value, name_hint=b.var.name)
+        bb.emit_func_output(remap[links[-1].var])
+    return normalize(bb.get())
+
+
+def chain_signature(mod: tvm.IRModule) -> str:
+    """What a chain module's latency depends on (operators, attributes, shapes), not its
+    weights or variable names: identical blocks of a network share one measurement."""
+    text = mod["main"].script(show_meta=False)
+    names: dict[str, str] = {}
+    text = re.sub(r"\b(lv\d*(?:_\d+)?|gv\d*)\b", lambda m: names.setdefault(m.group(1), f"v{len(names)}"), text)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def describe_tensors(mod: tvm.IRModule, names: list[str]) -> list[str]:
+    """Simulator tensor names as a reader wants them: the operator and shape behind each
+    (``lv9#lv#1`` is tile 2 of the chain at ``lv``, written by the depthwise convolution ``lv9``)."""
+    table = {b.var.name: b for b in top_level_bindings(mod["main"])}
+    described = []
+    for name in names:
+        base, _, tile = name.partition("#")
+        binding = table.get(base)
+        if binding is None:
+            described.append(name)
+            continue
+        op = (op_name(binding.value) or "kernel").removeprefix("relax.").removeprefix("nn.")
+        if op == "conv2d" and int(binding.value.attrs.groups) > 1:
+            op = "depthwise conv2d" if int(binding.value.attrs.groups) == channels(binding.var) else "grouped conv2d"
+        shape = "x".join(str(d) for d in (static_shape(binding.var.ty) or ())[1:])
+        what = f"{op} {shape} ({base})"
+        if tile:
+            head, t = tile.split("#")[:2]
+            what = f"tile {int(t) + 1} of {what}, chain at {head}"
+        described.append(what)
+    return described

@@ -1,0 +1,105 @@
+"""Normalization before chain finding: constants folded, the importer's elementwise ``call_tir``
+kernels raised back to Relax operators, inference batch norms folded to a multiply and an add,
+every binding of ``main`` given its own name."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, te, topi
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ..ir_utils import constant_value, op_name, static_shape
+
+# call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
+_RAISABLE = {"maximum": (topi.maximum, relax.op.maximum), "minimum": (topi.minimum, relax.op.minimum),
+             "add": (topi.add, relax.op.add), "multiply": (topi.multiply, relax.op.multiply),
+             "subtract": (topi.subtract, relax.op.subtract), "divide": (topi.divide, relax.op.divide)}
+
+
+def normalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """Fold constants, raise the importer's elementwise ``call_tir`` kernels to Relax operators
+    (structurally equal to TOPI's) and inference batch norms to a multiply and an add, so the
+    rewriter sees operators it can tile."""
+    mod = relax.transform.FoldConstant()(mod)
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @mutator
+    class _Raise(PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            call = super().visit_call_(call)
+            if not call.op.same_as(call_tir):
+                return call
+            gvar, args = call.args[0], list(call.args[1].fields)
+            entry = _RAISABLE.get(gvar.name_hint.rstrip("0123456789"))
+            if entry is None or len(args) != 2:
+                return call
+            shapes = [static_shape(a.ty) for a in args]
+            if any(s is None for s in shapes):
+                return call
+            holders = [te.placeholder(list(a.ty.shape.values), str(a.ty.dtype)) for a in args]
+            reference = te.create_prim_func([*holders, entry[0](*holders)])
+            try:
+                tvm.ir.assert_structural_equal(reference.without_attr("global_symbol"),
+                                               mod[gvar].without_attr("global_symbol"))
+            except ValueError:
+                return call
+            return entry[1](*args)
+
+        def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
+            item = super().visit_tuple_getitem_(item)
+            if item.index != 0 or not isinstance(item.tuple_value, relax.Var):
+                return item
+            folded = _inference_batch_norm(self.lookup_binding(item.tuple_value))
+            return folded if folded is not None else item
+
+    raiser = _Raise(mod)
+    gvar = mod.get_global_var("main")
+    raiser.builder_.update_func(gvar, raiser.visit_expr(mod["main"]))
+    return _unique_names(relax.transform.DeadCodeElimination()(raiser.builder_.finalize()))
+
+
+def _unique_names(mod: tvm.IRModule) -> tvm.IRModule:
+    """Give every binding of ``main`` its own name: chains, the simulator and the latency cache
+    name bindings, and Relax lets emitted ones repeat (the batch-norm fold's did)."""
+    seen = {p.name for p in mod["main"].params}
+
+    @mutator
+    class _Rename(PyExprMutator):
+        def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+            name = binding.var.name
+            if name not in seen:
+                seen.add(name)
+                super().visit_var_binding_(binding)
+                return
+            index = 1
+            while f"{name}_{index}" in seen:
+                index += 1
+            seen.add(f"{name}_{index}")
+            value = self.visit_expr(binding.value)
+            if isinstance(binding.var, relax.DataflowVar):
+                renamed = self.builder_.emit(value, name_hint=f"{name}_{index}")
+            else:
+                renamed = self.builder_.emit_output(value, name_hint=f"{name}_{index}")
+            self.set_var_remap(binding.var, renamed)
+
+    renamer = _Rename(mod)
+    renamer.builder_.update_func(mod.get_global_var("main"), renamer.visit_expr(mod["main"]))
+    return renamer.builder_.finalize()
+
+
+def _inference_batch_norm(value: relax.Expr | None) -> relax.Expr | None:
+    """``batch_norm(x, gamma, beta, mean, var)[0]`` with constant statistics, as the per-channel
+    ``x * scale + shift`` it computes at inference (exports that do not fold BatchNormalization)."""
+    if op_name(value) != "relax.nn.batch_norm" or bool(getattr(value.attrs, "training", False)):
+        return None
+    gamma, beta, mean, var = (constant_value(a) for a in value.args[1:5])
+    shape = static_shape(value.args[0].ty)
+    if any(c is None for c in (gamma, beta, mean, var)) or shape is None:
+        return None
+    scale = gamma / np.sqrt(var + float(value.attrs.epsilon))
+    broadcast = [1] * len(shape)
+    broadcast[int(value.attrs.axis) % len(shape)] = -1
+    dtype = str(value.args[0].ty.dtype)
+    return relax.op.add(relax.op.multiply(value.args[0], relax.const(scale.reshape(broadcast).astype(dtype))),
+                        relax.const((beta - mean * scale).reshape(broadcast).astype(dtype)))

@@ -1,0 +1,62 @@
+"""What the splitter knows about Relax operators and tensor shapes: which operators keep channels
+or rows apart, and the axes of the tensors it tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..ir_utils import static_shape
+
+CHANNEL = 1
+"""The channel axis of NCHW tensors (and the sequence axis of ``(1, sequence, features)`` ones)."""
+ROWS = 2
+"""The H axis of NCHW tensors."""
+CONV = "relax.nn.conv2d"
+POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
+PER_CHANNEL_OPS = {
+    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
+    "relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.sigmoid", "relax.tanh", "relax.clip",
+    "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.leakyrelu", "relax.exp", "relax.sqrt",
+}
+ELEMENTWISE_PER_CHANNEL = PER_CHANNEL_OPS - POOLS
+ROW_OPS = {
+    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
+    "relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid", "relax.tanh",
+    "relax.clip", "relax.exp", "relax.sqrt", "relax.erf", "relax.power", "relax.nn.leakyrelu",
+}
+ROW_GUARDS = {"relax.isnan", "relax.isinf", "relax.isfinite", "relax.logical_not", "relax.where"}
+"""Elementwise selections exporters put after a softmax (``where(isnan(p), 0, p)``): row-wise,
+but left out of the simulator's fusion (boolean tensors)."""
+ELEMENTWISE = (PER_CHANNEL_OPS | ROW_OPS) - POOLS
+
+
+def nbytes(var: relax.Expr) -> int:
+    """Bytes of a statically shaped tensor (0 otherwise), as the simulator counts them."""
+    shape = static_shape(var.ty)
+    return int(np.prod(shape)) * tvm.runtime.DataType(str(var.ty.dtype)).bits // 8 if shape else 0
+
+
+def channels(var: relax.Expr) -> int | None:
+    """Channels of a batch-1 4-D tensor."""
+    shape = static_shape(var.ty)
+    return shape[CHANNEL] if shape is not None and len(shape) == 4 and shape[0] == 1 else None
+
+
+def sequence_rows(var: relax.Expr) -> int | None:
+    """Rows of a ``(1, sequence, features)`` tensor."""
+    shape = static_shape(var.ty)
+    return shape[1] if shape is not None and len(shape) == 3 and shape[0] == 1 else None
+
+
+def nchw(arg: relax.Expr) -> tuple[int, ...] | None:
+    """The shape of a batch-1 4-D tensor."""
+    shape = static_shape(arg.ty) if isinstance(arg.ty, relax.TensorType) else None
+    return tuple(shape) if shape is not None and len(shape) == 4 and shape[0] == 1 else None
+
+
+def padding(attrs) -> list[int]:
+    """A convolution's or pool's padding as (top, left, bottom, right)."""
+    pads = [int(x) for x in attrs.padding]
+    return pads * 2 if len(pads) == 2 else pads

@@ -1,0 +1,235 @@
+"""The sub-graphs fine-grained splitting cuts into tiles, TVM-free (docs/design.md, "Fine-grained splitting").
+
+A chain is one of three kinds, each with its own tile arithmetic:
+
+- :class:`ChannelChain`: tiles along the channel axis of NCHW tensors, from a head whose output
+  channels are independent, ending in a convolution that reduces them (partial sums) or in a
+  tensor written tile by tile into its regions;
+- :class:`RowChain`: tiles along the sequence axis of ``(1, sequence, features)`` tensors (a
+  transformer's feed-forward block or an attention's queries);
+- :class:`SpatialChain`: tiles along the rows (H axis) of NCHW tensors, halos recomputed.
+
+``Chain(branches, concat, post, tail, tile_bytes, rows=..., spatial=..., gathered=..., anchor=...)``
+still builds the matching kind from the flat fields of the older single class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spatial import RowOp, Rows, tile_rows
+
+SPATIAL_PARTS = 16
+"""Most row tiles a spatial chain is cut into: thinner tiles mostly recompute halos."""
+
+
+def tile_ranges(parts: int, units: int, extent: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each of ``parts`` tiles along an axis of ``extent`` made of ``units`` equal
+    units, every tile whole units."""
+    per_unit = extent // units
+    return [((t * units // parts) * per_unit, ((t + 1) * units // parts) * per_unit) for t in range(parts)]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A head whose output units are independent and the operators after it that keep them apart."""
+
+    head: str
+    mids: tuple[str, ...]
+    units: int
+    """Tiles are made of whole units (channels, groups of a grouped convolution, or rows)."""
+    channels: int
+    """Channels of the branch's last tensor (its share of a concat)."""
+    pool: str | None = None
+    """A pool that feeds the head from a tensor other operators keep whole (an inception
+    module's pool branch): each tile of the head sums ``parts`` partial convolutions, each of
+    a pool over a slice of that tensor's channels, so the pooled tensor never exists whole."""
+
+    def tile_ranges(self, parts: int, extent: int) -> list[tuple[int, int]]:
+        """The tiles of an axis of ``extent`` made of this branch's units (channels of any of its
+        tensors, or rows)."""
+        return tile_ranges(parts, self.units, extent)
+
+    def tile_fraction(self, parts: int, t: int) -> float:
+        """The share of the branch's tensors that tile ``t`` holds."""
+        return ((t + 1) * self.units // parts - t * self.units // parts) / self.units
+
+
+class _LegacyConstructor(type):
+    """``Chain(...)`` with the flat fields of the older class builds the matching kind."""
+
+    def __call__(cls, *args, **kwargs):
+        if cls is Chain:
+            return _chain_of_fields(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class Chain(metaclass=_LegacyConstructor):
+    """What every kind of chain answers: its bindings in program order, by name."""
+
+    branches: tuple[Branch, ...]
+    tile_bytes: int
+    """Bytes of the tensors that become tiles."""
+    anchor: str | None = None
+    """The binding after which the tiles run, when an operand from outside the chain is computed
+    after its head (an attention's keys and values, after its query projection); None: where the
+    head ran."""
+    kind: str
+    """``temporal`` (channel tiles reduced by partial sums), ``concat`` (channel tiles written into
+    their regions), ``rows`` (of a transformer's sequence) or ``spatial`` (row tiles of NCHW tensors)."""
+    max_parts: int = 64
+
+    # Views for callers that asked the older class for its flags.
+    rows = False
+    spatial: tuple[RowOp, ...] = ()
+    gathered = False
+
+    @property
+    def head(self) -> str:
+        return self.branches[0].head
+
+    @property
+    def units(self) -> int:
+        return min(b.units for b in self.branches)
+
+    @property
+    def bindings(self) -> tuple[str, ...]:
+        (branch,) = self.branches
+        return (branch.head, *branch.mids)
+
+    @property
+    def final(self) -> str:
+        """The binding whose tensor the chain produces."""
+        return self.bindings[-1]
+
+    @property
+    def tiled(self) -> tuple[str, ...]:
+        """Bindings whose tensors exist tile by tile once the chain is split."""
+        return self.bindings
+
+    @property
+    def name(self) -> str:
+        return f"{self.head}..{self.final}"
+
+    def parts_ladder(self, limit: int = 64) -> list[int]:
+        """Numbers of parts worth trying: powers of two up to the number of units."""
+        ladder, parts = [], 2
+        while parts <= min(self.units, limit, self.max_parts):
+            ladder.append(parts)
+            parts *= 2
+        return ladder
+
+
+@dataclass(frozen=True)
+class ChannelChain(Chain):
+    """Channel tiles: one branch, or several joined by a channel ``concat`` (the branches of an
+    inception or fire module), then per-channel operators on the joined tensor (``post``: a pool),
+    then the tail."""
+
+    branches: tuple[Branch, ...]
+    concat: str | None
+    post: tuple[str, ...]
+    tail: str | None
+    """The convolution that reduces over the chain's channels (partial sums), or None: the last
+    tensor is produced tile by tile into its regions (concat elimination)."""
+    tile_bytes: int
+
+    @property
+    def kind(self) -> str:
+        return "temporal" if self.tail else "concat"
+
+    @property
+    def name(self) -> str:
+        last = self.tail or (self.post[-1] if self.post else self.concat) or (self.branches[0].mids or (self.head,))[-1]
+        return f"{self.head}..{last}" + (f" ({len(self.branches)} branches)" if len(self.branches) > 1 else "")
+
+    @property
+    def bindings(self) -> tuple[str, ...]:
+        names = [n for b in self.branches for n in ((b.pool,) if b.pool else ()) + (b.head, *b.mids)]
+        names += [self.concat] if self.concat else []
+        return tuple(names) + self.post + ((self.tail,) if self.tail else ())
+
+    @property
+    def tiled(self) -> tuple[str, ...]:
+        return tuple(b for b in self.bindings if b != self.tail)
+
+    def channel_offset(self, index: int) -> int:
+        """Where branch ``index``'s channels start in the joined tensor."""
+        return sum(b.channels for b in self.branches[:index])
+
+
+@dataclass(frozen=True)
+class RowChain(Chain):
+    """Row tiles of ``(1, sequence, features)`` tensors: every operator row-wise, the last tensor
+    made tile by tile. ``branch.units`` is the sequence length."""
+
+    branch: Branch
+    tile_bytes: int
+    anchor: str | None = None
+
+    kind = "rows"
+    rows = True
+
+    @property
+    def branches(self) -> tuple[Branch, ...]:
+        return (self.branch,)
+
+    def row_ranges(self, parts: int) -> list[Rows]:
+        return self.branch.tile_ranges(parts, self.branch.units)
+
+
+@dataclass(frozen=True)
+class SpatialChain(Chain):
+    """Row tiles of NCHW tensors (:mod:`tvm_memplan.split.spatial`): operators cut along the H
+    axis, halos recomputed, each tile of the last tensor written into its rows."""
+
+    branch: Branch
+    ops: tuple[RowOp, ...]
+    tile_bytes: int
+    gathered: bool = False
+    """The last tiles are kept and concatenated once at the end: the last tensor grows tile by tile
+    instead of existing whole from the first tile on (the middle tiles, where the chain's peak is,
+    hold less), for its size again at the end and a concat kernel (offered where strides made that
+    tensor small)."""
+
+    kind = "spatial"
+    max_parts = SPATIAL_PARTS
+
+    @property
+    def branches(self) -> tuple[Branch, ...]:
+        return (self.branch,)
+
+    @property
+    def spatial(self) -> tuple[RowOp, ...]:
+        return self.ops
+
+    @property
+    def name(self) -> str:
+        return f"{self.head}..{self.ops[-1].name} (rows{', gathered' if self.gathered else ''})"
+
+    def tile_rows(self, parts: int) -> list[dict[str, Rows]]:
+        """Per tile, the output rows every operator computes (halos included)."""
+        return tile_rows(self.ops, parts)
+
+
+def _chain_of_fields(branches: tuple[Branch, ...], concat: str | None, post: tuple[str, ...], tail: str | None,
+                     tile_bytes: int, rows: bool = False, spatial: tuple[RowOp, ...] = (), gathered: bool = False,
+                     anchor: str | None = None) -> Chain:
+    if spatial:
+        (branch,) = branches
+        return SpatialChain(branch, tuple(spatial), tile_bytes, gathered)
+    if rows:
+        (branch,) = branches
+        return RowChain(branch, tile_bytes, anchor)
+    return ChannelChain(tuple(branches), concat, tuple(post), tail, tile_bytes)
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    chain: Chain
+    parts: int
+
+
+def disjoint(chains: list[Chain]) -> bool:
+    names = [n for c in chains for n in c.bindings]
+    return len(names) == len(set(names))
