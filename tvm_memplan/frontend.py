@@ -111,7 +111,7 @@ def _computes_shapes(mod) -> bool:
     """Whether ``main`` has shape computations or tensors whose shapes are not constants."""
     from tvm import relax
 
-    from .relax.tensor_types import static_shape
+    from .relax.ir_utils import static_shape
 
     for block in mod["main"].body.blocks:
         for binding in block.bindings:

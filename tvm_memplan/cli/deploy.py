@@ -121,7 +121,7 @@ def run_build(args: argparse.Namespace) -> int:
                                           schedule=args.schedule).prepare()
     output = emitted = None
     if args.output is not None:
-        output = build(args.model, args.target, args.output, args.pipeline, args.work_dir, None, args.cross_compiler, **options)
+        output = build(args.model, args.target, args.output, args.pipeline, args.work_dir, args.cross_compiler, **options)
     if args.emit_c is not None:
         emitted = emit_c(args.model, args.emit_c, args.target, **options)
     if emitted is not None:
@@ -169,7 +169,7 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_display(enabled: bool):
+def progress_display(enabled: bool):
     if not enabled:
         return nullcontext(None)
     return Progress(
@@ -189,7 +189,7 @@ def run_measure(args: argparse.Namespace) -> int:
         return _measure_c(args, log)
     if args.device:
         raise UserError("--device runs the standalone C: give the directory written by build --emit-c DIR")
-    with _progress_display(sys.stderr.isatty()) as bar:
+    with progress_display(sys.stderr.isatty()) as bar:
         tasks: dict[str, int] = {}
 
         def progress(pipeline: str, step: str, done: int, total: int) -> None:

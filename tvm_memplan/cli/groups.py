@@ -7,7 +7,7 @@ import sys
 
 from rich.table import Table
 
-from .deploy import _progress_display
+from .deploy import progress_display
 from .format import console, human_bytes, print_json
 from .plan import model_planner_kwargs, model_planner_options
 
@@ -41,7 +41,7 @@ def run_bench(args: argparse.Namespace) -> int:
     settings = parse_group_settings(args.group_settings)
     options = model_planner_kwargs(args)
     options.pop("groups")
-    with _progress_display(sys.stderr.isatty()) as bar:
+    with progress_display(sys.stderr.isatty()) as bar:
         current: dict[str, int] = {}
 
         def progress(pipeline: str, step: str, done: int, total: int) -> None:

@@ -19,9 +19,11 @@ import tvm
 
 from ..errors import UserError
 from ..frontend import LoadedModel, load_model
-from ..planner import ModelPlan, plan_model
+from ..planner import ModelPlan
 from . import error_line
+from .plans import plan_for_target
 from .targets import DeployTarget, get_target
+from .tune import apply_tuning
 
 PIPELINES = ("stock", "memplan")
 """What ``measure --compare`` sets side by side: TVM's planner and memplan over the same kernels."""
@@ -92,15 +94,8 @@ def output_bytes(model: onnx.ModelProto) -> int:
 
 def plan_for(model: LoadedModel, target: DeployTarget, tuning_dir: str | None = None, **options: Any) -> ModelPlan:
     """Plan ``model`` for ``target``, with kernels from a MetaSchedule database when given one."""
-    target.check_codegen()
-    tvm_target = target.tvm_target()
-    with tvm_target:  # some backends (Adreno) read the current target while composing passes
-        plan = plan_model(model, tvm_target, **options)
-    if tuning_dir:
-        from .tune import apply_tuning
-
-        plan = apply_tuning(plan, tuning_dir)
-    return plan
+    plan = plan_for_target(model, target, **options)
+    return apply_tuning(plan, tuning_dir) if tuning_dir else plan
 
 
 def compile_plan(plan: ModelPlan, pipeline: str) -> "tvm.runtime.Executable":
@@ -174,19 +169,14 @@ def build(
     output: str | Path,
     pipeline: str = "memplan",
     tuning_dir: str | None = None,
-    emit_c_dir: str | Path | None = None,
     cross_compiler: str | None = None,
     **options: Any,
 ) -> Path:
-    """Build one artifact at ``output`` (and, with ``emit_c_dir``, the model as standalone C)."""
+    """Build one artifact at ``output``."""
     output = Path(output)
     if output.suffix != ".so":
         raise UserError(f"the artifact must be a .so file, got {output}")
     if get_target(target_name).is_mcu:
         raise UserError(f"target {target_name} has no VM library: drop -o and write the C with --emit-c DIR")
     build_artifacts(spec, target_name, {pipeline: output}, tuning_dir, cross_compiler, **options)
-    if emit_c_dir is not None:
-        from .emit_c import emit_c
-
-        emit_c(spec, emit_c_dir, **options)
     return output

@@ -24,6 +24,7 @@ from tvm import relax
 
 from ..errors import UserError
 from ..planner import ModelPlan
+from ..relax.ir_utils import static_shape
 from . import mcu_files
 
 _DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1), "int8": ("int8_t", 0)}
@@ -61,20 +62,20 @@ class TensorRef:
 
 
 @dataclass
-class Step:
+class KernelCall:
     kernel: str
     args: list[TensorRef]
 
 
 @dataclass
-class Program:
+class CProgram:
     """The planned ``main`` as C sees it."""
 
     inputs: list[TensorRef]
     outputs: list[TensorRef]
     arenas: list[tuple[str, int]]
     weights: list[tuple[str, np.ndarray]]
-    steps: list[Step]
+    steps: list[KernelCall]
     copies: list[tuple[TensorRef, TensorRef]] = field(default_factory=list)
     """(output, source) for outputs the plan did not compute in their own buffer."""
 
@@ -90,11 +91,10 @@ def _int(value: Any) -> int:
 
 
 def _shape(expr: relax.Expr) -> tuple[int, ...]:
-    values = expr.values if isinstance(expr, relax.ShapeExpr) else expr
-    try:
-        return tuple(_int(v) for v in values)
-    except (TypeError, ValueError, AttributeError):
-        raise UserError(f"shape {expr} is not static: the standalone C needs static shapes") from None
+    shape = static_shape(expr)
+    if shape is None:
+        raise UserError(f"shape {expr} is not static: the standalone C needs static shapes")
+    return shape
 
 
 def _tensor_type(var: relax.Var, what: str) -> tuple[tuple[int, ...], str]:
@@ -107,7 +107,7 @@ def _tensor_type(var: relax.Var, what: str) -> tuple[tuple[int, ...], str]:
     return _shape(ty.shape), dtype
 
 
-def extract_program(func: relax.Function) -> Program:
+def extract_program(func: relax.Function) -> CProgram:
     """Follow the planned ``main`` binding by binding; anything else than kernel calls on placed
     tensors (a VM builtin, a library call, a symbolic shape) is a one-line UserError."""
     env: dict[relax.Var, TensorRef] = {}
@@ -120,7 +120,7 @@ def extract_program(func: relax.Function) -> Program:
     arenas: dict[relax.Var, Storage] = {}
     arena_sizes: list[tuple[str, int]] = []
     weights: dict[tuple, tuple[str, np.ndarray, TensorRef]] = {}
-    steps: list[Step] = []
+    steps: list[KernelCall] = []
     tuples: dict[relax.Var, list[relax.Expr]] = {}
 
     def operand(expr: relax.Expr) -> TensorRef:
@@ -157,7 +157,7 @@ def extract_program(func: relax.Function) -> Program:
                 raise UserError(f"the standalone C cannot express binding {var.name} = {type(value).__name__}")
             op = value.op
             if isinstance(op, tvm.ir.GlobalVar):
-                steps.append(Step(op.name_hint, [operand(arg) for arg in value.args]))
+                steps.append(KernelCall(op.name_hint, [operand(arg) for arg in value.args]))
                 continue
             name = getattr(op, "name", str(op))
             if name == "relax.memory.alloc_storage":
@@ -203,7 +203,7 @@ def extract_program(func: relax.Function) -> Program:
         for arg in step.args:
             if arg.storage.kind == "unplanned":
                 raise UserError(f"kernel {step.kernel} uses {arg.name}, which the plan did not place (a symbolic shape?)")
-    return Program(inputs, outputs, arena_sizes, [(n, a) for n, a, _ in weights.values()], steps, copies)
+    return CProgram(inputs, outputs, arena_sizes, [(n, a) for n, a, _ in weights.values()], steps, copies)
 
 
 def workspace_bytes(source: str, kernels: set[str]) -> int:
@@ -235,7 +235,7 @@ def _c_values(array: np.ndarray) -> str:
     return ",\n  ".join(lines)
 
 
-def _weights_c(model: str, program: Program) -> str:
+def _weights_c(model: str, program: CProgram) -> str:
     parts = [f"/* {model}: the weights, as const arrays (flash on a microcontroller). */\n#include <stdint.h>\n\n"]
     for c_name, array in program.weights:
         ctype = _DTYPES[str(array.dtype)][0]
@@ -244,13 +244,13 @@ def _weights_c(model: str, program: Program) -> str:
     return "".join(parts)
 
 
-def _signature(name: str, program: Program) -> str:
+def _signature(name: str, program: CProgram) -> str:
     params = [f"const {_DTYPES[t.dtype][0]}* {t.storage.c_name}" for t in program.inputs]
     params += [f"{_DTYPES[t.dtype][0]}* {t.storage.c_name}" for t in program.outputs]
     return f"int {name}_run({', '.join(params)})"
 
 
-def _model_h(name: str, model: str, program: Program, workspace: int) -> str:
+def _model_h(name: str, model: str, program: CProgram, workspace: int) -> str:
     guard = f"{name.upper()}_MODEL_H_"
     lines = [f"/* {model} as standalone C (tvm-memplan build --emit-c): the whole network, one static arena.\n *\n",
              f" * {_signature(name, program)};\n",
@@ -276,7 +276,7 @@ def _model_h(name: str, model: str, program: Program, workspace: int) -> str:
     return "".join(lines)
 
 
-def _model_c(name: str, model: str, program: Program, plan: ModelPlan) -> str:
+def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
     shapes: dict[tuple[int, ...], str] = {}
 
     def shape_name(shape: tuple[int, ...]) -> str:
@@ -325,7 +325,7 @@ def _model_c(name: str, model: str, program: Program, plan: ModelPlan) -> str:
     )
 
 
-def _harness(name: str, program: Program) -> str:
+def _harness(name: str, program: CProgram) -> str:
     buffers, reads, writes, call = [], [], [], []
     for index, ref in enumerate(program.inputs):
         ctype = _DTYPES[ref.dtype][0]

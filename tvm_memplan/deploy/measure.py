@@ -94,7 +94,7 @@ def reference_outputs(model: LoadedModel, inputs: dict[str, np.ndarray]) -> tupl
     return session.run(None, inputs), "onnxruntime"
 
 
-def _compare(outputs: list[np.ndarray], reference: list[np.ndarray]) -> tuple[bool, float]:
+def compare_outputs(outputs: list[np.ndarray], reference: list[np.ndarray]) -> tuple[bool, float]:
     if len(outputs) != len(reference):
         return False, float("inf")
     correct, worst = True, 0.0
@@ -156,7 +156,7 @@ def measure_artifact(
     vm = relax.VirtualMachine(module, dev)
     args = [tvm.runtime.tensor(array, dev) for array in inputs.values()]
     outputs = flatten_outputs(vm["main"](*args))
-    correct, max_abs_diff = _compare(outputs, reference[0])
+    correct, max_abs_diff = compare_outputs(outputs, reference[0])
     step(manifest.pipeline, "checked", 2, total)
 
     trace = device.trace_function()

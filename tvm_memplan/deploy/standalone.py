@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import UserError
 from ..frontend import load_model
 from .mcu import ModelC
-from .measure import _compare, reference_outputs
+from .measure import compare_outputs, reference_outputs
 from .targets import McuBoard, get_target
 
 DEVICES = {"host": None, "qemu-cortex-m7": "cortex-m7", "qemu-cortex-m4": "cortex-m4", "qemu-cortex-m55": "cortex-m55"}
@@ -155,7 +155,7 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
     reference, reference_name = reference_outputs(model, inputs)
     if status == 0:
         outputs = [np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"]) for spec in model_c.outputs]
-        correct, worst = _compare(outputs, [np.asarray(r) for r in reference])
+        correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference])
     else:
         correct, worst = False, float("inf")
         error = error or f"{model_c.name}_run returned {status}"

@@ -23,7 +23,7 @@ import tvm
 from ..errors import UserError
 from ..frontend import load_model
 from ..planner import ModelPlan
-from .build import plan_for
+from .plans import plan_for_target
 from .rpc import parse_tracker
 from .targets import DeployTarget, get_target
 
@@ -174,7 +174,7 @@ def tune(
     require_cost_model()
     started = time.monotonic()
     target = get_target(target_name)
-    plan = plan_for(load_model(spec), target, **options)
+    plan = plan_for_target(load_model(spec), target, **options)
     tasks = _tasks(plan, kernels)
     work_dir = str(Path(work_dir).resolve())
     Path(work_dir).mkdir(parents=True, exist_ok=True)

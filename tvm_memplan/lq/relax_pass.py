@@ -18,6 +18,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 
+from ..relax.ir_utils import constant_value, static_shape, top_level_bindings
 from . import kernels
 from .kernels import ConvGeometry
 from .quantizer import LQQuantizer
@@ -63,27 +64,9 @@ class DenseSite:
         return self.conv.columns(x) if self.conv is not None else x.reshape(-1, x.shape[-1])
 
 
-def _static_shape(ty: object) -> tuple[int, ...] | None:
-    shape = getattr(ty, "shape", None)
-    values = getattr(shape, "values", None)
-    if values is None:
-        return None
-    dims = []
-    for dim in values:
-        if not isinstance(dim, tirx.IntImm):
-            return None
-        dims.append(int(dim.value))
-    return tuple(dims)
-
-
-def _bindings(func: relax.Function) -> list[relax.Binding]:
-    body = func.body
-    return [b for block in body.blocks for b in block.bindings] if isinstance(body, relax.SeqExpr) else []
-
-
 def _use_counts(func: relax.Function) -> dict[relax.Var, int]:
     counts: dict[relax.Var, int] = {}
-    exprs = [b.value for b in _bindings(func)]
+    exprs = [b.value for b in top_level_bindings(func)]
     if isinstance(func.body, relax.SeqExpr):
         exprs.append(func.body.body)
     for expr in exprs:
@@ -92,17 +75,13 @@ def _use_counts(func: relax.Function) -> dict[relax.Var, int]:
     return counts
 
 
-def _constant(expr: relax.Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
-
-
 def find_dense_layers(mod: tvm.IRModule, func_name: str = "main") -> list[DenseSite]:
     """Every matmul and conv2d of ``func_name`` in binding order, named dense0, conv1, dense2, ..."""
     func = mod[func_name]
     uses = _use_counts(func)
     sites: list[DenseSite] = []
     by_var: dict[relax.Var, DenseSite] = {}
-    for binding in _bindings(func):
+    for binding in top_level_bindings(func):
         value = getattr(binding, "value", None)
         if not isinstance(value, relax.Call):
             continue
@@ -118,8 +97,8 @@ def find_dense_layers(mod: tvm.IRModule, func_name: str = "main") -> list[DenseS
 
 def _classify(index: int, var: relax.Var, call: relax.Call) -> DenseSite:
     data, weight_expr = call.args[0], call.args[1]
-    in_shape = _static_shape(data.ty)
-    weight = _constant(weight_expr)
+    in_shape = static_shape(data.ty)
+    weight = constant_value(weight_expr)
     site = DenseSite(f"dense{index}", index, var, data, in_shape, weight)
     out_dtype = str(getattr(var.ty, "dtype", ""))
     if weight is None:
@@ -136,9 +115,9 @@ def _classify(index: int, var: relax.Var, call: relax.Call) -> DenseSite:
 
 
 def _classify_conv(index: int, var: relax.Var, call: relax.Call) -> DenseSite:
-    data, kernel = call.args[0], _constant(call.args[1])
+    data, kernel = call.args[0], constant_value(call.args[1])
     attrs = call.attrs
-    in_shape = _static_shape(data.ty)
+    in_shape = static_shape(data.ty)
     site = DenseSite(f"conv{index}", index, var, data, in_shape, None)
     if kernel is None:
         site.reason = "weight is not a constant"
@@ -148,7 +127,7 @@ def _classify_conv(index: int, var: relax.Var, call: relax.Call) -> DenseSite:
         site.reason = f"grouped convolution (groups={int(attrs.groups)})"
     elif kernel.dtype != np.float32 or str(data.ty.dtype) != "float32" or str(var.ty.dtype) != "float32":
         site.reason = "not float32"
-    elif in_shape is None or _static_shape(var.ty) is None:
+    elif in_shape is None or static_shape(var.ty) is None:
         site.reason = "dynamic input shape"
     else:
         o, c, kh, kw = kernel.shape
@@ -173,13 +152,13 @@ def _maybe_fold_bias(
     output channel: (O,) after a matmul, (1, O, 1, 1) or (O, 1, 1) after an NCHW conv."""
     for mine, other in ((call.args[0], call.args[1]), (call.args[1], call.args[0])):
         site = by_var.get(mine) if isinstance(mine, relax.Var) else None
-        bias = _constant(other)
+        bias = constant_value(other)
         if site is None or not site.convertible or site.bias_var is not None or bias is None:
             continue
         o = site.weight.shape[1]
         per_channel = bias.shape in ((1, o, 1, 1), (o, 1, 1)) if site.conv is not None else bias.shape[-1] == o
         if uses.get(mine, 0) == 1 and bias.dtype == np.float32 and bias.size == o and per_channel:
-            if _static_shape(binding.var.ty) == _static_shape(site.var.ty):
+            if static_shape(binding.var.ty) == static_shape(site.var.ty):
                 site.bias, site.bias_var = bias.reshape(o).astype(np.float64), binding.var
         return
 

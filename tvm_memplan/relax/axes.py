@@ -12,8 +12,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from ..split.graph import Access, Affine, AxisKind, Block, Graph, Kernel, LoopAxis, Tensor, TensorRole, View
-from .extract import top_level_bindings
-from .tensor_types import static_shape
+from .ir_utils import static_shape, top_level_bindings
 
 
 def affine(expr: tirx.PrimExpr, axes: set[str]) -> Affine | None:

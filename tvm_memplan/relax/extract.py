@@ -15,23 +15,12 @@ from tvm import relax, tirx
 
 from ..planning import DEFAULT_ALIGNMENT, Buffer, Operator, Problem, tensor_lifetimes
 from .inplace import AliasDecisions, decide_aliases
+from .ir_utils import static_shape, top_level_bindings
+from .sites import AllocSite
 from .tensor_types import dtype_nbytes
 
 _BUILTIN_ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
 _VIEW_OPS = (tvm.ir.Op.get("relax.reshape"), tvm.ir.Op.get("relax.memory.view"))
-
-
-@dataclass(frozen=True)
-class AllocSite:
-    """One ``R.builtin.alloc_tensor`` binding at a known step of the function."""
-
-    var: relax.Var
-    step: int
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-    device_index: int
-    scope: str
 
 
 @dataclass
@@ -60,29 +49,10 @@ class FunctionPlanInput:
         return [site for arena in self.arenas for site in arena.sites]
 
 
-def top_level_bindings(func: relax.Function) -> list[relax.Binding]:
-    """The function body's bindings in execution order (nested control flow stays inside its binding)."""
-    body = func.body
-    if not isinstance(body, relax.SeqExpr):
-        return []
-    return [binding for block in body.blocks for binding in block.bindings]
-
-
 def _int_value(expr: object) -> int | None:
     if isinstance(expr, tirx.IntImm):
         return int(expr.value)
     return None
-
-
-def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    if not isinstance(expr, relax.ShapeExpr):
-        return None
-    dims = []
-    for dim in expr.values:
-        if not isinstance(dim, tirx.IntImm):
-            return None
-        dims.append(int(dim.value))
-    return tuple(dims)
 
 
 def _string_value(expr: object) -> str:
@@ -103,7 +73,7 @@ def _alloc_site(binding: relax.Binding, step: int) -> tuple[AllocSite | None, st
         return None, None
     shape_arg, dtype_arg, device_arg = value.args[0], value.args[1], value.args[2]
     scope = _string_value(value.args[3]) if len(value.args) > 3 else "global"
-    shape = _static_shape(shape_arg)
+    shape = static_shape(shape_arg)
     if shape is None:
         return None, "symbolic shape (left to StaticPlanBlockMemory)"
     dtype = _dtype_value(dtype_arg)

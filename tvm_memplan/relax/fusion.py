@@ -41,7 +41,7 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.tirx import buffer as tir_buffer
 
-from .extract import top_level_bindings
+from .ir_utils import top_level_bindings
 from .inplace import prim_func_of
 from .module import referenced_globals, relax_functions, with_blocks
 

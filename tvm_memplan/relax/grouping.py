@@ -29,7 +29,7 @@ from ..planning.grouping import (
 )
 from .inplace import prim_func_of
 from .module import relax_functions, with_blocks, with_functions
-from .reorder import _escaping_vars, block_graph
+from .reorder import escaping_vars, block_graph
 from .tensor_types import static_nbytes
 
 LAYER_ORDER_PASS_NAME = "tvm_memplan.LayerOrder"
@@ -106,7 +106,7 @@ def LayerOrder(setting: GroupSetting = SEQ, inplace: bool = True) -> tvm.transfo
             per_block = []
             for index, block in enumerate(func.body.blocks):
                 if isinstance(block, relax.DataflowBlock) and len(block.bindings) > 1:
-                    per_block.append((index, _block_costs(block, _escaping_vars(func, index), mod, inplace, setting)))
+                    per_block.append((index, _block_costs(block, escaping_vars(func, index), mod, inplace, setting)))
             if not per_block:
                 continue
             from_outputs = max(c[1][1] for _, c in per_block) < max(c[0][1] for _, c in per_block)

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 import tvm
 from tvm import relax, s_tir, tirx
 
-from .tensor_types import static_nbytes, static_shape
+from .ir_utils import static_shape
+from .tensor_types import static_nbytes
 
 if TYPE_CHECKING:
-    from .extract import AllocSite
+    from .sites import AllocSite
 
 _CONCAT_NAME = re.compile(r"^concatenate\d*$")
 

@@ -22,7 +22,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.tirx import buffer as tir_buffer
 
-from .extract import top_level_bindings
+from .ir_utils import top_level_bindings
 from .module import referenced_globals, relax_functions, with_blocks
 
 OFFSET_KINDS = ("opencl", "vulkan")

@@ -12,7 +12,8 @@ from tvm import relax
 from ..options import MemplanOptions, current_options
 from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem
 from ..planning.aliasing import plan_aliased
-from .extract import extract_plan_input, top_level_bindings
+from .extract import extract_plan_input
+from .ir_utils import top_level_bindings
 from .fusion import GROUPS_ATTR
 from .grouping import kernel_groups, layers_from_outputs
 from .module import relax_functions, with_functions

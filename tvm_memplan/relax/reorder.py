@@ -119,7 +119,7 @@ def block_graph(
     return OrderGraph.from_operators(operators, sizes, aliases, inplace_inputs)
 
 
-def _escaping_vars(func: relax.Function, block_index: int) -> set[relax.Var]:
+def escaping_vars(func: relax.Function, block_index: int) -> set[relax.Var]:
     """Vars of a block read by later blocks or by the function's result."""
     body = func.body
     used: set[relax.Var] = set(relax.analysis.free_vars(body.body))
@@ -156,7 +156,7 @@ def ReorderForMemory(  # noqa: N802 - named like TVM's passes
                 if not isinstance(block, relax.DataflowBlock) or len(block.bindings) < 2:
                     new_blocks.append(block)
                     continue
-                graph = block_graph(block, _escaping_vars(func, index), mod, inplace)
+                graph = block_graph(block, escaping_vars(func, index), mod, inplace)
                 if order == "search":
                     budget = time_budget / max(1, len(func.body.blocks))
                     result = search_order(graph, time_budget=budget)
@@ -166,7 +166,7 @@ def ReorderForMemory(  # noqa: N802 - named like TVM's passes
                     if order in tvm_sorts:
                         # Compare with the order before TVM's sort, which was the program order.
                         old_block = original[gvar].body.blocks[index]
-                        result.program_peak = block_graph(old_block, _escaping_vars(original[gvar], index), original, inplace).peak(
+                        result.program_peak = block_graph(old_block, escaping_vars(original[gvar], index), original, inplace).peak(
                             list(range(len(old_block.bindings)))
                         )
                 if on_report is not None:

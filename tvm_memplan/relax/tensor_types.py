@@ -24,12 +24,3 @@ def static_nbytes(ty: object) -> int:
             return 0
         count *= int(dim.value)
     return dtype_nbytes(str(ty.dtype), count)
-
-
-def static_shape(ty: object) -> tuple[int, ...] | None:
-    """The shape of a statically shaped tensor type, else None."""
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    if not all(isinstance(dim, tirx.IntImm) for dim in ty.shape.values):
-        return None
-    return tuple(int(dim.value) for dim in ty.shape.values)
