@@ -25,11 +25,11 @@ class MemplanOptions:
     """What the memory planning passes do."""
 
     alignment: int = DEFAULT_ALIGNMENT
-    """Byte alignment of every offset. Below 64, TVM copies instead of aliasing (field notes)."""
+    """Byte alignment of every offset. Below 64, TVM copies instead of aliasing."""
     time_budget: float = 10.0
     """Seconds the allocator search may spend per arena once the greedy orderings miss the bound."""
     inplace: bool = True
-    """In-place kernels and concat elimination (seed 001): tensors share bytes by design."""
+    """In-place kernels and concat elimination (docs/design.md): tensors share bytes by design."""
     order: str = "search"
     """Execution order: ``program`` (as imported), ``dfs``/``bfs`` (TVM's TopologicalSort), ``search``."""
     order_seconds: float = 10.0
@@ -39,7 +39,7 @@ class MemplanOptions:
     GPU targets convolutions and pools, the rest dlight's) or ``none`` (what TVM's pipeline emits:
     plain loops on CPU, dlight's rules alone on GPU; for comparison)."""
     groups: GroupSetting | None = None
-    """Layer grouping (seed 000): None (off), ``seq`` (layer-wise order, one kernel a group),
+    """Layer grouping (docs/design.md): None (off), ``seq`` (layer-wise order, one kernel a group),
     a group count per layer, or ``auto`` (cost-aware). Tensors a group uses never share bytes
     and the order becomes layer-wise: a group's kernels may run at once."""
 

@@ -1,4 +1,4 @@
-"""``tvm-memplan bench MODEL --groups seq,1,2,4,8``: layer grouping side by side (seed 000's table 1)."""
+"""``tvm-memplan bench MODEL --groups seq,1,2,4,8``: layer grouping side by side (docs/design.md, "Layer grouping")."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     bench = subparsers.add_parser(
         "bench",
-        help="layer grouping side by side: latency, arena and launches per group setting (seed 000's table 1)",
+        help="layer grouping side by side: latency, arena and launches per group setting",
         description="Plan, build, check and time MODEL ungrouped (TVM's planner, memplan) and with each "
         "layer-grouping setting, on this machine or a device from an RPC tracker, in one run.",
     )

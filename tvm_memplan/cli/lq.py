@@ -1,4 +1,4 @@
-"""``tvm-memplan quantize`` and ``tvm-memplan lq-bench``: LQ-Nets low-bit dense layers (seed 002)."""
+"""``tvm-memplan quantize`` and ``tvm-memplan lq-bench``: LQ-Nets low-bit dense layers."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     bench = subparsers.add_parser(
         "lq-bench",
-        help="reproduce the seed's LQ table on real digits: accuracy, size, latency, kernel speed",
+        help="reproduce the LQ table on real digits: accuracy, size, latency, kernel speed",
         description="Train a 784-512-10 tanh MLP on scikit-learn's digits (upsampled to 28x28), quantize it "
         "at several bit widths, and time the LQ kernels against scheduled fp32 TVM and numpy. "
         "Set TVM_NUM_THREADS (e.g. 2) for timings; without it TVM runs one thread.",
@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--finetune", action="store_true", help="use the fine-tuning calibration mode")
     bench.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     bench.add_argument("--epochs", type=int, default=60, help="training epochs (default 60)")
-    bench.add_argument("--hidden", type=int, default=512, help="hidden units of the MLP (default 512, as the seed)")
+    bench.add_argument("--hidden", type=int, default=512, help="hidden units of the MLP (default 512, as in the quantizer thesis)")
     bench.add_argument(
         "--settings",
         default="32/32,4/4,3/3,2/2,1/1,1/2,2/1",
@@ -242,7 +242,7 @@ def parse_settings(text: str) -> list[tuple[int, int]]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    # TVM's pool runs one thread unless told otherwise (field notes, section 4).
+    # TVM's pool runs one thread unless told otherwise.
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     from ..lq import bench
 

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     model_planner_options(plan)
-    split = plan.add_argument_group("fine-grained splitting (seed 003)")
+    split = plan.add_argument_group("fine-grained splitting")
     split.add_argument("--split", choices=["none", "acg"], default="none",
                        help="acg: split channel chains found by the axis connection graph into tiles (default none)")
     split.add_argument("--latency-budget", type=float, default=0.05, metavar="F",
@@ -61,7 +61,7 @@ def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) 
     """Options of every command that plans a model (plan, build, measure; bench takes its own ``--groups``)."""
     _planner_options(parser)
     if groups:
-        parser.add_argument("--groups", metavar="G", help="layer grouping (seed 000): seq, a group count per layer, "
+        parser.add_argument("--groups", metavar="G", help="layer grouping: seq, a group count per layer, "
                             "or auto; tensors a group uses never share memory (default: off)")
     parser.add_argument("--inplace", action=argparse.BooleanOptionalAction, default=None,
                         help="in-place kernels and concat elimination (default on)")

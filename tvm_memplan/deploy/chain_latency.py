@@ -1,11 +1,11 @@
-"""The measurer of seed 003: latency of a chain before and after splitting, cached on disk.
+"""The measurer of fine-grained splitting: latency of a chain before and after splitting, cached on disk.
 
 A chain is compiled alone (its outside tensors as inputs) with the same pipeline and default
 schedules as the whole model, run here or on an RPC device, and timed with the VM's
 ``time_evaluator``. Measurements are keyed by what the latency depends on: the chain's
 operators, attributes and shapes (not its weights or names), the number of parts, the target
 and the device. Identical blocks of a network (and a second search of the same model) reuse
-them (seed claim 5); the cache is an append-only JSON-lines log that a crash cannot corrupt.
+them; the cache is an append-only JSON-lines log that a crash cannot corrupt.
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ def measure(
         problem = deploy_target.runtime_problem()
         if problem:
             raise UserError(problem)
-        # TVM's pool runs one thread unless told otherwise (field notes, section 4).
+        # TVM's pool runs one thread unless told otherwise.
         os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     device = Device(tracker, key)  # a wrong tracker or key fails here, not after the builds
     with tempfile.TemporaryDirectory(prefix="tvm-memplan-measure-") as scratch:

@@ -138,7 +138,7 @@ def _remote_command(arguments: list[str], lifetime: float) -> list[str]:
 
 
 def _spawn(command: list[str]) -> subprocess.Popen:
-    # TVM's thread pool runs one thread unless told (field notes, section 4): time with all cores.
+    # TVM's thread pool runs one thread unless told: time with all cores.
     env = {**os.environ, "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True, env=env)

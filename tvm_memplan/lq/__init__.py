@@ -1,1 +1,1 @@
-"""LQ dense: LQ-Nets learned low-bit quantization (seed 002) lowered to bitserial TIR kernels."""
+"""LQ dense: LQ-Nets learned low-bit quantization (docs/design.md, "LQ dense") lowered to bitserial TIR kernels."""

@@ -1,4 +1,4 @@
-"""``lq-bench``: the seed's table (accuracy, size, latency per bit width) plus kernel timings.
+"""``lq-bench``: the quantizer thesis's table (accuracy, size, latency per bit width) plus kernel timings.
 
 Accuracy rows: the digits MLP at fp32 and at each (wbits, abits), every dense layer quantized,
 accuracy from the compiled TVM model on the held-out split. Kernel rows: one dense layer as a
@@ -43,7 +43,7 @@ class Timing:
 
 
 def thread_count() -> int:
-    """TVM's pool uses one thread unless TVM_NUM_THREADS is set (field notes, section 4)."""
+    """TVM's pool uses one thread unless TVM_NUM_THREADS is set."""
     return int(os.environ.get("TVM_NUM_THREADS", "1"))
 
 

@@ -6,7 +6,7 @@ input a layer really sees comes from a model whose upstream layers are already q
 with the real kernels), while the float model's input and output are the targets:
 
 * the activation basis is refitted so the levels of the codes of the quantized-path inputs
-  reproduce the float inputs (the seed's step);
+  reproduce the float inputs (the step of the quantizer thesis, docs/design.md "LQ dense");
 * the per-channel weight scales and a bias correction are refitted by least squares so the
   layer's output on those inputs matches the float layer's output (codes stay fixed).
 
@@ -66,7 +66,7 @@ class LQConfig:
     act_codes: str = "auto"
     """auto ({0,1} for non-negative inputs, ±1 otherwise), pm1 or 01."""
     finetune: bool = True
-    """Fit each layer on what the already-quantized upstream layers produce (seed 2.3.3)."""
+    """Fit each layer on what the already-quantized upstream layers produce."""
     keep_first_last: bool = False
     """Leave the first and last dense layer in float, as LQ-Nets does for large networks."""
     edge_bits: int = 4
@@ -133,7 +133,7 @@ class LQResult:
 
 
 def default_target() -> tvm.target.Target:
-    """This machine (``mcpu=native`` would silently build generic x86-64, field notes section 2)."""
+    """This machine (TVM 0.27's ``mcpu=native`` silently builds generic x86-64)."""
     target = tvm.target.Target.from_device("cpu")
     config = {"kind": "llvm", "mcpu": str(target.attrs["mcpu"]), "num-cores": _cores()}
     return tvm.target.Target(config)

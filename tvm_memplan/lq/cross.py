@@ -1,6 +1,6 @@
 """aarch64 cross-building: a single kernel run under qemu-aarch64 with a tiny C driver.
 
-The LLVM object of one PrimFunc needs no TVM runtime (field notes, section 5): the driver
+The LLVM object of one PrimFunc needs no TVM runtime: the driver
 provides the error hook, the workspace pair and a serial ``TVMBackendParallelLaunch`` (also
 through the ``__TVMBackend*`` pointers a TVM library calls them by), builds
 DLTensors for the arguments, calls ``__tvm_ffi_<name>`` and writes every argument back, so

@@ -128,7 +128,7 @@ def train_mlp(
 
 
 def mlp_to_onnx(mlp: MLP, batch: int | str = "N") -> onnx.ModelProto:
-    """ONNX graph Gemm → Tanh → Gemm → Softmax, the seed's Keras model in ONNX form."""
+    """ONNX graph Gemm → Tanh → Gemm → Softmax, the quantizer thesis's Keras model in ONNX form."""
     inits = [
         numpy_helper.from_array(mlp.w1, "w1"),
         numpy_helper.from_array(mlp.b1, "b1"),

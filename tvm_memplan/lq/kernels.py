@@ -11,7 +11,7 @@ Bit layout (weights and activations alike): element n of a row sits in word ``n 
 bit ``n // NW`` (NW = ceil(N/32)). Packing then reads consecutive floats into consecutive
 words, so it vectorizes over words; the padding bits (n ≥ N) are zero in both operands, their
 xor is zero and ``N`` (not 32·NW) is the right constant. Weights are interleaved as
-``[Kw, O/V, NW, V]`` with V output channels per vector register (field notes, section 6): the
+``[Kw, O/V, NW, V]`` with V output channels per vector register (an o-strided layout would gather): the
 partial sums for V outputs are one vector, the activation word is a broadcast.
 """
 
@@ -28,7 +28,7 @@ from .quantizer import LQQuantizer
 # Output channels per vector register: 16 u32 = one zmm, 8 = one ymm, 4 = one NEON q register.
 LANES = {"avx512": 16, "x86": 8, "neon": 4}
 # Below this many (word x plane pair) vector steps a kernel runs serially: the thread-pool
-# launch (~10-20 µs, field notes) costs more than the work.
+# launch (~10-20 µs) costs more than the work.
 PARALLEL_MIN_STEPS = 1 << 14
 # Register budget for the popcount accumulators: M-tile x Kx x Kw vectors live across the k loop.
 MAX_ACCUMULATORS = 16
@@ -221,7 +221,7 @@ def lq_dense_func(m: int, n: int, o: int, kx: int, kw: int, lanes: int) -> tirx.
 
     ``wp`` is u32[Kw, ceil(O/V), NW, V] from :func:`pack_weight_planes`, ``aw`` f32[Kw, O],
     ``ax`` f32[Kx]. The partial sums are laid out [M, Kx, Kw, O] with o innermost, so V of
-    them are one vector (o-strided layouts cause gathers, field notes section 6).
+    them are one vector (o-strided layouts cause gathers).
     """
     nw, op = words(n), -(-o // lanes)
     xp = te.placeholder((kx, m, nw), "uint32", name="xp")

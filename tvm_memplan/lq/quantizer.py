@@ -1,7 +1,7 @@
-"""LQ-Nets quantizers fitted with QEM (seed 002, section 1.2).
+"""LQ-Nets quantizers fitted with QEM (Zhang et al., ECCV 2018; docs/design.md, "LQ dense").
 
 A quantized value is the dot product of a learned basis ``a`` (K floats) with a K-bit code.
-Codes are either ``pm1`` (bits mean -1/+1, the seed's choice, symmetric levels for signed data)
+Codes are either ``pm1`` (bits mean -1/+1, the quantizer thesis's choice, symmetric levels for signed data)
 or ``01`` (bits mean 0/1, LQ-Nets' activation codes: zero is a level, fits non-negative data).
 Weights get one basis per output channel with ``pm1`` codes, activations one basis per layer.
 
@@ -125,7 +125,7 @@ def initial_basis(x: np.ndarray, bits: int, codes: Codes) -> np.ndarray:
 
 
 def _canonical(basis: np.ndarray, codes: Codes) -> np.ndarray:
-    """Sort the basis (the seed keeps a_0 < a_1 < ...); ±1 codes also make it non-negative,
+    """Sort the basis (a_0 < a_1 < ...); ±1 codes also make it non-negative,
     since flipping a basis sign and its bit gives the same levels."""
     if codes == "pm1":
         basis = np.abs(basis)

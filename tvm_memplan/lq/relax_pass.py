@@ -326,7 +326,7 @@ class FloatDense:
     """Module pass: named float dense layers → the hand-scheduled fp32 kernel (pre-packed weights).
 
     The baseline the LQ kernels are compared against, and what layers kept in float run on:
-    LegalizeOps' unscheduled matmul is ~100x slower (field notes, section 5).
+    LegalizeOps' unscheduled matmul is ~100x slower.
     """
 
     def __init__(self, names: Sequence[str], block: int = 32) -> None:

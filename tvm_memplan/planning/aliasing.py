@@ -1,7 +1,7 @@
 """Alias groups: buffers pinned inside other buffers are planned as one block.
 
 In-place outputs share their input's bytes and concat inputs are slices of the concat output
-(seed 001). Such a group is coalesced into one buffer — its lifetime the hull of the members',
+(docs/design.md, "In-place kernels and concat elimination"). Such a group is coalesced into one buffer — its lifetime the hull of the members',
 its size the furthest member end — planned by any allocator, then expanded back.
 """
 

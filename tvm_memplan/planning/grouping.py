@@ -1,4 +1,4 @@
-"""Layer grouping (seed 000, §3.2 and algorithm 2): maxdist layers, groups, the F-predicate.
+"""Layer grouping (Oplachko's thesis, §3.2 and algorithm 2; docs/design.md): maxdist layers, groups, the F-predicate.
 
 Operators at the same longest-path depth are independent, so a layer may run without barriers
 between its members. Each layer is cut into groups that run together; tensors used by one
@@ -15,7 +15,7 @@ from .lifetimes import Operator, problem_from_graph
 from .problem import DEFAULT_ALIGNMENT, Problem
 
 SEQ = "seq"
-"""One operator per group: layer-wise order, no extra constraints (the seed's "layer-wise" row)."""
+"""One operator per group: layer-wise order, no extra constraints (the thesis's "layer-wise" row)."""
 AUTO = "auto"
 """Groups chosen per layer by :func:`cost_aware_groups`."""
 GroupSetting = Union[int, str]

@@ -1,4 +1,4 @@
-"""Tensor lifetimes from an operator DAG and an execution order (algorithm 1 of seed 000)."""
+"""Tensor lifetimes from an operator DAG and an execution order (Pisarchyk & Lee 2020; docs/design.md, "Offset arena")."""
 
 from __future__ import annotations
 

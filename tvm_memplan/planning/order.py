@@ -10,7 +10,7 @@ so the result is never worse than it):
   graphs, with memoisation and pruning by the best known peak; it says when it proved optimality;
 - beam search over partial orders for large graphs (a memory-aware list scheduler at width 1),
   then the exact search on a window of operators around the peak, repeated while it improves;
-- branch grouping (seed 004): at each branch node, run whole branch groups one after another in
+- branch grouping (the execution strategy patent, docs/design.md): at each branch node, run whole branch groups one after another in
   the best permutation, top-down then bottom-up.
 """
 

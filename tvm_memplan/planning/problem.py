@@ -58,7 +58,7 @@ class Problem:
     sizes are padded to it when placing, so the lower bound is taken over padded sizes.
     ``concurrent`` lists disjoint step ranges ``[lo, hi)`` whose operators run as one group:
     every buffer alive anywhere in a range may share bytes with no other such buffer, so the
-    pairs this implies are added to ``conflicts`` (seed 000's F-predicate for groups).
+    pairs this implies are added to ``conflicts`` (layer grouping's F-predicate, docs/design.md).
     """
 
     buffers: list[Buffer]

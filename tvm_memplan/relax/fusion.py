@@ -1,4 +1,4 @@
-"""One GPU launch per group (seed 000): horizontal fusion of a group's kernels.
+"""One GPU launch per group (layer grouping, docs/design.md): horizontal fusion of a group's kernels.
 
 The arena planner knows the groups (:func:`~tvm_memplan.relax.grouping.kernel_groups`) and plans
 with the F-predicate, so no two tensors a group touches share bytes and its kernels may run at once.

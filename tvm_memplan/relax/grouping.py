@@ -1,4 +1,4 @@
-"""Layer grouping on Relax functions (seed 000): layer-wise binding order and group step ranges.
+"""Layer grouping on Relax functions (docs/design.md): layer-wise binding order and group step ranges.
 
 Two views of one function: :func:`LayerOrder` reorders dataflow bindings layer by layer
 (longest-path depth from the inputs or the outputs) so that every group is a run of
@@ -94,8 +94,8 @@ def LayerOrder(setting: GroupSetting = SEQ, inplace: bool = True) -> tvm.transfo
     """Reorder every dataflow block layer by layer, group by group, views right after their
     producer's layer, so that every group of ``setting`` is a run of consecutive kernels.
 
-    Layers count from the inputs (seed 000's maxdist) or from the outputs, whichever costs less
-    memory (see :func:`_block_costs`; ties keep the seed's). The choice is left in a function
+    Layers count from the inputs (the thesis's maxdist) or from the outputs, whichever costs less
+    memory (see :func:`_block_costs`; ties keep the inputs'). The choice is left in a function
     attribute for the arena planner, which finds the same layers and groups after lowering.
     """
 

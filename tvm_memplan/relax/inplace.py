@@ -1,4 +1,4 @@
-"""In-place kernels and concat elimination (seed 001), decided on a function after ``CallTIRRewrite``.
+"""In-place kernels and concat elimination (docs/design.md), decided on a function after ``CallTIRRewrite``.
 
 Two kinds of aliases are proposed to the planner:
 

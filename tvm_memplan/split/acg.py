@@ -1,12 +1,11 @@
-"""The axis connection graph (ACG) of seed 003, built MAGIS-style with union-find.
+"""The axis connection graph (ACG) of fine-grained splitting, built MAGIS-style with union-find.
 
 Every loop axis of every block is a node; every axis of every activation tensor (graph tensors
 and the internal buffers of fused kernels, not constants) is a hub. A loop axis that appears in
 the index of a tensor axis is joined with that axis's hub, so a producer's axis and a consumer's
 axis that index the same tensor axis end up in one connected component. For ``C = A @ B`` this
-gives the seed's A.s1→C.s1, A.s2→C.t1, B.s1→C.t1, B.s2→C.s2. Loop axes of extent 1 join nothing
-(they cannot be split). A component that spans at least two kernels is a split candidate (seed
-claim 4).
+gives A.s1→C.s1, A.s2→C.t1, B.s1→C.t1, B.s2→C.s2. Loop axes of extent 1 join nothing
+(they cannot be split). A component that spans at least two kernels is a split candidate.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ class AxisNode:
     block: str
     axis: str
     kind: str
-    """``spatial``, ``reduction`` (the seed's temporal) or ``sliding`` (a spatial axis read through a
+    """``spatial``, ``reduction`` ("temporal" in the splitting patent) or ``sliding`` (a spatial axis read through a
     window: convolutions and pools along H and W)."""
 
 

@@ -158,8 +158,21 @@ class ChannelChain(Chain):
         return sum(b.channels for b in self.branches[:index])
 
 
+class _OneBranch(Chain):
+    """A chain of one branch, with nothing joined after it and no reducing tail."""
+
+    branch: Branch
+    concat = None
+    post: tuple[str, ...] = ()
+    tail = None
+
+    @property
+    def branches(self) -> tuple[Branch, ...]:
+        return (self.branch,)
+
+
 @dataclass(frozen=True)
-class RowChain(Chain):
+class RowChain(_OneBranch):
     """Row tiles of ``(1, sequence, features)`` tensors: every operator row-wise, the last tensor
     made tile by tile. ``branch.units`` is the sequence length."""
 
@@ -170,16 +183,12 @@ class RowChain(Chain):
     kind = "rows"
     rows = True
 
-    @property
-    def branches(self) -> tuple[Branch, ...]:
-        return (self.branch,)
-
     def row_ranges(self, parts: int) -> list[Rows]:
         return self.branch.tile_ranges(parts, self.branch.units)
 
 
 @dataclass(frozen=True)
-class SpatialChain(Chain):
+class SpatialChain(_OneBranch):
     """Row tiles of NCHW tensors (:mod:`tvm_memplan.split.spatial`): operators cut along the H
     axis, halos recomputed, each tile of the last tensor written into its rows."""
 
@@ -194,10 +203,6 @@ class SpatialChain(Chain):
 
     kind = "spatial"
     max_parts = SPATIAL_PARTS
-
-    @property
-    def branches(self) -> tuple[Branch, ...]:
-        return (self.branch,)
 
     @property
     def spatial(self) -> tuple[RowOp, ...]:

@@ -2,7 +2,7 @@
 
 A :class:`Kernel` is one fused operator (one ``call_tir`` after legalization and fusion); it holds
 :class:`Block` s in execution order, each a loop nest whose loop axes are spatial or reduction
-(the seed's temporal axes) and whose tensor accesses are affine in the loop axes where they can
+(the splitting patent's temporal axes) and whose tensor accesses are affine in the loop axes where they can
 be (``None`` where they cannot: gathers, data-dependent indices). Everything the analyser,
 simulator and optimizer need follows from this: which loop axes index which tensor axes, the
 sliding windows (a spatial axis indexed together with a reduction axis, or with a stride), and

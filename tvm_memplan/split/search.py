@@ -1,4 +1,4 @@
-"""The optimizer of seed 003: cut the memory bottleneck chain by chain within a latency budget.
+"""The optimizer of fine-grained splitting: cut the memory bottleneck chain by chain within a latency budget.
 
 Each round finds the peak of the current plan with the simulator, tries every chain that is live
 at the peak with more parts, and keeps the move that lowers the peak most among those whose

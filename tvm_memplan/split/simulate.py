@@ -1,7 +1,7 @@
-"""The memory simulator of seed 003: peaks of a program before and after its chains are split.
+"""The memory simulator of fine-grained splitting: peaks of a program before and after its chains are split.
 
 A :class:`Program` is kernels in execution order, each writing one tensor and reading others;
-a tensor is live from the step that writes it to the last step that reads it (the seed's active
+a tensor is live from the step that writes it to the last step that reads it (its active
 period ``[t1, t2)``). Model inputs, constants and outputs live outside the arena and do not
 count. :func:`split_program` builds the fine-grained program of a set of split chains without
 touching any IR, so the search can try thousands of candidates; the arena the planner really

@@ -1,4 +1,4 @@
-"""Spatial tiles (seed 003's sliding-window axes): which rows each operator of a row-tiled chain
+"""Spatial tiles (sliding-window axes, MCUNetV2's patches): which rows each operator of a row-tiled chain
 computes, halos included.
 
 A *spatial chain* is cut along the rows (H) of its NCHW tensors, so every tile keeps all the

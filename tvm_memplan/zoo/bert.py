@@ -1,4 +1,4 @@
-"""A BERT-tiny-sized transformer encoder (the seed's transformer example).
+"""A BERT-tiny-sized transformer encoder (the splitting patent's transformer example).
 
 Turc et al., "Well-Read Students Learn Better", 2019, ``google/bert_uncased_L-2_H-128_A-2``: 2 layers,
 hidden 128, 2 heads of 64, feed-forward 512, vocabulary 30522, 512 positions, 2 token types,

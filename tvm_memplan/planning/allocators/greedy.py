@@ -1,4 +1,4 @@
-"""Greedy placement with best-fit gaps (Pisarchyk & Lee 2020; algorithm 2 of seed 000)."""
+"""Greedy placement with best-fit gaps (Pisarchyk & Lee 2020; docs/design.md, "Offset arena")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ OrderKey = Callable[[Problem, int], tuple]
 
 
 def by_size(problem: Problem, i: int) -> tuple:
-    """Largest first; ties by execution order (seed 001)."""
+    """Largest first; ties by execution order."""
     b = problem.buffers[i]
     return (-problem.padded_size(i), b.start, i)
 
