@@ -17,7 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-from tvm_memplan.planning import Operator, Problem, plan_memory, problem_from_graph, read_minimalloc_csv, validate_offsets
+from tvm_memplan.planning import (
+    Operator,
+    Problem,
+    plan_memory,
+    problem_from_graph,
+    read_minimalloc_csv,
+    validate_offsets,
+)
 from tvm_memplan.planning.allocators import CanonicalSearch, greedy_allocators
 from tvm_memplan.planning.order import OrderGraph, search_order
 

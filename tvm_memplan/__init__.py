@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 __version__ = "0.1.0"
 
 

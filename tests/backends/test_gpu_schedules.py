@@ -14,7 +14,7 @@ from tvm import relax, tirx
 
 from tvm_memplan.backends.schedules import generic_gpu_schedule
 from tvm_memplan.relax.pipeline import pipeline
-from tvm_memplan.schedule.gpu import ThreadPerLoopNest, ThreadPerOutput
+from tvm_memplan.schedule.gpu import ThreadPerOutput
 from tvm_memplan.verify import run_vm
 
 from ..kernels import conv_body, kernels_of

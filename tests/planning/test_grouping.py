@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tvm_memplan.planning import Buffer, InvalidPlanError, Operator, Problem, plan_memory, problem_from_graph, validate_offsets
+from tvm_memplan.planning import (
+    Buffer,
+    InvalidPlanError,
+    Operator,
+    Problem,
+    plan_memory,
+    problem_from_graph,
+    validate_offsets,
+)
 from tvm_memplan.planning.allocators import CanonicalSearch, greedy_allocators
 from tvm_memplan.planning.grouping import (
     SEQ,

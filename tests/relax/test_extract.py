@@ -1,4 +1,4 @@
-from tvm_memplan.planning import validate_offsets, plan_memory
+from tvm_memplan.planning import plan_memory, validate_offsets
 from tvm_memplan.relax import extract_plan_input
 
 from .modules import chain_with_view, dynamic_batch, staged, two_functions

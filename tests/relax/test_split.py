@@ -10,7 +10,15 @@ from tvm import relax
 
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.planner import plan_model
-from tvm_memplan.relax.split import axis_graph, chain_module, chain_signature, find_chains, normalize, program_of, split_chains
+from tvm_memplan.relax.split import (
+    axis_graph,
+    chain_module,
+    chain_signature,
+    find_chains,
+    normalize,
+    program_of,
+    split_chains,
+)
 from tvm_memplan.split.search import search
 from tvm_memplan.split.simulate import SplitChoice, disjoint, peak, split_program
 

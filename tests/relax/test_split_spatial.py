@@ -7,10 +7,10 @@ import tvm
 from tvm import relax
 
 from tvm_memplan.planner import plan_model
+from tvm_memplan.relax.pipeline import pipeline
 from tvm_memplan.relax.split import find_chains, normalize, program_of, split_chains
 from tvm_memplan.split.simulate import SplitChoice, peak, split_program
 from tvm_memplan.verify.run import run_vm
-from tvm_memplan.relax.pipeline import pipeline
 
 TARGET = tvm.target.Target({"kind": "llvm"})
 SHAPE = (1, 3, 33, 30)

@@ -8,9 +8,9 @@ import tvm
 from tvm import tirx
 
 from tvm_memplan.frontend import load_model
+from tvm_memplan.options import MemplanOptions
 from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.pipeline import schedule_passes
-from tvm_memplan.options import MemplanOptions
 from tvm_memplan.schedule import DefaultCPUSchedule, ScheduleReport
 from tvm_memplan.verify.check import verify_plan
 

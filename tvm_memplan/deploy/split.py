@@ -13,8 +13,8 @@ import tvm
 from ..errors import UserError
 from ..frontend import LoadedModel, to_relax
 from ..relax.split import describe_tensors, find_chains, normalize, program_of, split_chains
-from ..split.search import SearchResult, search_phased
 from ..split.chain import Chain, SplitChoice
+from ..split.search import SearchResult, search_phased
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, ChainLatency
 from .measure import Device

@@ -444,7 +444,7 @@ def kernel_rows(
                     "abits": abits,
                     "lq_us": time_vm(lq, [x_dev], timing),
                     "fp32_tvm_us": time_vm(fp32, [x_dev], timing),
-                    "fp32_numpy_us": time_numpy(lambda: x @ weight + bias, timing),
+                    "fp32_numpy_us": time_numpy(lambda x=x, weight=weight, bias=bias: x @ weight + bias, timing),
                     "lq_dense_us": dense_us,
                     "lq_pack_us": pack_us,
                     "lq_weight_bytes": int(layer.kernel_arguments(lanes)["wp"].nbytes),

@@ -34,7 +34,6 @@ from ..errors import UserError
 from .quantizer import MAX_BITS, check_bits, fit_activations, fit_weights
 from .relax_pass import DenseSite, LQDense, LQLayer, find_dense_layers, parameter_bytes
 
-
 # Relative output error of a layer at K bits for weights and activations if both operands were
 # Gaussian: the optimal K-level quantizer keeps a relative MSE D_K (Max, 1960) on each, and the
 # two add, so the output error is about sqrt(2 D_K): 0.85, 0.48, 0.26, 0.14 for K = 1..4.

@@ -1,8 +1,8 @@
 """TVM-free planning core: problems, lifetimes, lower bounds, allocators, validation."""
 
+from .aliasing import coalesce, plan_aliased
 from .allocators import Allocator, GreedyBestFit, Plan, default_allocators, plan_memory
 from .lifetimes import Operator, problem_from_graph, tensor_lifetimes
-from .aliasing import coalesce, plan_aliased
 from .problem import (
     DEFAULT_ALIGNMENT,
     AliasGroup,

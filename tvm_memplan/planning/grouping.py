@@ -9,7 +9,7 @@ express once a group's operators are consecutive in the execution order built he
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, Sequence, Union
+from typing import Callable, Hashable, Mapping, Sequence
 
 from .lifetimes import Operator, problem_from_graph
 from .problem import DEFAULT_ALIGNMENT, Problem
@@ -18,7 +18,7 @@ SEQ = "seq"
 """One operator per group: layer-wise order, no extra constraints (the thesis's "layer-wise" row)."""
 AUTO = "auto"
 """Groups chosen per layer by :func:`cost_aware_groups`."""
-GroupSetting = Union[int, str]
+GroupSetting = int | str
 
 
 def parse_groups(text: str | int) -> GroupSetting:

@@ -41,8 +41,8 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.tirx import buffer as tir_buffer
 
-from .ir_utils import top_level_bindings
 from .inplace import prim_func_of
+from .ir_utils import top_level_bindings
 from .module import referenced_globals, relax_functions, with_blocks
 
 GROUPS_ATTR = "tvm_memplan.kernel_groups"

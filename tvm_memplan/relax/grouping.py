@@ -29,7 +29,7 @@ from ..planning.grouping import (
 )
 from .inplace import prim_func_of
 from .module import relax_functions, with_blocks, with_functions
-from .reorder import escaping_vars, block_graph
+from .reorder import block_graph, escaping_vars
 from .tensor_types import static_nbytes
 
 LAYER_ORDER_PASS_NAME = "tvm_memplan.LayerOrder"

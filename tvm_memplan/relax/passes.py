@@ -13,9 +13,9 @@ from ..options import MemplanOptions, current_options
 from ..planning import DEFAULT_ALIGNMENT, Buffer, Problem
 from ..planning.aliasing import plan_aliased
 from .extract import extract_plan_input
-from .ir_utils import top_level_bindings
 from .fusion import GROUPS_ATTR
 from .grouping import kernel_groups, layers_from_outputs
+from .ir_utils import top_level_bindings
 from .module import relax_functions, with_functions
 from .offsets import kernels_take_offsets, offset_tensors
 from .rewrite import apply_plans

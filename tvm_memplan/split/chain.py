@@ -205,16 +205,17 @@ class SpatialChain(_OneBranch):
     max_parts = SPATIAL_PARTS
 
     @property
-    def spatial(self) -> tuple[RowOp, ...]:
-        return self.ops
-
-    @property
     def name(self) -> str:
         return f"{self.head}..{self.ops[-1].name} (rows{', gathered' if self.gathered else ''})"
 
     def tile_rows(self, parts: int) -> list[dict[str, Rows]]:
         """Per tile, the output rows every operator computes (halos included)."""
         return tile_rows(self.ops, parts)
+
+    @property
+    def spatial(self) -> tuple[RowOp, ...]:
+        """The operators (the older class's ``spatial`` field)."""
+        return self.ops
 
 
 def _chain_of_fields(branches: tuple[Branch, ...], concat: str | None, post: tuple[str, ...], tail: str | None,

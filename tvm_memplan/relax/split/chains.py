@@ -29,8 +29,19 @@ from ...split.spatial import RowOp, RowWindow
 from ..axes import graph_model
 from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
 from .operators import (
-    CHANNEL, CONV, ELEMENTWISE_PER_CHANNEL, PER_CHANNEL_OPS, POOLS, ROW_GUARDS, ROW_OPS, ROWS, channels, nbytes, nchw,
-    padding, sequence_rows,
+    CHANNEL,
+    CONV,
+    ELEMENTWISE_PER_CHANNEL,
+    PER_CHANNEL_OPS,
+    POOLS,
+    ROW_GUARDS,
+    ROW_OPS,
+    ROWS,
+    channels,
+    nbytes,
+    nchw,
+    padding,
+    sequence_rows,
 )
 
 _DIAMOND_OPS = 8

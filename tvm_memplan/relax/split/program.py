@@ -71,8 +71,9 @@ def _written_operand(value: relax.Expr, var: relax.Var) -> relax.Expr | None:
     if op_name(value) == "relax.reshape":
         return value.args[0]
     shape = static_shape(var.ty)
-    return next((a for a in value.args if isinstance(a, relax.Var) and shape is not None and static_shape(a.ty) == shape),
-                None)
+    if shape is None:
+        return None
+    return next((a for a in value.args if isinstance(a, relax.Var) and static_shape(a.ty) == shape), None)
 
 
 def _eliminate_concat(value: relax.Call, target: str, tensor: dict, uses: dict, sizes: dict, aliases: dict,
@@ -83,7 +84,8 @@ def _eliminate_concat(value: relax.Call, target: str, tensor: dict, uses: dict, 
     shape = static_shape(value.ty)
     if int(value.attrs.axis) % max(len(shape or ()), 1) != CHANNEL or not shape or shape[0] != 1:
         return
-    inputs = [f for f in fields if isinstance(f, relax.Var) and f in tensor and uses.get(f, 0) == 1 and tensor[f] in sizes]
+    inputs = [f for f in fields
+              if isinstance(f, relax.Var) and f in tensor and uses.get(f, 0) == 1 and tensor[f] in sizes]
     if len(inputs) != len(fields):
         return
     merged = {tensor[f] for f in inputs}

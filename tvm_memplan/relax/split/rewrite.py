@@ -24,7 +24,8 @@ from .chains import row_axis
 from .operators import CHANNEL, CONV, POOLS, ROWS, channels, nchw, padding
 
 
-def _outside_row_axis(value: relax.Call, index: int, out_shape: tuple[int, ...], out_axis: int, rows: int) -> int | None:
+def _outside_row_axis(value: relax.Call, index: int, out_shape: tuple[int, ...], out_axis: int,
+                      rows: int) -> int | None:
     """The axis along which a row tile slices operand ``index`` of a row-wise ``value`` from
     outside the chain, or None when every tile reads it whole (weights, keys and values,
     operands broadcast along the rows)."""
@@ -65,7 +66,10 @@ def _conv(value: relax.Call, data: relax.Expr, weight: np.ndarray | relax.Expr, 
     """The convolution ``value`` with another input, weights (a tile's slice, or the original
     constant shared by every tile), groups and padding (a row tile's)."""
     a = value.attrs
-    kernel = weight if isinstance(weight, relax.Expr) else relax.const(np.ascontiguousarray(weight), str(value.args[1].ty.dtype))
+    if isinstance(weight, relax.Expr):
+        kernel = weight
+    else:
+        kernel = relax.const(np.ascontiguousarray(weight), str(value.args[1].ty.dtype))
     return relax.op.nn.conv2d(
         data, kernel, strides=[int(x) for x in a.strides],
         padding=padding if padding is not None else [int(x) for x in a.padding],
@@ -373,7 +377,8 @@ def _emit_windowed_rows(bb: relax.BlockBuilder, value: relax.Call, data: relax.E
         batch, channels, _, columns = whole.shape
         cut = te.compute((batch, channels, count, columns), lambda n, c, h, w: whole[n, c, h + first, w], name="rows")
         if weight:
-            return topi.nn.conv(cut, weight[0], strides, padding, dilation, int(a.groups), "NCHW", "OIHW", str(value.ty.dtype))
+            return topi.nn.conv(cut, weight[0], strides, padding, dilation, int(a.groups), "NCHW", "OIHW",
+                                str(value.ty.dtype))
         pool_type = "max" if op_name(value) == "relax.nn.max_pool2d" else "avg"
         return topi.nn.pool2d(cut, [int(x) for x in a.pool_size], strides, dilation, padding, pool_type, False, "NCHW",
                               bool(a.count_include_pad))
