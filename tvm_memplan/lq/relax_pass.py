@@ -264,7 +264,7 @@ def _with_bias(site: DenseSite) -> np.ndarray:
     return site.bias if site.bias is not None else np.zeros(site.weight.shape[1])
 
 
-@tvm.transform.module_pass(opt_level=0, name="LQDense")
+@tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LQDense")
 class LQDense:
     """Module pass: each named dense layer of ``main`` → ``lq_pack`` + ``lq_dense`` PrimFuncs.
 
@@ -321,7 +321,7 @@ class LQDense:
         return rewrite_dense(mod, emitters)
 
 
-@tvm.transform.module_pass(opt_level=0, name="FloatDense")
+@tvm.transform.module_pass(opt_level=0, name="tvm_memplan.FloatDense")
 class FloatDense:
     """Module pass: named float dense layers → the hand-scheduled fp32 kernel (pre-packed weights).
 
