@@ -262,7 +262,7 @@ def markdown(rows: Sequence[dict], settings: Sequence[tuple[int, int]] = SETTING
             delta = 100 * (entry["accuracy"] - row["float"])
             cells.append(f"{100 * entry['accuracy']:.2f} % ({delta:+.2f}, {entry['size_ratio']:.3f})")
             changed = [
-                f"L{i}:{'float' if layer['status'] != 'lq' else 'W' + str(layer['wbits']) + 'A' + str(layer['abits'])}"
+                f"L{i}:{'float' if layer['status'] != 'lq' else 'W' + str(int(layer['wbits'])) + 'A' + str(int(layer['abits']))}"
                 for i, layer in enumerate(entry["layers"])
                 if layer["status"] != "lq" or (layer.get("wbits"), layer.get("abits")) != tuple(int(c) for c in name[1:].split("A"))
             ]
