@@ -33,3 +33,22 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
     peak, launches, steps = float(unsplit[3]), int(unsplit[4]), float(unsplit[5])
     assert all(float(r[3]) < peak and int(r[4]) > launches and float(r[5].split()[0]) >= steps for r in tiles)
     assert all("/" in r[6] and "/" in r[7] for r in tiles)  # both timed, side by side
+
+
+def test_readme_memory_tables_match_what_the_script_plans_now():
+    """Memory is deterministic: a change that moves a zoo model's arena, bound, in-place count or order
+    must regenerate the README's tables (scripts/bench_memory.py) or this fails."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "--check",
+                           str(ROOT / "README.md")], capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_readme_check_sees_a_stale_row(tmp_path):
+    """The check itself: one changed figure in a copy of the README is reported, exit 1."""
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| mlp | 0.00 | 0.00 | +0.0%"))
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace(row, row.replace("| program (proved optimal) |", "| beam1 |")))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "mlp", "--check",
+                           str(stale)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 1 and "stale or missing row" in done.stderr and "| mlp |" in done.stderr
