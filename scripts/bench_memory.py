@@ -6,9 +6,9 @@
 One section per benchmark family; each is a function returning Markdown so more families (the
 model zoo) can join ``main`` without touching the others. Memory is deterministic, so
 
-    python scripts/bench_memory.py --zoo --check README.md
+    python scripts/bench_memory.py --zoo --check results/README.md
 
-plans the zoo again and fails (exit 1) when a row of the README's zoo tables differs from what the
+plans the zoo again and fails (exit 1) when a row of the published zoo tables differs from what the
 code gives now (every column but the planning time); CI runs it.
 """
 
