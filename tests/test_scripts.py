@@ -61,3 +61,16 @@ def test_plot_results_draws_the_charts_from_the_tables(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("memory.png", "latency.png", "memory_layout_mcu_cnn.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_execute_tutorials_stores_the_outputs(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    notebook = tmp_path / "tiny.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print(6 * 7)")]), notebook)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "execute_tutorials.py"), str(notebook)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (cell,) = nbformat.read(notebook, as_version=4).cells
+    assert cell.outputs[0]["text"] == "42\n"
