@@ -4,7 +4,12 @@
         --seconds 60 --out results/bench_memory.md
 
 One section per benchmark family; each is a function returning Markdown so more families (the
-model zoo) can join ``main`` without touching the others.
+model zoo) can join ``main`` without touching the others. Memory is deterministic, so
+
+    python scripts/bench_memory.py --zoo --check results/README.md
+
+plans the zoo again and fails (exit 1) when a row of the published zoo tables differs from what the
+code gives now (every column but the planning time); CI runs it.
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ def minimalloc_table(directory: Path, seconds: float, instances: list[str] | Non
         f"{sum(r <= 1.0 for r in driver_ratios)} of {len(driver_ratios)} at or below the capacity.\n"
     )
     return header + "".join(rows) + summary
+
+
+PLAN_SECONDS_COLUMN = -1
+"""The first zoo table's last column, planning time: the only one that is not deterministic."""
 
 
 def zoo_table(names: list[str], seconds: float) -> str:
@@ -195,6 +204,27 @@ def scaling_table(counts: list[int], repeats: int = 5) -> str:
     return "\n".join(rows) + "\n"
 
 
+def table_rows(markdown: str, first_cells: set[str]) -> list[list[str]]:
+    """The cells of every Markdown table row whose first cell is one of ``first_cells``."""
+    rows = []
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if cells[0] in first_cells:
+                rows.append(cells)
+    return rows
+
+
+def stale_rows(document: str, generated: str, names: list[str]) -> list[str]:
+    """Rows of ``generated``'s zoo tables that ``document`` does not hold (planning time aside)."""
+    def comparable(cells: list[str]) -> tuple[str, ...]:
+        first_table = len(cells) > 11  # the first table has the heap columns and the planning time
+        return tuple(cells[:PLAN_SECONDS_COLUMN] if first_table else cells)
+
+    have = {comparable(cells) for cells in table_rows(document, set(names))}
+    return [" | ".join(cells) for cells in table_rows(generated, set(names)) if comparable(cells) not in have]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minimalloc", type=Path, help="folder of MiniMalloc CSV instances")
@@ -203,7 +233,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--zoo", nargs="*", metavar="MODEL", help="zoo models to plan (no names: all of them)")
     parser.add_argument("--scaling", nargs="*", type=int, metavar="N", help="planning time on synthetic graphs of N operators (default 150 300 600 1200)")
     parser.add_argument("--out", type=Path, help="Markdown file to write (default: print)")
+    parser.add_argument("--check", type=Path, metavar="FILE",
+                        help="with --zoo: exit 1 when FILE's zoo tables differ from what the code plans now")
     args = parser.parse_args(argv)
+    if args.check is not None:
+        from tvm_memplan import zoo
+
+        if args.zoo is None:
+            parser.error("--check compares the zoo tables: give --zoo")
+        names = args.zoo or zoo.names()
+        stale = stale_rows(args.check.read_text(), zoo_table(names, args.seconds), names)
+        for row in stale:
+            print(f"{args.check}: stale or missing row, the code now gives: | {row} |", file=sys.stderr)
+        sys.exit(1 if stale else 0)
     sections = []
     if args.zoo is not None:
         from tvm_memplan import zoo

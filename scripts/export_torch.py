@@ -49,14 +49,15 @@ def _timm(name: str, resolution: int = 224) -> Factory:
 
 
 def _bert(layers: int = 2, hidden: int = 128, heads: int = 2, sequence: int = 128, vocab: int = 30522,
-          positions: int = 512) -> Factory:
+          positions: int = 512, pooled: bool = False) -> Factory:
     def make():
         from transformers import BertConfig, BertModel
 
         config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                             intermediate_size=4 * hidden, vocab_size=vocab,
                             max_position_embeddings=positions)
-        return _Encoder(BertModel(config, add_pooling_layer=False)), (torch.randint(0, vocab, (1, sequence)),)
+        wrapper = _PooledEncoder if pooled else _Encoder
+        return wrapper(BertModel(config, add_pooling_layer=pooled)), (torch.randint(0, vocab, (1, sequence)),)
     return make
 
 
@@ -69,6 +70,14 @@ class _Encoder(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids).last_hidden_state
+
+
+class _PooledEncoder(_Encoder):
+    """Both outputs of a transformers encoder with its pooler, as ``BertModel`` exports them."""
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        output = self.model(input_ids=ids)
+        return output.last_hidden_state, output.pooler_output
 
 
 NETWORKS: dict[str, Factory] = {
@@ -124,6 +133,9 @@ FIXTURES: dict[str, Factory] = {
     "torchvision_shufflenet_v2_unit": _shufflenet_unit(),
     # attention as transformers writes it (the dynamo exporter adds a NaN guard after the softmax)
     "transformers_bert_layer": _bert(layers=1, hidden=32, heads=2, sequence=16, vocab=64, positions=16),
+    # two outputs (last_hidden_state, pooler_output), as BertModel's default export has
+    "transformers_bert_pooled": _bert(layers=1, hidden=32, heads=2, sequence=16, vocab=64, positions=16,
+                                      pooled=True),
 }
 
 
@@ -150,12 +162,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="folder for full networks")
     parser.add_argument("--fixtures", type=Path, help="folder for the small test fixtures")
     parser.add_argument("--models", nargs="*", default=list(NETWORKS))
+    parser.add_argument("--fixture-names", nargs="*", default=list(FIXTURES), help="which fixtures to write")
     parser.add_argument("--exporter", choices=["torchscript", "dynamo", "both"], default="both")
     args = parser.parse_args()
     exporters = ["torchscript", "dynamo"] if args.exporter == "both" else [args.exporter]
     torch.manual_seed(0)
     if args.fixtures:
-        for name, factory in FIXTURES.items():
+        for name in args.fixture_names:
+            factory = FIXTURES[name]
             for exporter in ("torchscript", "dynamo"):
                 path = args.fixtures / f"{name}.{exporter}.onnx"
                 export(factory, path, dynamo=exporter == "dynamo")

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS_README = ROOT / "results" / "README.md"
 
 
 def test_check_exports_splits_and_verifies_an_exported_stem(tmp_path):
@@ -33,3 +34,43 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
     peak, launches, steps = float(unsplit[3]), int(unsplit[4]), float(unsplit[5])
     assert all(float(r[3]) < peak and int(r[4]) > launches and float(r[5].split()[0]) >= steps for r in tiles)
     assert all("/" in r[6] and "/" in r[7] for r in tiles)  # both timed, side by side
+
+
+def test_published_memory_tables_match_what_the_script_plans_now():
+    """Memory is deterministic: a change that moves a zoo model's arena, bound, in-place count or order
+    must regenerate the published tables (scripts/bench_memory.py) or this fails."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "--check",
+                           str(RESULTS_README)], capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_readme_check_sees_a_stale_row(tmp_path):
+    """The check itself: one changed figure in a copy of the results page is reported, exit 1."""
+    readme = RESULTS_README.read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| mlp | 0.00 | 0.00 | +0.0%"))
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace(row, row.replace("| program (proved optimal) |", "| beam1 |")))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "mlp", "--check",
+                           str(stale)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 1 and "stale or missing row" in done.stderr and "| mlp |" in done.stderr
+
+
+def test_plot_results_draws_the_charts_from_the_tables(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_results.py"), "--out", str(tmp_path),
+                           "--layout-model", "zoo:mcu_cnn"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("memory.png", "latency.png", "memory_layout_mcu_cnn.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_execute_tutorials_stores_the_outputs(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    notebook = tmp_path / "tiny.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print(6 * 7)")]), notebook)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "execute_tutorials.py"), str(notebook)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (cell,) = nbformat.read(notebook, as_version=4).cells
+    assert cell.outputs[0]["text"] == "42\n"

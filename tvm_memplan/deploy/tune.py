@@ -8,14 +8,16 @@ kernels already have and only runs the trials still missing to reach ``--trials`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import tvm
@@ -31,7 +33,10 @@ T = TypeVar("T")
 
 BUILDER_TIMEOUT_S = 120.0
 """Seconds one candidate build may take before MetaSchedule gives up on it (a loaded machine
-can be slow; MetaSchedule's own 30 s default was set for builds that import every intrinsic)."""
+can be slow; MetaSchedule's own 30 s default was set for builds that import every intrinsic).
+A build or run past its limit is a failed trial: MetaSchedule records it and tuning goes on."""
+RUNNER_TIMEOUT_S = 60.0
+"""Seconds one candidate's measurement on this machine may take."""
 
 
 @dataclass
@@ -83,15 +88,55 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict 
     return tvm.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
-def local_builder(timeout_s: float = BUILDER_TIMEOUT_S, cross_compiler: str | None = None):
+def local_builder(timeout_s: float | None = None, cross_compiler: str | None = None):
     """A LocalBuilder with the fast build function (and a cross-compiling export when asked)."""
     from tvm.s_tir import meta_schedule as ms
 
     return ms.builder.LocalBuilder(
-        timeout_sec=timeout_s,
+        timeout_sec=BUILDER_TIMEOUT_S if timeout_s is None else timeout_s,
         f_build=build_candidate,
         f_export=functools.partial(_export_cross, cross_compiler) if cross_compiler else None,
     )
+
+
+def local_runner(evaluator_config: Any = None):
+    """A LocalRunner whose measurements time out after ``RUNNER_TIMEOUT_S`` (a failed trial)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.runner.LocalRunner(timeout_sec=RUNNER_TIMEOUT_S, evaluator_config=evaluator_config)
+
+
+@contextlib.contextmanager
+def meta_schedule_logging() -> Iterator[None]:
+    """MetaSchedule's logging for one tuning run: warnings on stdout, the full log in WORK_DIR/logs.
+
+    MetaSchedule copies its console level from the ``tvm.s_tir.meta_schedule`` logger (DEBUG when
+    unset) and prints to stdout, which would bury ``--json``. It also lists that logger's handlers
+    by name in a ``logging.config.dictConfig``: a handler without a name there makes it fail with
+    "'NoneType' object has no attribute 'format'" (seen under pytest-xdist). The logger's own
+    handlers are set aside while tuning and put back after; MetaSchedule's are closed.
+    """
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    level, handlers = logger.level, logger.handlers[:]
+    for handler in handlers:
+        logger.removeHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for handler in logger.handlers[:]:
+            logger.removeHandler(handler)
+            handler.close()
+        for handler in handlers:
+            logger.addHandler(handler)
+        logger.setLevel(level)
+
+
+def warn_if_no_trial_succeeded(records: int, what: str) -> None:
+    """One line on stderr when every trial failed (builds or runs timed out, or errors)."""
+    if records == 0:
+        print(f"tvm-memplan: warning: no tuning trial of {what} succeeded (builds or runs failed or timed out; "
+              f"see the logs in the work directory, or raise --builder-timeout)", file=sys.stderr)
 
 
 def run_tuning(run: Callable[[], T]) -> T:
@@ -148,7 +193,7 @@ def _runner(target: DeployTarget, tracker: str | None, key: str | None):
         return ms.runner.RPCRunner(config, evaluator_config=evaluator, max_workers=1), f"rpc:{key}@{tracker}"
     if target.cross_compiler:
         raise UserError(f"target {target.name} cannot run here: tune it through --rpc-tracker/--rpc-key")
-    return ms.runner.LocalRunner(timeout_sec=60, evaluator_config=evaluator), "local"
+    return local_runner(evaluator), "local"
 
 
 def tune(
@@ -159,7 +204,7 @@ def tune(
     kernels: str | None = None,
     tracker: str | None = None,
     key: str | None = None,
-    builder_timeout: float = BUILDER_TIMEOUT_S,
+    builder_timeout: float | None = None,
     **options: Any,
 ) -> TuneResult:
     """Tune the selected kernels of ``spec`` until the database holds ``trials`` records for them."""
@@ -169,7 +214,7 @@ def tune(
         raise UserError(f"--trials must be >= 1, got {trials}")
     if bool(tracker) != bool(key):
         raise UserError("--rpc-tracker and --rpc-key go together")
-    if builder_timeout <= 0:
+    if builder_timeout is not None and builder_timeout <= 0:
         raise UserError(f"--builder-timeout must be positive, got {builder_timeout}")
     require_cost_model()
     started = time.monotonic()
@@ -186,20 +231,20 @@ def tune(
 
     missing = trials - records()
     if missing > 0:
-        # MetaSchedule copies its console level from this logger (DEBUG when unset) and prints to
-        # stdout, which would bury --json: keep warnings there, the full log in WORK_DIR/logs.
-        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
-        builder = local_builder(builder_timeout, target.cross_compiler)
-        run_tuning(lambda: ms.tune.tune_tasks(
-            tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=missing,
-            num_trials_per_iter=min(missing, 16), builder=builder, runner=runner, database=database,
-            cost_model="xgb",
-        ))
+        with meta_schedule_logging():
+            contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
+            builder = local_builder(builder_timeout, target.cross_compiler)
+            run_tuning(lambda: ms.tune.tune_tasks(
+                tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=missing,
+                num_trials_per_iter=min(missing, 16), builder=builder, runner=runner, database=database,
+                cost_model="xgb",
+            ))
+    found = records()
+    warn_if_no_trial_succeeded(found, f"{len(tasks)} kernel(s)")
     return TuneResult(
         kernels=[t.task_name for t in tasks],
         trials_run=max(missing, 0),
-        records=records(),
+        records=found,
         work_dir=work_dir,
         runner=runner_name,
         seconds=round(time.monotonic() - started, 1),

@@ -272,14 +272,14 @@ class LQDense:
     With ``float_rest`` every other convertible dense layer gets the scheduled fp32 kernel in the
     same rewrite (site names are binding order, so a second pass would see them renumbered).
     Kernels are scheduled for ``target``; a ``schedule_dense(func, target)`` callable can replace
-    the hand schedule (MetaSchedule).
+    the hand schedule (MetaSchedule), which stays where it returns None.
     """
 
     def __init__(
         self,
         layers: dict[str, LQLayer],
         target: tvm.target.Target,
-        schedule_dense: Callable[[tirx.PrimFunc, tvm.target.Target], tirx.PrimFunc] | None = None,
+        schedule_dense: Callable[[tirx.PrimFunc, tvm.target.Target], tirx.PrimFunc | None] | None = None,
         float_rest: bool = False,
     ) -> None:
         self.layers = layers
@@ -298,9 +298,8 @@ class LQDense:
             unpacked = kernels.lq_pack_conv_func(site.conv, layer.act)
         pack = kernels.schedule_lq_pack(unpacked, flavor)
         raw = kernels.lq_dense_func(m, n, o, layer.act.bits, layer.weight_bits.shape[0], lanes)
-        if self.schedule_dense is not None:
-            dense = self.schedule_dense(raw, self.target)
-        else:
+        dense = self.schedule_dense(raw, self.target) if self.schedule_dense is not None else None
+        if dense is None:  # no hook, or every tuning trial failed
             dense = kernels.schedule_lq_dense(raw, flavor)
         pack_gv = builder.add_func(_kernel(pack), f"lq_pack_{site.name}")
         dense_gv = builder.add_func(_kernel(dense), f"lq_dense_{site.name}")

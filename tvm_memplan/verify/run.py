@@ -37,6 +37,17 @@ def flatten_outputs(value) -> list[np.ndarray]:
     return [value.numpy()]
 
 
+def vm_outputs(vm: relax.VirtualMachine, args: Sequence, function: str = "main") -> list[np.ndarray]:
+    """Run ``function`` once and fetch its outputs one tensor at a time.
+
+    Through an RPC session (``measure`` uses one even on this machine) a tuple result comes back as
+    an opaque remote object that cannot be unpacked here; the VM's stateful interface returns each
+    element of (nested) tuples on its own."""
+    vm.set_input(function, *args)
+    vm.invoke_stateful(function)
+    return flatten_outputs(vm.get_outputs(function))
+
+
 def target_device(target: tvm.target.Target) -> tvm.runtime.Device:
     """Device 0 of the kind a build for ``target`` runs on (the CPU for llvm and c), so that a GPU
     build is run on its GPU; a one-line UserError when this machine has none."""

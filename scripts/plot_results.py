@@ -1,0 +1,117 @@
+"""Charts of the result tables in ``results/`` and the memory-layout picture of the README.
+
+    python scripts/plot_results.py --out results/figures
+
+Reads the Markdown tables the benchmark scripts wrote (nothing is measured here) and draws:
+
+- ``memory.png``: per zoo model, what TVM's StaticPlanBlockMemory allocates, the arena at the liveness
+  bound in program order, and tvm_memplan's default arena (in-place, concat elimination, order search),
+  from ``results/bench_memory.md``;
+- ``latency.png``: onnxruntime, TVM as it ships and tvm_memplan per zoo model, from
+  ``results/bench_latency.md`` (log scale: TVM's unscheduled loops are 20-100x slower);
+- ``memory_layout_mobilenet_v2.png``: the arena of MobileNetV2 (``--layout-model``; the same picture as
+  ``tvm-memplan plan zoo:mobilenet_v2 --plot FILE``), planned now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def table(markdown: str, header_start: str) -> list[dict[str, str]]:
+    """The rows of the first Markdown table whose header line starts with ``header_start``."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    header = [cell.strip() for cell in lines[start].strip().strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (cell.strip() for cell in line.strip().strip("|").split("|")))))
+    return rows
+
+
+def _first_number(cell: str) -> float:
+    return float(re.match(r"[-+]?[\d.]+", cell).group(0))
+
+
+def memory_chart(bench_memory: Path, out: Path) -> Path:
+    text = bench_memory.read_text()
+    program = {r["model"]: r for r in table(text, "| model | tensors |")}
+    memplan = {r["model"]: r for r in table(text, "| model | program-order arena |")}
+    models = [m for m in program if m in memplan and float(program[m]["TVM default"]) >= 0.01]
+    series = {
+        "TVM default (StaticPlanBlockMemory)": [float(program[m]["TVM default"]) for m in models],
+        "arena at the bound, program order": [float(program[m]["arena"]) for m in models],
+        "tvm_memplan (in-place, concats, order)": [float(memplan[m]["memplan arena"]) for m in models],
+    }
+    return _bars(models, series, "MiB (batch 1, float32)", "Activation memory of the zoo models", out)
+
+
+def latency_chart(bench_latency: Path, out: Path) -> Path:
+    rows = table(bench_latency.read_text(), "| model | onnxruntime ms |")
+    models = [r["model"].removeprefix("zoo:") for r in rows]
+    series = {
+        "onnxruntime": [_first_number(r["onnxruntime ms"]) for r in rows],
+        "TVM 0.27 as it ships": [_first_number(r["TVM ms"]) for r in rows],
+        "tvm_memplan": [_first_number(r["memplan ms"]) for r in rows],
+    }
+    return _bars(models, series, "ms (median, 2 threads, log scale)", "Latency on the CPU", out, log=True)
+
+
+def _bars(models: list[str], series: dict[str, list[float]], ylabel: str, title: str, out: Path,
+          log: bool = False) -> Path:
+    fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
+    width = 0.8 / len(series)
+    for index, (label, values) in enumerate(series.items()):
+        ax.bar([x + index * width for x in range(len(models))], values, width, label=label)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(models))], models, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def layout_picture(model_spec: str, out: Path) -> Path:
+    from tvm_memplan.frontend import load_model
+    from tvm_memplan.planner import plan_model
+    from tvm_memplan.plot import plot_layout
+
+    plan = plan_model(load_model(model_spec))
+    problem, offsets, arena = max(plan.main.layouts(), key=lambda layout: layout[2])
+    return plot_layout(problem, offsets, out, title=f"{model_spec}: arena {arena / (1 << 20):.2f} MiB", arena_bytes=arena)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the result tables")
+    parser.add_argument("--out", type=Path, default=RESULTS / "figures", help="folder for the PNG files")
+    parser.add_argument("--layout-model", default="zoo:mobilenet_v2", help="model of the memory-layout picture")
+    args = parser.parse_args(argv)
+    slug = re.sub(r"\W+", "_", args.layout_model.removeprefix("zoo:"))
+    written = [
+        memory_chart(args.results / "bench_memory.md", args.out / "memory.png"),
+        latency_chart(args.results / "bench_latency.md", args.out / "latency.png"),
+        layout_picture(args.layout_model, args.out / f"memory_layout_{slug}.png"),
+    ]
+    for path in written:
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
