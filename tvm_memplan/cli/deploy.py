@@ -15,7 +15,7 @@ from rich.table import Table
 from ..errors import UserError
 from .format import console, human_bytes, key_value_table, print_json
 from .plan import model_planner_kwargs, model_planner_options, parse_bytes
-from .vocabulary import add_json, add_target
+from .vocabulary import add_json, add_model_inputs, add_target, model_spec_and_inputs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
     build.add_argument("-o", "--output", metavar="OUT.so", help="the VM library (not for cortex-m* targets, which take --emit-c only)")
     add_target(build)
+    add_model_inputs(build, inputs=False)
     build.add_argument("--pipeline", default="memplan", choices=["memplan", "stock"], help="memplan (default) or TVM's stock planner")
     build.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
     build.add_argument("--emit-c", metavar="DIR", help="write the whole model as standalone C (model.c on one static arena, "
@@ -56,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measure.add_argument("--device", metavar="DEVICE", help="for DIR: host (default; this machine's C compiler), "
                          "qemu-cortex-m7, qemu-cortex-m4 or qemu-cortex-m55 (emulated, needs arm-none-eabi-gcc and qemu-system-arm)")
     add_target(measure, note="MODEL is built for it")
+    add_model_inputs(measure)
     measure.add_argument("--rpc-tracker", metavar="HOST:PORT", help="RPC tracker to get the device from")
     measure.add_argument("--rpc-key", metavar="KEY", help="device key at the tracker")
     measure.add_argument("--repeat", type=int, default=10, metavar="N", help="timed repeats (default 10)")
@@ -110,6 +112,7 @@ def run_build(args: argparse.Namespace) -> int:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
     if args.output is None and args.emit_c is None:
         raise UserError(f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else ""))
+    args.model, _ = model_spec_and_inputs(args.model, args.input_shapes, None)
     started = time.monotonic()
     options = model_planner_kwargs(args)
     if args.split == "acg":
@@ -188,9 +191,23 @@ def run_measure(args: argparse.Namespace) -> int:
 
     log = ResultsLog(args.log) if args.log else None
     if Path(args.source).is_dir():
+        if args.input_shapes or args.inputs:
+            raise UserError("the standalone C runs the inputs it was built with: drop --input-shapes and --inputs")
         return _measure_c(args, log)
     if args.device:
         raise UserError("--device runs the standalone C: give the directory written by build --emit-c DIR")
+    source, inputs = args.source, None
+    if source.endswith(".so"):
+        if args.input_shapes:
+            raise UserError(f"{source} was built for its input shapes: --input-shapes applies to a model")
+        if args.inputs:
+            from ..deploy.build import Manifest
+
+            if not Path(source).exists():
+                raise UserError(f"no such artifact: {source}")
+            _, inputs = model_spec_and_inputs(Manifest.load(Path(source)).model, None, args.inputs)
+    else:
+        source, inputs = model_spec_and_inputs(source, args.input_shapes, args.inputs)
     with _progress_display(sys.stderr.isatty()) as bar:
         tasks: dict[str, int] = {}
 
@@ -202,7 +219,7 @@ def run_measure(args: argparse.Namespace) -> int:
             bar.update(tasks[pipeline], completed=done, description=f"{pipeline}: {step}")
 
         results = measure(
-            args.source, target=args.target, compare=args.compare, repeat=args.repeat,
+            source, target=args.target, inputs=inputs, compare=args.compare, repeat=args.repeat,
             tracker=args.rpc_tracker, key=args.rpc_key, log=log, tuning_dir=args.work_dir,
             progress=progress, min_repeat_ms=args.min_repeat_ms, cross_compiler=args.cross_compiler, **model_planner_kwargs(args),
         )

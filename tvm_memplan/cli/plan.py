@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..options import SCHEDULES
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
 from .format import console, human_bytes, key_value_table, memory_profile, print_json
-from .vocabulary import add_deprecated_alias, add_json, add_target
+from .vocabulary import add_deprecated_alias, add_json, add_model_inputs, add_target, model_spec_and_inputs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME, e.g. zoo:mobilenet_v2?width=0.35&resolution=144")
     add_target(plan)
     plan.add_argument("--verify", action="store_true", help="build and run: compare with stock TVM and onnxruntime, trace the VM's allocations")
+    add_model_inputs(plan)
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
     add_json(plan)
     model_planner_options(plan)
@@ -115,9 +116,12 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..relax.pipeline import resolve_target
     from ..verify import target_device, verify_plan
 
+    if args.inputs and not args.verify:
+        raise UserError("--inputs are run by --verify: add --verify")
     if args.verify:  # before planning: a model can take minutes to compile for a device that is not here
         target_device(resolve_target(_target_arg(args.target)))
-    model = load_model(args.model)
+    spec, inputs = model_spec_and_inputs(args.model, args.input_shapes, args.inputs)
+    model = load_model(spec)
     split = _search_split(args, model, args.memory_limit) if args.split == "acg" else None
     plan = plan_model(model, _target_arg(args.target), prepare=split.prepare() if split else None, **model_planner_kwargs(args))
     if split is not None and args.memory_limit is not None:
@@ -125,7 +129,7 @@ def run_plan(args: argparse.Namespace) -> int:
     verified = None
     verify_result = None
     if args.verify:
-        verify_result = verify_plan(plan)
+        verify_result = verify_plan(plan, inputs=inputs)
         verified = verify_result.ok
     main = plan.main
     layouts = main.layouts()

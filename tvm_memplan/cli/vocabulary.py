@@ -67,3 +67,35 @@ def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, de
                          convert: Callable[[str], Any] | None = None) -> None:
     """Accept ``old`` for ``new`` (hidden from --help), with a note on stderr when used."""
     parser.add_argument(old, dest=dest, action=_Deprecated, new=new, convert=convert, help=argparse.SUPPRESS)
+
+
+def _input_shapes(text: str) -> str:
+    from ..errors import UserError
+    from ..frontend import format_input_shapes, parse_input_shapes
+
+    try:
+        return format_input_shapes(parse_input_shapes(text))
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_model_inputs(parser: argparse.ArgumentParser, inputs: bool = True) -> None:
+    """``--input-shapes`` (dynamic dimensions bound at compile time) and ``--inputs`` (the user's data)."""
+    parser.add_argument("--input-shapes", type=_input_shapes, metavar="NAME:1x3x224x224[,...]",
+                        help="static shapes for the model's inputs: binds dynamic dimensions (batch, sequence) "
+                        "at compile time")
+    if inputs:
+        parser.add_argument("--inputs", metavar="FILE.npz", help="run on these arrays (one per model input, by name) "
+                            "instead of random data; their shapes bind dynamic dimensions unless --input-shapes does")
+
+
+def model_spec_and_inputs(model: str, input_shapes: str | None, inputs_file: str | None):
+    """The model spec with its input shapes bound, and the user's inputs checked against that model
+    (None without ``--inputs``). Unless ``--input-shapes`` or the spec bind them, the arrays' shapes do."""
+    from ..frontend import bound_input_shapes, check_inputs, format_input_shapes, load_model, read_inputs, with_input_shapes
+
+    given = read_inputs(inputs_file) if inputs_file else None
+    if input_shapes is None and given is not None and bound_input_shapes(model) is None:
+        input_shapes = format_input_shapes({name: tuple(array.shape) for name, array in given.items()})
+    spec = with_input_shapes(model, input_shapes)
+    return spec, (check_inputs(load_model(spec), given) if given is not None else None)
