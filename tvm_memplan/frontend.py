@@ -116,14 +116,16 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
             raise UserError(f"{name}: no input {input_name!r} (inputs: {', '.join(inputs)})")
         dims = inputs[input_name].type.tensor_type.shape.dim
         if len(dims) != len(shape):
-            raise UserError(f"{name}: input {input_name!r} has {len(dims)} dimensions, --input-shapes gives {len(shape)}")
+            raise UserError(f"{name}: input {input_name!r} has {len(dims)} dimensions, "
+                            f"--input-shapes gives {len(shape)}")
         for index, (dim, size) in enumerate(zip(dims, shape)):
             if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
                 raise UserError(f"{name}: dimension {index} of input {input_name!r} is fixed at {dim.dim_value}, "
                                 f"--input-shapes gives {size}")
             if dim.HasField("dim_param") and dim.dim_param:
                 if symbols.setdefault(dim.dim_param, size) != size:
-                    raise UserError(f"{name}: --input-shapes gives {dim.dim_param} both {symbols[dim.dim_param]} and {size}")
+                    raise UserError(f"{name}: --input-shapes gives {dim.dim_param} both "
+                                    f"{symbols[dim.dim_param]} and {size}")
             dim.dim_value = size  # replaces dim_param (one of the two)
     for value in [*graph.input, *graph.output, *graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:
@@ -133,7 +135,8 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
         try:
             inferred = onnx.shape_inference.infer_shapes(bound, strict_mode=True, data_prop=True)
         except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError, ValidationError, ...
-            raise UserError(f"{name}: cannot infer the output shapes from --input-shapes: {str(exc).splitlines()[0]}") from None
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UserError(f"{name}: cannot infer the output shapes from --input-shapes: {first}") from None
         graph.ClearField("output")
         graph.output.extend(inferred.graph.output)
     return bound

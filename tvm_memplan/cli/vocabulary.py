@@ -36,7 +36,8 @@ def target_help() -> str:
     from ..deploy.targets import TARGETS
 
     return (f"a device name: {', '.join(TARGETS)} (default host; 'tvm-memplan build --help' says what each is), "
-            'or a TVM target: a kind (llvm, c, cuda, vulkan, opencl) or a JSON dict such as {"kind": "llvm", "mcpu": "skylake"}')
+            "or a TVM target: a kind (llvm, c, cuda, vulkan, opencl) or a JSON dict such as "
+            '{"kind": "llvm", "mcpu": "skylake"}')
 
 
 def add_target(parser: argparse.ArgumentParser, note: str = "") -> None:
@@ -92,7 +93,14 @@ def add_model_inputs(parser: argparse.ArgumentParser, inputs: bool = True) -> No
 def model_spec_and_inputs(model: str, input_shapes: str | None, inputs_file: str | None):
     """The model spec with its input shapes bound, and the user's inputs checked against that model
     (None without ``--inputs``). Unless ``--input-shapes`` or the spec bind them, the arrays' shapes do."""
-    from ..frontend import bound_input_shapes, check_inputs, format_input_shapes, load_model, read_inputs, with_input_shapes
+    from ..frontend import (
+        bound_input_shapes,
+        check_inputs,
+        format_input_shapes,
+        load_model,
+        read_inputs,
+        with_input_shapes,
+    )
 
     given = read_inputs(inputs_file) if inputs_file else None
     if input_shapes is None and given is not None and bound_input_shapes(model) is None:
