@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import tvm
@@ -62,6 +63,22 @@ def test_runtimes_go_to_the_user_data_directory_not_into_tvm(tmp_path, monkeypat
     path = sidecars.installed_path(SIDECARS["opencl"])
     assert path == tmp_path / "tvm_memplan" / f"tvm-{tvm.__version__}" / "lib" / "libtvm_runtime_opencl.so"
     assert not path.is_relative_to(sidecars.wheel_dirs()[0])  # reinstalling apache-tvm leaves it alone
+
+
+def test_a_build_reports_each_step_and_installs_into_the_data_directory(tmp_path, monkeypatch):
+    """The compiler is replaced by one that writes empty outputs: the steps and the install, not g++."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    source = tmp_path / "tvm"
+    for name in ("opencl_device_api.cc", "opencl_module.cc"):
+        (source / "src" / "backend" / "opencl" / "runtime" / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / "src" / "backend" / "opencl" / "runtime" / name).write_text("")
+    monkeypatch.setattr(sidecars, "check_toolchain", lambda sidecar: None)
+    monkeypatch.setattr(sidecars, "_compile", lambda command: Path(command[command.index("-o") + 1]).touch())
+    steps = []
+    installed = sidecars.build_sidecar(source, SIDECARS["opencl"], 1, lambda *step: steps.append(step))
+    assert steps == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert installed == tmp_path / "data" / "tvm_memplan" / f"tvm-{tvm.__version__}" / "lib" / "libtvm_runtime_opencl.so"
+    assert installed.is_file() and not list(installed.parent.glob(".*.partial"))
 
 
 def test_a_runtime_that_does_not_load_is_skipped_with_its_reason(tmp_path, monkeypatch):

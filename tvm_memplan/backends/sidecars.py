@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import tvm
 import tvm_ffi
@@ -171,8 +172,9 @@ def _compile(command: list[str]) -> str | None:
     return next((line for line in lines if "error" in line), lines[-1] if lines else f"exit {result.returncode}")
 
 
-def build_sidecar(source: Path, sidecar: Sidecar, jobs: int) -> Path:
-    """Compile the runtime and install it atomically (linked to a temporary name, then renamed)."""
+def build_sidecar(source: Path, sidecar: Sidecar, jobs: int, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Compile the runtime and install it atomically (linked to a temporary name, then renamed);
+    ``progress(steps done, steps)`` after each source file and the link."""
     check_toolchain(sidecar)
     tvm_dir, ffi_dir = wheel_dirs()
     target = installed_path(sidecar)
@@ -189,10 +191,13 @@ def build_sidecar(source: Path, sidecar: Sidecar, jobs: int) -> Path:
         sources = sorted(runtime_dir(tree, sidecar).glob("*.cc"))
         objects = [Path(scratch) / f"{cc.stem}.o" for cc in sources]
         commands = [[CXX, *flags, "-c", str(cc), "-o", str(obj)] for cc, obj in zip(sources, objects)]
+        step = progress or (lambda done, total: None)
+        step(0, len(sources) + 1)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for cc, error in zip(sources, pool.map(_compile, commands)):
+            for done, (cc, error) in enumerate(zip(sources, pool.map(_compile, commands)), 1):
                 if error is not None:
                     raise UserError(f"compiling {cc.name} for the {sidecar.title} runtime failed: {error}")
+                step(done, len(sources) + 1)
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
         link = [CXX, "-shared", "-o", str(partial), *map(str, objects),
                 f"-L{tvm_dir / 'lib'}", f"-L{ffi_dir / 'lib'}", "-ltvm_runtime", "-ltvm_ffi", sidecar.link_flag,
@@ -202,6 +207,7 @@ def build_sidecar(source: Path, sidecar: Sidecar, jobs: int) -> Path:
             if error is not None:
                 raise UserError(f"linking the {sidecar.title} runtime failed: {error}")
             partial.replace(target)
+            step(len(sources) + 1, len(sources) + 1)
         except PermissionError as exc:
             raise UserError(f"cannot install into {target.parent}: {exc.strerror}") from None
         finally:
@@ -253,8 +259,9 @@ def probe_devices(names: list[str]) -> dict[str, dict]:
 
 
 def setup_gpu(backends: list[str] | None = None, tvm_src: str | Path | None = None, jobs: int | None = None,
-              force: bool = False) -> list[SidecarReport]:
-    """Build (when out of date) and install each backend's sidecar, then report the devices found."""
+              force: bool = False, progress: Callable[[str, int, int], None] | None = None) -> list[SidecarReport]:
+    """Build (when out of date) and install each backend's sidecar, then report the devices found;
+    ``progress(backend, steps done, steps)`` follows each build."""
     names = backends or list(SIDECARS)
     source = find_source(tvm_src)
     reports = []
@@ -264,7 +271,8 @@ def setup_gpu(backends: list[str] | None = None, tvm_src: str | Path | None = No
             reports.append(SidecarReport(name, str(installed_path(sidecar)), False, None))
             continue
         start = time.perf_counter()
-        path = build_sidecar(source, sidecar, jobs or os.cpu_count() or 1)
+        step = (lambda done, total, name=name: progress(name, done, total)) if progress is not None else None
+        path = build_sidecar(source, sidecar, jobs or os.cpu_count() or 1, step)
         reports.append(SidecarReport(name, str(path), True, round(time.perf_counter() - start, 1)))
     found = probe_devices(names)
     for report in reports:

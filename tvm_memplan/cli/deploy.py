@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..errors import UserError
-from .format import console, human_bytes, key_value_table, print_json
+from .format import console, human_bytes, key_value_table, print_json, progress_display, split_search_progress
 from .plan import model_planner_kwargs, model_planner_options, parse_bytes
 from .vocabulary import add_json, add_model_inputs, add_target, model_spec_and_inputs
 
@@ -121,9 +122,10 @@ def run_build(args: argparse.Namespace) -> int:
 
         # microcontroller targets cannot run here: their latencies are those of the same C on this machine
         latency_target = "c" if get_target(args.target).is_mcu else args.target
-        options["prepare"] = search_split(load_model(args.model), latency_target, budget=args.latency_budget,
-                                          seconds=args.search_seconds, memory_limit=args.memory_limit,
-                                          schedule=args.schedule).prepare()
+        with split_search_progress(args.search_seconds) as progress:
+            options["prepare"] = search_split(load_model(args.model), latency_target, budget=args.latency_budget,
+                                              seconds=args.search_seconds, memory_limit=args.memory_limit,
+                                              schedule=args.schedule, progress=progress).prepare()
     output = emitted = None
     if args.output is not None:
         output = build(args.model, args.target, args.output, args.pipeline, args.work_dir, None, args.cross_compiler, **options)
@@ -174,18 +176,7 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_display(enabled: bool):
-    if not enabled:
-        return nullcontext(None)
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(file=sys.stderr), transient=True,
-    )
-
-
 def run_measure(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..deploy.measure import measure
     from ..deploy.results import ResultsLog
 
@@ -208,7 +199,7 @@ def run_measure(args: argparse.Namespace) -> int:
             _, inputs = model_spec_and_inputs(Manifest.load(Path(source)).model, None, args.inputs)
     else:
         source, inputs = model_spec_and_inputs(source, args.input_shapes, args.inputs)
-    with _progress_display(sys.stderr.isatty()) as bar:
+    with progress_display() as bar:
         tasks: dict[str, int] = {}
 
         def progress(pipeline: str, step: str, done: int, total: int) -> None:
@@ -316,6 +307,35 @@ def run_rpc_local(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def _tuning_progress(work_dir: Path, trials: int) -> Iterator[None]:
+    """Tuning trials as MetaSchedule commits them: the records in WORK_DIR's database, counted
+    twice a second by a thread (tune runs MetaSchedule in this process and says nothing meanwhile)."""
+    records = work_dir / "database_tuning_record.json"
+    with progress_display() as bar:
+        if bar is None:
+            yield
+            return
+        task = bar.add_task("tune: records in the database", total=trials)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.wait(0.5):
+                try:
+                    count = sum(1 for line in records.open() if line.strip())
+                except OSError:  # not written yet
+                    continue
+                bar.update(task, completed=min(count, trials))
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            poller.join()
+
+
 def run_tune(args: argparse.Namespace) -> int:
     from ..deploy.targets import get_target
     from ..deploy.tune import tune
@@ -324,10 +344,11 @@ def run_tune(args: argparse.Namespace) -> int:
         raise UserError(f"tune: target {args.target} is not a CPU target compiled by LLVM "
                         "(host, x86-64, llvm-aarch64, android-arm64, llvm)")
 
-    result = tune(
-        args.model, args.target, args.trials, args.work_dir, kernels=args.kernels,
-        tracker=args.rpc_tracker, key=args.rpc_key, builder_timeout=args.builder_timeout,
-    )
+    with _tuning_progress(Path(args.work_dir), args.trials):
+        result = tune(
+            args.model, args.target, args.trials, args.work_dir, kernels=args.kernels,
+            tracker=args.rpc_tracker, key=args.rpc_key, builder_timeout=args.builder_timeout,
+        )
     if args.json:
         print_json(result.summary())
         return 0

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from .format import console, print_json
+from .format import console, print_json, progress_display
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +37,16 @@ def run_setup_gpu(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
-    reports = setup_gpu(args.backend, args.tvm_src, args.jobs, args.force)
+    with progress_display() as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(backend: str, done: int, total: int) -> None:
+            if bar is not None:
+                if backend not in tasks:
+                    tasks[backend] = bar.add_task(f"building the {backend} runtime", total=total)
+                bar.update(tasks[backend], completed=done)
+
+        reports = setup_gpu(args.backend, args.tvm_src, args.jobs, args.force, progress)
     if args.json:
         print_json({r.backend: dataclasses.asdict(r) for r in reports})
     else:

@@ -5,12 +5,10 @@ Formerly ``bench``, which still works with a deprecation note."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.table import Table
 
-from .deploy import _progress_display
-from .format import console, human_bytes, print_json
+from .format import console, human_bytes, print_json, progress_display
 from .plan import model_planner_kwargs, model_planner_options
 from .vocabulary import add_json, add_target, deprecation_note
 
@@ -46,7 +44,7 @@ def run_bench(args: argparse.Namespace) -> int:
     settings = parse_group_settings(args.group_settings)
     options = model_planner_kwargs(args)
     options.pop("groups")
-    with _progress_display(sys.stderr.isatty()) as bar:
+    with progress_display() as bar:
         current: dict[str, int] = {}
 
         def progress(pipeline: str, step: str, done: int, total: int) -> None:

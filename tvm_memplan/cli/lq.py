@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from .format import progress_display
 from .vocabulary import add_deprecated_alias, add_json, add_target
 
 if TYPE_CHECKING:
@@ -188,22 +189,36 @@ def run_quantize(args: argparse.Namespace) -> int:
     )
     # Calibration runs the model here, so it is always built for this machine.
     fit_target = target if args.target == "host" else _target("host")
-    result = quantize_module(mod, calib, config, fit_target)
-    if args.target != "host":
-        from ..lq.calibrate import apply_layers
-
-        module = apply_layers(mod, result.layers, target, config)
-    else:
-        module = result.module
     library = args.output if args.output.suffix else args.output.with_suffix(".so")
-    library.parent.mkdir(parents=True, exist_ok=True)
-    executable = build(module, target)
-    if args.target == "llvm-aarch64":
-        import tvm
+    with progress_display() as bar:
+        task = bar.add_task("quantize: calibrating", total=None) if bar is not None else None
 
-        executable.export_library(str(library), fcompile=tvm.support.cc.cross_compiler("aarch64-linux-gnu-g++"))
-    else:
-        executable.export_library(str(library))
+        fitted = {"layers": 0}
+
+        def step(description: str, done: int, layers: int) -> None:
+            """Each layer's fit, then compiling and linking: layers + 2 steps."""
+            fitted["layers"] = layers
+            if bar is not None:
+                bar.update(task, description=f"quantize: {description}", completed=done, total=layers + 2)
+
+        result = quantize_module(mod, calib, config, fit_target,
+                                 progress=lambda name, done, layers: step(f"calibrating {name}", done, layers))
+        step("compiling", fitted["layers"], fitted["layers"])
+        if args.target != "host":
+            from ..lq.calibrate import apply_layers
+
+            module = apply_layers(mod, result.layers, target, config)
+        else:
+            module = result.module
+        library.parent.mkdir(parents=True, exist_ok=True)
+        executable = build(module, target)
+        step("linking", fitted["layers"] + 1, fitted["layers"])
+        if args.target == "llvm-aarch64":
+            import tvm
+
+            executable.export_library(str(library), fcompile=tvm.support.cc.cross_compiler("aarch64-linux-gnu-g++"))
+        else:
+            executable.export_library(str(library))
     report = result.as_json(config)
     report.update({"model": str(args.model), "library": str(library), "target": str(target)})
     report_path = library.with_suffix(".json")

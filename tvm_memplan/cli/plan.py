@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..options import SCHEDULES
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
-from .format import console, human_bytes, key_value_table, memory_profile, print_json
+from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
 from .vocabulary import add_deprecated_alias, add_json, add_model_inputs, add_target, model_spec_and_inputs
 
 
@@ -217,9 +217,10 @@ def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
     from ..deploy.split import search_split
 
     device = Device(args.rpc_tracker, args.rpc_key)
-    return search_split(model, args.target, device, budget=args.latency_budget, seconds=args.search_seconds,
-                        memory_limit=memory_limit, cache=Path(args.split_cache) if args.split_cache else default_cache(),
-                        schedule=args.schedule)
+    with split_search_progress(args.search_seconds) as progress:
+        return search_split(model, args.target, device, budget=args.latency_budget, seconds=args.search_seconds,
+                            memory_limit=memory_limit, schedule=args.schedule, progress=progress,
+                            cache=Path(args.split_cache) if args.split_cache else default_cache())
 
 
 def _split_summary(split, arena: int) -> dict:
