@@ -152,12 +152,24 @@ def test_no_driver_is_one_line_naming_the_debian_driver(capsys, tmp_path, monkey
     assert len(errors) == 1 and f"apt-get install {package}" in errors[0]
 
 
+ENTRY_POINT = ("from importlib.metadata import EntryPoint; import tomllib; "
+               "value = tomllib.load(open('pyproject.toml', 'rb'))['project']['entry-points']['tvm.backends']['tvm_memplan']; "
+               "EntryPoint('tvm_memplan', value, 'tvm.backends').load()()")
+
+
 @installed
-def test_a_fresh_import_loads_the_runtimes_from_the_data_directory():
+@pytest.mark.parametrize("loads", [
+    "import tvm, tvm_memplan",  # tvm first: import tvm_memplan loads them
+    f"import tvm_memplan, tvm; {ENTRY_POINT}",  # tvm_memplan first: the entry point import tvm calls loads them
+])
+def test_a_fresh_import_loads_the_runtimes_from_the_data_directory(loads):
     """With TVM's own loading switched off, so that no copy in TVM's package can stand in for them."""
-    probe = ("import tvm, tvm_memplan, tvm.base; "
+    if sys.version_info < (3, 11):
+        pytest.skip("reads pyproject.toml with tomllib")
+    probe = (f"{loads}; import tvm.base; "
              "print(';'.join(tvm.base._LOADED_LIBS[f'tvm_runtime_{b}']._name for b in ('opencl', 'vulkan')))")
     env = {**os.environ, "TVM_DEVICE_BACKEND_AUTOLOAD": "0", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr
     loaded = result.stdout.strip().splitlines()[-1].split(";")
     assert loaded == [str(sidecars.installed_path(SIDECARS[b])) for b in ("opencl", "vulkan")]
