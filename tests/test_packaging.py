@@ -38,7 +38,8 @@ def test_every_imported_module_is_a_declared_dependency():
     for module in sorted(_imported_modules()):
         providers = {d.lower().replace("_", "-") for d in distributions.get(module, [])}
         assert providers, f"{module} is imported by tvm_memplan but not installed"
-        assert providers & declared or (providers & XGBOOST and XGBOOST & declared), f"{module} ({providers}) undeclared"
+        declared_here = providers & declared or (providers & XGBOOST and XGBOOST & declared)
+        assert declared_here, f"{module} (from {', '.join(sorted(providers))}) is not declared"
 
 
 def test_what_only_the_tests_use_is_in_the_test_extra():

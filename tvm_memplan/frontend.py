@@ -118,14 +118,13 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
         if len(dims) != len(shape):
             raise UserError(f"{name}: input {input_name!r} has {len(dims)} dimensions, "
                             f"--input-shapes gives {len(shape)}")
-        for index, (dim, size) in enumerate(zip(dims, shape)):
+        for index, (dim, size) in enumerate(zip(dims, shape, strict=True)):
             if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
                 raise UserError(f"{name}: dimension {index} of input {input_name!r} is fixed at {dim.dim_value}, "
                                 f"--input-shapes gives {size}")
-            if dim.HasField("dim_param") and dim.dim_param:
-                if symbols.setdefault(dim.dim_param, size) != size:
-                    raise UserError(f"{name}: --input-shapes gives {dim.dim_param} both "
-                                    f"{symbols[dim.dim_param]} and {size}")
+            if dim.HasField("dim_param") and dim.dim_param and symbols.setdefault(dim.dim_param, size) != size:
+                raise UserError(f"{name}: --input-shapes gives {dim.dim_param} both "
+                                f"{symbols[dim.dim_param]} and {size}")
             dim.dim_value = size  # replaces dim_param (one of the two)
     for value in [*graph.input, *graph.output, *graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:

@@ -77,7 +77,8 @@ def test_a_build_reports_each_step_and_installs_into_the_data_directory(tmp_path
     steps = []
     installed = sidecars.build_sidecar(source, SIDECARS["opencl"], 1, lambda *step: steps.append(step))
     assert steps == [(0, 3), (1, 3), (2, 3), (3, 3)]
-    assert installed == tmp_path / "data" / "tvm_memplan" / f"tvm-{tvm.__version__}" / "lib" / "libtvm_runtime_opencl.so"
+    lib = tmp_path / "data" / "tvm_memplan" / f"tvm-{tvm.__version__}" / "lib"
+    assert installed == lib / "libtvm_runtime_opencl.so"
     assert installed.is_file() and not list(installed.parent.glob(".*.partial"))
 
 
@@ -143,8 +144,8 @@ def test_setup_gpu_again_rebuilds_nothing_and_lists_devices(capsys, source_env):
     ("opencl", "OCL_ICD_VENDORS", "", "pocl-opencl-icd"),  # an empty vendor directory: no platform
     ("vulkan", "VK_ICD_FILENAMES", "none.json", "mesa-vulkan-drivers"),  # no driver manifest
 ])
-def test_no_driver_is_one_line_naming_the_debian_driver(capsys, tmp_path, monkeypatch, backend, variable, value, package,
-                                                        source_env):
+def test_no_driver_is_one_line_naming_the_debian_driver(capsys, tmp_path, monkeypatch, backend, variable, value,
+                                                        package, source_env):
     monkeypatch.setenv(variable, str(tmp_path / value))  # the device probe's fresh interpreter inherits it
     assert main(["setup-gpu", "--backend", backend]) == 2
     # (a machine with an older setup-gpu's copy in TVM's package also gets a note naming it)
@@ -153,7 +154,8 @@ def test_no_driver_is_one_line_naming_the_debian_driver(capsys, tmp_path, monkey
 
 
 ENTRY_POINT = ("from importlib.metadata import EntryPoint; import tomllib; "
-               "value = tomllib.load(open('pyproject.toml', 'rb'))['project']['entry-points']['tvm.backends']['tvm_memplan']; "
+               "project = tomllib.load(open('pyproject.toml', 'rb'))['project']; "
+               "value = project['entry-points']['tvm.backends']['tvm_memplan']; "
                "EntryPoint('tvm_memplan', value, 'tvm.backends').load()()")
 
 

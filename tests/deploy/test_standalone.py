@@ -72,7 +72,8 @@ def test_host_build_equals_onnxruntime_and_the_arena_equals_the_vm_plan(capsys, 
     assert "malloc" not in source + (out_dir / "tvm_memplan_runtime.c").read_text()
     assert "const float memplan_weight0[" in (out_dir / "model_weights.c").read_text()
     # The VM of the same plan requests its arena plus the output: the C reserves that arena exactly.
-    vm = run_cli_json(capsys, "measure", str(library), "--repeat", "1", "--min-repeat-ms", "1", "--log", str(tmp_path / "l.jsonl"))["memplan"]
+    vm = run_cli_json(capsys, "measure", str(library), "--repeat", "1", "--min-repeat-ms", "1",
+                      "--log", str(tmp_path / "l.jsonl"))["memplan"]
     manifest = Manifest.load(library)
     assert vm["requested_bytes"] - manifest.output_bytes == manifest.storage_bytes == built["arena_bytes"]
     assert _static_arena(out_dir) == built["arena_bytes"] == ModelC.load(out_dir).arena_bytes
@@ -100,7 +101,8 @@ def test_in_place_concat_and_two_outputs(capsys, tmp_path, concat_onnx):
 def test_emulated_cortex_m_equals_onnxruntime(capsys, tmp_path, cpu):
     out_dir = tmp_path / cpu
     built = run_cli_json(capsys, "build", "zoo:mcu_cnn", "--target", cpu, "--emit-c", str(out_dir))
-    report = run_cli_json(capsys, "measure", str(out_dir), "--device", f"qemu-{cpu}", "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = run_cli_json(capsys, "measure", str(out_dir), "--device", f"qemu-{cpu}",
+                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert list(report)[:len(PROMISED)] == PROMISED
     assert report["correct"] and report["error"] is None, report
     assert report["arena_bytes"] == built["arena_bytes"] == _static_arena(out_dir)
@@ -131,7 +133,8 @@ def test_split_plan_goes_through_the_same_path(capsys, tmp_path):
                          "--split", "acg", "--memory-limit", "36K", "--search-seconds", "10")
     assert split["split"] and split["arena_bytes"] <= 36 * 1024 < plain["arena_bytes"]
     assert split["kernel_calls"] > plain["kernel_calls"]  # the tiles are kernels of their own
-    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7",
+                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert report["correct"] and report["arena_bytes"] == split["arena_bytes"] == _static_arena(out_dir)
 
 
@@ -180,6 +183,7 @@ def test_mobilenet_v2_035_at_96_on_emulated_cortex_m7(capsys, tmp_path):
     out_dir = tmp_path / "mbv2"
     built = run_cli_json(capsys, "build", "zoo:mobilenet_v2?width=0.35&resolution=96", "--target", "cortex-m7",
                          "--emit-c", str(out_dir))
-    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7",
+                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert report["correct"], report
     assert report["arena_bytes"] == built["arena_bytes"] < built["tvm_default_bytes"]

@@ -172,7 +172,8 @@ def _compile(command: list[str]) -> str | None:
     return next((line for line in lines if "error" in line), lines[-1] if lines else f"exit {result.returncode}")
 
 
-def build_sidecar(source: Path, sidecar: Sidecar, jobs: int, progress: Callable[[int, int], None] | None = None) -> Path:
+def build_sidecar(source: Path, sidecar: Sidecar, jobs: int,
+                  progress: Callable[[int, int], None] | None = None) -> Path:
     """Compile the runtime and install it atomically (linked to a temporary name, then renamed);
     ``progress(steps done, steps)`` after each source file and the link."""
     check_toolchain(sidecar)

@@ -162,7 +162,8 @@ TARGETS: dict[str, DeployTarget] = {
     t.name: t
     for t in (
         DeployTarget("host", None, "cpu", what="this machine's CPU (LLVM, Target.from_device)"),
-        DeployTarget("x86-64", {"kind": "llvm", "mcpu": "x86-64"}, "cpu", what="any x86-64 CPU (LLVM, baseline instructions only)"),
+        DeployTarget("x86-64", {"kind": "llvm", "mcpu": "x86-64"}, "cpu",
+                     what="any x86-64 CPU (LLVM, baseline instructions only)"),
         DeployTarget("llvm-aarch64", _AARCH64_LLVM, "cpu", _AARCH64_CXX, "arm64 Linux CPU (LLVM + NEON), cross-linked"),
         DeployTarget("android-arm64", _ANDROID_LLVM, "cpu", _ANDROID_CXX, "Android phone CPU (LLVM + NEON), linked by the NDK"),
         DeployTarget("c", {"kind": "c"}, "cpu", what="C source compiled with -O2 on this machine, bytecode VM"),
@@ -200,7 +201,8 @@ def _from_tvm_target(text: str) -> DeployTarget:
         kind = tvm.target.Target(config).kind.name
     except Exception as exc:  # noqa: BLE001 - json and TVM raise several types for a bad target
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"unknown target {text!r}: not one of {', '.join(TARGETS)}, nor a TVM target ({reason})") from None
+        raise UserError(f"unknown target {text!r}: not one of {', '.join(TARGETS)}, "
+                        f"nor a TVM target ({reason})") from None
     if kind not in _DEVICE_OF_KIND:
         raise UserError(f"target {text!r}: kind {kind} is not supported (supported: {', '.join(_DEVICE_OF_KIND)})")
     return DeployTarget(text, config, _DEVICE_OF_KIND[kind], what=f"TVM target {text}")

@@ -180,7 +180,8 @@ def search_phased(
     fastest plan that fits on either front is kept."""
     plain = [c for c in chains if not c.spatial]
     if not plain or len(plain) == len(chains):
-        return search(program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit, progress=progress)
+        return search(program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit,
+                      progress=progress)
     started = time.monotonic()
     first = search(program, plain, base_latency_ms, chain_delta_ms, budget, seconds / 2, memory_limit,
                    progress=progress)
