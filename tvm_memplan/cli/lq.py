@@ -276,18 +276,27 @@ def run_bench(args: argparse.Namespace) -> int:
     timing = bench.Timing(number=3, repeat=3, min_repeat_ms=20) if args.quick else bench.Timing()
     if args.epochs < 1 or args.hidden < 1:
         raise UserError("--epochs and --hidden must be at least 1")
-    result = bench.run(
-        accuracy=not args.no_accuracy,
-        kernel=not args.no_kernels,
-        seed=args.seed,
-        epochs=args.epochs,
-        hidden=args.hidden,
-        finetune=args.finetune,
-        settings=parse_settings(args.settings),
-        cache_dir=args.cache_dir or cache_dir(),
-        timing=timing,
-        target=bench.isa_target(args.isa),
-    )
+    settings = parse_settings(args.settings)
+    with progress_display() as bar:
+        task = bar.add_task("lq-bench", total=None) if bar is not None else None
+
+        def progress(phase: str, done: int, phases: int) -> None:
+            if bar is not None:
+                bar.update(task, description=f"lq-bench: {phase}", completed=done, total=phases)
+
+        result = bench.run(
+            accuracy=not args.no_accuracy,
+            kernel=not args.no_kernels,
+            seed=args.seed,
+            epochs=args.epochs,
+            hidden=args.hidden,
+            finetune=args.finetune,
+            settings=settings,
+            cache_dir=args.cache_dir or cache_dir(),
+            timing=timing,
+            target=bench.isa_target(args.isa),
+            progress=progress,
+        )
     if args.json:
         print(json.dumps({"rows": result["rows"], "kernels": result["kernels"]}, indent=2))
         return 0
