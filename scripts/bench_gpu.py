@@ -13,7 +13,7 @@ interleaved rounds of ``--repeat`` timings (median and interquartile spread over
 against onnxruntime, storage requests traced. OpenCL runs on PoCL, a CPU: the
 latencies are a software device's and say nothing about a phone's GPU.
 
-    tvm-memplan setup-gpu
+    tvm-memplan setup-gpu --tvm-src TVM_V0.27_SOURCE      # or $TVM_MEMPLAN_TVM_SRC
     python scripts/bench_gpu.py --out results/bench_gpu.md
 """
 

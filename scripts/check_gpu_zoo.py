@@ -1,6 +1,6 @@
 """Which zoo models run correctly on this machine's software GPU devices, at small sizes, as a Markdown table.
 
-    tvm-memplan setup-gpu
+    tvm-memplan setup-gpu --tvm-src TVM_V0.27_SOURCE      # or $TVM_MEMPLAN_TVM_SRC
     python scripts/check_gpu_zoo.py --target opencl --out results/gpu_zoo_small.md
     python scripts/check_gpu_zoo.py --target vulkan --out results/gpu_zoo_small_vulkan.md  # lavapipe
     python scripts/check_gpu_zoo.py --memplan-only --target vulkan --models ... --out results/gpu_zoo_ci_vulkan.md

@@ -6,6 +6,7 @@ whole-buffer planner for an offset arena that reaches the liveness lower bound.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
@@ -20,5 +21,10 @@ def pipeline(target: Any = None, **options: Any):
 
 from . import errors  # noqa: E402
 from .options import MemplanOptions, config  # noqa: E402
+
+if "tvm" in sys.modules:  # TVM came first: give it the GPU runtimes setup-gpu installed (else its entry point does)
+    from .backends.runtimes import load_installed as _load_gpu_runtimes
+
+    _load_gpu_runtimes()
 
 __all__ = ["MemplanOptions", "__version__", "config", "errors", "pipeline"]

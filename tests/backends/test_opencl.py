@@ -65,7 +65,7 @@ def test_measure_through_a_loopback_tracker(capsys, tmp_path):
                      "--log", str(tmp_path / "log.jsonl")])
     out, err = capsys.readouterr()
     assert code == 0, err
-    result = json.loads(out)
+    result = json.loads(out)["memplan"]
     assert result["device"].startswith("rpc:gpu@") and result["correct"]
     assert result["requested_bytes"] == result["planned_bytes"] and result["zero_offset_calls"] == 0
 

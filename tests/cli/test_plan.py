@@ -1,7 +1,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -9,8 +8,7 @@ from tvm_memplan.cli.main import main
 from tvm_memplan.deploy import targets
 
 from ..backends.conftest import device_ready
-
-CHALLENGING = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "minimalloc-challenging"
+from ..shared_inputs import MINIMALLOC_CHALLENGING as CHALLENGING
 
 
 def run_cli(capsys, *argv):
@@ -64,7 +62,7 @@ def test_solve_reports_and_writes_offsets(capsys, tmp_path):
     problem = tmp_path / "p.csv"
     problem.write_text("id,lower,upper,size\n0,0,2,64\n1,1,3,128\n2,2,4,64\n3,3,5,128\n")
     out_csv = tmp_path / "offsets.csv"
-    code, out, _ = run_cli(capsys, "solve", str(problem), "--json", "--out", str(out_csv))
+    code, out, _ = run_cli(capsys, "solve", str(problem), "--json", "-o", str(out_csv))
     assert code == 0
     report = json.loads(out)
     assert report["arena_bytes"] == report["lower_bound_bytes"] == 192

@@ -1,4 +1,4 @@
-"""A small MetaSchedule run of ``tune`` and ``quantize --tune-trials`` through the CLI (in CI, ~1 min),
+"""A small MetaSchedule run of ``tune`` and ``quantize --trials`` through the CLI (in CI, ~1 min),
 and the one-line errors when the XGBoost cost model is missing or broken.
 
 The long tuning tests (16 trials, RPC) stay opt-in in tests/deploy/test_tune.py.
@@ -75,11 +75,11 @@ def test_quantize_keeps_the_hand_schedule_when_every_run_times_out(lq_files, tmp
 
 
 @pytest.mark.slow
-def test_quantize_with_tune_trials_runs_to_completion(lq_files, tmp_path, capsys):
+def test_quantize_with_trials_runs_to_completion(lq_files, tmp_path, capsys):
     model, calib = lq_files
     out = tmp_path / "q.so"
     tune_dir = tmp_path / "lq_tuning"
-    code = main(["quantize", str(model), "--calib", str(calib), "--tune-trials", "2", "--tune-dir", str(tune_dir),
+    code = main(["quantize", str(model), "--calib", str(calib), "--trials", "2", "--work-dir", str(tune_dir),
                  "-o", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -103,7 +103,7 @@ def test_unusable_cost_model_is_one_line_exit_2(monkeypatch, lq_files, tmp_path,
     if command == "tune":
         argv = ["tune", "zoo:mlp", "--trials", "2", "--work-dir", str(tmp_path / "t")]
     else:
-        argv = ["quantize", str(model), "--calib", str(calib), "--tune-trials", "2", "-o", str(tmp_path / "q.so")]
+        argv = ["quantize", str(model), "--calib", str(calib), "--trials", "2", "-o", str(tmp_path / "q.so")]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("tvm-memplan: error: MetaSchedule's XGBoost cost model is unusable")

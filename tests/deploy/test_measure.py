@@ -41,7 +41,7 @@ def test_build_then_measure_through_rpc(capsys, tmp_path, farm, target):
     artifact = tmp_path / f"{target}.so"
     run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(artifact), "--target", target)
     report = run_cli_json(capsys, "measure", str(artifact), "--rpc-tracker", farm.tracker, "--rpc-key", "local",
-                          *FAST, "--log", str(tmp_path / "log.jsonl"))
+                          *FAST, "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert report["device"] == f"rpc:local@{farm.tracker}" and report["target"] == target
     assert report["correct"] and report["requested_bytes"] == report["planned_bytes"]
     assert report["tvm_num_threads"]  # the farm's servers time with all cores

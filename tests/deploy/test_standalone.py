@@ -72,13 +72,14 @@ def test_host_build_equals_onnxruntime_and_the_arena_equals_the_vm_plan(capsys, 
     assert "malloc" not in source + (out_dir / "tvm_memplan_runtime.c").read_text()
     assert "const float memplan_weight0[" in (out_dir / "model_weights.c").read_text()
     # The VM of the same plan requests its arena plus the output: the C reserves that arena exactly.
-    vm = run_cli_json(capsys, "measure", str(library), "--repeat", "1", "--min-repeat-ms", "1", "--log", str(tmp_path / "l.jsonl"))
+    vm = run_cli_json(capsys, "measure", str(library), "--repeat", "1", "--min-repeat-ms", "1",
+                      "--log", str(tmp_path / "l.jsonl"))["memplan"]
     manifest = Manifest.load(library)
     assert vm["requested_bytes"] - manifest.output_bytes == manifest.storage_bytes == built["arena_bytes"]
     assert _static_arena(out_dir) == built["arena_bytes"] == ModelC.load(out_dir).arena_bytes
     assert built["arena_bytes"] < built["tvm_default_bytes"] < built["naive_bytes"]
 
-    report = run_cli_json(capsys, "measure", str(out_dir), "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(capsys, "measure", str(out_dir), "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert list(report)[:len(PROMISED)] == PROMISED
     assert report["correct"] and report["reference"] == "onnxruntime" and report["device"] == "host"
     assert report["arena_bytes"] == built["arena_bytes"]  # the symbol in the linked binary
@@ -91,7 +92,7 @@ def test_in_place_concat_and_two_outputs(capsys, tmp_path, concat_onnx):
     source = (out_dir / "model.c").read_text()
     assert "concatenate" not in source  # the concat is gone: its inputs were written in place
     assert "float* out0, float* out1" in (out_dir / "model.h").read_text()
-    report = run_cli_json(capsys, "measure", str(out_dir), "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(capsys, "measure", str(out_dir), "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert report["correct"], report
 
 
@@ -100,7 +101,8 @@ def test_in_place_concat_and_two_outputs(capsys, tmp_path, concat_onnx):
 def test_emulated_cortex_m_equals_onnxruntime(capsys, tmp_path, cpu):
     out_dir = tmp_path / cpu
     built = run_cli_json(capsys, "build", "zoo:mcu_cnn", "--target", cpu, "--emit-c", str(out_dir))
-    report = run_cli_json(capsys, "measure", str(out_dir), "--device", f"qemu-{cpu}", "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(capsys, "measure", str(out_dir), "--device", f"qemu-{cpu}",
+                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert list(report)[:len(PROMISED)] == PROMISED
     assert report["correct"] and report["error"] is None, report
     assert report["arena_bytes"] == built["arena_bytes"] == _static_arena(out_dir)
@@ -119,7 +121,7 @@ def test_instruction_count_is_deterministic(capsys, tmp_path):
     out_dir = tmp_path / "m7"
     run_cli_json(capsys, "build", "zoo:mlp?hidden=16", "--target", "cortex-m7", "--emit-c", str(out_dir))
     counts = {run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7",
-                           "--log", str(tmp_path / "log.jsonl"))["instructions"] for _ in range(2)}
+                           "--log", str(tmp_path / "log.jsonl"))["memplan"]["instructions"] for _ in range(2)}
     assert len(counts) == 1
 
 
@@ -131,7 +133,8 @@ def test_split_plan_goes_through_the_same_path(capsys, tmp_path):
                          "--split", "acg", "--memory-limit", "36K", "--search-seconds", "10")
     assert split["split"] and split["arena_bytes"] <= 36 * 1024 < plain["arena_bytes"]
     assert split["kernel_calls"] > plain["kernel_calls"]  # the tiles are kernels of their own
-    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7",
+                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert report["correct"] and report["arena_bytes"] == split["arena_bytes"] == _static_arena(out_dir)
 
 
@@ -180,6 +183,7 @@ def test_mobilenet_v2_035_at_96_on_emulated_cortex_m7(capsys, tmp_path):
     out_dir = tmp_path / "mbv2"
     built = run_cli_json(capsys, "build", "zoo:mobilenet_v2?width=0.35&resolution=96", "--target", "cortex-m7",
                          "--emit-c", str(out_dir))
-    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7",
+                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert report["correct"], report
     assert report["arena_bytes"] == built["arena_bytes"] < built["tvm_default_bytes"]

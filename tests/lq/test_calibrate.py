@@ -52,6 +52,13 @@ def test_probe_returns_each_layer_input():
     assert got["dense2"].shape == (16, 24)
 
 
+def test_quantize_module_reports_each_layer_before_fitting_it():
+    calls = []
+    quantize_module(_module(), _data(), LQConfig(2, 2, finetune=False, check_layers=False), TARGET,
+                    progress=lambda *call: calls.append(call))
+    assert calls == [("dense0", 0, 3), ("dense1", 1, 3), ("dense2", 2, 3)]
+
+
 @pytest.mark.parametrize("finetune", [False, True])
 def test_quantize_module_tracks_the_float_model(finetune):
     mod = _module()

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 from hypothesis import strategies as st
 
 from tvm_memplan.planning import Buffer, Operator, Problem, problem_from_graph
-
-CHALLENGING = Path("/work/shared/benchmarks/minimalloc-challenging")
-"""MiniMalloc's challenging instances, when this machine has them."""
 
 # Pisarchyk & Lee 2020 (arXiv:2001.03288), the example network's tensor usage records:
 # (size, first operator, last operator); the paper's intervals are inclusive.

@@ -4,7 +4,8 @@ import pytest
 
 from tvm_memplan.planning import Buffer, Problem, ProblemFormatError, align_up, read_minimalloc_csv, write_offsets_csv
 
-from .examples import CHALLENGING, pisarchyk_lee_problem
+from ..shared_inputs import MINIMALLOC_CHALLENGING as CHALLENGING
+from .examples import pisarchyk_lee_problem
 
 
 def test_pisarchyk_lee_bounds():

@@ -10,7 +10,8 @@ from tvm_memplan.planning import Buffer, Problem, plan_memory, read_minimalloc_c
 from tvm_memplan.planning.allocators import CanonicalSearch, greedy_allocators
 from tvm_memplan.planning.allocators.search import _Stopped, _Structure, fits_within
 
-from .examples import CHALLENGING, cut_square, problems
+from ..shared_inputs import MINIMALLOC_CHALLENGING as CHALLENGING
+from .examples import cut_square, problems
 
 
 def cp_sat_optimum(problem: Problem) -> int:

@@ -58,3 +58,15 @@ def test_search_rejects_a_negative_budget():
 def test_pareto_drops_dominated_points():
     a, b, c = Point((), 10, 1.0), Point((), 5, 2.0), Point((), 7, 3.0)
     assert pareto([a, b, c]) == [b, a]
+
+
+def test_search_reports_each_timed_candidate_and_the_accepted_peak():
+    program, chain = inverted_residual()
+    cost = {2: 0.01, 4: 0.03, 8: 0.2, 16: 0.5, 32: 1.0}
+    calls = []
+    result = search(program, [chain], 1.0, lambda c, n: cost[n], budget=0.05, progress=lambda *a: calls.append(a))
+    timed = [count for count, _ in calls]
+    assert timed == sorted(timed) and timed[-1] == result.measured > 0
+    peaks = [peak_bytes for _, peak_bytes in calls]
+    assert peaks[0] == result.original.peak_bytes and peaks[-1] == result.best.peak_bytes
+    assert peaks == sorted(peaks, reverse=True)

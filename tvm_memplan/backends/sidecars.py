@@ -1,11 +1,11 @@
-"""Build TVM's OpenCL and Vulkan runtimes as sidecars of the installed wheel, and find their devices.
+"""Build TVM's OpenCL and Vulkan runtimes for the installed wheel, and find their devices.
 
-The apache-tvm wheel is built with both runtimes off, but at ``import tvm`` it loads
-``tvm/lib/libtvm_runtime_{opencl,vulkan}.so`` when they are there. Their sources compile against the
-wheel's own headers (``tvm/include``, ``tvm/src/runtime``) and link against its ``libtvm_runtime`` and
+The apache-tvm wheel is built with both runtimes off. Their sources compile against the wheel's own
+headers (``tvm/include``, ``tvm/src/runtime``) and link against its ``libtvm_runtime`` and
 ``libtvm_ffi``; the few files the wheel does not ship come from a TVM v0.27 source tree (a checkout,
-or the project's source kit). The wheel's files are laid over the tree so the build matches the wheel.
-The recipe was measured on this project's machines (see the kit's FACTS.md).
+or a source kit holding just those files). The wheel's files are laid over the tree so the build matches
+the wheel. The runtimes are installed in the user's data directory, not in TVM's package, and loaded
+from there by :mod:`.runtimes`.
 """
 
 from __future__ import annotations
@@ -20,16 +20,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import tvm
 import tvm_ffi
 
 from ..errors import UserError
+from . import runtimes
 
-DEFAULT_SOURCE = Path("/work/shared/third_party/tvm-gpu-runtime-src")
-"""Where the project's machines keep the runtime sources (with TVM's licence) for offline builds."""
 SOURCE_ENV = "TVM_MEMPLAN_TVM_SRC"
 """Environment variable naming the source tree when ``--tvm-src`` is not given."""
+HOW_TO_GET_SOURCE = ("git clone --depth 1 --branch v0.27.0 https://github.com/apache/tvm, then pass --tvm-src "
+                     f"DIR or set {SOURCE_ENV}")
 CXXFLAGS = ["-O2", "-fPIC", "-std=c++20", "-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=1"]
 CXX = "g++"
 
@@ -83,6 +85,9 @@ class SidecarReport:
     """Whether ``import tvm`` loaded the sidecar (TVM ignores a sidecar that fails to load)."""
     devices: list[dict[str, object]] = field(default_factory=list)
     problem: str | None = None
+    loaded_from: str | None = None
+    """The file TVM's runtime came from: ``path``, or another copy that shadows it (an older setup-gpu's
+    in TVM's package, or a TVM built with the runtime)."""
 
 
 def wheel_dirs() -> tuple[Path, Path]:
@@ -91,13 +96,13 @@ def wheel_dirs() -> tuple[Path, Path]:
 
 
 def find_source(tvm_src: str | Path | None) -> Path:
-    """The TVM source tree: ``tvm_src``, else ``$TVM_MEMPLAN_TVM_SRC``, else the project's kit."""
+    """The TVM source tree: ``tvm_src``, else ``$TVM_MEMPLAN_TVM_SRC``; a one-line UserError without one."""
     given = tvm_src or os.environ.get(SOURCE_ENV)
-    source = Path(given) if given else DEFAULT_SOURCE
+    if not given:
+        raise UserError(f"setup-gpu compiles TVM's runtimes from TVM v0.27's source: {HOW_TO_GET_SOURCE}")
+    source = Path(given).expanduser()
     if not source.is_dir():
-        how = "" if given else f" (the default; or set {SOURCE_ENV})"
-        raise UserError(f"no TVM source tree at {source}{how}: pass --tvm-src with a checkout of "
-                        "https://github.com/apache/tvm at v0.27.0")
+        raise UserError(f"no TVM source tree at {source}: {HOW_TO_GET_SOURCE}")
     for sidecar in SIDECARS.values():
         if not any(runtime_dir(source, sidecar).glob("*.cc")):
             raise UserError(f"{source} is not a TVM v0.27 source tree: no src/backend/{sidecar.name}/runtime/*.cc")
@@ -109,7 +114,8 @@ def runtime_dir(source: Path, sidecar: Sidecar) -> Path:
 
 
 def installed_path(sidecar: Sidecar) -> Path:
-    return wheel_dirs()[0] / "lib" / sidecar.file_name
+    """Where the runtime goes: the user's data directory, one folder per TVM version."""
+    return runtimes.runtime_file(sidecar.name)
 
 
 def _inputs(source: Path, sidecar: Sidecar) -> list[Path]:
@@ -166,11 +172,17 @@ def _compile(command: list[str]) -> str | None:
     return next((line for line in lines if "error" in line), lines[-1] if lines else f"exit {result.returncode}")
 
 
-def build_sidecar(source: Path, sidecar: Sidecar, jobs: int) -> Path:
-    """Compile the runtime and install it atomically (linked to a temporary name, then renamed)."""
+def build_sidecar(source: Path, sidecar: Sidecar, jobs: int,
+                  progress: Callable[[int, int], None] | None = None) -> Path:
+    """Compile the runtime and install it atomically (linked to a temporary name, then renamed);
+    ``progress(steps done, steps)`` after each source file and the link."""
     check_toolchain(sidecar)
     tvm_dir, ffi_dir = wheel_dirs()
     target = installed_path(sidecar)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {target.parent}: {exc.strerror}") from None
     with tempfile.TemporaryDirectory(prefix=f"tvm-memplan-{sidecar.name}-") as scratch:
         tree = Path(scratch) / "tree"
         _build_tree(source, sidecar, tree)
@@ -180,19 +192,23 @@ def build_sidecar(source: Path, sidecar: Sidecar, jobs: int) -> Path:
         sources = sorted(runtime_dir(tree, sidecar).glob("*.cc"))
         objects = [Path(scratch) / f"{cc.stem}.o" for cc in sources]
         commands = [[CXX, *flags, "-c", str(cc), "-o", str(obj)] for cc, obj in zip(sources, objects)]
+        step = progress or (lambda done, total: None)
+        step(0, len(sources) + 1)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for cc, error in zip(sources, pool.map(_compile, commands)):
+            for done, (cc, error) in enumerate(zip(sources, pool.map(_compile, commands)), 1):
                 if error is not None:
                     raise UserError(f"compiling {cc.name} for the {sidecar.title} runtime failed: {error}")
+                step(done, len(sources) + 1)
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
         link = [CXX, "-shared", "-o", str(partial), *map(str, objects),
                 f"-L{tvm_dir / 'lib'}", f"-L{ffi_dir / 'lib'}", "-ltvm_runtime", "-ltvm_ffi", sidecar.link_flag,
-                "-Wl,-rpath,$ORIGIN", "-Wl,-rpath,$ORIGIN/../../tvm_ffi/lib"]
+                f"-Wl,-rpath,{tvm_dir / 'lib'}", f"-Wl,-rpath,{ffi_dir / 'lib'}"]
         try:
             error = _compile(link)
             if error is not None:
                 raise UserError(f"linking the {sidecar.title} runtime failed: {error}")
             partial.replace(target)
+            step(len(sources) + 1, len(sources) + 1)
         except PermissionError as exc:
             raise UserError(f"cannot install into {target.parent}: {exc.strerror}") from None
         finally:
@@ -201,14 +217,17 @@ def build_sidecar(source: Path, sidecar: Sidecar, jobs: int) -> Path:
 
 
 # Run in a fresh interpreter: this process imported tvm before the sidecars existed, and a fresh
-# ``import tvm`` is exactly what users get.
+# ``import tvm`` (whose entry point loads the runtimes) is exactly what users get.
 _PROBE = r"""
 import ctypes, json, sys
 import tvm
+from tvm_memplan.backends import runtimes
+runtimes.load_installed()
 report = {}
 for name, path in zip(sys.argv[1::2], sys.argv[2::2]):
     loaded = tvm.get_global_func(f"device_api.{name}", allow_missing=True) is not None
-    info = {"runtime_loaded": loaded, "devices": []}
+    library = tvm.base._LOADED_LIBS.get(f"tvm_runtime_{name}")
+    info = {"runtime_loaded": loaded, "devices": [], "loaded_from": getattr(library, "_name", None)}
     if not loaded:
         try:
             ctypes.CDLL(path)
@@ -241,8 +260,9 @@ def probe_devices(names: list[str]) -> dict[str, dict]:
 
 
 def setup_gpu(backends: list[str] | None = None, tvm_src: str | Path | None = None, jobs: int | None = None,
-              force: bool = False) -> list[SidecarReport]:
-    """Build (when out of date) and install each backend's sidecar, then report the devices found."""
+              force: bool = False, progress: Callable[[str, int, int], None] | None = None) -> list[SidecarReport]:
+    """Build (when out of date) and install each backend's sidecar, then report the devices found;
+    ``progress(backend, steps done, steps)`` follows each build."""
     names = backends or list(SIDECARS)
     source = find_source(tvm_src)
     reports = []
@@ -252,12 +272,14 @@ def setup_gpu(backends: list[str] | None = None, tvm_src: str | Path | None = No
             reports.append(SidecarReport(name, str(installed_path(sidecar)), False, None))
             continue
         start = time.perf_counter()
-        path = build_sidecar(source, sidecar, jobs or os.cpu_count() or 1)
+        step = (lambda done, total, name=name: progress(name, done, total)) if progress is not None else None
+        path = build_sidecar(source, sidecar, jobs or os.cpu_count() or 1, step)
         reports.append(SidecarReport(name, str(path), True, round(time.perf_counter() - start, 1)))
     found = probe_devices(names)
     for report in reports:
         sidecar, info = SIDECARS[report.backend], found[report.backend]
         report.runtime_loaded, report.devices = info["runtime_loaded"], info["devices"]
+        report.loaded_from = info.get("loaded_from")
         if not report.runtime_loaded:
             report.problem = f"import tvm did not load {report.path}: {info.get('load_error', 'unknown reason')}"
         elif not report.devices:
@@ -269,11 +291,13 @@ def setup_gpu(backends: list[str] | None = None, tvm_src: str | Path | None = No
 
 def runtime_loaded(device: str) -> bool:
     """Whether this process's TVM has a runtime for ``device`` (built in, or a loaded sidecar)."""
-    return tvm.get_global_func(f"device_api.{device}", allow_missing=True) is not None
+    runtimes.load_installed()
+    return runtimes.has_runtime(device)
 
 
 def device_exists(device: str) -> bool:
     """Whether ``device`` 0 is there; False, not an error, when its runtime finds no driver at all."""
+    runtimes.load_installed()
     try:
         return bool(tvm.device(device, 0).exist)
     except RuntimeError:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..errors import UserError
-from .format import console, human_bytes, key_value_table, print_json
+from .format import console, human_bytes, key_value_table, print_json, progress_display, split_search_progress
 from .plan import model_planner_kwargs, model_planner_options, parse_bytes
+from .vocabulary import add_json, add_model_inputs, add_target, model_spec_and_inputs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
     build.add_argument("-o", "--output", metavar="OUT.so", help="the VM library (not for cortex-m* targets, which take --emit-c only)")
-    build.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET", help=f"one of {', '.join(TARGETS)} (default host)")
+    add_target(build)
+    add_model_inputs(build, inputs=False)
     build.add_argument("--pipeline", default="memplan", choices=["memplan", "stock"], help="memplan (default) or TVM's stock planner")
     build.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
     build.add_argument("--emit-c", metavar="DIR", help="write the whole model as standalone C (model.c on one static arena, "
@@ -36,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--sram-limit", type=parse_bytes, metavar="BYTES", help="with --emit-c: fail when arena + kernel scratch exceed this (e.g. 512K)")
     build.add_argument("--flash-limit", type=parse_bytes, metavar="BYTES", help="with --emit-c: fail when the weights exceed this (e.g. 2M)")
     build.add_argument("--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)")
-    build.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json(build)
     split = build.add_argument_group("fine-grained splitting (as plan --split)")
     split.add_argument("--split", choices=["none", "acg"], default="none",
                        help="acg: split channel chains into tiles before planning (latencies measured on this machine)")
@@ -49,12 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measure = subparsers.add_parser(
         "measure", help="latency, requested memory and correctness of a model or an artifact, here or over RPC",
         description="Measure MODEL (built here for --target) or OUT.so (built by 'tvm-memplan build'); "
-        "results are appended to a JSON-lines log.",
+        "with --log, results are also appended to a JSON-lines log.",
     )
     measure.add_argument("source", metavar="MODEL|OUT.so|DIR", help="a model, a built library, or a directory written by build --emit-c")
     measure.add_argument("--device", metavar="DEVICE", help="for DIR: host (default; this machine's C compiler), "
                          "qemu-cortex-m7, qemu-cortex-m4 or qemu-cortex-m55 (emulated, needs arm-none-eabi-gcc and qemu-system-arm)")
-    measure.add_argument("--target", default="host", choices=list(TARGETS), metavar="TARGET", help="target to build MODEL for (default host)")
+    add_target(measure, note="MODEL is built for it")
+    add_model_inputs(measure)
     measure.add_argument("--rpc-tracker", metavar="HOST:PORT", help="RPC tracker to get the device from")
     measure.add_argument("--rpc-key", metavar="KEY", help="device key at the tracker")
     measure.add_argument("--repeat", type=int, default=10, metavar="N", help="timed repeats (default 10)")
@@ -62,8 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measure.add_argument("--compare", action="store_true", help="measure TVM's stock pipeline and memplan side by side")
     measure.add_argument("--work-dir", metavar="DIR", help="apply kernels tuned by 'tvm-memplan tune' in DIR")
     measure.add_argument("--cross-compiler", metavar="CXX", help="link MODEL's build with CXX instead of the target's compiler")
-    measure.add_argument("--log", default=None, metavar="FILE.jsonl", help="results log (default results/measurements.jsonl)")
-    measure.add_argument("--json", action="store_true", help="print one JSON object (with --compare: under stock and memplan)")
+    measure.add_argument("--log", metavar="FILE.jsonl", help="append each result to this JSON-lines log (atomic writes)")
+    measure.add_argument("--json", action="store_true", help="print one JSON object: each pipeline's result under its name "
+                         "(memplan, or the artifact's; with --compare stock and memplan)")
     model_planner_options(measure)
     measure.set_defaults(func=run_measure)
 
@@ -76,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     farm.add_argument("--key", default="local", help="device key of the servers (default local)")
     farm.add_argument("--servers", type=int, default=1, help="number of servers (default 1; 0: only the tracker, e.g. for a phone)")
     farm.add_argument("--lifetime", type=float, default=3600.0, metavar="S", help="stop after S seconds (default 3600)")
+    add_json(farm, "print the tracker's address as one JSON object when it is up (nothing more on stdout)")
     farm.set_defaults(func=run_rpc_local)
 
     tune = subparsers.add_parser(
@@ -86,14 +92,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("model", metavar="MODEL")
     tune.add_argument("--trials", type=int, required=True, metavar="N", help="total trials over the selected kernels")
     tune.add_argument("--work-dir", required=True, metavar="DIR")
-    cpu_targets = [n for n, t in TARGETS.items() if t.kind == "llvm" and t.device == "cpu"]
-    tune.add_argument("--target", default="host", choices=cpu_targets, metavar="TARGET", help=f"one of {', '.join(cpu_targets)} (default host)")
+    add_target(tune, note="tune takes CPU targets compiled by LLVM (host, x86-64, llvm-aarch64, android-arm64, llvm)")
     tune.add_argument("--kernels", metavar="REGEX", help="tune only kernels whose name matches")
     tune.add_argument("--rpc-tracker", metavar="HOST:PORT")
     tune.add_argument("--rpc-key", metavar="KEY")
     tune.add_argument("--builder-timeout", type=float, default=120.0, metavar="S",
                       help="give up on a candidate whose build takes longer (default 120)")
-    tune.add_argument("--json", action="store_true")
+    add_json(tune)
     tune.set_defaults(func=run_tune)
 
 
@@ -108,6 +113,7 @@ def run_build(args: argparse.Namespace) -> int:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
     if args.output is None and args.emit_c is None:
         raise UserError(f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else ""))
+    args.model, _ = model_spec_and_inputs(args.model, args.input_shapes, None)
     started = time.monotonic()
     options = model_planner_kwargs(args)
     if args.split == "acg":
@@ -116,9 +122,10 @@ def run_build(args: argparse.Namespace) -> int:
 
         # microcontroller targets cannot run here: their latencies are those of the same C on this machine
         latency_target = "c" if get_target(args.target).is_mcu else args.target
-        options["prepare"] = search_split(load_model(args.model), latency_target, budget=args.latency_budget,
-                                          seconds=args.search_seconds, memory_limit=args.memory_limit,
-                                          schedule=args.schedule).prepare()
+        with split_search_progress(args.search_seconds) as progress:
+            options["prepare"] = search_split(load_model(args.model), latency_target, budget=args.latency_budget,
+                                              seconds=args.search_seconds, memory_limit=args.memory_limit,
+                                              schedule=args.schedule, progress=progress).prepare()
     output = emitted = None
     if args.output is not None:
         output = build(args.model, args.target, args.output, args.pipeline, args.work_dir, args.cross_compiler, **options)
@@ -169,27 +176,30 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def progress_display(enabled: bool):
-    if not enabled:
-        return nullcontext(None)
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(file=sys.stderr), transient=True,
-    )
-
-
 def run_measure(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..deploy.measure import measure
-    from ..deploy.results import DEFAULT_LOG, ResultsLog
+    from ..deploy.results import ResultsLog
 
-    log = ResultsLog(args.log or DEFAULT_LOG)
+    log = ResultsLog(args.log) if args.log else None
     if Path(args.source).is_dir():
+        if args.input_shapes or args.inputs:
+            raise UserError("the standalone C runs the inputs it was built with: drop --input-shapes and --inputs")
         return _measure_c(args, log)
     if args.device:
         raise UserError("--device runs the standalone C: give the directory written by build --emit-c DIR")
-    with progress_display(sys.stderr.isatty()) as bar:
+    source, inputs = args.source, None
+    if source.endswith(".so"):
+        if args.input_shapes:
+            raise UserError(f"{source} was built for its input shapes: --input-shapes applies to a model")
+        if args.inputs:
+            from ..deploy.build import Manifest
+
+            if not Path(source).exists():
+                raise UserError(f"no such artifact: {source}")
+            _, inputs = model_spec_and_inputs(Manifest.load(Path(source)).model, None, args.inputs)
+    else:
+        source, inputs = model_spec_and_inputs(source, args.input_shapes, args.inputs)
+    with progress_display() as bar:
         tasks: dict[str, int] = {}
 
         def progress(pipeline: str, step: str, done: int, total: int) -> None:
@@ -200,17 +210,14 @@ def run_measure(args: argparse.Namespace) -> int:
             bar.update(tasks[pipeline], completed=done, description=f"{pipeline}: {step}")
 
         results = measure(
-            args.source, target=args.target, compare=args.compare, repeat=args.repeat,
+            source, target=args.target, inputs=inputs, compare=args.compare, repeat=args.repeat,
             tracker=args.rpc_tracker, key=args.rpc_key, log=log, tuning_dir=args.work_dir,
             progress=progress, min_repeat_ms=args.min_repeat_ms, cross_compiler=args.cross_compiler, **model_planner_kwargs(args),
         )
     if args.json:
-        if args.compare:
-            print_json({pipeline: m.summary() for pipeline, m in results.items()})
-        else:
-            print_json(next(iter(results.values())).summary())
+        print_json({pipeline: m.summary() for pipeline, m in results.items()})
     else:
-        _print_measurements(results, log.path)
+        _print_measurements(results, log.path if log is not None else None)
     return 0 if all(m.correct for m in results.values()) else 1
 
 
@@ -218,9 +225,10 @@ def _measure_c(args: argparse.Namespace, log) -> int:
     from ..deploy.standalone import measure_c
 
     result = measure_c(args.source, args.device or "host")
-    log.append(result.summary())
+    if log is not None:
+        log.append(result.summary())
     if args.json:
-        print_json(result.summary())
+        print_json({"memplan": result.summary()})  # the standalone C holds memplan's plan
         return 0 if result.correct else 1
     rows = [
         ("model", f"{result.model} on {result.device} ({result.kernel_calls} kernel calls)"),
@@ -236,7 +244,8 @@ def _measure_c(args: argparse.Namespace, log) -> int:
             ("instructions", f"{result.instructions:,} (qemu -icount)"),
         ]
     console().print(key_value_table("tvm-memplan measure (standalone C)", rows))
-    console().print(f"result appended to {log.path}")
+    if log is not None:
+        console().print(f"result appended to {log.path}")
     return 0 if result.correct else 1
 
 
@@ -265,7 +274,8 @@ def _print_measurements(results: dict, log_path) -> None:
                   f"(spreads {stock.latency_spread_ms:.3f} / {memplan.latency_spread_ms:.3f} ms)")
     if first.requested_bytes is None:
         out.print("requested bytes unknown: the server has no tvm_memplan.vm_alloc_trace (start it with tvm-memplan rpc-local)")
-    out.print(f"TVM_NUM_THREADS on the device: {first.tvm_num_threads or 'unset'}; results appended to {log_path}")
+    logged = f"; results appended to {log_path}" if log_path is not None else ""
+    out.print(f"TVM_NUM_THREADS on the device: {first.tvm_num_threads or 'unset'}{logged}")
 
 
 def _interrupt(*_: object) -> None:
@@ -280,25 +290,65 @@ def run_rpc_local(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM must run the same clean-up as Ctrl-C
     out = console()
     with start_farm({args.key: args.servers}, lifetime=args.lifetime, port=args.port) as farm:
-        out.print(f"tracker {farm.tracker}; {args.servers} server(s) under key {args.key!r}; stops in {args.lifetime:.0f} s or on Ctrl-C")
-        out.print(f"  tvm-memplan measure MODEL --rpc-tracker {farm.tracker} --rpc-key {args.key}")
-        out.print(f"  scripts/arm64_device.sh start --tracker {farm.tracker}   # add the emulated arm64 device")
+        if args.json:
+            print_json({"tracker": farm.tracker, "key": args.key, "servers": args.servers, "lifetime_s": args.lifetime})
+        else:
+            out.print(f"tracker {farm.tracker}; {args.servers} server(s) under key {args.key!r}; "
+                      f"stops in {args.lifetime:.0f} s or on Ctrl-C")
+            out.print(f"  tvm-memplan measure MODEL --rpc-tracker {farm.tracker} --rpc-key {args.key}")
+            out.print(f"  python -m tvm.exec.rpc_server --tracker {farm.tracker} --key KEY   # on a phone or board: add it")
         sys.stdout.flush()
         try:
             time.sleep(args.lifetime)
         except KeyboardInterrupt:
             pass
-    out.print("stopped tracker and servers")
+    if not args.json:
+        out.print("stopped tracker and servers")
     return 0
 
 
+@contextmanager
+def _tuning_progress(work_dir: Path, trials: int) -> Iterator[None]:
+    """Tuning trials as MetaSchedule commits them: the records in WORK_DIR's database, counted
+    twice a second by a thread (tune runs MetaSchedule in this process and says nothing meanwhile)."""
+    records = work_dir / "database_tuning_record.json"
+    with progress_display() as bar:
+        if bar is None:
+            yield
+            return
+        task = bar.add_task("tune: records in the database", total=trials)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.wait(0.5):
+                try:
+                    count = sum(1 for line in records.open() if line.strip())
+                except OSError:  # not written yet
+                    continue
+                bar.update(task, completed=min(count, trials))
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            poller.join()
+
+
 def run_tune(args: argparse.Namespace) -> int:
+    from ..deploy.targets import get_target
     from ..deploy.tune import tune
 
-    result = tune(
-        args.model, args.target, args.trials, args.work_dir, kernels=args.kernels,
-        tracker=args.rpc_tracker, key=args.rpc_key, builder_timeout=args.builder_timeout,
-    )
+    if get_target(args.target).kind != "llvm" or get_target(args.target).device != "cpu":
+        raise UserError(f"tune: target {args.target} is not a CPU target compiled by LLVM "
+                        "(host, x86-64, llvm-aarch64, android-arm64, llvm)")
+
+    with _tuning_progress(Path(args.work_dir), args.trials):
+        result = tune(
+            args.model, args.target, args.trials, args.work_dir, kernels=args.kernels,
+            tracker=args.rpc_tracker, key=args.rpc_key, builder_timeout=args.builder_timeout,
+        )
     if args.json:
         print_json(result.summary())
         return 0

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Sequence
+from contextlib import contextmanager, nullcontext
+from time import monotonic
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..planning import Problem
@@ -25,6 +28,33 @@ def human_bytes(nbytes: int | float | None) -> str:
 
 def console() -> Console:
     return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+
+
+def progress_display(counted: bool = True) -> ContextManager[Progress | None]:
+    """A rich progress display on stderr while a long command works, only when stderr is a terminal
+    (None otherwise: logs and pipes stay clean). ``counted``: show done/total."""
+    if not sys.stderr.isatty():
+        return nullcontext(None)
+    columns = [TextColumn("{task.description}"), BarColumn(), *([MofNCompleteColumn()] if counted else []),
+               TimeElapsedColumn()]
+    return Progress(*columns, console=Console(file=sys.stderr), transient=True)
+
+
+@contextmanager
+def split_search_progress(seconds: float) -> Iterator[Callable[[int, int], None] | None]:
+    """A bar over the split search's time limit: candidates timed and the lowest peak so far."""
+    with progress_display(counted=False) as bar:
+        if bar is None:
+            yield None
+            return
+        task = bar.add_task("split search", total=seconds)
+        started = monotonic()
+
+        def progress(timed: int, peak_bytes: int) -> None:
+            bar.update(task, completed=min(monotonic() - started, seconds),
+                       description=f"split search: {timed} candidates timed, lowest peak {human_bytes(peak_bytes)}")
+
+        yield progress
 
 
 def key_value_table(title: str, rows: Sequence[tuple[str, str]]) -> Table:

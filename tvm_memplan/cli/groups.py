@@ -1,36 +1,38 @@
-"""``tvm-memplan bench MODEL --groups seq,1,2,4,8``: layer grouping side by side (docs/design.md, "Layer grouping")."""
+"""``tvm-memplan compare-groups MODEL --groups seq,1,2,4,8``: layer-grouping settings side by side
+(docs/design.md, "Layer grouping").
+
+Formerly ``bench``, which still works with a deprecation note."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.table import Table
 
-from .deploy import progress_display
-from .format import console, human_bytes, print_json
+from .format import console, human_bytes, print_json, progress_display
 from .plan import model_planner_kwargs, model_planner_options
+from .vocabulary import add_json, add_target, deprecation_note
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..deploy.groups import DEFAULT_SETTINGS
 
     bench = subparsers.add_parser(
-        "bench",
-        help="layer grouping side by side: latency, arena and launches per group setting",
+        "compare-groups", aliases=["bench"],
+        help="layer-grouping settings side by side: latency, arena and launches per setting ('bench' is deprecated)",
         description="Plan, build, check and time MODEL ungrouped (TVM's planner, memplan) and with each "
         "layer-grouping setting, on this machine or a device from an RPC tracker, in one run.",
     )
     bench.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
     bench.add_argument("--groups", dest="group_settings", default=DEFAULT_SETTINGS, metavar="LIST",
                        help=f"comma-separated settings: seq, group counts, auto (default {DEFAULT_SETTINGS})")
-    bench.add_argument("--target", default="host", help="deployment target name (default host; see build --help)")
+    add_target(bench)
     bench.add_argument("--rpc-tracker", metavar="HOST:PORT")
     bench.add_argument("--rpc-key", metavar="KEY")
     bench.add_argument("--repeat", type=int, default=10, help="timed repeats per setting and round (default 10)")
     bench.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all builds (default 1)")
     bench.add_argument("--min-repeat-ms", type=int, default=50, metavar="MS", help="minimum time of one repeat (default 50)")
-    bench.add_argument("--json", action="store_true", help='print {"rows": [...], ...} instead of the table')
+    add_json(bench, 'print {"rows": [...], ...} instead of the table')
     model_planner_options(bench, groups=False)
     bench.set_defaults(func=run_bench)
 
@@ -38,10 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from ..deploy.groups import bench_groups, parse_group_settings
 
+    if args.command == "bench":
+        deprecation_note("tvm-memplan bench", "tvm-memplan compare-groups")
     settings = parse_group_settings(args.group_settings)
     options = model_planner_kwargs(args)
     options.pop("groups")
-    with progress_display(sys.stderr.isatty()) as bar:
+    with progress_display() as bar:
         current: dict[str, int] = {}
 
         def progress(pipeline: str, step: str, done: int, total: int) -> None:

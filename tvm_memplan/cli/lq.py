@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from .format import progress_display
+from .vocabulary import add_deprecated_alias, add_json, add_target
 
 if TYPE_CHECKING:
     import tvm
 
     from ..lq.calibrate import LayerReport
 
-TARGETS = ("native", "x86-64", "aarch64")
+TARGETS = ("host", "x86-64", "llvm-aarch64")
+"""The targets quantize builds for: this CPU, any x86-64 CPU, or arm64 Linux (cross-compiled)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,10 +63,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="at least K bits for the first and last dense layer (default 4; 0: the same as the others)",
     )
     quantize.add_argument("--batch", type=int, default=1, help="batch size for a dynamic batch dimension (default 1)")
-    quantize.add_argument("--target", choices=TARGETS, default="native", help="native CPU, generic x86-64, or aarch64 (cross)")
-    quantize.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials per LQ kernel (0: hand schedule)")
-    quantize.add_argument("--tune-dir", type=Path, default=Path("lq_tuning"), help="MetaSchedule database directory")
+    add_target(quantize, note=f"quantize builds for {', '.join(TARGETS)} (cross-compiled)")
+    quantize.add_argument("--trials", type=int, default=0, metavar="N",
+                          help="MetaSchedule trials per LQ kernel (default 0: the hand schedule)")
+    add_deprecated_alias(quantize, "--tune-trials", "--trials", dest="trials", convert=int)
+    quantize.add_argument("--work-dir", type=Path, default=Path("lq_tuning"), metavar="DIR",
+                          help="MetaSchedule database and tuning logs, with --trials (default lq_tuning)")
+    add_deprecated_alias(quantize, "--tune-dir", "--work-dir", dest="work_dir", convert=Path)
     quantize.add_argument("-o", "--output", type=Path, required=True, help="library to write (.so); the report goes next to it (.json)")
+    add_json(quantize, "print the report (the JSON written next to the library) instead of the layer summary")
     quantize.set_defaults(func=run_quantize)
 
     bench = subparsers.add_parser(
@@ -96,8 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--cache-dir",
         type=Path,
-        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_memplan",
-        help="where the trained MLP is cached",
+        help="where the trained MLP is cached (default: the user cache, $XDG_CACHE_HOME/tvm_memplan)",
     )
     bench.set_defaults(func=run_bench)
 
@@ -108,11 +115,13 @@ def _target(name: str) -> "tvm.target.Target":
     from ..lq.calibrate import default_target
     from ..lq.cross import arm64_target
 
-    if name == "aarch64":
+    if name == "llvm-aarch64":
         return arm64_target()
     if name == "x86-64":
         return tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": os.cpu_count() or 1})
-    return default_target()
+    if name == "host":
+        return default_target()
+    raise UserError(f"quantize: target {name} is not one of {', '.join(TARGETS)}")
 
 
 def load_onnx_module(path: Path, batch: int) -> "tvm.IRModule":
@@ -156,17 +165,17 @@ def run_quantize(args: argparse.Namespace) -> int:
 
     check_bits(args.wbits, "--wbits")
     check_bits(args.abits, "--abits")
-    if args.tune_trials < 0:
-        raise UserError(f"--tune-trials must be >= 0, got {args.tune_trials}")
-    if args.tune_trials and args.target != "native":
-        raise UserError("--tune-trials measures kernels on this machine: use it with --target native")
-    if args.tune_trials:
+    if args.trials < 0:
+        raise UserError(f"--trials must be >= 0, got {args.trials}")
+    if args.trials and args.target != "host":
+        raise UserError("--trials measures kernels on this machine: use it with --target host")
+    if args.trials:
         from ..deploy.tune import require_cost_model
 
         require_cost_model()  # fail now, not after calibration
+    target = _target(args.target)
     calib = load_npz(args.calib)
     mod = load_onnx_module(args.model, args.batch)
-    target = _target(args.target)
     config = LQConfig(
         args.wbits,
         args.abits,
@@ -175,31 +184,48 @@ def run_quantize(args: argparse.Namespace) -> int:
         keep_first_last=args.keep_first_last,
         check_layers=args.layer_check,
         edge_bits=args.edge_bits,
-        tune_trials=args.tune_trials,
-        tune_dir=str(args.tune_dir),
+        tune_trials=args.trials,
+        tune_dir=str(args.work_dir),
     )
     # Calibration runs the model here, so it is always built for this machine.
-    fit_target = target if args.target == "native" else _target("native")
-    result = quantize_module(mod, calib, config, fit_target)
-    if args.target != "native":
-        from ..lq.calibrate import apply_layers
-
-        module = apply_layers(mod, result.layers, target, config)
-    else:
-        module = result.module
+    fit_target = target if args.target == "host" else _target("host")
     library = args.output if args.output.suffix else args.output.with_suffix(".so")
-    library.parent.mkdir(parents=True, exist_ok=True)
-    executable = build(module, target)
-    if args.target == "aarch64":
-        import tvm
+    with progress_display() as bar:
+        task = bar.add_task("quantize: calibrating", total=None) if bar is not None else None
 
-        executable.export_library(str(library), fcompile=tvm.support.cc.cross_compiler("aarch64-linux-gnu-g++"))
-    else:
-        executable.export_library(str(library))
+        fitted = {"layers": 0}
+
+        def step(description: str, done: int, layers: int) -> None:
+            """Each layer's fit, then compiling and linking: layers + 2 steps."""
+            fitted["layers"] = layers
+            if bar is not None:
+                bar.update(task, description=f"quantize: {description}", completed=done, total=layers + 2)
+
+        result = quantize_module(mod, calib, config, fit_target,
+                                 progress=lambda name, done, layers: step(f"calibrating {name}", done, layers))
+        step("compiling", fitted["layers"], fitted["layers"])
+        if args.target != "host":
+            from ..lq.calibrate import apply_layers
+
+            module = apply_layers(mod, result.layers, target, config)
+        else:
+            module = result.module
+        library.parent.mkdir(parents=True, exist_ok=True)
+        executable = build(module, target)
+        step("linking", fitted["layers"] + 1, fitted["layers"])
+        if args.target == "llvm-aarch64":
+            import tvm
+
+            executable.export_library(str(library), fcompile=tvm.support.cc.cross_compiler("aarch64-linux-gnu-g++"))
+        else:
+            executable.export_library(str(library))
     report = result.as_json(config)
     report.update({"model": str(args.model), "library": str(library), "target": str(target)})
     report_path = library.with_suffix(".json")
     report_path.write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(report | {"report": str(report_path)}, indent=2))
+        return 0
     print(layer_summary(result.report, args.wbits, args.abits, result.float_bytes, result.lq_bytes))
     print(f"wrote {library} and {report_path}")
     return 0
@@ -245,22 +271,32 @@ def run_bench(args: argparse.Namespace) -> int:
     # TVM's pool runs one thread unless told otherwise.
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     from ..lq import bench
+    from ..paths import cache_dir
 
     timing = bench.Timing(number=3, repeat=3, min_repeat_ms=20) if args.quick else bench.Timing()
     if args.epochs < 1 or args.hidden < 1:
         raise UserError("--epochs and --hidden must be at least 1")
-    result = bench.run(
-        accuracy=not args.no_accuracy,
-        kernel=not args.no_kernels,
-        seed=args.seed,
-        epochs=args.epochs,
-        hidden=args.hidden,
-        finetune=args.finetune,
-        settings=parse_settings(args.settings),
-        cache_dir=args.cache_dir,
-        timing=timing,
-        target=bench.isa_target(args.isa),
-    )
+    settings = parse_settings(args.settings)
+    with progress_display() as bar:
+        task = bar.add_task("lq-bench", total=None) if bar is not None else None
+
+        def progress(phase: str, done: int, phases: int) -> None:
+            if bar is not None:
+                bar.update(task, description=f"lq-bench: {phase}", completed=done, total=phases)
+
+        result = bench.run(
+            accuracy=not args.no_accuracy,
+            kernel=not args.no_kernels,
+            seed=args.seed,
+            epochs=args.epochs,
+            hidden=args.hidden,
+            finetune=args.finetune,
+            settings=settings,
+            cache_dir=args.cache_dir or cache_dir(),
+            timing=timing,
+            target=bench.isa_target(args.isa),
+            progress=progress,
+        )
     if args.json:
         print(json.dumps({"rows": result["rows"], "kernels": result["kernels"]}, indent=2))
         return 0

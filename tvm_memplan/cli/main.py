@@ -20,14 +20,31 @@ COMMAND_MODULES = [
 ]
 
 
+def version_text() -> str:
+    """This package's version and the TVM it runs on (from the installed metadata: no ``import tvm``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .. import __version__
+
+    try:
+        tvm_version = version("apache-tvm")
+    except PackageNotFoundError:
+        tvm_version = "not installed from PyPI"
+    return f"tvm-memplan {__version__} (apache-tvm {tvm_version}, Python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tvm-memplan",
         description="Memory planning for Apache TVM Relax models: reports, plans, builds and benchmarks.",
     )
+    version = version_text()
+    parser.add_argument("--version", action="version", version=version)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    for command in {id(p): p for p in subparsers.choices.values()}.values():  # aliases share a parser
+        command.add_argument("--version", action="version", version=version)
     return parser
 
 

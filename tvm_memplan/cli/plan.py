@@ -9,7 +9,8 @@ from pathlib import Path
 from ..errors import UserError
 from ..options import SCHEDULES
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
-from .format import console, human_bytes, key_value_table, memory_profile, print_json
+from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
+from .vocabulary import add_deprecated_alias, add_json, add_model_inputs, add_target, model_spec_and_inputs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,10 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "lower-bound and arena bytes.",
     )
     plan.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME, e.g. zoo:mobilenet_v2?width=0.35&resolution=144")
-    plan.add_argument("--target", default="host", help="TVM target: host (this CPU, default), llvm, c, cuda, ... or a JSON dict")
+    add_target(plan)
     plan.add_argument("--verify", action="store_true", help="build and run: compare with stock TVM and onnxruntime, trace the VM's allocations")
+    add_model_inputs(plan)
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
-    plan.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    add_json(plan)
     model_planner_options(plan)
     split = plan.add_argument_group("fine-grained splitting")
     split.add_argument("--split", choices=["none", "acg"], default="none",
@@ -34,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     split.add_argument("--memory-limit", type=parse_bytes, metavar="BYTES",
                        help="the fastest split plan that fits, e.g. 512K or 1.5M (latency budget ignored)")
     split.add_argument("--split-cache", metavar="FILE", help="latency measurements to reuse and extend "
-                       "(default ~/.cache/tvm_memplan/chain_latency.jsonl)")
+                       "(default chain_latency.jsonl in the user cache: $XDG_CACHE_HOME/tvm_memplan, else ~/.cache/tvm_memplan)")
     split.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure chain latencies on a device from this tracker")
     split.add_argument("--rpc-key", metavar="KEY")
     plan.set_defaults(func=run_plan)
@@ -45,9 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Place every buffer of PROBLEM.csv (half-open lifetimes [lower, upper)) at an offset.",
     )
     solve.add_argument("problem", metavar="PROBLEM.csv")
-    solve.add_argument("--out", metavar="OFFSETS.csv", help="write id,lower,upper,size,offset")
+    solve.add_argument("-o", "--output", metavar="OFFSETS.csv", help="write id,lower,upper,size,offset")
+    add_deprecated_alias(solve, "--out", "-o/--output", dest="output")
     solve.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
-    solve.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    add_json(solve)
     _planner_options(solve, default_alignment=1)
     solve.set_defaults(func=run_solve)
 
@@ -101,15 +104,10 @@ def parse_bytes(text: str) -> int:
 
 
 def _target_arg(text: str):
-    import json
+    """The TVM target of a device name or TVM target (``host`` stays this machine's CPU as TVM detects it)."""
+    from ..deploy.targets import get_target
 
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--target is not valid JSON: {exc}") from None
-    return text
+    return text if text == "host" else get_target(text).tvm_target()
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -118,9 +116,12 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..relax.pipeline import resolve_target
     from ..verify import target_device, verify_plan
 
+    if args.inputs and not args.verify:
+        raise UserError("--inputs are run by --verify: add --verify")
     if args.verify:  # before planning: a model can take minutes to compile for a device that is not here
         target_device(resolve_target(_target_arg(args.target)))
-    model = load_model(args.model)
+    spec, inputs = model_spec_and_inputs(args.model, args.input_shapes, args.inputs)
+    model = load_model(spec)
     split = _search_split(args, model, args.memory_limit) if args.split == "acg" else None
     plan = plan_model(model, _target_arg(args.target), prepare=split.prepare() if split else None, **model_planner_kwargs(args))
     if split is not None and args.memory_limit is not None:
@@ -128,7 +129,7 @@ def run_plan(args: argparse.Namespace) -> int:
     verified = None
     verify_result = None
     if args.verify:
-        verify_result = verify_plan(plan)
+        verify_result = verify_plan(plan, inputs=inputs)
         verified = verify_result.ok
     main = plan.main
     layouts = main.layouts()
@@ -211,16 +212,15 @@ def _fit_planned_arena(args: argparse.Namespace, model, plan, split, attempts: i
 
 
 def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
-    from ..deploy.chain_latency import DEFAULT_CACHE
+    from ..deploy.chain_latency import default_cache
     from ..deploy.measure import Device
     from ..deploy.split import search_split
 
-    if isinstance(_target_arg(args.target), dict):
-        raise UserError("--split acg measures latencies: give --target as a name (host, c, llvm-aarch64, ...)")
     device = Device(args.rpc_tracker, args.rpc_key)
-    return search_split(model, args.target, device, budget=args.latency_budget, seconds=args.search_seconds,
-                        memory_limit=memory_limit, cache=Path(args.split_cache) if args.split_cache else DEFAULT_CACHE,
-                        schedule=args.schedule)
+    with split_search_progress(args.search_seconds) as progress:
+        return search_split(model, args.target, device, budget=args.latency_budget, seconds=args.search_seconds,
+                            memory_limit=memory_limit, schedule=args.schedule, progress=progress,
+                            cache=Path(args.split_cache) if args.split_cache else default_cache())
 
 
 def _split_summary(split, arena: int) -> dict:
@@ -357,8 +357,8 @@ def run_solve(args: argparse.Namespace) -> int:
     started = time.monotonic()
     plan = plan_memory(problem, time_budget=args.time_budget)
     seconds = time.monotonic() - started
-    if args.out:
-        write_offsets_csv(args.out, problem, plan.offsets)
+    if args.output:
+        write_offsets_csv(args.output, problem, plan.offsets)
     if args.plot:
         from ..plot import plot_layout
 
@@ -389,6 +389,6 @@ def run_solve(args: argparse.Namespace) -> int:
     out = console()
     out.print(key_value_table("tvm-memplan solve", rows))
     out.print(memory_profile(problem, plan.arena_bytes))
-    if args.out:
-        out.print(f"offsets written to {args.out}")
+    if args.output:
+        out.print(f"offsets written to {args.output}")
     return 0

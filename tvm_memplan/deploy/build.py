@@ -86,7 +86,8 @@ def output_bytes(model: onnx.ModelProto) -> int:
         tensor_type = value.type.tensor_type
         dims = [d.dim_value for d in tensor_type.shape.dim]
         if not all(dims):
-            raise UserError(f"output {value.name!r} has a dynamic shape; export the model with static shapes")
+            raise UserError(f"output {value.name!r} has a dynamic shape: bind the inputs' dynamic dimensions with "
+                            "--input-shapes NAME:1x3x224x224 (or export the model with static shapes)")
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).itemsize
         total += int(np.prod(dims)) * itemsize
     return total

@@ -18,13 +18,20 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..paths import cache_dir
 from ..relax.split import chain_module, chain_signature, split_chains
 from ..split.chain import Chain, SplitChoice
 from .measure import Device
 from .results import ResultsLog
 from .targets import DeployTarget
 
-DEFAULT_CACHE = Path.home() / ".cache" / "tvm_memplan" / "chain_latency.jsonl"
+
+def default_cache() -> Path:
+    """The user's latency cache: ``$XDG_CACHE_HOME/tvm_memplan/chain_latency.jsonl`` on Linux."""
+    return cache_dir() / "chain_latency.jsonl"
+
+
+DEFAULT_CACHE = default_cache()
 
 
 class ChainLatency:

@@ -203,9 +203,11 @@ def measure(
     progress: Progress | None = None,
     min_repeat_ms: int = 50,
     cross_compiler: str | None = None,
+    inputs: dict[str, np.ndarray] | None = None,
     **options: Any,
 ) -> dict[str, Measurement]:
     """Measure a model (built here for ``target``) or a built ``.so``; with ``compare``, stock and memplan.
+    The model runs on ``inputs`` (the user's data), else on random ones.
 
     Stock goes first so that a device lost during memplan leaves the baseline in the log.
     """
@@ -224,7 +226,7 @@ def measure(
         artifacts = _artifacts(source, given, target, compare, Path(scratch), tuning_dir, cross_compiler, options)
         first = Manifest.load(next(iter(artifacts.values())))
         model = load_model(first.model)
-        inputs = model.random_inputs(0)
+        inputs = model.random_inputs(0) if inputs is None else inputs
         reference = reference_outputs(model, inputs)
         results: dict[str, Measurement] = {}
         for pipeline, artifact in artifacts.items():

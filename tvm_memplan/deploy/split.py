@@ -57,8 +57,10 @@ def search_split(
     memory_limit: int | None = None,
     cache: Path | None = DEFAULT_CACHE,
     schedule: str = "default",
+    progress: Callable[[int, int], None] | None = None,
 ) -> SplitOutcome:
-    """Search the split plan of ``model``; latencies are measured on ``device`` (default: here)."""
+    """Search the split plan of ``model``; latencies are measured on ``device`` (default: here).
+    ``progress(candidates timed, lowest peak so far)`` follows the search."""
     if budget < 0:
         raise UserError(f"--latency-budget must not be negative (got {budget})")
     if seconds <= 0:
@@ -70,7 +72,7 @@ def search_split(
     measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule)
     before = measurer.time_ms(mod, "model")
     program = program_of(mod)
-    result = search_phased(program, chains, before, measurer, budget, seconds, memory_limit)
+    result = search_phased(program, chains, before, measurer, budget, seconds, memory_limit, progress)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
         raise UserError(

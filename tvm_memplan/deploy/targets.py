@@ -162,6 +162,8 @@ TARGETS: dict[str, DeployTarget] = {
     t.name: t
     for t in (
         DeployTarget("host", None, "cpu", what="this machine's CPU (LLVM, Target.from_device)"),
+        DeployTarget("x86-64", {"kind": "llvm", "mcpu": "x86-64"}, "cpu",
+                     what="any x86-64 CPU (LLVM, baseline instructions only)"),
         DeployTarget("llvm-aarch64", _AARCH64_LLVM, "cpu", _AARCH64_CXX, "arm64 Linux CPU (LLVM + NEON), cross-linked"),
         DeployTarget("android-arm64", _ANDROID_LLVM, "cpu", _ANDROID_CXX, "Android phone CPU (LLVM + NEON), linked by the NDK"),
         DeployTarget("c", {"kind": "c"}, "cpu", what="C source compiled with -O2 on this machine, bytecode VM"),
@@ -182,10 +184,25 @@ TARGETS: dict[str, DeployTarget] = {
 }
 
 
+_DEVICE_OF_KIND = {"llvm": "cpu", "c": "cpu", "cuda": "cuda", "vulkan": "vulkan", "opencl": "opencl"}
+
+
 def get_target(name: str, cross_compiler: str | None = None) -> DeployTarget:
-    """The named target (linked by ``cross_compiler`` when given), or a one-line UserError."""
-    try:
-        target = TARGETS[name]
-    except KeyError:
-        raise UserError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+    """The named target, or one from a TVM target (a kind such as ``llvm`` or a JSON dict), linked by
+    ``cross_compiler`` when given; a one-line UserError for anything else."""
+    target = TARGETS.get(name) or _from_tvm_target(name)
     return dataclasses.replace(target, cross_compiler=cross_compiler) if cross_compiler else target
+
+
+def _from_tvm_target(text: str) -> DeployTarget:
+    """A TVM target (``llvm``, ``{"kind": "llvm", "mcpu": "skylake"}``), built and linked for this machine."""
+    try:
+        config = json.loads(text) if text.lstrip().startswith("{") else json.loads(str(tvm.target.Target(text)))
+        kind = tvm.target.Target(config).kind.name
+    except Exception as exc:  # noqa: BLE001 - json and TVM raise several types for a bad target
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"unknown target {text!r}: not one of {', '.join(TARGETS)}, "
+                        f"nor a TVM target ({reason})") from None
+    if kind not in _DEVICE_OF_KIND:
+        raise UserError(f"target {text!r}: kind {kind} is not supported (supported: {', '.join(_DEVICE_OF_KIND)})")
+    return DeployTarget(text, config, _DEVICE_OF_KIND[kind], what=f"TVM target {text}")

@@ -521,19 +521,35 @@ def run(
     cache_dir: Path | None = None,
     timing: Timing = Timing(),
     target: tvm.target.Target | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
-    """Everything ``lq-bench`` prints: ``{"rows": [...], "kernels": [...], "machine": {...}}``."""
+    """Everything ``lq-bench`` prints: ``{"rows": [...], "kernels": [...], "machine": {...}}``;
+    ``progress(phase, phases done, phases)`` before each phase."""
     target = target or default_target()
     result: dict = {"rows": [], "kernels": []}
+    phases = (["training the MLP", "accuracy rows"] if accuracy else []) + (
+        ["machine limits", "kernel timings", "machine limits again"] if kernel else [])
+    step = iter(range(len(phases)))
+
+    def report() -> None:
+        if progress is not None:
+            done = next(step)
+            progress(phases[done], done, len(phases))
+
     if accuracy:
+        report()
         split = load_digits_28()
         mlp = trained_mlp(split, seed, epochs, hidden, cache_dir)
+        report()
         result["rows"] = accuracy_rows(split, mlp, settings, finetune=finetune, target=target, timing=timing)
     if kernel:
         # This VM's throughput switches between two states about 2x apart; the limits are taken
         # before and after the kernel rows and the faster kept, so a bound is never from the slow state.
+        report()
         before = machine_limits(target, timing)
+        report()
         rows = kernel_rows(target, timing=timing)
+        report()
         limits = best_limits(before, machine_limits(target, timing))
         result["kernels"] = add_bounds(rows, limits)
         result["machine"] = machine_info(target, limits)

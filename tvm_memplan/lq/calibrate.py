@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import tvm
@@ -349,8 +349,10 @@ def quantize_module(
     calib: Mapping[str, np.ndarray],
     config: LQConfig,
     target: tvm.target.Target | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> LQResult:
-    """Fit and apply LQ quantization to every convertible dense layer of ``mod``.
+    """Fit and apply LQ quantization to every convertible dense layer of ``mod``;
+    ``progress(layer, layers done, layers)`` before each layer is fitted.
 
     Layers left in float (not convertible, kept by ``keep_first_last``, or failing the per-layer
     check) run on the scheduled fp32 kernel; the report says why each one was left.
@@ -366,7 +368,9 @@ def quantize_module(
 
     layers: dict[str, LQLayer] = {}
     reports: dict[str, LayerReport] = {}
-    for site in chosen:
+    for index, site in enumerate(chosen):
+        if progress is not None:
+            progress(site.name, index, len(chosen))
         x_float = site.columns(float_inputs[site.name])
         x_seen = x_float
         if config.finetune and layers:

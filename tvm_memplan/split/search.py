@@ -76,10 +76,12 @@ def search(
     seconds: float = 60.0,
     memory_limit: int | None = None,
     start_from: tuple[SplitChoice, ...] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
     """Greedy descent on the simulated peak from the plan ``start_from`` (none: unsplit);
     ``chain_delta_ms(chain, parts)`` is the measured latency change of splitting ``chain`` into
-    ``parts`` (cached by the caller)."""
+    ``parts`` (cached by the caller). ``progress(latencies measured, lowest accepted peak)`` is called
+    after each measurement and each accepted move."""
     if budget < 0:
         raise ValueError("latency budget must not be negative")
     start = time.monotonic()
@@ -93,7 +95,12 @@ def search(
         if (chain, parts) not in deltas:
             deltas[(chain, parts)] = chain_delta_ms(chain, parts)
             measured += 1
+            report()
         return deltas[(chain, parts)]
+
+    def report() -> None:
+        if progress is not None:
+            progress(measured, current.bytes)
 
     def choices_of(s: dict[Chain, int]) -> tuple[SplitChoice, ...]:
         return tuple(SplitChoice(c, p) for c, p in s.items())
@@ -149,6 +156,7 @@ def search(
                 break
         if not accepted:
             break
+        report()
     front = _with_original(pareto(points), original)
     final = _fastest_fitting(front, memory_limit, Point(choices_of(state), current.bytes, latency_of(state)))
     return SearchResult(final, original, front, evaluated, measured, time.monotonic() - start, stopped,
@@ -163,6 +171,7 @@ def search_phased(
     budget: float = 0.05,
     seconds: float = 60.0,
     memory_limit: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
     """:func:`search` over the channel and row chains first, then over every chain from the plan
     it kept. Spatial chains reach across blocks, so a greedy search that takes one first can be
@@ -172,14 +181,23 @@ def search_phased(
     fastest plan that fits on either front is kept."""
     plain = [c for c in chains if not isinstance(c, SpatialChain)]
     if not plain or len(plain) == len(chains):
-        return search(program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit)
+        return search(program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit,
+                      progress=progress)
     started = time.monotonic()
-    first = search(program, plain, base_latency_ms, chain_delta_ms, budget, seconds / 2, memory_limit)
+    first = search(program, plain, base_latency_ms, chain_delta_ms, budget, seconds / 2, memory_limit,
+                   progress=progress)
+
+    def second_progress(measured: int, peak_bytes: int) -> None:
+        """The second phase counts on from the first; its peak is compared with the first's."""
+        if progress is not None:
+            progress(first.measured + measured, min(peak_bytes, first.best.peak_bytes))
+
     left = max(seconds - (time.monotonic() - started), 0.0)
     # under a memory limit the channel plan may already fit: the second phase then starts unsplit,
     # so that spatial plans that fit compete on latency with it
     start_from = () if memory_limit is not None else first.best.choices
-    second = search(program, chains, base_latency_ms, chain_delta_ms, budget, left, memory_limit, start_from=start_from)
+    second = search(program, chains, base_latency_ms, chain_delta_ms, budget, left, memory_limit, start_from=start_from,
+                    progress=second_progress)
     front = _with_original(pareto(first.front + second.front), first.original)
     best = _fastest_fitting(front, memory_limit, second.best)
     return SearchResult(best, first.original, front, first.evaluated + second.evaluated,

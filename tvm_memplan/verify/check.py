@@ -46,8 +46,10 @@ def _onnxruntime_outputs(plan: ModelPlan, inputs: dict[str, np.ndarray]) -> list
     return session.run(None, inputs)
 
 
-def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-4, stock: bool = True) -> VerifyResult:
-    """Build the planned and stock programs, run both on the same random inputs, and compare.
+def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-4, stock: bool = True,
+                inputs: dict[str, np.ndarray] | None = None) -> VerifyResult:
+    """Build the planned and stock programs, run both on the same inputs (``inputs``, else random ones
+    from ``seed``), and compare.
 
     Both run on the plan's target device (``opencl(0)``, ``vulkan(0)``, the CPU for llvm and c).
     ``stock=False`` builds and runs only the planned program (half the compile time on a software GPU;
@@ -66,7 +68,7 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
                 offsets_valid = False
                 problems.append(f"{report.function}: {exc}")
 
-    inputs = plan.model.random_inputs(seed)
+    inputs = plan.model.random_inputs(seed) if inputs is None else inputs
     outputs, trace = run_vm(plan.build(), inputs, device)
     identical, diff_stock = None, None
     if stock:

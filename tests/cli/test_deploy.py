@@ -1,0 +1,45 @@
+"""``measure`` and ``rpc-local`` from a user's directory: nothing written there unless asked, one JSON shape,
+caches in the user's cache folder, no suggestion of a file the installed package lacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tvm_memplan.deploy.results import ResultsLog
+
+from ..shared_inputs import REPO
+from .test_plan import run_cli
+
+MODEL = "zoo:mlp?hidden=16"
+FAST = ("--repeat", "2", "--min-repeat-ms", "1")
+
+
+def test_measure_writes_nothing_without_log_and_has_one_json_shape(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "measure", MODEL, *FAST, "--json")
+    assert code == 0, err
+    single = json.loads(out)
+    assert list(tmp_path.iterdir()) == []  # no results/ folder, no lock file
+    code, out, err = run_cli(capsys, "measure", MODEL, *FAST, "--compare", "--json", "--log", "log.jsonl")
+    assert code == 0, err
+    compared = json.loads(out)
+    assert set(single) == {"memplan"} and set(compared) == {"stock", "memplan"}
+    assert set(single["memplan"]) == set(compared["memplan"]) == set(compared["stock"])
+    assert [r["pipeline"] for r in ResultsLog(tmp_path / "log.jsonl").records()] == ["stock", "memplan"]
+
+
+def test_the_split_latency_cache_follows_xdg_cache_home(tmp_path):
+    probe = ("from tvm_memplan.deploy.chain_latency import DEFAULT_CACHE, default_cache; "
+             "print(DEFAULT_CACHE, default_cache())")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    printed = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert printed.split() == [str(tmp_path / "tvm_memplan" / "chain_latency.jsonl")] * 2
+
+
+def test_rpc_local_suggests_only_commands_that_are_installed(capsys):
+    code, out, err = run_cli(capsys, "rpc-local", "--servers", "0", "--lifetime", "0.1", "--port", "9390")
+    assert code == 0, err
+    assert "tvm-memplan measure MODEL --rpc-tracker" in out and "scripts/" not in out
