@@ -67,7 +67,7 @@ def test_quantize_keeps_the_hand_schedule_when_every_run_times_out(lq_files, tmp
     monkeypatch.setattr(tune_module, "RUNNER_TIMEOUT_S", 0.001)
     model, calib = lq_files
     out = tmp_path / "q.so"
-    code = main(["quantize", str(model), "--calib", str(calib), "--tune-trials", "2", "--tune-dir",
+    code = main(["quantize", str(model), "--calib", str(calib), "--trials", "2", "--work-dir",
                  str(tmp_path / "lq_tuning"), "-o", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err

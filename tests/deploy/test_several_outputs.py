@@ -47,5 +47,5 @@ def test_standalone_c_writes_both_outputs(capsys, tmp_path):
                  "-o", str(tmp_path / "bert.so"), "--emit-c", str(out_dir))
     header = (out_dir / "model.h").read_text()
     assert "float* out0, float* out1" in header
-    report = run_cli_json(capsys, "measure", str(out_dir), "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(capsys, "measure", str(out_dir), "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert report["correct"] and report["reference"] == "onnxruntime", report
