@@ -1,0 +1,197 @@
+"""Integer kernels as TE computes: int8/uint8 in and out, int32 accumulation, onnxruntime's requantization.
+
+Requantization follows onnxruntime's MLAS (``MlasRequantizeOutput``, what its QLinearConv,
+QLinearMatMul and QGemm call on CPUs): the int32 accumulator plus the int32 bias is converted to
+float32, multiplied by one float32 multiplier per output channel (``x_scale * w_scale / y_scale``,
+computed in that order in float32), clamped to ``[qmin - zp, qmax - zp]``, rounded to the nearest
+integer with ties to even, and the output zero point is added. Integer accumulation is exact and the
+float steps are the same IEEE operations, so a conv or dense kernel equals onnxruntime's bit for bit.
+
+Kernels whose onnxruntime counterpart uses a different arithmetic (QLinearAdd/QLinearMul's
+fixed-point paths, the MLAS logistic in QLinearSigmoid's table) use float32 and are within 1 LSB.
+
+Each kernel is a pad stage (padding with the input zero point, i.e. real zero), one reduction and
+an elementwise epilogue: the structure tvm_memplan's default CPU schedule tiles.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tvm import te, tirx
+
+INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def requantize(value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int, low: int, high: int, dtype: str) -> tirx.PrimExpr:
+    """MLAS requantization of an int32 (or float32) ``value``: scale, clamp, round half to even, add
+    the zero point. ``low``/``high`` are the output's quantized bounds (the type's range narrowed by a
+    folded Relu or Clip)."""
+    scaled = value.astype("float32") * multiplier
+    clamped = tirx.min(tirx.max(scaled, tirx.const(float(low - zero_point), "float32")),
+                       tirx.const(float(high - zero_point), "float32"))
+    return (tirx.nearbyint(clamped).astype("int32") + zero_point).astype(dtype)
+
+
+def _pad(x: te.Tensor, padding: Sequence[int], value: int) -> te.Tensor:
+    """``x`` (NCHW) padded with ``value`` (the zero point: a real zero) by (top, left, bottom, right)."""
+    top, left, bottom, right = padding
+    if not any(padding):
+        return x
+    n, c, h, w = (int(d) for d in x.shape)
+
+    def body(b, ch, y, xx):
+        inside = tirx.all(y >= top, y < top + h, xx >= left, xx < left + w)
+        return tirx.if_then_else(inside, x[b, ch, y - top, xx - left], tirx.const(value, x.dtype))
+
+    return te.compute((n, c, h + top + bottom, w + left + right), body, name="pad")
+
+
+def conv2d(
+    x: te.Tensor,
+    weight: te.Tensor,
+    bias: te.Tensor,
+    multiplier: te.Tensor,
+    *,
+    strides: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    x_zero_point: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+) -> te.Tensor:
+    """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
+    float32 ``multiplier`` (O). Regular, grouped and depthwise."""
+    n, c, h, w = (int(d) for d in x.shape)
+    o, cg, kh, kw = (int(d) for d in weight.shape)
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    per_group = o // groups
+    padded = _pad(x, (top, left, bottom, right), x_zero_point)
+    rc = te.reduce_axis((0, cg), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def accumulate(b, oc, y, xx):
+        ic = rc if groups == 1 else (oc // per_group) * cg + rc
+        data = padded[b, ic, y * sh + ry * dh, xx * sw + rx * dw].astype("int32") - x_zero_point
+        return te.sum(data * weight[oc, rc, ry, rx].astype("int32"), axis=[rc, ry, rx])
+
+    acc = te.compute((n, o, oh, ow), accumulate, name="conv2d_int32")
+    return te.compute(
+        acc.shape,
+        lambda b, oc, y, xx: requantize(acc[b, oc, y, xx] + bias[oc], multiplier[oc], y_zero_point, low, high, out_dtype),
+        name="requantize",
+    )
+
+
+def dense(
+    x: te.Tensor,
+    weight: te.Tensor,
+    bias: te.Tensor,
+    multiplier: te.Tensor,
+    *,
+    x_zero_point: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+) -> te.Tensor:
+    """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (N, K), int32 ``bias`` (N), float32
+    ``multiplier`` (N)."""
+    lead = [int(d) for d in x.shape[:-1]]
+    k = int(x.shape[-1])
+    n = int(weight.shape[0])
+    rk = te.reduce_axis((0, k), name="rk")
+
+    def accumulate(*index):
+        rows, col = index[:-1], index[-1]
+        return te.sum((x[(*rows, rk)].astype("int32") - x_zero_point) * weight[col, rk].astype("int32"), axis=rk)
+
+    acc = te.compute((*lead, n), accumulate, name="dense_int32")
+    return te.compute(
+        acc.shape,
+        lambda *i: requantize(acc[i] + bias[i[-1]], multiplier[i[-1]], y_zero_point, low, high, out_dtype),
+        name="requantize",
+    )
+
+
+def _broadcast_index(tensor: te.Tensor, index: Sequence[tirx.PrimExpr]) -> list:
+    """numpy broadcasting: ``index`` into the output, read from ``tensor`` (right-aligned, size-1 axes fixed at 0)."""
+    rank = len(tensor.shape)
+    tail = index[len(index) - rank:]
+    return [0 if int(d) == 1 else i for d, i in zip(tensor.shape, tail)]
+
+
+def binary(
+    a: te.Tensor,
+    b: te.Tensor,
+    *,
+    op: str,
+    out_shape: Sequence[int],
+    a_scale: float,
+    a_zero_point: int,
+    b_scale: float,
+    b_zero_point: int,
+    y_scale: float,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+) -> te.Tensor:
+    """QLinearAdd / QLinearMul in float32 (onnxruntime's own kernels use fixed point on some paths:
+    within 1 LSB). Add: ``(sa (a - za) + sb (b - zb)) / sy``; Mul: ``sa sb (a - za)(b - zb) / sy``."""
+
+    def real(t: te.Tensor, index, scale: float, zero_point: int):
+        return (t[tuple(_broadcast_index(t, index))].astype("int32") - zero_point).astype("float32") * tirx.const(scale, "float32")
+
+    def body(*index):
+        va, vb = real(a, index, a_scale, a_zero_point), real(b, index, b_scale, b_zero_point)
+        value = va + vb if op == "add" else va * vb
+        return requantize(value / tirx.const(y_scale, "float32"), tirx.const(1.0, "float32"), y_zero_point, low, high, out_dtype)
+
+    return te.compute(tuple(int(d) for d in out_shape), body, name=f"q{op}")
+
+
+def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float, x_zero_point: int,
+         y_zero_point: int, low: int, high: int, out_dtype: str) -> te.Tensor:
+    """QLinearGlobalAveragePool (a mean over ``axes``): int32 sum of ``x - zx``, times
+    ``x_scale / (count * y_scale)``."""
+    axes = sorted(int(a) % len(x.shape) for a in axes)
+    reduce = [te.reduce_axis((0, int(x.shape[a])), name=f"r{a}") for a in axes]
+    kept = [a for a in range(len(x.shape)) if a not in axes]
+    out_shape = [1 if a in axes else int(x.shape[a]) for a in range(len(x.shape))] if keepdims else [int(x.shape[a]) for a in kept]
+
+    def accumulate(*index):
+        full, it = [], iter(reduce)
+        positions = dict(zip(kept, index if not keepdims else [index[a] for a in kept]))
+        for a in range(len(x.shape)):
+            full.append(next(it) if a in axes else positions[a])
+        return te.sum(x[tuple(full)].astype("int32") - x_zero_point, axis=reduce)
+
+    acc = te.compute(tuple(out_shape), accumulate, name="sum_int32")
+    return te.compute(acc.shape, lambda *i: requantize(acc[i], tirx.const(multiplier, "float32"), y_zero_point, low, high, out_dtype),
+                      name="requantize")
+
+
+def lookup(x: te.Tensor, table: te.Tensor) -> te.Tensor:
+    """``table[x]`` elementwise: a 256-entry table indexed by the int8/uint8 value (int8 offset by 128)."""
+    offset = 128 if x.dtype == "int8" else 0
+    return te.compute(x.shape, lambda *i: table[x[i].astype("int32") + offset], name="lookup")
+
+
+def quantize(x: te.Tensor, *, scale: float, zero_point: int, out_dtype: str) -> te.Tensor:
+    """QuantizeLinear as MLAS computes it: divide by the scale, clamp, round half to even, add the zero point."""
+    low, high = INT_RANGE[out_dtype]
+
+    def body(*i):
+        value = x[i] / tirx.const(scale, "float32")
+        return requantize(value, tirx.const(1.0, "float32"), zero_point, low, high, out_dtype)
+
+    return te.compute(x.shape, body, name="quantize")

@@ -1,0 +1,501 @@
+"""The ``LowerQDQ`` Relax pass: each DequantizeLinear → op → QuantizeLinear group becomes one integer kernel.
+
+TVM's ONNX frontend imports a QDQ model as float ops between ``R.dequantize`` and ``R.quantize``;
+its pipeline then folds the weights' dequantize into float constants and runs every op in float32,
+so activations travel between kernels as float32 and the arena is the float model's. This pass
+matches the groups onnxruntime itself fuses into integer operators (its QDQ selectors: QLinearConv,
+QGemm/QLinearMatMul, QLinearAdd/Mul, QLinearGlobalAveragePool, QLinearSigmoid, and the data-movement
+ops it runs on int8 directly) and replaces each with one kernel of :mod:`.kernels`, reading and
+writing int8/uint8. The dequantize of a lowered kernel's input is then dead, so tensors between two
+lowered kernels are 1-byte tensors in the arena. Weights stay int8 constants, biases int32.
+
+Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, zero point 0):
+
+* ``conv2d(dq(x), dq(W)) [+ dq(bias)] [relu|clip]`` → :func:`.kernels.conv2d` (a folded Relu/Clip
+  narrows the output clamp: quantization is monotonic, so clamping before or after is the same);
+* ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ dq(bias)] [relu|clip]`` → :func:`.kernels.dense`;
+* ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.binary`;
+* ``mean(dq(x))`` (GlobalAveragePool) → :func:`.kernels.mean`;
+* reshape, permute_dims, max_pool2d, concat of ``dq`` inputs with the output's scale and zero point →
+  the same op on the integers (exact: these ops move or select values);
+* any tree of elementwise float ops of one ``dq`` input (Sigmoid, HardSwish, HardSigmoid, Relu, ...)
+  → a 256-entry lookup table computed in float32 numpy (onnxruntime's own tables, or its float ops);
+* a lone ``quantize`` of a float tensor (the network input) → MLAS's QuantizeLinear.
+
+Anything else keeps its dequantize and quantize and runs in float: correct, not integer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from . import kernels
+from .kernels import INT_RANGE
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Per-tensor quantization of an activation."""
+
+    scale: float
+    zero_point: int
+    dtype: str
+
+
+def _const(expr: relax.Expr) -> np.ndarray | None:
+    if isinstance(expr, tvm.ir.GenericConst):
+        return expr.value.numpy()
+    return None
+
+
+def _op_name(expr: relax.Expr) -> str | None:
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return expr.op.name
+    return None
+
+
+def _prim_float(expr: relax.Expr) -> float | None:
+    value = getattr(expr, "value", None)
+    if value is None:
+        return None
+    inner = getattr(value, "value", value)
+    try:
+        return float(inner)
+    except (TypeError, ValueError):
+        return None
+
+
+def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    ty = expr.ty if hasattr(expr, "ty") else None
+    values = getattr(getattr(ty, "shape", None), "values", None)
+    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
+        return None
+    return tuple(int(d) for d in values)
+
+
+def _dtype(expr: relax.Expr) -> str:
+    return str(expr.ty.dtype)
+
+
+class _Graph:
+    """The bindings of one Relax function: definitions and how often each var is used."""
+
+    def __init__(self, func: relax.Function) -> None:
+        self.defs: dict[relax.Var, relax.Expr] = {}
+        self.uses: dict[relax.Var, int] = {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, relax.VarBinding):
+                    self.defs[binding.var] = binding.value
+                    self._count(binding.value)
+        self._count(func.body.body)
+
+    def _count(self, expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Var):
+            self.uses[expr] = self.uses.get(expr, 0) + 1
+        elif isinstance(expr, relax.Call):
+            for arg in expr.args:
+                self._count(arg)
+        elif isinstance(expr, relax.Tuple):
+            for field in expr.fields:
+                self._count(field)
+        elif isinstance(expr, relax.TupleGetItem):
+            self._count(expr.tuple_value)
+
+    def value(self, expr: relax.Expr) -> relax.Expr:
+        return self.defs.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def single_use(self, expr: relax.Expr) -> bool:
+        return isinstance(expr, relax.Var) and self.uses.get(expr, 0) == 1
+
+    def activation(self, expr: relax.Expr) -> tuple[relax.Expr, QParams] | None:
+        """``expr = dequantize(x, scale, zp)`` of a non-constant int8/uint8 ``x`` with per-tensor
+        parameters: (x, its parameters)."""
+        call = self.value(expr)
+        if _op_name(call) != "relax.dequantize":
+            return None
+        data, scale, zero_point = call.args
+        if isinstance(data, tvm.ir.GenericConst) or _dtype(data) not in INT_RANGE:
+            return None
+        s, z = _const(scale), _const(zero_point)
+        if s is None or z is None or s.size != 1 or z.size != 1:
+            return None
+        return data, QParams(float(s.reshape(())), int(z.reshape(())), _dtype(data))
+
+    def dequantized_constant(self, expr: relax.Expr) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``expr = [reshape|permute_dims](dequantize(constant, scale, zp))``: (integers, scale, zp),
+        scale and zp broadcast to the integers' shape, the data movement applied."""
+        call = self.value(expr)
+        moves = []
+        while _op_name(call) in ("relax.reshape", "relax.permute_dims"):
+            moves.append(call)
+            call = self.value(call.args[0])
+        if _op_name(call) != "relax.dequantize":
+            return None
+        values, scale, zero_point = (_const(a) for a in call.args)
+        if values is None or scale is None or zero_point is None:
+            return None
+        axis = int(call.attrs.axis) % max(values.ndim, 1)
+        shape = [1] * values.ndim
+        if scale.size > 1:
+            shape[axis] = scale.size
+        scale = np.broadcast_to(scale.astype(np.float32).reshape(shape if scale.size > 1 else ()), values.shape)
+        zero_point = np.broadcast_to(zero_point.astype(np.int64).reshape(shape if zero_point.size > 1 else ()), values.shape)
+        arrays = [values, scale, zero_point]
+        for move in reversed(moves):
+            if _op_name(move) == "relax.reshape":
+                target = _static_shape(move)
+                if target is None:
+                    return None
+                arrays = [a.reshape(target) for a in arrays]
+            else:
+                axes = move.attrs.axes
+                arrays = [np.transpose(a, None if axes is None else [int(x) for x in axes]) for a in arrays]
+        return arrays[0], arrays[1], arrays[2]
+
+
+@dataclass
+class _Clamp:
+    low: float = -np.inf
+    high: float = np.inf
+
+    def bounds(self, q: QParams) -> tuple[int, int]:
+        """The output's quantized range with this float clamp folded in (quantize is monotonic)."""
+        low, high = INT_RANGE[q.dtype]
+        if np.isfinite(self.low):
+            low = max(low, _quantize_scalar(self.low, q))
+        if np.isfinite(self.high):
+            high = min(high, _quantize_scalar(self.high, q))
+        return low, high
+
+
+def _quantize_scalar(value: float, q: QParams) -> int:
+    low, high = INT_RANGE[q.dtype]
+    return int(np.clip(np.rint(np.float32(value) / np.float32(q.scale)) + q.zero_point, low, high))
+
+
+@dataclass
+class LoweringReport:
+    """What :func:`LowerQDQ` did to each quantize of ``main``."""
+
+    lowered: dict[str, int]
+    """Kernel kind → how many groups became it."""
+    kept_float: list[str]
+    """The ops between a dequantize and a quantize that stay in float (op name)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.lowered.values())
+
+
+@mutator
+class _Lowerer(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, graph: _Graph, report: LoweringReport) -> None:
+        super().__init__(mod)
+        self.graph = graph
+        self.report = report
+
+    # -- emission helpers -------------------------------------------------------------------------
+
+    def _emit(self, binding: relax.VarBinding, value: relax.Expr, kind: str) -> None:
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
+        self.report.lowered[kind] = self.report.lowered.get(kind, 0) + 1
+
+    def _call_te(self, func: Callable, *args, name: str, **kwargs) -> relax.Expr:
+        return self.builder_.call_te(func, *args, primfunc_name_hint=name, **kwargs)
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        if _op_name(value) == "relax.quantize":
+            lowered = self._lower_quantize(binding)
+            if lowered is not None:
+                self._emit(binding, *lowered)
+                return
+        super().visit_var_binding_(binding)
+
+    # -- matching ---------------------------------------------------------------------------------
+
+    def _lower_quantize(self, binding: relax.VarBinding) -> tuple[relax.Expr, str] | None:
+        data, scale, zero_point = binding.value.args
+        s, z = _const(scale), _const(zero_point)
+        out_dtype = str(binding.value.attrs.out_dtype)
+        if s is None or z is None or s.size != 1 or z.size != 1 or out_dtype not in INT_RANGE:
+            return None
+        out = QParams(float(s.reshape(())), int(z.reshape(())), out_dtype)
+        g = self.graph
+        if self._is_float_input(data):
+            return self._call_te(kernels.quantize, self.visit_expr(data), scale=out.scale, zero_point=out.zero_point,
+                                 out_dtype=out.dtype, name="quantize_linear"), "quantize"
+        if not g.single_use(data):
+            return None
+        for lower in (self._movement, self._conv_or_dense, self._binary, self._mean, self._table):
+            result = lower(data, out)
+            if result is not None:
+                return result
+        name = _op_name(g.value(data))
+        self.report.kept_float.append(name or "?")
+        return None
+
+    def _is_float_input(self, data: relax.Expr) -> bool:
+        """A float tensor that no op produces inside this function's QDQ graph: a function parameter."""
+        return isinstance(data, relax.Var) and data not in self.graph.defs and _dtype(data) == "float32"
+
+    def _strip_clamp(self, expr: relax.Expr) -> tuple[relax.Expr, _Clamp]:
+        """Relu/Clip on the way from the quantize to the op, as one float clamp."""
+        clamp = _Clamp()
+        g = self.graph
+        while True:
+            call = g.value(expr)
+            name = _op_name(call)
+            if name == "relax.nn.relu" and g.single_use(call.args[0]):
+                clamp.low = max(clamp.low, 0.0)
+            elif name == "relax.clip" and g.single_use(call.args[0]):
+                low, high = _prim_float(call.args[1]), _prim_float(call.args[2])
+                if low is None or high is None:
+                    return expr, clamp
+                clamp.low, clamp.high = max(clamp.low, low), min(clamp.high, high)
+            else:
+                return expr, clamp
+            expr = call.args[0]
+
+    def _movement(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        call = self.graph.value(data)
+        name = _op_name(call)
+        if name in ("relax.reshape", "relax.permute_dims", "relax.nn.max_pool2d"):
+            inputs = [call.args[0]]
+        elif name == "relax.concat" and isinstance(call.args[0], relax.Tuple):
+            inputs = list(call.args[0].fields)
+        else:
+            return None
+        sources = []
+        for item in inputs:
+            found = self.graph.activation(item)
+            if found is None or found[1].dtype != out.dtype or (found[1] != out and name != "relax.concat"):
+                return None
+            source = self.visit_expr(found[0])
+            if found[1] != out:  # onnxruntime's QLinearConcat requantizes such an input through a table
+                table = requantization_table(found[1], out)
+                source = self._call_te(kernels.lookup, source, relax.const(table), name="qrequantize")
+            sources.append(source)
+        if name == "relax.concat":
+            new_args = [relax.Tuple(sources)] + list(call.args[1:])
+        else:
+            new_args = [sources[0]] + list(call.args[1:])
+        return relax.Call(call.op, new_args, call.attrs, call.ty_args), name.split(".")[-1]
+
+    def _conv_or_dense(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        g = self.graph
+        core, clamp = self._strip_clamp(data)
+        bias = None
+        call = g.value(core)
+        if _op_name(call) == "relax.add":
+            for acc, other in ((call.args[0], call.args[1]), (call.args[1], call.args[0])):
+                if _op_name(g.value(acc)) in ("relax.nn.conv2d", "relax.matmul") and g.single_use(acc):
+                    bias = g.dequantized_constant(other)
+                    if bias is not None:
+                        core, call = acc, g.value(acc)
+                        break
+            else:
+                return None
+        name = _op_name(call)
+        if name not in ("relax.nn.conv2d", "relax.matmul") or (core is not data and not g.single_use(core)):
+            return None
+        source = g.activation(call.args[0])
+        weight = g.dequantized_constant(call.args[1])
+        if source is None or weight is None:
+            return None
+        x, xq = source
+        w_int, w_scale, w_zero = weight
+        if name == "relax.nn.conv2d":
+            attrs = call.attrs
+            if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" or w_int.ndim != 4:
+                return None
+            channels = w_int.shape[0]
+            per_channel = (w_scale.reshape(channels, -1), w_zero.reshape(channels, -1))
+            w_matrix = w_int
+        else:
+            if w_int.ndim != 2 or len(_static_shape(x) or ()) < 1:
+                return None
+            channels = w_int.shape[1]
+            per_channel = (w_scale.T.reshape(channels, -1), w_zero.T.reshape(channels, -1))
+            w_matrix = np.ascontiguousarray(w_int.T)  # (N, K)
+        scale_oc, zero_oc = per_channel
+        if not (np.all(scale_oc == scale_oc[:, :1]) and np.all(zero_oc == zero_oc[:, :1])):
+            return None  # scales vary inside an output channel: blocked or per-input-channel weights
+        w_shifted = w_matrix.astype(np.int64) - zero_oc[:, 0].reshape((-1,) + (1,) * (w_matrix.ndim - 1))
+        if w_shifted.min(initial=0) < -128 or w_shifted.max(initial=0) > 127:
+            return None
+        # onnxruntime: output_scales[i] = X_scale * W_scale[i] / Y_scale, in float32
+        multiplier = (np.float32(xq.scale) * scale_oc[:, 0].astype(np.float32)) / np.float32(out.scale)
+        if bias is None:
+            bias_int = np.zeros(channels, np.int32)
+        else:
+            b_int, b_scale, b_zero = bias
+            if b_int.dtype != np.int32 or b_int.size != channels or np.any(b_zero != 0):
+                return None
+            expected = np.float32(xq.scale) * scale_oc[:, 0].astype(np.float32)
+            if not np.allclose(b_scale.reshape(-1), expected, rtol=1e-6, atol=0):
+                return None  # a bias quantized with another scale cannot be added to the accumulator
+            bias_int = b_int.reshape(-1).astype(np.int32)
+        low, high = clamp.bounds(out)
+        common = dict(x_zero_point=xq.zero_point, y_zero_point=out.zero_point, low=low, high=high, out_dtype=out.dtype)
+        consts = [relax.const(w_shifted.astype(np.int8)), relax.const(bias_int), relax.const(multiplier.astype(np.float32))]
+        x_new = self.visit_expr(x)
+        if name == "relax.nn.conv2d":
+            attrs = call.attrs
+            kind = "depthwise_conv2d" if int(attrs.groups) == channels and int(attrs.groups) > 1 else "conv2d"
+            return self._call_te(kernels.conv2d, x_new, *consts, strides=[int(v) for v in attrs.strides],
+                                 padding=[int(v) for v in attrs.padding], dilation=[int(v) for v in attrs.dilation],
+                                 groups=int(attrs.groups), name=f"q{kind}", **common), kind
+        return self._call_te(kernels.dense, x_new, *consts, name="qdense", **common), "dense"
+
+    def _binary(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        g = self.graph
+        core, clamp = self._strip_clamp(data)
+        call = g.value(core)
+        name = _op_name(call)
+        if name not in ("relax.add", "relax.multiply") or (core is not data and not g.single_use(core)):
+            return None
+        a, b = g.activation(call.args[0]), g.activation(call.args[1])
+        shape = _static_shape(call)
+        if a is None or b is None or shape is None:
+            return None
+        low, high = clamp.bounds(out)
+        op = "add" if name == "relax.add" else "multiply"
+        return self._call_te(kernels.binary, self.visit_expr(a[0]), self.visit_expr(b[0]), op=op, out_shape=shape,
+                             a_scale=a[1].scale, a_zero_point=a[1].zero_point, b_scale=b[1].scale,
+                             b_zero_point=b[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
+                             low=low, high=high, out_dtype=out.dtype, name=f"q{op}"), op
+
+    def _mean(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        g = self.graph
+        call = g.value(data)
+        if _op_name(call) != "relax.mean" or call.attrs.axis is None:
+            return None
+        source = g.activation(call.args[0])
+        in_shape = _static_shape(call.args[0])
+        if source is None or in_shape is None:
+            return None
+        axes = [int(a) for a in call.attrs.axis]
+        count = int(np.prod([in_shape[a] for a in axes]))
+        # onnxruntime's QLinearGlobalAveragePool: x_scale / (count * y_scale) in float32
+        multiplier = float(np.float32(source[1].scale) / (np.float32(count) * np.float32(out.scale)))
+        low, high = INT_RANGE[out.dtype]
+        return self._call_te(kernels.mean, self.visit_expr(source[0]), axes=axes, keepdims=bool(call.attrs.keepdims),
+                             multiplier=multiplier, x_zero_point=source[1].zero_point, y_zero_point=out.zero_point,
+                             low=low, high=high, out_dtype=out.dtype, name="qmean"), "mean"
+
+    def _table(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        """An elementwise float function of one dequantized input, tabulated over its 256 values."""
+        g = self.graph
+        found: list[tuple[relax.Expr, QParams]] = []
+
+        def evaluate(expr: relax.Expr, top: bool) -> np.ndarray | None:
+            source = g.activation(expr)
+            if source is not None:
+                if found and (found[0][0] is not source[0] or found[0][1] != source[1]):
+                    return None
+                found.append(source)
+                return dequantized_codes(source[1])
+            constant = _const(expr)
+            if constant is not None:
+                return constant.astype(np.float32) if constant.size == 1 else None
+            if not top and not g.single_use(expr):
+                return None
+            call = g.value(expr)
+            name = _op_name(call)
+            if name not in ELEMENTWISE or expr is call:
+                return None
+            tensors = [a for a in call.args if isinstance(a, (relax.Var, tvm.ir.GenericConst))]
+            operands = [evaluate(a, False) for a in tensors]
+            if any(o is None for o in operands):
+                return None
+            extra = [_prim_float(a) for a in call.args if not isinstance(a, (relax.Var, tvm.ir.GenericConst))]
+            return np.asarray(ELEMENTWISE[name](*operands, *extra), dtype=np.float32)
+
+        with np.errstate(all="ignore"):
+            values = evaluate(data, True)
+        if values is None or not found or values.shape != (256,):
+            return None
+        table = quantized_table(values, out)
+        x = self.visit_expr(found[0][0])
+        return self._call_te(kernels.lookup, x, relax.const(table), name="qlookup"), "lookup"
+
+
+def dequantized_codes(q: QParams) -> np.ndarray:
+    """The real value of every code of ``q``'s type, in code order (float32, as DequantizeLinear computes)."""
+    low, high = INT_RANGE[q.dtype]
+    codes = np.arange(low, high + 1, dtype=np.int32)
+    return ((codes - q.zero_point).astype(np.float32) * np.float32(q.scale)).astype(np.float32)
+
+
+def quantized_table(values: np.ndarray, q: QParams) -> np.ndarray:
+    """QuantizeLinear of float32 ``values``: divide, round half to even, saturate."""
+    low, high = INT_RANGE[q.dtype]
+    return np.clip(np.rint(values / np.float32(q.scale)) + q.zero_point, low, high).astype(q.dtype)
+
+
+def requantization_table(source: QParams, out: QParams) -> np.ndarray:
+    return quantized_table(dequantized_codes(source), out)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
+
+
+ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
+    "relax.add": np.add,
+    "relax.subtract": np.subtract,
+    "relax.multiply": np.multiply,
+    "relax.divide": np.divide,
+    "relax.minimum": np.minimum,
+    "relax.maximum": np.maximum,
+    "relax.sigmoid": _sigmoid,
+    "relax.tanh": np.tanh,
+    "relax.exp": np.exp,
+    "relax.nn.relu": lambda x: np.maximum(x, np.float32(0)),
+    "relax.clip": lambda x, low, high: np.clip(x, np.float32(low), np.float32(high)),
+    "relax.negative": np.negative,
+}
+"""Elementwise Relax ops a lookup table may contain, in float32 numpy (the same IEEE operations as
+onnxruntime's float kernels; exp, tanh and sigmoid may differ in the last float bit)."""
+
+
+def lower_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, LoweringReport]:
+    """``mod`` with function ``gv`` lowered and its integer kernels added."""
+    report = LoweringReport({}, [])
+    func = mod[gv]
+    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), _Graph(func), report)
+    lowered = lowerer.visit_expr(func)
+    new_mod = lowerer.builder_.get()
+    new_mod = tvm.IRModule(dict(new_mod.functions), attrs=new_mod.attrs)
+    new_mod[gv] = relax.analysis.remove_all_unused(lowered)
+    return new_mod, report
+
+
+def has_qdq(func: relax.Function) -> bool:
+    """Whether ``func`` quantizes anything (a QDQ model)."""
+    return any(_op_name(binding.value) == "relax.quantize" for block in func.body.blocks for binding in block.bindings)
+
+
+def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+    """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        functions = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, relax.Function) and has_qdq(f)]
+        if not functions:
+            return mod
+        for gv, _func in functions:
+            mod, report = lower_function(mod, gv)
+            if on_report is not None:
+                on_report(report)
+        return mod
+
+    return _pass
