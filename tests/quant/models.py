@@ -130,3 +130,24 @@ def network(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
     ]
     return float_model(nodes, inits, {"x": [1, 3, 32, 32]}, {"y": [1, 10]})
+
+
+def after_conv(op: str, size: int = 8, **attrs) -> onnx.ModelProto:
+    """Conv(3→8) then ``op`` on its output, so the quantizer quantizes ``op``'s input (it leaves a
+    data-movement op on a float graph input alone). Concat, Add and Mul take a second conv's output."""
+    rng = np.random.default_rng(1)
+    inits = {"w": _rand(rng, 8, 3, 3, 3), "b": _rand(rng, 8, scale=0.1), "w2": _rand(rng, 8, 3, 1, 1)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4)]
+    inputs = ["c"]
+    if op in ("Concat", "Add", "Mul"):
+        nodes.append(helper.make_node("Conv", ["x", "w2"], ["c2"]))
+        inputs.append("c2")
+    if op == "Reshape":
+        inits["shape"] = np.array([1, 8, size * size])
+        inputs.append("shape")
+    nodes.append(helper.make_node(op, inputs, ["y"], **attrs))
+    model = float_model(nodes, inits, {"x": [1, 3, size, size]}, {"y": None})
+    if op == "Reshape":  # the shape is an int64 initializer, not float
+        shape = next(i for i in model.graph.initializer if i.name == "shape")
+        shape.CopyFrom(numpy_helper.from_array(np.array([1, 8, size * size], dtype=np.int64), "shape"))
+    return model

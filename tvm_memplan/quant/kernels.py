@@ -180,6 +180,43 @@ def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float
                       name="requantize")
 
 
+def avg_pool2d(x: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int], padding: Sequence[int],
+               count_include_pad: bool, x_scale: float, x_zero_point: int, y_scale: float, y_zero_point: int,
+               out_dtype: str) -> te.Tensor:
+    """QLinearAveragePool (NCHW) computed as onnxruntime does: each input dequantized to float32
+    (``x_scale * (x - zx)``), summed row by row over the window (padding adds 0.0: no change),
+    divided by the window count (padding excluded unless counted), then ``y / y_scale + zy``
+    rounded half to even and saturated."""
+    n, c, h, w = (int(d) for d in x.shape)
+    kh, kw = (int(k) for k in pool_size)
+    sh, sw = (int(s) for s in strides)
+    top, left, bottom, right = (int(p) for p in padding)
+    oh = (h + top + bottom - kh) // sh + 1
+    ow = (w + left + right - kw) // sw + 1
+    padded = _pad(x, (top, left, bottom, right), x_zero_point)
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    scale = tirx.const(x_scale, "float32")
+    acc = te.compute((n, c, oh, ow), lambda b, ch, y, xx: te.sum(
+        (padded[b, ch, y * sh + ry, xx * sw + rx].astype("int32") - x_zero_point).astype("float32") * scale,
+        axis=[ry, rx]), name="pool_sum")
+    low, high = INT_RANGE[out_dtype]
+
+    def count(y, xx):
+        if count_include_pad:
+            return tirx.const(float(kh * kw), "float32")
+        rows = tirx.min(y * sh - top + kh, h) - tirx.max(y * sh - top, 0)
+        cols = tirx.min(xx * sw - left + kw, w) - tirx.max(xx * sw - left, 0)
+        return (rows * cols).astype("float32")
+
+    def body(b, ch, y, xx):
+        value = acc[b, ch, y, xx] / count(y, xx) / tirx.const(y_scale, "float32") + tirx.const(float(y_zero_point), "float32")
+        rounded = tirx.nearbyint(value)
+        return tirx.min(tirx.max(rounded, tirx.const(float(low), "float32")), tirx.const(float(high), "float32")).astype(out_dtype)
+
+    return te.compute(acc.shape, body, name="requantize")
+
+
 def lookup(x: te.Tensor, table: te.Tensor) -> te.Tensor:
     """``table[x]`` elementwise: a 256-entry table indexed by the int8/uint8 value (int8 offset by 128)."""
     offset = 128 if x.dtype == "int8" else 0

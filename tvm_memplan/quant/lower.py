@@ -15,7 +15,7 @@ Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, 
   narrows the output clamp: quantization is monotonic, so clamping before or after is the same);
 * ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ dq(bias)] [relu|clip]`` → :func:`.kernels.dense`;
 * ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.binary`;
-* ``mean(dq(x))`` (GlobalAveragePool) → :func:`.kernels.mean`;
+* ``mean(dq(x))`` (GlobalAveragePool) → :func:`.kernels.mean`, ``avg_pool2d(dq(x))`` → :func:`.kernels.avg_pool2d`;
 * reshape, permute_dims, max_pool2d, concat of ``dq`` inputs with the output's scale and zero point →
   the same op on the integers (exact: these ops move or select values);
 * any tree of elementwise float ops of one ``dq`` input (Sigmoid, HardSwish, HardSigmoid, Relu, ...)
@@ -234,7 +234,7 @@ class _Lowerer(PyExprMutator):
                                  out_dtype=out.dtype, name="quantize_linear"), "quantize"
         if not g.single_use(data):
             return None
-        for lower in (self._movement, self._conv_or_dense, self._binary, self._mean, self._table):
+        for lower in (self._movement, self._conv_or_dense, self._binary, self._mean, self._avg_pool, self._table):
             result = lower(data, out)
             if result is not None:
                 return result
@@ -390,6 +390,21 @@ class _Lowerer(PyExprMutator):
         return self._call_te(kernels.mean, self.visit_expr(source[0]), axes=axes, keepdims=bool(call.attrs.keepdims),
                              multiplier=multiplier, x_zero_point=source[1].zero_point, y_zero_point=out.zero_point,
                              low=low, high=high, out_dtype=out.dtype, name="qmean"), "mean"
+
+    def _avg_pool(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        call = self.graph.value(data)
+        if _op_name(call) != "relax.nn.avg_pool2d":
+            return None
+        attrs = call.attrs
+        source = self.graph.activation(call.args[0])
+        if (source is None or str(attrs.layout) != "NCHW" or bool(attrs.ceil_mode)
+                or any(int(d) != 1 for d in attrs.dilation) or source[1].dtype != out.dtype):
+            return None
+        return self._call_te(kernels.avg_pool2d, self.visit_expr(source[0]), pool_size=[int(v) for v in attrs.pool_size],
+                             strides=[int(v) for v in attrs.strides], padding=[int(v) for v in attrs.padding],
+                             count_include_pad=bool(attrs.count_include_pad), x_scale=source[1].scale,
+                             x_zero_point=source[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
+                             out_dtype=out.dtype, name="qavg_pool2d"), "avg_pool2d"
 
     def _table(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         """An elementwise float function of one dequantized input, tabulated over its 256 values."""

@@ -1,0 +1,91 @@
+"""Each integer kernel against onnxruntime's default (fused integer) session on the same QDQ file.
+
+Conv and Gemm/MatMul requantize exactly as MLAS does: they must be identical. Add, Mul, the pools
+and lookup tables follow onnxruntime's float formulas (its own kernels use fixed point or sum in
+another order): at most 1 LSB.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_memplan.frontend import LoadedModel, to_relax
+from tvm_memplan.planner import plan_model
+from tvm_memplan.quant.lower import LowerQDQ
+from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime
+from tvm_memplan.verify import run_vm
+
+from . import models
+
+
+def compare(qmodel, seeds=(0, 1)) -> tuple[int, dict[str, int]]:
+    """Largest LSB difference from onnxruntime over random inputs, and what LowerQDQ lowered."""
+    loaded = LoadedModel("kernel", qmodel)
+    reports = []
+    LowerQDQ(reports.append)(to_relax(loaded))
+    assert not reports[0].kept_float, f"kept in float: {reports[0].kept_float}"
+    executable = plan_model(loaded, None, order="program", time_budget=1).build()
+    (scale,) = output_scales(qmodel)
+    worst = 0
+    for seed in seeds:
+        inputs = {k: v * 2 for k, v in loaded.random_inputs(seed).items()}  # beyond the calibrated range: saturation too
+        ours, _ = run_vm(executable, inputs)
+        reference = run_onnxruntime(qmodel, inputs)
+        worst = max(worst, lsb_difference(ours[0], reference[0], scale))
+    return worst, reports[0].lowered
+
+
+CONVS = {
+    "regular": dict(),
+    "strided": dict(stride=2),
+    "pointwise": dict(kernel=1, pad=0, cout=12),
+    "depthwise": dict(groups=8),
+    "grouped": dict(groups=2, cout=6),
+    "relu": dict(activation="relu"),
+    "clip": dict(activation="clip", groups=8),
+}
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+@pytest.mark.parametrize("kind", list(CONVS))
+def test_conv_is_identical_to_onnxruntime(kind, activation):
+    diff, lowered = compare(models.quantize_qdq(models.conv(**CONVS[kind]), activation=activation))
+    assert diff == 0
+    assert lowered.get("conv2d", 0) + lowered.get("depthwise_conv2d", 0) == 1
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+@pytest.mark.parametrize("matmul", [False, True], ids=["gemm", "matmul"])
+def test_dense_is_identical_to_onnxruntime(matmul, activation):
+    diff, lowered = compare(models.quantize_qdq(models.gemm(matmul=matmul), activation=activation))
+    assert diff == 0
+    assert lowered.get("dense") == 1
+
+
+def test_per_tensor_weights_are_identical_to_onnxruntime():
+    diff, lowered = compare(models.quantize_qdq(models.conv(), per_channel=False))
+    assert diff == 0 and lowered.get("conv2d") == 1
+
+
+FOLLOWERS = {
+    "Add": ({}, "add"),
+    "Mul": ({}, "multiply"),
+    "Sigmoid": ({}, "lookup"),
+    "AveragePool": (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), "avg_pool2d"),
+    "GlobalAveragePool": ({}, "mean"),
+    "MaxPool": (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), "max_pool2d"),
+    "Concat": (dict(axis=1), "concat"),
+    "Reshape": ({}, "reshape"),
+    "Flatten": ({}, "reshape"),
+    "Transpose": (dict(perm=[0, 2, 3, 1]), "permute_dims"),
+}
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+@pytest.mark.parametrize("op", list(FOLLOWERS))
+def test_kernel_after_conv_within_one_lsb(op, activation):
+    attrs, kind = FOLLOWERS[op]
+    diff, lowered = compare(models.quantize_qdq(models.after_conv(op, **attrs), activation=activation))
+    assert diff <= 1
+    assert lowered.get(kind) == 1
