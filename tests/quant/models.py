@@ -151,3 +151,56 @@ def after_conv(op: str, size: int = 8, **attrs) -> onnx.ModelProto:
         shape = next(i for i in model.graph.initializer if i.name == "shape")
         shape.CopyFrom(numpy_helper.from_array(np.array([1, 8, size * size], dtype=np.int64), "shape"))
     return model
+
+
+def qoperator(dynamic: bool = False) -> onnx.ModelProto:
+    """The conv model in onnxruntime's QOperator format (QLinearConv) or dynamically quantized (ConvInteger)."""
+    import tempfile
+    from pathlib import Path
+
+    from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source, target = Path(tmp) / "float.onnx", Path(tmp) / "q.onnx"
+        onnx.save(conv(), str(source))
+        if dynamic:
+            quantize_dynamic(str(source), str(target), op_types_to_quantize=["Conv"])
+        else:
+            rng = np.random.default_rng(0)
+
+            class Reader:
+                def __init__(self) -> None:
+                    self.batches = iter([{"x": rng.standard_normal((1, 8, 9, 9)).astype(np.float32)}])
+
+                def get_next(self):
+                    return next(self.batches, None)
+
+            logging.getLogger().setLevel(logging.ERROR)
+            quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QOperator)
+        return onnx.load(str(target))
+
+
+def qdq_by_hand(zero_point: np.ndarray | None = None, elem_type: int = TensorProto.INT8, block_size: int = 0,
+                opset: int = 21) -> onnx.ModelProto:
+    """x → QuantizeLinear → DequantizeLinear → Relu with the given zero-point type (float8, int4, ...)
+    or blocked scales (``block_size``): the QDQ encodings tvm_memplan refuses."""
+    shape = [4, 8]
+    attrs = {}
+    if block_size:
+        attrs = dict(axis=1, block_size=block_size)
+        scale = np.full((4, 8 // block_size), 0.05, np.float32)
+        zp = helper.make_tensor("zp", elem_type, scale.shape, np.zeros(scale.size, np.int32).tolist())
+    else:
+        scale = np.array(0.05, np.float32)
+        zp = helper.make_tensor("zp", elem_type, [], [0])
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], name="quant", **attrs),
+        helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["d"], name="dequant", **attrs),
+        helper.make_node("Relu", ["d"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              [numpy_helper.from_array(scale, "scale"), zp])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    onnx.checker.check_model(model)
+    return model

@@ -20,7 +20,8 @@ MIN_TOLERANCE_LSB = 2
 
 
 def output_scales(model: onnx.ModelProto) -> list[float | None]:
-    """Per graph output: the per-tensor scale of the DequantizeLinear producing it, else None."""
+    """Per graph output: the per-tensor scale of the DequantizeLinear producing it (through
+    Identity nodes), else None."""
     constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -29,6 +30,8 @@ def output_scales(model: onnx.ModelProto) -> list[float | None]:
     scales: list[float | None] = []
     for output in model.graph.output:
         node = producers.get(output.name)
+        while node is not None and node.op_type == "Identity":
+            node = producers.get(node.input[0])
         scale = constants.get(node.input[1]) if node is not None and node.op_type == "DequantizeLinear" else None
         scales.append(float(scale.reshape(())) if scale is not None and scale.size == 1 else None)
     return scales
