@@ -9,7 +9,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def float_model(nodes: list, inits: dict[str, np.ndarray], inputs: dict[str, list[int]], outputs: dict[str, list[int]]) -> onnx.ModelProto:
+def float_model(nodes: list, inits: dict[str, np.ndarray], inputs: dict[str, list[int]],
+                outputs: dict[str, list[int] | None]) -> onnx.ModelProto:
     """A float32 opset-17 model from nodes, initializers and the static shapes of its inputs and outputs."""
     graph = helper.make_graph(
         nodes,
@@ -34,11 +35,17 @@ def quantize_qdq(model: onnx.ModelProto, activation: str = "int8", per_channel: 
     import tempfile
     from pathlib import Path
 
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     rng = np.random.default_rng(seed)
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
-    batches = [{name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()} for _ in range(samples)]
+    batches = [{name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+               for _ in range(samples)]
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -187,7 +194,7 @@ def qdq_by_hand(zero_point: np.ndarray | None = None, elem_type: int = TensorPro
     shape = [4, 8]
     attrs = {}
     if block_size:
-        attrs = dict(axis=1, block_size=block_size)
+        attrs = {"axis": 1, "block_size": block_size}
         scale = np.full((4, 8 // block_size), 0.05, np.float32)
         zp = helper.make_tensor("zp", elem_type, scale.shape, np.zeros(scale.size, np.int32).tolist())
     else:

@@ -7,8 +7,9 @@ computed in that order in float32), clamped to ``[qmin - zp, qmax - zp]``, round
 integer with ties to even, and the output zero point is added. Integer accumulation is exact and the
 float steps are the same IEEE operations, so a conv or dense kernel equals onnxruntime's bit for bit.
 
-Kernels whose onnxruntime counterpart uses a different arithmetic (QLinearAdd/QLinearMul's
-fixed-point paths, the MLAS logistic in QLinearSigmoid's table) use float32 and are within 1 LSB.
+QLinearAdd follows MLAS's x86 kernel (float32 fused multiply-adds). Kernels whose onnxruntime
+counterpart sums floats in another order or uses other float formulas (QLinearMul, the int8
+average pool, QLinearSigmoid's table) are within 1 LSB.
 
 Each kernel is a pad stage (padding with the input zero point, i.e. real zero), one reduction and
 an elementwise epilogue: the structure tvm_memplan's default CPU schedule tiles.
@@ -16,14 +17,16 @@ an elementwise epilogue: the structure tvm_memplan's default CPU schedule tiles.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
+import numpy as np
 from tvm import te, tirx
 
 INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
-def requantize(value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int, low: int, high: int, dtype: str) -> tirx.PrimExpr:
+def requantize(value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int, low: int, high: int,
+               dtype: str) -> tirx.PrimExpr:
     """MLAS requantization of an int32 (or float32) ``value``: scale, clamp, round half to even, add
     the zero point. ``low``/``high`` are the output's quantized bounds (the type's range narrowed by a
     folded Relu or Clip)."""
@@ -31,6 +34,10 @@ def requantize(value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int,
     clamped = tirx.min(tirx.max(scaled, tirx.const(float(low - zero_point), "float32")),
                        tirx.const(float(high - zero_point), "float32"))
     return (tirx.nearbyint(clamped).astype("int32") + zero_point).astype(dtype)
+
+
+def _saturate(value: tirx.PrimExpr, low: int, high: int) -> tirx.PrimExpr:
+    return tirx.min(tirx.max(value, tirx.const(float(low), "float32")), tirx.const(float(high), "float32"))
 
 
 def _pad(x: te.Tensor, padding: Sequence[int], value: int) -> te.Tensor:
@@ -65,7 +72,7 @@ def conv2d(
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
     float32 ``multiplier`` (O). Regular, grouped and depthwise."""
-    n, c, h, w = (int(d) for d in x.shape)
+    n, _c, h, w = (int(d) for d in x.shape)
     o, cg, kh, kw = (int(d) for d in weight.shape)
     sh, sw = (int(s) for s in strides)
     dh, dw = (int(d) for d in dilation)
@@ -86,7 +93,8 @@ def conv2d(
     acc = te.compute((n, o, oh, ow), accumulate, name="conv2d_int32")
     return te.compute(
         acc.shape,
-        lambda b, oc, y, xx: requantize(acc[b, oc, y, xx] + bias[oc], multiplier[oc], y_zero_point, low, high, out_dtype),
+        lambda b, oc, y, xx: requantize(acc[b, oc, y, xx] + bias[oc], multiplier[oc], y_zero_point, low, high,
+                                        out_dtype),
         name="requantize",
     )
 
@@ -129,34 +137,43 @@ def _broadcast_index(tensor: te.Tensor, index: Sequence[tirx.PrimExpr]) -> list:
     return [0 if int(d) == 1 else i for d, i in zip(tensor.shape, tail)]
 
 
-def binary(
-    a: te.Tensor,
-    b: te.Tensor,
-    *,
-    op: str,
-    out_shape: Sequence[int],
-    a_scale: float,
-    a_zero_point: int,
-    b_scale: float,
-    b_zero_point: int,
-    y_scale: float,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
-) -> te.Tensor:
-    """QLinearAdd / QLinearMul in float32 (onnxruntime's own kernels use fixed point on some paths:
-    within 1 LSB). Add: ``(sa (a - za) + sb (b - zb)) / sy``; Mul: ``sa sb (a - za)(b - zb) / sy``."""
+def _fma(a: tirx.PrimExpr, b: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``a * b + c`` with one rounding (C's ``fmaf``; LLVM turns it into ``vfmadd`` where the CPU has FMA)."""
+    return tirx.call_pure_extern("float32", "fmaf", a, b, c)
 
-    def real(t: te.Tensor, index, scale: float, zero_point: int):
-        return (t[tuple(_broadcast_index(t, index))].astype("int32") - zero_point).astype("float32") * tirx.const(scale, "float32")
+
+def add(a: te.Tensor, b: te.Tensor, *, out_shape: Sequence[int], a_scale: float, a_zero_point: int, b_scale: float,
+        b_zero_point: int, y_scale: float, y_zero_point: int, low: int, high: int, out_dtype: str) -> te.Tensor:
+    """QLinearAdd as onnxruntime computes it on x86 (MLAS's AVX2 "XNNFloatMultiply" kernel, its
+    default): ratios ``sa/sy`` and ``sb/sy`` and a constant ``zy - (ra za + rb zb)`` in float32, then
+    ``fma(a, ra, fma(b, rb, constant))`` rounded half to even and saturated. The constant is computed
+    here in numpy; onnxruntime's compiler may contract it into an fma: within 1 LSB at worst."""
+    ratio_a = np.float32(a_scale) / np.float32(y_scale)
+    ratio_b = np.float32(b_scale) / np.float32(y_scale)
+    constant = np.float32(y_zero_point) - (ratio_a * np.float32(a_zero_point) + ratio_b * np.float32(b_zero_point))
 
     def body(*index):
-        va, vb = real(a, index, a_scale, a_zero_point), real(b, index, b_scale, b_zero_point)
-        value = va + vb if op == "add" else va * vb
-        return requantize(value / tirx.const(y_scale, "float32"), tirx.const(1.0, "float32"), y_zero_point, low, high, out_dtype)
+        va = a[tuple(_broadcast_index(a, index))].astype("int32").astype("float32")
+        vb = b[tuple(_broadcast_index(b, index))].astype("int32").astype("float32")
+        value = _fma(va, tirx.const(float(ratio_a), "float32"),
+                     _fma(vb, tirx.const(float(ratio_b), "float32"), tirx.const(float(constant), "float32")))
+        return _saturate(tirx.nearbyint(value), low, high).astype(out_dtype)
 
-    return te.compute(tuple(int(d) for d in out_shape), body, name=f"q{op}")
+    return te.compute(tuple(int(d) for d in out_shape), body, name="qadd")
+
+
+def multiply(a: te.Tensor, b: te.Tensor, *, out_shape: Sequence[int], a_scale: float, a_zero_point: int, b_scale: float,
+             b_zero_point: int, y_scale: float, y_zero_point: int, low: int, high: int, out_dtype: str) -> te.Tensor:
+    """QLinearMul in float32: ``(a - za)(b - zb)`` exactly in int32, times ``sa sb / sy``, rounded
+    half to even (onnxruntime's kernel computes the same product in float: within 1 LSB)."""
+    multiplier = np.float32(a_scale) * np.float32(b_scale) / np.float32(y_scale)
+
+    def body(*index):
+        va = a[tuple(_broadcast_index(a, index))].astype("int32") - a_zero_point
+        vb = b[tuple(_broadcast_index(b, index))].astype("int32") - b_zero_point
+        return requantize(va * vb, tirx.const(float(multiplier), "float32"), y_zero_point, low, high, out_dtype)
+
+    return te.compute(tuple(int(d) for d in out_shape), body, name="qmul")
 
 
 def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float, x_zero_point: int,
@@ -166,7 +183,10 @@ def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float
     axes = sorted(int(a) % len(x.shape) for a in axes)
     reduce = [te.reduce_axis((0, int(x.shape[a])), name=f"r{a}") for a in axes]
     kept = [a for a in range(len(x.shape)) if a not in axes]
-    out_shape = [1 if a in axes else int(x.shape[a]) for a in range(len(x.shape))] if keepdims else [int(x.shape[a]) for a in kept]
+    if keepdims:
+        out_shape = [1 if a in axes else int(x.shape[a]) for a in range(len(x.shape))]
+    else:
+        out_shape = [int(x.shape[a]) for a in kept]
 
     def accumulate(*index):
         full, it = [], iter(reduce)
@@ -176,8 +196,8 @@ def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float
         return te.sum(x[tuple(full)].astype("int32") - x_zero_point, axis=reduce)
 
     acc = te.compute(tuple(out_shape), accumulate, name="sum_int32")
-    return te.compute(acc.shape, lambda *i: requantize(acc[i], tirx.const(multiplier, "float32"), y_zero_point, low, high, out_dtype),
-                      name="requantize")
+    scale = tirx.const(multiplier, "float32")
+    return te.compute(acc.shape, lambda *i: requantize(acc[i], scale, y_zero_point, low, high, out_dtype), name="requantize")
 
 
 def avg_pool2d(x: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int], padding: Sequence[int],
@@ -210,9 +230,8 @@ def avg_pool2d(x: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int]
         return (rows * cols).astype("float32")
 
     def body(b, ch, y, xx):
-        value = acc[b, ch, y, xx] / count(y, xx) / tirx.const(y_scale, "float32") + tirx.const(float(y_zero_point), "float32")
-        rounded = tirx.nearbyint(value)
-        return tirx.min(tirx.max(rounded, tirx.const(float(low), "float32")), tirx.const(float(high), "float32")).astype(out_dtype)
+        value = acc[b, ch, y, xx] / count(y, xx) / tirx.const(y_scale, "float32")
+        return _saturate(tirx.nearbyint(value + tirx.const(float(y_zero_point), "float32")), low, high).astype(out_dtype)
 
     return te.compute(acc.shape, body, name="requantize")
 

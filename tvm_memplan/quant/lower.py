@@ -27,8 +27,8 @@ Anything else keeps its dequantize and quantize and runs in float: correct, not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import tvm
@@ -146,7 +146,8 @@ class _Graph:
         if scale.size > 1:
             shape[axis] = scale.size
         scale = np.broadcast_to(scale.astype(np.float32).reshape(shape if scale.size > 1 else ()), values.shape)
-        zero_point = np.broadcast_to(zero_point.astype(np.int64).reshape(shape if zero_point.size > 1 else ()), values.shape)
+        zero_shape = shape if zero_point.size > 1 else ()
+        zero_point = np.broadcast_to(zero_point.astype(np.int64).reshape(zero_shape), values.shape)
         arrays = [values, scale, zero_point]
         for move in reversed(moves):
             if _op_name(move) == "relax.reshape":
@@ -344,8 +345,10 @@ class _Lowerer(PyExprMutator):
                 return None  # a bias quantized with another scale cannot be added to the accumulator
             bias_int = b_int.reshape(-1).astype(np.int32)
         low, high = clamp.bounds(out)
-        common = dict(x_zero_point=xq.zero_point, y_zero_point=out.zero_point, low=low, high=high, out_dtype=out.dtype)
-        consts = [relax.const(w_shifted.astype(np.int8)), relax.const(bias_int), relax.const(multiplier.astype(np.float32))]
+        common = {"x_zero_point": xq.zero_point, "y_zero_point": out.zero_point, "low": low, "high": high,
+                  "out_dtype": out.dtype}
+        consts = [relax.const(w_shifted.astype(np.int8)), relax.const(bias_int),
+                  relax.const(multiplier.astype(np.float32))]
         x_new = self.visit_expr(x)
         if name == "relax.nn.conv2d":
             attrs = call.attrs
@@ -368,7 +371,8 @@ class _Lowerer(PyExprMutator):
             return None
         low, high = clamp.bounds(out)
         op = "add" if name == "relax.add" else "multiply"
-        return self._call_te(kernels.binary, self.visit_expr(a[0]), self.visit_expr(b[0]), op=op, out_shape=shape,
+        kernel = kernels.add if op == "add" else kernels.multiply
+        return self._call_te(kernel, self.visit_expr(a[0]), self.visit_expr(b[0]), out_shape=shape,
                              a_scale=a[1].scale, a_zero_point=a[1].zero_point, b_scale=b[1].scale,
                              b_zero_point=b[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
                              low=low, high=high, out_dtype=out.dtype, name=f"q{op}"), op
@@ -400,7 +404,8 @@ class _Lowerer(PyExprMutator):
         if (source is None or str(attrs.layout) != "NCHW" or bool(attrs.ceil_mode)
                 or any(int(d) != 1 for d in attrs.dilation) or source[1].dtype != out.dtype):
             return None
-        return self._call_te(kernels.avg_pool2d, self.visit_expr(source[0]), pool_size=[int(v) for v in attrs.pool_size],
+        return self._call_te(kernels.avg_pool2d, self.visit_expr(source[0]),
+                             pool_size=[int(v) for v in attrs.pool_size],
                              strides=[int(v) for v in attrs.strides], padding=[int(v) for v in attrs.padding],
                              count_include_pad=bool(attrs.count_include_pad), x_scale=source[1].scale,
                              x_zero_point=source[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
@@ -499,7 +504,7 @@ def has_qdq(func: relax.Function) -> bool:
     return any(_op_name(binding.value) == "relax.quantize" for block in func.body.blocks for binding in block.bindings)
 
 
-def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None) -> tvm.transform.Pass:
     """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")

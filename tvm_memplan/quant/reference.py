@@ -76,7 +76,8 @@ class Tolerance:
         return self.lsb * self.scale * (1 + 1e-6)
 
 
-def tolerances(model: onnx.ModelProto, inputs: dict[str, np.ndarray], reference: list[np.ndarray]) -> list[Tolerance | None]:
+def tolerances(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
+               reference: list[np.ndarray]) -> list[Tolerance | None]:
     """Per output of a QDQ model, the LSB tolerance against ``reference`` (onnxruntime's default
     run on ``inputs``); None for an output that is not dequantized per tensor."""
     unoptimized = run_onnxruntime(model, inputs, optimized=False)

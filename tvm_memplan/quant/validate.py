@@ -59,7 +59,7 @@ def unlowerable_quantization(model: onnx.ModelProto) -> str | None:
         if node.op_type == "DequantizeLinear":
             integer = node.input[0]
         types = [elem_types.get(integer)] if integer else []
-        if "output_dtype" in attrs and attrs["output_dtype"]:
+        if attrs.get("output_dtype"):
             types.append(attrs["output_dtype"])
         for elem_type in types:
             if elem_type is not None and elem_type not in _SUPPORTED_TYPES:
