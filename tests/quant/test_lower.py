@@ -1,0 +1,103 @@
+"""The LowerQDQ pass: what it lowers, what it leaves in float, and whole networks in the pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_memplan
+from tvm_memplan.frontend import LoadedModel, to_relax
+from tvm_memplan.quant.lower import LowerQDQ
+from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime
+from tvm_memplan.verify import run_vm
+
+from . import models
+
+
+def _lower(qmodel):
+    reports = []
+    mod = LowerQDQ(reports.append)(to_relax(LoadedModel("m", qmodel)))
+    return mod, reports[0]
+
+
+def _ops(mod) -> list[str]:
+    return [binding.value.op.name for block in mod["main"].body.blocks for binding in block.bindings]
+
+
+def test_network_becomes_integer_kernels_with_int8_weights():
+    mod, report = _lower(models.quantize_qdq(models.network()))
+    assert not report.kept_float
+    assert report.lowered == {"quantize": 1, "conv2d": 3, "depthwise_conv2d": 1, "add": 1, "max_pool2d": 2,
+                              "concat": 1, "mean": 1, "reshape": 1, "dense": 1}
+    ops = _ops(mod)
+    assert ops.count("relax.dequantize") == 1  # only the output's
+    assert "relax.nn.conv2d" not in ops and "relax.quantize" not in ops
+    weights = [c.value.numpy() for c in _constants(mod) if c.value.numpy().ndim >= 2]
+    assert len(weights) == 5 and all(w.dtype == np.int8 for w in weights)
+
+
+def _constants(mod):
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, tvm.ir.GenericConst):
+            found.append(expr)
+        elif isinstance(expr, relax.Tuple):
+            for field in expr.fields:
+                visit(field)
+        elif isinstance(expr, relax.Call):
+            for arg in expr.args:
+                visit(arg)
+
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            visit(binding.value)
+    return found
+
+
+def test_float_model_is_left_alone():
+    model = models.network()
+    mod = to_relax(LoadedModel("f", model))
+    assert LowerQDQ()(mod).same_as(mod)
+
+
+def test_an_op_without_an_integer_kernel_stays_float():
+    qmodel = models.quantize_qdq(models.after_conv("LeakyRelu"))
+    mod, report = _lower(qmodel)
+    assert report.kept_float == ["relax.nn.leakyrelu"]
+    assert "relax.dequantize" in _ops(mod) and "relax.quantize" in _ops(mod)
+
+
+def test_a_bias_with_another_scale_keeps_the_conv_float():
+    qmodel = models.quantize_qdq(models.conv())
+    bias = next(n for n in qmodel.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "b")
+    scale = next(i for i in qmodel.graph.initializer if i.name == bias.input[1])
+    from onnx import numpy_helper
+
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 2, scale.name))
+    _, report = _lower(qmodel)
+    assert "conv2d" not in report.lowered and report.kept_float
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+def test_compiled_with_the_pipeline_matches_onnxruntime_on_top_class(activation):
+    """``tvm.compile(..., relax_pipeline=tvm_memplan.pipeline())`` lowers by default; on 20 random
+    inputs the output is within onnxruntime's own spread and the top class agrees at least as often
+    as onnxruntime's unoptimized run agrees with its default run."""
+    qmodel = models.quantize_qdq(models.network(), activation=activation)
+    target = tvm.target.Target("llvm")
+    mod = to_relax(LoadedModel("net", qmodel))
+    executable = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target, order="program"))
+    (scale,) = output_scales(qmodel)
+    rng = np.random.default_rng(5)
+    ours_agree = theirs_agree = 0
+    for _ in range(20):
+        inputs = {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)}
+        ours = run_vm(executable, inputs)[0][0]
+        fused, plain = run_onnxruntime(qmodel, inputs)[0], run_onnxruntime(qmodel, inputs, optimized=False)[0]
+        assert lsb_difference(ours, fused, scale) <= max(2, lsb_difference(plain, fused, scale))
+        ours_agree += int(np.argmax(ours) == np.argmax(fused))
+        theirs_agree += int(np.argmax(plain) == np.argmax(fused))
+    assert ours_agree >= theirs_agree
