@@ -82,3 +82,45 @@ def test_build_and_measure_compare_an_int8_model(capsys, network_files, tmp_path
     results = json.loads(capsys.readouterr().out)
     assert results["memplan"]["correct"] and results["stock"]["correct"]
     assert results["memplan"]["reference"] == "onnxruntime"
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+def test_quantize_int8_writes_a_qdq_model_that_plans_to_int8(capsys, network_files, tmp_path, activation):
+    import numpy as np
+
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    out = tmp_path / "net.int8.onnx"
+    assert main(["quantize", network_files["float"], "--int8", "--activations", activation, "--calib", str(calib),
+                 "-o", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    quantized = onnx.load(str(out))
+    zero_points = [i for i in quantized.graph.initializer if i.name.endswith("_zero_point") and i.dims == []]
+    expected = TensorProto.INT8 if activation == "int8" else TensorProto.UINT8
+    assert zero_points and all(z.data_type == expected for z in zero_points)
+    plan = _plan(capsys, str(out), "--verify")
+    assert not plan["verify"]["problems"] and plan["arena_bytes"] < _plan(capsys, network_files["float"])["arena_bytes"] / 3
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"other": (4, 3, 32, 32), "more": (4, 3, 32, 32)}, "no array for input(s) x"),
+    ({"x": (4, 3, 16, 16)}, "expected (samples, 3, 32, 32)"),
+])
+def test_quantize_int8_bad_calibration_is_one_line(capsys, network_files, tmp_path, arrays, message):
+    import numpy as np
+
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, **{name: np.zeros(shape, np.float32) for name, shape in arrays.items()})
+    assert main(["quantize", network_files["float"], "--int8", "--calib", str(calib), "-o", str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert not list(tmp_path.glob("*.onnx"))
+
+
+def test_quantize_int8_refuses_a_quantized_model(capsys, network_files, tmp_path):
+    import numpy as np
+
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.zeros((1, 3, 32, 32), np.float32))
+    assert main(["quantize", network_files["int8"], "--int8", "--calib", str(calib), "-o", str(tmp_path / "o.onnx")]) == 2
+    assert "already quantized" in capsys.readouterr().err
