@@ -40,6 +40,14 @@ def _saturate(value: tirx.PrimExpr, low: int, high: int) -> tirx.PrimExpr:
     return tirx.min(tirx.max(value, tirx.const(float(low), "float32")), tirx.const(float(high), "float32"))
 
 
+def fold_zero_point(bias: np.ndarray, weight: np.ndarray, x_zero_point: int) -> np.ndarray:
+    """``bias[o] - x_zero_point * sum(weight[o])``: sum((x - zx) w) + b = sum(x w) + that, in int32."""
+    folded = bias.astype(np.int64) - x_zero_point * weight.reshape(weight.shape[0], -1).astype(np.int64).sum(axis=1)
+    if folded.min(initial=0) < np.iinfo(np.int32).min or folded.max(initial=0) > np.iinfo(np.int32).max:
+        raise OverflowError("the folded bias does not fit int32")
+    return folded.astype(np.int32)
+
+
 def _pad(x: te.Tensor, padding: Sequence[int], value: int) -> te.Tensor:
     """``x`` (NCHW) padded with ``value`` (the zero point: a real zero) by (top, left, bottom, right)."""
     top, left, bottom, right = padding
@@ -71,7 +79,11 @@ def conv2d(
     out_dtype: str,
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
-    float32 ``multiplier`` (O). Regular, grouped and depthwise."""
+    float32 ``multiplier`` (O). Regular, grouped and depthwise.
+
+    The input zero point is not subtracted per multiply: ``bias`` must already hold
+    ``bias - x_zero_point * sum(weight[o])`` (:func:`fold_zero_point`), exact in integers because
+    the padding is the zero point too. The reduction is then a plain int8 x int8 dot product."""
     n, _c, h, w = (int(d) for d in x.shape)
     o, cg, kh, kw = (int(d) for d in weight.shape)
     sh, sw = (int(s) for s in strides)
@@ -87,7 +99,7 @@ def conv2d(
 
     def accumulate(b, oc, y, xx):
         ic = rc if groups == 1 else (oc // per_group) * cg + rc
-        data = padded[b, ic, y * sh + ry * dh, xx * sw + rx * dw].astype("int32") - x_zero_point
+        data = padded[b, ic, y * sh + ry * dh, xx * sw + rx * dw].astype("int32")
         return te.sum(data * weight[oc, rc, ry, rx].astype("int32"), axis=[rc, ry, rx])
 
     acc = te.compute((n, o, oh, ow), accumulate, name="conv2d_int32")
@@ -105,14 +117,13 @@ def dense(
     bias: te.Tensor,
     multiplier: te.Tensor,
     *,
-    x_zero_point: int,
     y_zero_point: int,
     low: int,
     high: int,
     out_dtype: str,
 ) -> te.Tensor:
-    """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (N, K), int32 ``bias`` (N), float32
-    ``multiplier`` (N)."""
+    """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (N, K), int32 ``bias`` (N) with the
+    input zero point folded in (:func:`fold_zero_point`), float32 ``multiplier`` (N)."""
     lead = [int(d) for d in x.shape[:-1]]
     k = int(x.shape[-1])
     n = int(weight.shape[0])
@@ -120,7 +131,7 @@ def dense(
 
     def accumulate(*index):
         rows, col = index[:-1], index[-1]
-        return te.sum((x[(*rows, rk)].astype("int32") - x_zero_point) * weight[col, rk].astype("int32"), axis=rk)
+        return te.sum(x[(*rows, rk)].astype("int32") * weight[col, rk].astype("int32"), axis=rk)
 
     acc = te.compute((*lead, n), accumulate, name="dense_int32")
     return te.compute(

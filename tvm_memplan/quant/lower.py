@@ -345,8 +345,11 @@ class _Lowerer(PyExprMutator):
                 return None  # a bias quantized with another scale cannot be added to the accumulator
             bias_int = b_int.reshape(-1).astype(np.int32)
         low, high = clamp.bounds(out)
-        common = {"x_zero_point": xq.zero_point, "y_zero_point": out.zero_point, "low": low, "high": high,
-                  "out_dtype": out.dtype}
+        common = {"y_zero_point": out.zero_point, "low": low, "high": high, "out_dtype": out.dtype}
+        try:
+            bias_int = kernels.fold_zero_point(bias_int, w_shifted, xq.zero_point)
+        except OverflowError:
+            return None
         consts = [relax.const(w_shifted.astype(np.int8)), relax.const(bias_int),
                   relax.const(multiplier.astype(np.float32))]
         x_new = self.visit_expr(x)
@@ -355,7 +358,7 @@ class _Lowerer(PyExprMutator):
             kind = "depthwise_conv2d" if int(attrs.groups) == channels and int(attrs.groups) > 1 else "conv2d"
             return self._call_te(kernels.conv2d, x_new, *consts, strides=[int(v) for v in attrs.strides],
                                  padding=[int(v) for v in attrs.padding], dilation=[int(v) for v in attrs.dilation],
-                                 groups=int(attrs.groups), name=f"q{kind}", **common), kind
+                                 groups=int(attrs.groups), x_zero_point=xq.zero_point, name=f"q{kind}", **common), kind
         return self._call_te(kernels.dense, x_new, *consts, name="qdense", **common), "dense"
 
     def _binary(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
