@@ -211,3 +211,14 @@ def qdq_by_hand(zero_point: np.ndarray | None = None, elem_type: int = TensorPro
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     onnx.checker.check_model(model)
     return model
+
+
+def between_convs(op: str) -> onnx.ModelProto:
+    """Conv → ``op`` → Conv: an activation onnxruntime's quantizer leaves in float (HardSwish, Tanh)
+    still sits between a DequantizeLinear and the next conv's QuantizeLinear."""
+    rng = np.random.default_rng(2)
+    inits = {"w": _rand(rng, 8, 3, 3, 3), "b": _rand(rng, 8, scale=0.1), "w2": _rand(rng, 4, 8, 1, 1),
+             "b2": _rand(rng, 4, scale=0.1)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4), helper.make_node(op, ["c"], ["h"]),
+             helper.make_node("Conv", ["h", "w2", "b2"], ["y"])]
+    return float_model(nodes, inits, {"x": [1, 3, 8, 8]}, {"y": [1, 4, 8, 8]})

@@ -89,3 +89,12 @@ def test_kernel_after_conv_within_one_lsb(op, activation):
     diff, lowered = compare(models.quantize_qdq(models.after_conv(op, **attrs), activation=activation))
     assert diff <= 1
     assert lowered.get(kind) == 1
+
+
+@pytest.mark.parametrize("op", ["HardSwish", "HardSigmoid", "Tanh"])
+def test_float_activation_between_convs_becomes_a_table(op):
+    """The quantizer leaves these in float; DequantizeLinear → op → QuantizeLinear is still a
+    function of 256 codes: a lookup table computed with the float ops (at most 1 LSB)."""
+    diff, lowered = compare(models.quantize_qdq(models.between_convs(op)))
+    assert diff <= 1
+    assert lowered.get("lookup") == 1 and lowered.get("conv2d") == 2

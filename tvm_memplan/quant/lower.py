@@ -305,7 +305,7 @@ class _Lowerer(PyExprMutator):
             else:
                 return None
         name = _op_name(call)
-        if name not in ("relax.nn.conv2d", "relax.matmul") or (core is not data and not g.single_use(core)):
+        if name not in ("relax.nn.conv2d", "relax.matmul") or (not core.same_as(data) and not g.single_use(core)):
             return None
         source = g.activation(call.args[0])
         weight = g.dequantized_constant(call.args[1])
@@ -366,7 +366,7 @@ class _Lowerer(PyExprMutator):
         core, clamp = self._strip_clamp(data)
         call = g.value(core)
         name = _op_name(call)
-        if name not in ("relax.add", "relax.multiply") or (core is not data and not g.single_use(core)):
+        if name not in ("relax.add", "relax.multiply") or (not core.same_as(data) and not g.single_use(core)):
             return None
         a, b = g.activation(call.args[0]), g.activation(call.args[1])
         shape = _static_shape(call)
@@ -422,7 +422,7 @@ class _Lowerer(PyExprMutator):
         def evaluate(expr: relax.Expr, top: bool) -> np.ndarray | None:
             source = g.activation(expr)
             if source is not None:
-                if found and (found[0][0] is not source[0] or found[0][1] != source[1]):
+                if found and (not found[0][0].same_as(source[0]) or found[0][1] != source[1]):
                     return None
                 found.append(source)
                 return dequantized_codes(source[1])
