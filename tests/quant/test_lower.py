@@ -70,15 +70,19 @@ def test_an_op_without_an_integer_kernel_stays_float():
     assert "relax.dequantize" in _ops(mod) and "relax.quantize" in _ops(mod)
 
 
-def test_a_bias_with_another_scale_keeps_the_conv_float():
+def test_a_bias_with_another_scale_is_requantized_to_the_accumulator():
+    """TorchScript exports share one bias between convs: the quantizer's bias scale is then not
+    ``x_scale * w_scale`` for all of them. The bias is rescaled (at most 1 LSB from onnxruntime)."""
+    from onnx import numpy_helper
+
+    from .test_kernels import compare
+
     qmodel = models.quantize_qdq(models.conv())
     bias = next(n for n in qmodel.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "b")
     scale = next(i for i in qmodel.graph.initializer if i.name == bias.input[1])
-    from onnx import numpy_helper
-
     scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 2, scale.name))
-    _, report = _lower(qmodel)
-    assert "conv2d" not in report.lowered and report.kept_float
+    diff, lowered = compare(qmodel)
+    assert lowered.get("conv2d") == 1 and diff <= 1
 
 
 @pytest.mark.parametrize("activation", ["int8", "uint8"])

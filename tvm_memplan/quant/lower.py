@@ -16,8 +16,9 @@ Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, 
 * ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ dq(bias)] [relu|clip]`` → :func:`.kernels.dense`;
 * ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.binary`;
 * ``mean(dq(x))`` (GlobalAveragePool) → :func:`.kernels.mean`, ``avg_pool2d(dq(x))`` → :func:`.kernels.avg_pool2d`;
-* reshape, permute_dims, max_pool2d, concat of ``dq`` inputs with the output's scale and zero point →
-  the same op on the integers (exact: these ops move or select values);
+* reshape, permute_dims, strided_slice, a part of split, max_pool2d, concat of ``dq`` inputs with the
+  output's scale and zero point → the same op on the integers (exact: these ops move or select
+  values; concat inputs of another scale are requantized through a table first);
 * any tree of elementwise float ops of one ``dq`` input (Sigmoid, HardSwish, HardSigmoid, Relu, ...)
   → a 256-entry lookup table computed in float32 numpy (onnxruntime's own tables, or its float ops);
 * a lone ``quantize`` of a float tensor (the network input) → MLAS's QuantizeLinear.
@@ -235,7 +236,7 @@ class _Lowerer(PyExprMutator):
                                  out_dtype=out.dtype, name="quantize_linear"), "quantize"
         if not g.single_use(data):
             return None
-        for lower in (self._movement, self._conv_or_dense, self._binary, self._mean, self._avg_pool, self._table):
+        for lower in (self._movement, self._table, self._conv_or_dense, self._binary, self._mean, self._avg_pool):
             result = lower(data, out)
             if result is not None:
                 return result
@@ -268,7 +269,9 @@ class _Lowerer(PyExprMutator):
     def _movement(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         call = self.graph.value(data)
         name = _op_name(call)
-        if name in ("relax.reshape", "relax.permute_dims", "relax.nn.max_pool2d"):
+        if isinstance(call, relax.TupleGetItem):
+            return self._split_item(call, out)
+        if name in ("relax.reshape", "relax.permute_dims", "relax.nn.max_pool2d", "relax.strided_slice"):
             inputs = [call.args[0]]
         elif name == "relax.concat" and isinstance(call.args[0], relax.Tuple):
             inputs = list(call.args[0].fields)
@@ -289,6 +292,28 @@ class _Lowerer(PyExprMutator):
         else:
             new_args = [sources[0]] + list(call.args[1:])
         return relax.Call(call.op, new_args, call.attrs, call.ty_args), name.split(".")[-1]
+
+    def _split_item(self, item: relax.TupleGetItem, out: QParams) -> tuple[relax.Expr, str] | None:
+        """One part of ``split(dq(x))`` (ShuffleNet's channel split): a strided slice of the integers."""
+        call = self.graph.value(item.tuple_value)
+        if _op_name(call) != "relax.split":
+            return None
+        source = self.graph.activation(call.args[0])
+        shape = _static_shape(call.args[0])
+        if source is None or source[1] != out or shape is None:
+            return None
+        axis = int(call.attrs.axis) % len(shape)
+        sections = call.attrs.indices_or_sections
+        if isinstance(sections, tvm.tirx.IntImm):
+            step = shape[axis] // int(sections)
+            bounds = [step * i for i in range(1, int(sections))]
+        else:
+            bounds = [int(v) for v in sections]
+        edges = [0, *bounds, shape[axis]]
+        index = int(item.index)
+        sliced = relax.op.strided_slice(self.visit_expr(source[0]), axes=[axis], begin=[edges[index]],
+                                        end=[edges[index + 1]])
+        return sliced, "strided_slice"
 
     def _conv_or_dense(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         g = self.graph
@@ -340,10 +365,16 @@ class _Lowerer(PyExprMutator):
             b_int, b_scale, b_zero = bias
             if b_int.dtype != np.int32 or b_int.size != channels or np.any(b_zero != 0):
                 return None
-            expected = np.float32(xq.scale) * scale_oc[:, 0].astype(np.float32)
-            if not np.allclose(b_scale.reshape(-1), expected, rtol=1e-6, atol=0):
-                return None  # a bias quantized with another scale cannot be added to the accumulator
+            accumulator_scale = np.float32(xq.scale) * scale_oc[:, 0].astype(np.float32)
             bias_int = b_int.reshape(-1).astype(np.int32)
+            if not np.array_equal(b_scale.reshape(-1).astype(np.float32), accumulator_scale):
+                # a bias quantized with another scale (TorchScript exports share one bias tensor between
+                # convs): requantized to the accumulator's scale, off by at most half an accumulator LSB
+                real = b_int.reshape(-1).astype(np.float64) * b_scale.reshape(-1).astype(np.float64)
+                rescaled = np.rint(real / accumulator_scale.astype(np.float64))
+                if np.abs(rescaled).max(initial=0) >= 2**31:
+                    return None
+                bias_int = rescaled.astype(np.int32)
         low, high = clamp.bounds(out)
         common = {"y_zero_point": out.zero_point, "low": low, "high": high, "out_dtype": out.dtype}
         try:
@@ -420,6 +451,9 @@ class _Lowerer(PyExprMutator):
         found: list[tuple[relax.Expr, QParams]] = []
 
         def evaluate(expr: relax.Expr, top: bool) -> np.ndarray | None:
+            through = see_through(expr, top)
+            if through is not None:
+                return through
             source = g.activation(expr)
             if source is not None:
                 if found and (not found[0][0].same_as(source[0]) or found[0][1] != source[1]):
@@ -441,6 +475,29 @@ class _Lowerer(PyExprMutator):
                 return None
             extra = [_prim_float(a) for a in call.args if not isinstance(a, (relax.Var, tvm.ir.GenericConst))]
             return np.asarray(ELEMENTWISE[name](*operands, *extra), dtype=np.float32)
+
+        def see_through(expr: relax.Expr, top: bool) -> np.ndarray | None:
+            """``dq(q(v))`` of a function ``v`` of the same input, the quantized value used only here
+            (EfficientNet's SiLU: ``x * sigmoid(x)`` with the sigmoid quantized in between)."""
+            call = g.value(expr)
+            if _op_name(call) != "relax.dequantize" or not (top or g.single_use(expr)):
+                return None
+            params = g.activation(expr)
+            inner = g.value(call.args[0])
+            if params is None or _op_name(inner) != "relax.quantize" or not g.single_use(call.args[0]):
+                return None
+            scale, zero_point = _const(inner.args[1]), _const(inner.args[2])
+            if scale is None or zero_point is None or scale.size != 1 or zero_point.size != 1:
+                return None
+            if QParams(float(scale.reshape(())), int(zero_point.reshape(())), params[1].dtype) != params[1]:
+                return None
+            depth = len(found)
+            values = evaluate(inner.args[0], False)
+            if values is None or values.shape != (256,):
+                del found[depth:]
+                return None
+            codes = quantized_table(values, params[1]).astype(np.int32)
+            return ((codes - params[1].zero_point).astype(np.float32) * np.float32(params[1].scale)).astype(np.float32)
 
         with np.errstate(all="ignore"):
             values = evaluate(data, True)
