@@ -124,3 +124,15 @@ def test_quantize_int8_refuses_a_quantized_model(capsys, network_files, tmp_path
     np.savez(calib, x=np.zeros((1, 3, 32, 32), np.float32))
     assert main(["quantize", network_files["int8"], "--int8", "--calib", str(calib), "-o", str(tmp_path / "o.onnx")]) == 2
     assert "already quantized" in capsys.readouterr().err
+
+
+def test_int8_model_on_the_c_target(capsys, network_files):
+    """The C code generator: nearbyint and fmaf from libm, the same integers as LLVM's build."""
+    plan = _plan(capsys, network_files["int8"], "--target", "c", "--verify")
+    assert not plan["verify"]["problems"] and plan["verify"]["max_lsb_diff_vs_onnxruntime"] == 0
+
+
+def test_split_refuses_an_int8_model_in_one_line(capsys, network_files):
+    assert main(["plan", network_files["int8"], "--split", "acg"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "int8" in err

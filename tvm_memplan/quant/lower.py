@@ -202,12 +202,14 @@ class _Lowerer(PyExprMutator):
         super().__init__(mod)
         self.graph = graph
         self.report = report
+        self.kinds: list[tuple[relax.Var, str]] = []
+        """Each lowered quantize's var and kernel kind (some die when a later table absorbs them)."""
 
     # -- emission helpers -------------------------------------------------------------------------
 
     def _emit(self, binding: relax.VarBinding, value: relax.Expr, kind: str) -> None:
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
-        self.report.lowered[kind] = self.report.lowered.get(kind, 0) + 1
+        self.kinds.append((binding.var, kind))
 
     def _call_te(self, func: Callable, *args, name: str, **kwargs) -> relax.Expr:
         return self.builder_.call_te(func, *args, primfunc_name_hint=name, **kwargs)
@@ -553,10 +555,31 @@ def lower_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModul
     func = mod[gv]
     lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), _Graph(func), report)
     lowered = lowerer.visit_expr(func)
-    new_mod = lowerer.builder_.get()
-    new_mod = tvm.IRModule(dict(new_mod.functions), attrs=new_mod.attrs)
-    new_mod[gv] = relax.analysis.remove_all_unused(lowered)
+    lowered = relax.analysis.remove_all_unused(lowered)
+    bound = [binding.var for block in lowered.body.blocks for binding in block.bindings]
+    for var, kind in lowerer.kinds:
+        if any(var.same_as(b) for b in bound):
+            report.lowered[kind] = report.lowered.get(kind, 0) + 1
+    called = {gvar.name_hint for gvar in _called_functions(lowered)}
+    original = {g.name_hint for g in mod.functions}
+    built = lowerer.builder_.get()
+    functions = {g: f for g, f in built.functions.items() if g.name_hint in original or g.name_hint in called}
+    new_mod = tvm.IRModule(functions, attrs=built.attrs)
+    new_mod[gv] = lowered
     return new_mod, report
+
+
+def _called_functions(func: relax.Function) -> list[tvm.ir.GlobalVar]:
+    """The GlobalVars ``func``'s bindings call (through call_tir or directly)."""
+    found = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call):
+                for item in [value.op, *value.args]:
+                    if isinstance(item, tvm.ir.GlobalVar):
+                        found.append(item)
+    return found
 
 
 def has_qdq(func: relax.Function) -> bool:
