@@ -222,3 +222,32 @@ def between_convs(op: str) -> onnx.ModelProto:
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4), helper.make_node(op, ["c"], ["h"]),
              helper.make_node("Conv", ["h", "w2", "b2"], ["y"])]
     return float_model(nodes, inits, {"x": [1, 3, 8, 8]}, {"y": [1, 4, 8, 8]})
+
+
+def torch_style_conv(seed: int = 0) -> onnx.ModelProto:
+    """A QDQ conv as PyTorch's exporter writes it: float weights quantized in the graph
+    (QuantizeLinear → DequantizeLinear, per channel) and a float bias."""
+    rng = np.random.default_rng(seed)
+    w = _rand(rng, 8, 4, 3, 3)
+    w_scale = (np.abs(w).reshape(8, -1).max(axis=1) / 127).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(w, "w"), numpy_helper.from_array(w_scale, "w_scale"),
+        numpy_helper.from_array(np.zeros(8, np.int8), "w_zp"),
+        numpy_helper.from_array(_rand(rng, 8, scale=0.1), "b"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"), numpy_helper.from_array(np.array(3, np.int8), "x_zp"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "y_scale"), numpy_helper.from_array(np.array(-5, np.int8), "y_zp"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"]),
+        helper.make_node("QuantizeLinear", ["w", "w_scale", "w_zp"], ["wq"], axis=0),
+        helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["wd"], axis=0),
+        helper.make_node("Conv", ["xd", "wd", "b"], ["c"], pads=[1] * 4),
+        helper.make_node("QuantizeLinear", ["c", "y_scale", "y_zp"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "y_scale", "y_zp"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "torch_qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    return model

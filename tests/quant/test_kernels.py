@@ -98,3 +98,10 @@ def test_float_activation_between_convs_becomes_a_table(op):
     diff, lowered = compare(models.quantize_qdq(models.between_convs(op)))
     assert diff <= 1
     assert lowered.get("lookup") == 1 and lowered.get("conv2d") == 2
+
+
+def test_pytorch_style_qdq_conv_within_one_lsb():
+    """Weights quantized in the graph and a float bias (PyTorch's exports): the weights are quantized
+    here as QuantizeLinear would, the bias rounded to the accumulator's scale."""
+    diff, lowered = compare(models.torch_style_conv())
+    assert diff <= 1 and lowered.get("conv2d") == 1

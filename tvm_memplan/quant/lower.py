@@ -129,6 +129,32 @@ class _Graph:
             return None
         return data, QParams(float(s.reshape(())), int(z.reshape(())), _dtype(data))
 
+    def _quantized_constant(self, expr: relax.Expr) -> np.ndarray | None:
+        """``quantize(float constant)`` computed here (PyTorch's exports quantize float weights in the
+        graph): divide, round half to even, saturate, as QuantizeLinear."""
+        call = self.value(expr)
+        if _op_name(call) != "relax.quantize":
+            return None
+        values, scale, zero_point = (_const(a) for a in call.args)
+        dtype = str(call.attrs.out_dtype)
+        if values is None or scale is None or zero_point is None or dtype not in INT_RANGE:
+            return None
+        shape = [1] * values.ndim
+        if scale.size > 1:
+            shape[int(call.attrs.axis) % values.ndim] = scale.size
+        scale = scale.astype(np.float32).reshape(shape if scale.size > 1 else ())
+        zero_point = zero_point.astype(np.int64).reshape(shape if zero_point.size > 1 else ())
+        low, high = INT_RANGE[dtype]
+        return np.clip(np.rint(values.astype(np.float32) / scale) + zero_point, low, high).astype(dtype)
+
+    def float_constant(self, expr: relax.Expr) -> np.ndarray | None:
+        """``expr = [reshape](float constant)``: a bias PyTorch's exports leave in float."""
+        call = self.value(expr)
+        while _op_name(call) == "relax.reshape":
+            call = self.value(call.args[0])
+        values = _const(call)
+        return values if values is not None and values.dtype == np.float32 else None
+
     def dequantized_constant(self, expr: relax.Expr) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``expr = [reshape|permute_dims](dequantize(constant, scale, zp))``: (integers, scale, zp),
         scale and zp broadcast to the integers' shape, the data movement applied."""
@@ -140,6 +166,8 @@ class _Graph:
         if _op_name(call) != "relax.dequantize":
             return None
         values, scale, zero_point = (_const(a) for a in call.args)
+        if values is None:
+            values = self._quantized_constant(call.args[0])
         if values is None or scale is None or zero_point is None:
             return None
         axis = int(call.attrs.axis) % max(values.ndim, 1)
@@ -326,6 +354,10 @@ class _Lowerer(PyExprMutator):
             for acc, other in ((call.args[0], call.args[1]), (call.args[1], call.args[0])):
                 if _op_name(g.value(acc)) in ("relax.nn.conv2d", "relax.matmul") and g.single_use(acc):
                     bias = g.dequantized_constant(other)
+                    if bias is None:
+                        float_bias = g.float_constant(other)
+                        if float_bias is not None:  # real values: scale 1, zero point 0
+                            bias = (float_bias, np.ones_like(float_bias), np.zeros(float_bias.shape, np.int64))
                     if bias is not None:
                         core, call = acc, g.value(acc)
                         break
@@ -365,13 +397,15 @@ class _Lowerer(PyExprMutator):
             bias_int = np.zeros(channels, np.int32)
         else:
             b_int, b_scale, b_zero = bias
-            if b_int.dtype != np.int32 or b_int.size != channels or np.any(b_zero != 0):
+            if b_int.dtype not in (np.int32, np.float32) or b_int.size != channels or np.any(b_zero != 0):
                 return None
             accumulator_scale = np.float32(xq.scale) * scale_oc[:, 0].astype(np.float32)
             bias_int = b_int.reshape(-1).astype(np.int32)
-            if not np.array_equal(b_scale.reshape(-1).astype(np.float32), accumulator_scale):
-                # a bias quantized with another scale (TorchScript exports share one bias tensor between
-                # convs): requantized to the accumulator's scale, off by at most half an accumulator LSB
+            same_scale = np.array_equal(b_scale.reshape(-1).astype(np.float32), accumulator_scale)
+            if b_int.dtype == np.float32 or not same_scale:
+                # a float bias (PyTorch's exports) or one quantized with another scale (TorchScript exports
+                # share one bias tensor between convs): quantized to the accumulator's scale, off by at
+                # most half an accumulator LSB
                 real = b_int.reshape(-1).astype(np.float64) * b_scale.reshape(-1).astype(np.float64)
                 rescaled = np.rint(real / accumulator_scale.astype(np.float64))
                 if np.abs(rescaled).max(initial=0) >= 2**31:
