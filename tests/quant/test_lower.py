@@ -105,3 +105,20 @@ def test_compiled_with_the_pipeline_matches_onnxruntime_on_top_class(activation)
         ours_agree += int(np.argmax(ours) == np.argmax(fused))
         theirs_agree += int(np.argmax(plain) == np.argmax(fused))
     assert ours_agree >= theirs_agree
+
+
+def test_every_integer_kernel_gets_a_default_cpu_schedule():
+    """The default CPU rules take the integer kernels too (pad + int32 reduction + requantizing
+    epilogue is the structure ``tiled_reduction`` tiles); none is left as plain loops."""
+    from tvm_memplan.planner import plan_model
+    from tvm_memplan.schedule import DefaultCPUSchedule
+
+    plan = plan_model(LoadedModel("net", models.quantize_qdq(models.network())), "llvm", order="program")
+    reports = []
+    with plan.target:
+        DefaultCPUSchedule(plan.target, reports.append)(plan.planned)
+    rules = reports[0].rules
+    assert not reports[0].unscheduled
+    assert any(name.startswith(("fused_qconv2d", "qconv2d")) and rule == "tiled_reduction" for name, rule in rules.items())
+    assert all(rule == "tiled_reduction" for name, rule in rules.items() if "qconv2d" in name)
+    assert any("qdense" in name for name in rules)  # a 1-row dense: the generic rule, as the float one
