@@ -40,6 +40,15 @@ def _saturate(value: tirx.PrimExpr, low: int, high: int) -> tirx.PrimExpr:
     return tirx.min(tirx.max(value, tirx.const(float(low), "float32")), tirx.const(float(high), "float32"))
 
 
+def accumulator_dtype(weight: np.ndarray, x_dtype: str) -> str:
+    """``float32`` when every partial sum of every output is an integer float32 holds exactly
+    (``max |x| * sum |w[o]| < 2^24``): the products and sums are then exact and the kernel runs on
+    the CPU's float FMA units, which tvm_memplan's default schedules use well; else ``int32``."""
+    largest = 255 if x_dtype == "uint8" else 128
+    per_output = np.abs(weight.reshape(weight.shape[0], -1).astype(np.int64)).sum(axis=1)
+    return "float32" if int(per_output.max(initial=0)) * largest < 2**24 else "int32"
+
+
 def fold_zero_point(bias: np.ndarray, weight: np.ndarray, x_zero_point: int) -> np.ndarray:
     """``bias[o] - x_zero_point * sum(weight[o])``: sum((x - zx) w) + b = sum(x w) + that, in int32."""
     folded = bias.astype(np.int64) - x_zero_point * weight.reshape(weight.shape[0], -1).astype(np.int64).sum(axis=1)
@@ -77,9 +86,11 @@ def conv2d(
     low: int,
     high: int,
     out_dtype: str,
+    accumulate: str = "int32",
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
-    float32 ``multiplier`` (O). Regular, grouped and depthwise.
+    float32 ``multiplier`` (O). Regular, grouped and depthwise. The dot products accumulate in
+    ``accumulate`` (:func:`accumulator_dtype`: float32 only where that is exact).
 
     The input zero point is not subtracted per multiply: ``bias`` must already hold
     ``bias - x_zero_point * sum(weight[o])`` (:func:`fold_zero_point`), exact in integers because
@@ -97,16 +108,16 @@ def conv2d(
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
-    def accumulate(b, oc, y, xx):
+    def accumulate_products(b, oc, y, xx):
         ic = rc if groups == 1 else (oc // per_group) * cg + rc
-        data = padded[b, ic, y * sh + ry * dh, xx * sw + rx * dw].astype("int32")
-        return te.sum(data * weight[oc, rc, ry, rx].astype("int32"), axis=[rc, ry, rx])
+        data = padded[b, ic, y * sh + ry * dh, xx * sw + rx * dw].astype(accumulate)
+        return te.sum(data * weight[oc, rc, ry, rx].astype(accumulate), axis=[rc, ry, rx])
 
-    acc = te.compute((n, o, oh, ow), accumulate, name="conv2d_int32")
+    acc = te.compute((n, o, oh, ow), accumulate_products, name="conv2d_acc")
     return te.compute(
         acc.shape,
-        lambda b, oc, y, xx: requantize(acc[b, oc, y, xx] + bias[oc], multiplier[oc], y_zero_point, low, high,
-                                        out_dtype),
+        lambda b, oc, y, xx: requantize(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], y_zero_point,
+                                        low, high, out_dtype),
         name="requantize",
     )
 
@@ -121,22 +132,25 @@ def dense(
     low: int,
     high: int,
     out_dtype: str,
+    accumulate: str = "int32",
 ) -> te.Tensor:
-    """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (N, K), int32 ``bias`` (N) with the
-    input zero point folded in (:func:`fold_zero_point`), float32 ``multiplier`` (N)."""
+    """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (K, N: outputs contiguous, the layout
+    the default schedule vectorizes, as a float matmul's), int32 ``bias`` (N) with the input zero point
+    folded in (:func:`fold_zero_point`), float32 ``multiplier`` (N)."""
     lead = [int(d) for d in x.shape[:-1]]
     k = int(x.shape[-1])
-    n = int(weight.shape[0])
+    n = int(weight.shape[1])
     rk = te.reduce_axis((0, k), name="rk")
 
-    def accumulate(*index):
+    def accumulate_products(*index):
         rows, col = index[:-1], index[-1]
-        return te.sum(x[(*rows, rk)].astype("int32") * weight[col, rk].astype("int32"), axis=rk)
+        return te.sum(x[(*rows, rk)].astype(accumulate) * weight[rk, col].astype(accumulate), axis=rk)
 
-    acc = te.compute((*lead, n), accumulate, name="dense_int32")
+    acc = te.compute((*lead, n), accumulate_products, name="dense_acc")
     return te.compute(
         acc.shape,
-        lambda *i: requantize(acc[i] + bias[i[-1]], multiplier[i[-1]], y_zero_point, low, high, out_dtype),
+        lambda *i: requantize(acc[i].astype("int32") + bias[i[-1]], multiplier[i[-1]], y_zero_point, low, high,
+                              out_dtype),
         name="requantize",
     )
 

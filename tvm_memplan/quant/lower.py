@@ -412,12 +412,14 @@ class _Lowerer(PyExprMutator):
                     return None
                 bias_int = rescaled.astype(np.int32)
         low, high = clamp.bounds(out)
-        common = {"y_zero_point": out.zero_point, "low": low, "high": high, "out_dtype": out.dtype}
+        common = {"y_zero_point": out.zero_point, "low": low, "high": high, "out_dtype": out.dtype,
+                  "accumulate": kernels.accumulator_dtype(w_shifted, xq.dtype)}
         try:
             bias_int = kernels.fold_zero_point(bias_int, w_shifted, xq.zero_point)
         except OverflowError:
             return None
-        consts = [relax.const(w_shifted.astype(np.int8)), relax.const(bias_int),
+        stored = w_shifted if name == "relax.nn.conv2d" else np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
+        consts = [relax.const(stored.astype(np.int8)), relax.const(bias_int),
                   relax.const(multiplier.astype(np.float32))]
         x_new = self.visit_expr(x)
         if name == "relax.nn.conv2d":
