@@ -7,6 +7,7 @@ another order): at most 1 LSB.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tvm_memplan.frontend import LoadedModel, to_relax
@@ -105,3 +106,27 @@ def test_pytorch_style_qdq_conv_within_one_lsb():
     here as QuantizeLinear would, the bias rounded to the accumulator's scale."""
     diff, lowered = compare(models.torch_style_conv())
     assert diff <= 1 and lowered.get("conv2d") == 1
+
+
+def test_accumulator_is_float_only_where_exact():
+    from tvm_memplan.quant.kernels import accumulator_dtype
+
+    typical = np.random.default_rng(0).integers(-40, 40, size=(8, 64, 3, 3))
+    assert accumulator_dtype(typical, "int8") == "float32"
+    full = np.full((8, 128, 3, 3), 127)  # 1152 * 127 * 128 > 2^24
+    assert accumulator_dtype(full, "int8") == "int32"
+    assert accumulator_dtype(np.full((8, 64, 3, 3), 127), "int8") == "float32"
+    assert accumulator_dtype(np.full((8, 64, 3, 3), 127), "uint8") == "int32"  # 576 * 127 * 255 > 2^24
+
+
+def test_conv_beyond_the_float_bound_is_identical_to_onnxruntime():
+    """±1 weights quantize to ±127: a 128-channel 3x3 conv's sums leave float32's exact range, the
+    kernel accumulates in int32."""
+    import onnx
+
+    model = models.conv(cin=128, cout=4, size=6)
+    weight = next(i for i in model.graph.initializer if i.name == "w")
+    signs = np.where(np.random.default_rng(3).random((4, 128, 3, 3)) < 0.5, -1.0, 1.0).astype(np.float32)
+    weight.CopyFrom(onnx.numpy_helper.from_array(signs * 0.05, "w"))
+    diff, lowered = compare(models.quantize_qdq(model))
+    assert diff == 0 and lowered.get("conv2d") == 1
