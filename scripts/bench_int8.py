@@ -118,9 +118,11 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
         }
 
 
-def table(rows: list[dict], threads: int, cpu: str) -> str:
+def table(rows: list[dict], threads: int, cpu: str, load: tuple[float, float]) -> str:
     header = (
         f"## Int8 (QDQ) networks: tvm_memplan against onnxruntime ({threads} thread(s), {cpu})\n\n"
+        f"Load average {load[0]:.1f} before the run, {load[1]:.1f} after (other jobs on the same cores make "
+        "the latencies noisy; the other columns do not depend on it).\n\n"
         "Arenas in bytes; weights are the ONNX initializers (int8 adds scales, zero points and int32 biases); "
         "LSB: largest output difference from onnxruntime's default session (in brackets: onnxruntime's own "
         "unoptimized-vs-default spread); top class: agreement with onnxruntime's default run, ours / "
@@ -152,11 +154,12 @@ def main() -> None:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM's thread pool starts
     from tvm_memplan.deploy.results import write_atomically
 
+    load_before = os.getloadavg()[0]
     rows = []
     for spec in args.models:
         rows.append(bench_model(spec, args.threads, args.samples, args.inputs, args.order_seconds))
         print(rows[-1], flush=True)
-    write_atomically(args.out, table(rows, args.threads, _cpu_name()))
+    write_atomically(args.out, table(rows, args.threads, _cpu_name(), (load_before, os.getloadavg()[0])))
 
 
 def _cpu_name() -> str:
