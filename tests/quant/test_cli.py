@@ -136,3 +136,13 @@ def test_split_refuses_an_int8_model_in_one_line(capsys, network_files):
     assert main(["plan", network_files["int8"], "--split", "acg"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "int8" in err
+
+
+def test_int8_model_as_standalone_c(capsys, network_files, tmp_path):
+    """build --emit-c (the microcontroller path): the int8 arena in the C, run here against onnxruntime."""
+    directory = tmp_path / "c"
+    assert main(["build", network_files["int8"], "--emit-c", str(directory), "--json", "--order-seconds", "2"]) == 0
+    capsys.readouterr()
+    assert main(["measure", str(directory), "--json", "--repeat", "1", "--log", str(tmp_path / "log.jsonl")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] and result["arena_bytes"] == _plan(capsys, network_files["int8"])["arena_bytes"]
