@@ -67,7 +67,19 @@ def test_an_op_without_an_integer_kernel_stays_float():
     qmodel = models.quantize_qdq(models.after_conv("LeakyRelu"))
     mod, report = _lower(qmodel)
     assert report.kept_float == ["relax.nn.leakyrelu"]
-    assert "relax.dequantize" in _ops(mod) and "relax.quantize" in _ops(mod)
+    ops = _ops(mod)
+    assert "relax.dequantize" in ops and "relax.nn.leakyrelu" in ops
+    assert report.lowered["quantize"] == 2  # the input's and the float LeakyRelu's, both as MLAS rounds
+
+
+def test_an_op_kept_in_float_still_matches_onnxruntime():
+    qmodel = models.quantize_qdq(models.after_conv("LeakyRelu"))
+    loaded = LoadedModel("m", qmodel)
+    executable = tvm.compile(to_relax(loaded), "llvm", relax_pipeline=tvm_memplan.pipeline("llvm", order="program"))
+    (scale,) = output_scales(qmodel)
+    for seed in range(3):
+        inputs = loaded.random_inputs(seed)
+        assert lsb_difference(run_vm(executable, inputs)[0][0], run_onnxruntime(qmodel, inputs)[0], scale) <= 1
 
 
 def test_a_bias_with_another_scale_is_requantized_to_the_accumulator():

@@ -261,18 +261,18 @@ class _Lowerer(PyExprMutator):
             return None
         out = QParams(float(s.reshape(())), int(z.reshape(())), out_dtype)
         g = self.graph
-        if self._is_float_input(data):
-            return self._call_te(kernels.quantize, self.visit_expr(data), scale=out.scale, zero_point=out.zero_point,
-                                 out_dtype=out.dtype, name="quantize_linear"), "quantize"
-        if not g.single_use(data):
+        if not self._is_float_input(data) and g.single_use(data):
+            for lower in (self._movement, self._table, self._conv_or_dense, self._binary, self._mean, self._avg_pool):
+                result = lower(data, out)
+                if result is not None:
+                    return result
+            self.report.kept_float.append(_op_name(g.value(data)) or "?")
+        if _dtype(data) != "float32":
             return None
-        for lower in (self._movement, self._table, self._conv_or_dense, self._binary, self._mean, self._avg_pool):
-            result = lower(data, out)
-            if result is not None:
-                return result
-        name = _op_name(g.value(data))
-        self.report.kept_float.append(name or "?")
-        return None
+        # the network input, or the result of an op kept in float: QuantizeLinear as MLAS computes it
+        # (TVM's legalization rounds with ``round``, half away from zero in C)
+        return self._call_te(kernels.quantize, self.visit_expr(data), scale=out.scale, zero_point=out.zero_point,
+                             out_dtype=out.dtype, name="quantize_linear"), "quantize"
 
     def _is_float_input(self, data: relax.Expr) -> bool:
         """A float tensor that no op produces inside this function's QDQ graph: a function parameter."""
