@@ -11,17 +11,22 @@ lowered kernels are 1-byte tensors in the arena. Weights stay int8 constants, bi
 
 Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, zero point 0):
 
-* ``conv2d(dq(x), dq(W)) [+ dq(bias)] [relu|clip]`` → :func:`.kernels.conv2d` (a folded Relu/Clip
+* ``conv2d(dq(x), dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.conv2d` (a folded Relu/Clip
   narrows the output clamp: quantization is monotonic, so clamping before or after is the same);
-* ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ dq(bias)] [relu|clip]`` → :func:`.kernels.dense`;
-* ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.binary`;
+* ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.dense`. The weights may
+  also be ``dq(q(float constant))`` and the bias a float constant (PyTorch's exports) or an int32
+  one of another scale (a bias tensor shared between convs): both are quantized to the
+  accumulator's scale here;
+* ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.add` / :func:`.kernels.multiply`;
 * ``mean(dq(x))`` (GlobalAveragePool) → :func:`.kernels.mean`, ``avg_pool2d(dq(x))`` → :func:`.kernels.avg_pool2d`;
 * reshape, permute_dims, strided_slice, a part of split, max_pool2d, concat of ``dq`` inputs with the
   output's scale and zero point → the same op on the integers (exact: these ops move or select
   values; concat inputs of another scale are requantized through a table first);
-* any tree of elementwise float ops of one ``dq`` input (Sigmoid, HardSwish, HardSigmoid, Relu, ...)
-  → a 256-entry lookup table computed in float32 numpy (onnxruntime's own tables, or its float ops);
-* a lone ``quantize`` of a float tensor (the network input) → MLAS's QuantizeLinear.
+* any tree of elementwise float ops of one ``dq`` input (Sigmoid, HardSwish, HardSigmoid, Tanh, ...),
+  also through an inner ``dq(q(...))`` used only there (SiLU: ``x * sigmoid(x)`` with the sigmoid
+  quantized) → a 256-entry lookup table computed in float32 numpy;
+* any other ``quantize`` of a float tensor (the network input, an op kept in float) → MLAS's
+  QuantizeLinear (round half to even; TVM's legalization uses ``round``).
 
 Anything else keeps its dequantize and quantize and runs in float: correct, not integer.
 """
