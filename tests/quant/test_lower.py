@@ -134,3 +134,26 @@ def test_every_integer_kernel_gets_a_default_cpu_schedule():
     assert any(name.startswith(("fused_qconv2d", "qconv2d")) and rule == "tiled_reduction" for name, rule in rules.items())
     assert all(rule == "tiled_reduction" for name, rule in rules.items() if "qconv2d" in name)
     assert any("qdense" in name for name in rules)  # a 1-row dense: the generic rule, as the float one
+
+
+def test_concat_of_another_scale_requantizes_in_the_producing_conv():
+    """onnxruntime's QLinearConcat requantizes an input of another scale through a table; here the
+    producing conv applies that table in its epilogue, so the concat can be eliminated (its inputs
+    written in place) and no separate table kernel runs."""
+    from onnx import helper
+
+    from tvm_memplan.planner import plan_model
+
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4), helper.make_node("Conv", ["x", "w2"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["cat"], axis=1), helper.make_node("Conv", ["cat", "w3"], ["y"])]
+    weights = {"w1": rng.standard_normal((4, 3, 3, 3)), "w2": rng.standard_normal((4, 3, 1, 1)) * 3,
+               "w3": rng.standard_normal((2, 8, 1, 1))}
+    qmodel = models.quantize_qdq(models.float_model(nodes, weights, {"x": [1, 3, 8, 8]}, {"y": [1, 2, 8, 8]}))
+    mod, report = _lower(qmodel)
+    assert report.lowered.get("conv2d") == 3 and report.lowered.get("concat") == 1
+    assert not [g for g in mod.functions if g.name_hint.startswith("qrequantize")]
+    assert plan_model(LoadedModel("cat", qmodel), "llvm", order="program").main.concats_removed == 1
+    from .test_kernels import compare
+
+    assert compare(qmodel)[0] == 0  # the same two roundings as onnxruntime's table

@@ -36,6 +36,13 @@ def requantize(value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int,
     return (tirx.nearbyint(clamped).astype("int32") + zero_point).astype(dtype)
 
 
+def _through(table: te.Tensor | None, code: tirx.PrimExpr, dtype: str) -> tirx.PrimExpr:
+    """``table[code]`` (a requantization to a consumer's scale, see :func:`lookup`) or ``code``."""
+    if table is None:
+        return code
+    return table[code.astype("int32") + (128 if dtype == "int8" else 0)]
+
+
 def _saturate(value: tirx.PrimExpr, low: int, high: int) -> tirx.PrimExpr:
     return tirx.min(tirx.max(value, tirx.const(float(low), "float32")), tirx.const(float(high), "float32"))
 
@@ -87,6 +94,7 @@ def conv2d(
     high: int,
     out_dtype: str,
     accumulate: str = "int32",
+    table: te.Tensor | None = None,
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
     float32 ``multiplier`` (O). Regular, grouped and depthwise. The dot products accumulate in
@@ -116,8 +124,8 @@ def conv2d(
     acc = te.compute((n, o, oh, ow), accumulate_products, name="conv2d_acc")
     return te.compute(
         acc.shape,
-        lambda b, oc, y, xx: requantize(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], y_zero_point,
-                                        low, high, out_dtype),
+        lambda b, oc, y, xx: _through(table, requantize(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc],
+                                                        y_zero_point, low, high, out_dtype), out_dtype),
         name="requantize",
     )
 
@@ -133,6 +141,7 @@ def dense(
     high: int,
     out_dtype: str,
     accumulate: str = "int32",
+    table: te.Tensor | None = None,
 ) -> te.Tensor:
     """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (K, N: outputs contiguous, the layout
     the default schedule vectorizes, as a float matmul's), int32 ``bias`` (N) with the input zero point
@@ -149,8 +158,8 @@ def dense(
     acc = te.compute((*lead, n), accumulate_products, name="dense_acc")
     return te.compute(
         acc.shape,
-        lambda *i: requantize(acc[i].astype("int32") + bias[i[-1]], multiplier[i[-1]], y_zero_point, low, high,
-                              out_dtype),
+        lambda *i: _through(table, requantize(acc[i].astype("int32") + bias[i[-1]], multiplier[i[-1]], y_zero_point,
+                                              low, high, out_dtype), out_dtype),
         name="requantize",
     )
 

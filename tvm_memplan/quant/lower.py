@@ -235,6 +235,10 @@ class _Lowerer(PyExprMutator):
         super().__init__(mod)
         self.graph = graph
         self.report = report
+        self._recipe: tuple | None = None
+        self.recipes: dict[relax.Var, tuple] = {}
+        """A lowered conv/dense quantize's var → (kernel, args, kwargs, name, kind): the concat of
+        another scale re-emits the kernel with its requantization table in the epilogue."""
         self.kinds: list[tuple[relax.Var, str]] = []
         """Each lowered quantize's var and kernel kind (some die when a later table absorbs them)."""
 
@@ -250,9 +254,12 @@ class _Lowerer(PyExprMutator):
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
         if _op_name(value) == "relax.quantize":
+            self._recipe = None
             lowered = self._lower_quantize(binding)
             if lowered is not None:
                 self._emit(binding, *lowered)
+                if self._recipe is not None:
+                    self.recipes[binding.var] = self._recipe
                 return
         super().visit_var_binding_(binding)
 
@@ -319,8 +326,16 @@ class _Lowerer(PyExprMutator):
                 return None
             source = self.visit_expr(found[0])
             if found[1] != out:  # onnxruntime's QLinearConcat requantizes such an input through a table
-                table = requantization_table(found[1], out)
-                source = self._call_te(kernels.lookup, source, relax.const(table), name="qrequantize")
+                table = relax.const(requantization_table(found[1], out))
+                recipe = self.recipes.get(found[0])
+                if recipe is not None and self.graph.single_use(found[0]) and self.graph.single_use(item):
+                    # the producing conv/dense applies the table in its epilogue: one kernel, and the
+                    # concat can take its output in place
+                    func, args, kwargs, kernel_name, kind = recipe
+                    source = self.builder_.emit(self._call_te(func, *args, table=table, name=kernel_name, **kwargs))
+                    self.kinds.append((source, kind))
+                else:
+                    source = self._call_te(kernels.lookup, source, table, name="qrequantize")
             sources.append(source)
         if name == "relax.concat":
             new_args = [relax.Tuple(sources)] + list(call.args[1:])
@@ -430,10 +445,15 @@ class _Lowerer(PyExprMutator):
         if name == "relax.nn.conv2d":
             attrs = call.attrs
             kind = "depthwise_conv2d" if int(attrs.groups) == channels and int(attrs.groups) > 1 else "conv2d"
-            return self._call_te(kernels.conv2d, x_new, *consts, strides=[int(v) for v in attrs.strides],
-                                 padding=[int(v) for v in attrs.padding], dilation=[int(v) for v in attrs.dilation],
-                                 groups=int(attrs.groups), x_zero_point=xq.zero_point, name=f"q{kind}", **common), kind
-        return self._call_te(kernels.dense, x_new, *consts, name="qdense", **common), "dense"
+            func, kwargs = kernels.conv2d, {"strides": [int(v) for v in attrs.strides],
+                                            "padding": [int(v) for v in attrs.padding],
+                                            "dilation": [int(v) for v in attrs.dilation], "groups": int(attrs.groups),
+                                            "x_zero_point": xq.zero_point, **common}
+        else:
+            func, kwargs, kind = kernels.dense, common, "dense"
+        kernel_name = "qdense" if kind == "dense" else f"q{kind}"
+        self._recipe = (func, [x_new, *consts], kwargs, kernel_name, kind)
+        return self._call_te(func, x_new, *consts, name=kernel_name, **kwargs), kind
 
     def _binary(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         g = self.graph
