@@ -70,7 +70,7 @@ def test_per_tensor_weights_are_identical_to_onnxruntime():
 
 
 FOLLOWERS = {
-    "Add": ({}, "add"),
+    "Add": ({}, "conv2d+add"),  # the add in the second conv's epilogue
     "Mul": ({}, "multiply"),
     "Sigmoid": ({}, "lookup"),
     "AveragePool": ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, "avg_pool2d"),
@@ -150,3 +150,12 @@ def test_batched_matmul_is_identical_to_onnxruntime():
                                {"w": np.random.default_rng(1).standard_normal((16, 8)) * 0.3}, {"x": [2, 5, 16]}, {"y": None})
     diff, lowered = compare(models.quantize_qdq(model))
     assert diff == 0 and lowered.get("dense") == 1
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_standalone_binary_kernel_within_one_lsb(op, activation):
+    """Add/Mul of two graph inputs (no producing conv to fuse into): the qadd/qmul kernels."""
+    diff, lowered = compare(models.quantize_qdq(models.binary(op), activation=activation))
+    assert diff <= 1
+    assert lowered.get("add" if op == "Add" else "multiply") == 1

@@ -36,11 +36,20 @@ def requantize(value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int,
     return (tirx.nearbyint(clamped).astype("int32") + zero_point).astype(dtype)
 
 
-def _through(table: te.Tensor | None, code: tirx.PrimExpr, dtype: str) -> tirx.PrimExpr:
-    """``table[code]`` (a requantization to a consumer's scale, see :func:`lookup`) or ``code``."""
-    if table is None:
-        return code
-    return table[code.astype("int32") + (128 if dtype == "int8" else 0)]
+def _through(table: te.Tensor | None, code: tirx.PrimExpr, dtype: str, residual: te.Tensor | None = None,
+             residual_add: dict | None = None, index: Sequence = ()) -> tirx.PrimExpr:
+    """The epilogue after requantization: ``table[code]`` (a requantization to a consumer's scale, see
+    :func:`lookup`), or the QLinearAdd of ``code`` and ``residual[index]`` (``residual_add``: the
+    :func:`add_parameters`, the add's bounds and type, and whether ``code`` is the add's first
+    operand: MLAS's formula is not symmetric), or ``code``."""
+    if table is not None:
+        return table[code.astype("int32") + (128 if dtype == "int8" else 0)]
+    if residual is not None:
+        other = residual[tuple(index)]
+        first, second = (code, other) if residual_add["code_first"] else (other, code)
+        return add_codes(first, second, residual_add["ratio_a"], residual_add["ratio_b"], residual_add["constant"],
+                         residual_add["low"], residual_add["high"], residual_add["out_dtype"])
+    return code
 
 
 def _saturate(value: tirx.PrimExpr, low: int, high: int) -> tirx.PrimExpr:
@@ -95,6 +104,8 @@ def conv2d(
     out_dtype: str,
     accumulate: str = "int32",
     table: te.Tensor | None = None,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
     float32 ``multiplier`` (O). Regular, grouped and depthwise. The dot products accumulate in
@@ -125,7 +136,8 @@ def conv2d(
     return te.compute(
         acc.shape,
         lambda b, oc, y, xx: _through(table, requantize(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc],
-                                                        y_zero_point, low, high, out_dtype), out_dtype),
+                                                        y_zero_point, low, high, out_dtype), out_dtype,
+                                      residual, residual_add, (b, oc, y, xx)),
         name="requantize",
     )
 
@@ -142,6 +154,8 @@ def dense(
     out_dtype: str,
     accumulate: str = "int32",
     table: te.Tensor | None = None,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
 ) -> te.Tensor:
     """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (K, N: outputs contiguous, the layout
     the default schedule vectorizes, as a float matmul's), int32 ``bias`` (N) with the input zero point
@@ -159,7 +173,7 @@ def dense(
     return te.compute(
         acc.shape,
         lambda *i: _through(table, requantize(acc[i].astype("int32") + bias[i[-1]], multiplier[i[-1]], y_zero_point,
-                                              low, high, out_dtype), out_dtype),
+                                              low, high, out_dtype), out_dtype, residual, residual_add, i),
         name="requantize",
     )
 
@@ -176,22 +190,35 @@ def _fma(a: tirx.PrimExpr, b: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.call_pure_extern("float32", "fmaf", a, b, c)
 
 
+def add_parameters(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point: int, y_scale: float,
+                   y_zero_point: int) -> tuple[float, float, float]:
+    """MLAS's x86 QLinearAdd constants: ``sa/sy``, ``sb/sy`` and ``zy - (ra za + rb zb)``, in float32."""
+    ratio_a = np.float32(a_scale) / np.float32(y_scale)
+    ratio_b = np.float32(b_scale) / np.float32(y_scale)
+    constant = np.float32(y_zero_point) - (ratio_a * np.float32(a_zero_point) + ratio_b * np.float32(b_zero_point))
+    return float(ratio_a), float(ratio_b), float(constant)
+
+
+def add_codes(a: tirx.PrimExpr, b: tirx.PrimExpr, ratio_a: float, ratio_b: float, constant: float, low: int, high: int,
+              out_dtype: str) -> tirx.PrimExpr:
+    """``fma(a, ra, fma(b, rb, constant))`` of two int8/uint8 codes, rounded half to even, saturated."""
+    value = _fma(a.astype("int32").astype("float32"), tirx.const(ratio_a, "float32"),
+                 _fma(b.astype("int32").astype("float32"), tirx.const(ratio_b, "float32"),
+                      tirx.const(constant, "float32")))
+    return _saturate(tirx.nearbyint(value), low, high).astype(out_dtype)
+
+
 def add(a: te.Tensor, b: te.Tensor, *, out_shape: Sequence[int], a_scale: float, a_zero_point: int, b_scale: float,
         b_zero_point: int, y_scale: float, y_zero_point: int, low: int, high: int, out_dtype: str) -> te.Tensor:
     """QLinearAdd as onnxruntime computes it on x86 (MLAS's AVX2 "XNNFloatMultiply" kernel, its
     default): ratios ``sa/sy`` and ``sb/sy`` and a constant ``zy - (ra za + rb zb)`` in float32, then
     ``fma(a, ra, fma(b, rb, constant))`` rounded half to even and saturated. The constant is computed
     here in numpy; onnxruntime's compiler may contract it into an fma: within 1 LSB at worst."""
-    ratio_a = np.float32(a_scale) / np.float32(y_scale)
-    ratio_b = np.float32(b_scale) / np.float32(y_scale)
-    constant = np.float32(y_zero_point) - (ratio_a * np.float32(a_zero_point) + ratio_b * np.float32(b_zero_point))
+    ratio_a, ratio_b, constant = add_parameters(a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point)
 
     def body(*index):
-        va = a[tuple(_broadcast_index(a, index))].astype("int32").astype("float32")
-        vb = b[tuple(_broadcast_index(b, index))].astype("int32").astype("float32")
-        value = _fma(va, tirx.const(float(ratio_a), "float32"),
-                     _fma(vb, tirx.const(float(ratio_b), "float32"), tirx.const(float(constant), "float32")))
-        return _saturate(tirx.nearbyint(value), low, high).astype(out_dtype)
+        return add_codes(a[tuple(_broadcast_index(a, index))], b[tuple(_broadcast_index(b, index))], ratio_a, ratio_b,
+                         constant, low, high, out_dtype)
 
     return te.compute(tuple(int(d) for d in out_shape), body, name="qadd")
 

@@ -468,11 +468,36 @@ class _Lowerer(PyExprMutator):
             return None
         low, high = clamp.bounds(out)
         op = "add" if name == "relax.add" else "multiply"
+        if op == "add":
+            fused = self._add_into_producer(call, a, b, shape, out, low, high)
+            if fused is not None:
+                return fused
         kernel = kernels.add if op == "add" else kernels.multiply
         return self._call_te(kernel, self.visit_expr(a[0]), self.visit_expr(b[0]), out_shape=shape,
                              a_scale=a[1].scale, a_zero_point=a[1].zero_point, b_scale=b[1].scale,
                              b_zero_point=b[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
                              low=low, high=high, out_dtype=out.dtype, name=f"q{op}"), op
+
+    def _add_into_producer(self, call: relax.Call, a: tuple, b: tuple, shape: tuple[int, ...], out: QParams,
+                           low: int, high: int) -> tuple[relax.Expr, str] | None:
+        """A residual add whose operand comes only from a lowered conv/dense: that kernel re-emitted
+        with the add in its epilogue (the conv's own rounding, then MLAS's add: the same integers as
+        two kernels, one pass and one tensor fewer, as the float build's fused conv + add)."""
+        g = self.graph
+        ratio_a, ratio_b, constant = kernels.add_parameters(a[1].scale, a[1].zero_point, b[1].scale, b[1].zero_point,
+                                                            out.scale, out.zero_point)
+        for position, (mine, other) in enumerate(((a, b), (b, a))):
+            recipe = self.recipes.get(mine[0])
+            if (recipe is None or not g.single_use(mine[0]) or not g.single_use(call.args[position])
+                    or _static_shape(mine[0]) != shape or _static_shape(other[0]) != shape):
+                continue
+            func, args, kwargs, kernel_name, kind = recipe
+            residual_add = {"ratio_a": ratio_a, "ratio_b": ratio_b, "constant": constant, "low": low, "high": high,
+                            "out_dtype": out.dtype, "code_first": position == 0}
+            fused = self._call_te(func, *args, residual=self.visit_expr(other[0]), residual_add=residual_add,
+                                  name=f"{kernel_name}_add", **kwargs)
+            return fused, f"{kind}+add"
+        return None
 
     def _mean(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         g = self.graph
@@ -524,8 +549,13 @@ class _Lowerer(PyExprMutator):
                 found.append(source)
                 return dequantized_codes(source[1])
             constant = _const(expr)
+            if constant is None:  # a dequantized constant scalar (a Mul by a quantized constant)
+                quantized = g.dequantized_constant(expr)
+                if quantized is not None:
+                    ints, scale, zero_point = quantized
+                    constant = ((ints.astype(np.int32) - zero_point).astype(np.float32) * scale).astype(np.float32)
             if constant is not None:
-                return constant.astype(np.float32) if constant.size == 1 else None
+                return constant.astype(np.float32).reshape(()) if constant.size == 1 else None
             if not top and not g.single_use(expr):
                 return None
             call = g.value(expr)
