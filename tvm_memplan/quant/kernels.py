@@ -1,18 +1,20 @@
-"""Integer kernels as TE computes: int8/uint8 in and out, int32 accumulation, onnxruntime's requantization.
+"""Integer kernels as TE computes: int8/uint8 in and out, exact accumulation, onnxruntime's requantization.
 
 Requantization follows onnxruntime's MLAS (``MlasRequantizeOutput``, what its QLinearConv,
 QLinearMatMul and QGemm call on CPUs): the int32 accumulator plus the int32 bias is converted to
 float32, multiplied by one float32 multiplier per output channel (``x_scale * w_scale / y_scale``,
 computed in that order in float32), clamped to ``[qmin - zp, qmax - zp]``, rounded to the nearest
-integer with ties to even, and the output zero point is added. Integer accumulation is exact and the
-float steps are the same IEEE operations, so a conv or dense kernel equals onnxruntime's bit for bit.
+integer with ties to even, and the output zero point is added. The dot products are exact (int32, or
+float32 where every partial sum provably is: :func:`accumulator_dtype`) and the float steps are the
+same IEEE operations, so a conv or dense kernel equals onnxruntime's bit for bit.
 
 QLinearAdd follows MLAS's x86 kernel (float32 fused multiply-adds). Kernels whose onnxruntime
 counterpart sums floats in another order or uses other float formulas (QLinearMul, the int8
 average pool, QLinearSigmoid's table) are within 1 LSB.
 
 Each kernel is a pad stage (padding with the input zero point, i.e. real zero), one reduction and
-an elementwise epilogue: the structure tvm_memplan's default CPU schedule tiles.
+an elementwise epilogue (which may also apply a consumer's requantization table or residual add):
+the structure tvm_memplan's default CPU schedule tiles.
 """
 
 from __future__ import annotations
