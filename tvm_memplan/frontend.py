@@ -221,6 +221,9 @@ def to_relax(model: LoadedModel):
     resolves them all, the folded graph is imported instead."""
     from tvm.relax.frontend.onnx import from_onnx
 
+    from .quant.validate import check_quantization
+
+    check_quantization(model.onnx_model, model.name)
     missing = unsupported_operators(model.onnx_model)
     if missing:
         raise UserError(f"{model.name}: unsupported ONNX operator(s) {', '.join(missing)} (TVM 0.27 Relax frontend)")

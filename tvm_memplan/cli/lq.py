@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -72,6 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_deprecated_alias(quantize, "--tune-dir", "--work-dir", dest="work_dir", convert=Path)
     quantize.add_argument("-o", "--output", type=Path, required=True, help="library to write (.so); the report goes next to it (.json)")
     add_json(quantize, "print the report (the JSON written next to the library) instead of the layer summary")
+    int8 = quantize.add_argument_group("int8 (QDQ) instead of LQ low-bit codes")
+    int8.add_argument("--int8", action="store_true", help="write OUTPUT.onnx quantized by onnxruntime's quantize_static (QDQ, "
+                      "int8 weights per channel, MinMax on --calib) for plan/build/measure; the LQ options are ignored")
+    int8.add_argument("--activations", choices=("int8", "uint8"), default="int8", help="with --int8: activation type (default int8)")
+    int8.add_argument("--per-tensor", action="store_true", help="with --int8: one weight scale per tensor, not per channel")
     quantize.set_defaults(func=run_quantize)
 
     bench = subparsers.add_parser(
@@ -159,9 +165,25 @@ def load_onnx_module(path: Path, batch: int) -> "tvm.IRModule":
         raise UserError(f"cannot import {path}: {first[-1] if first else type(exc).__name__}") from exc
 
 
+def _run_int8(args: argparse.Namespace, arrays: dict) -> int:
+    from ..quant.calibrate import quantize_int8
+
+    output = args.output if args.output.suffix == ".onnx" else args.output.with_suffix(".onnx")
+    report = quantize_int8(args.model, output, arrays, activation=args.activations, per_channel=not args.per_tensor)
+    if args.json:
+        print(json.dumps({"output": str(output), **dataclasses.asdict(report)}, indent=2))
+        return 0
+    print(f"wrote {output}: {report.quantized_nodes} QuantizeLinear nodes, calibrated on {report.samples} sample(s); "
+          f"weights {report.weight_bytes_float:,} -> {report.weight_bytes_int8:,} bytes")
+    return 0
+
+
 def run_quantize(args: argparse.Namespace) -> int:
     from ..lq.calibrate import LQConfig, build, load_npz, quantize_module
     from ..lq.quantizer import check_bits
+
+    if args.int8:
+        return _run_int8(args, load_npz(args.calib))
 
     check_bits(args.wbits, "--wbits")
     check_bits(args.abits, "--abits")

@@ -176,6 +176,8 @@ def run_plan(args: argparse.Namespace) -> int:
             "device": verify_result.device,
             "identical_to_stock": verify_result.identical_to_stock,
             "max_abs_diff_vs_onnxruntime": verify_result.max_abs_diff_vs_onnxruntime,
+            "max_lsb_diff_vs_onnxruntime": verify_result.max_lsb_diff_vs_onnxruntime,
+            "tolerance_lsb": verify_result.tolerance_lsb,
             "vm_storage_bytes": verify_result.trace_bytes,
             "planned_storage_bytes": verify_result.expected_trace_bytes,
             "zero_offset_calls": verify_result.zero_offset_calls,

@@ -94,16 +94,33 @@ def reference_outputs(model: LoadedModel, inputs: dict[str, np.ndarray]) -> tupl
     return session.run(None, inputs), "onnxruntime"
 
 
-def compare_outputs(outputs: list[np.ndarray], reference: list[np.ndarray]) -> tuple[bool, float]:
+def _int8_tolerances(model: LoadedModel, inputs: dict[str, np.ndarray],
+                     reference: tuple[list[np.ndarray], str]) -> list[float] | None:
+    """For a QDQ model checked against onnxruntime: per output, onnxruntime's own optimized vs
+    unoptimized spread in LSB (at least 2) as an absolute tolerance; None otherwise."""
+    from ..quant.reference import is_quantized, tolerances
+
+    if reference[1] != "onnxruntime" or not is_quantized(model.onnx_model):
+        return None
+    allowed = tolerances(model.onnx_model, inputs, reference[0])
+    return None if any(t is None for t in allowed) else [t.atol for t in allowed]
+
+
+def compare_outputs(outputs: list[np.ndarray], reference: list[np.ndarray],
+             atols: list[float] | None = None) -> tuple[bool, float]:
+    """``atols``: per output, an absolute tolerance instead of RTOL/ATOL (an int8 model's LSB tolerance)."""
     if len(outputs) != len(reference):
         return False, float("inf")
     correct, worst = True, 0.0
-    for out, ref in zip(outputs, reference):
+    for index, (out, ref) in enumerate(zip(outputs, reference)):
         if out.shape != ref.shape:
             return False, float("inf")
         if not out.size:
             continue
         worst = max(worst, float(np.max(np.abs(out - ref))))
+        if atols is not None:
+            correct &= bool(np.all(np.abs(out.astype(np.float64) - ref) <= atols[index]))
+            continue
         atol = ATOL * max(1.0, float(np.max(np.abs(ref))))
         correct &= bool(np.allclose(out, ref, rtol=RTOL, atol=atol))
     return correct, worst
@@ -140,8 +157,10 @@ def measure_artifact(
     min_repeat_ms: int = 50,
     progress: Progress | None = None,
     source: str | None = None,
+    atols: list[float] | None = None,
 ) -> Measurement:
-    """Upload, run once and check, trace the storage requests, then time ``repeat`` times."""
+    """Upload, run once and check, trace the storage requests, then time ``repeat`` times.
+    ``atols``: per-output absolute tolerances (int8 models: onnxruntime's own LSB spread)."""
     manifest = Manifest.load(artifact)
     target = get_target(manifest.target, manifest.cross_compiler)
     step = progress or (lambda *_: None)
@@ -156,7 +175,7 @@ def measure_artifact(
     vm = relax.VirtualMachine(module, dev)
     args = [tvm.runtime.tensor(array, dev) for array in inputs.values()]
     outputs = vm_outputs(vm, args)
-    correct, max_abs_diff = compare_outputs(outputs, reference[0])
+    correct, max_abs_diff = compare_outputs(outputs, reference[0], atols)
     step(manifest.pipeline, "checked", 2, total)
 
     trace = device.trace_function()
@@ -228,11 +247,12 @@ def measure(
         model = load_model(first.model)
         inputs = model.random_inputs(0) if inputs is None else inputs
         reference = reference_outputs(model, inputs)
+        atols = _int8_tolerances(model, inputs, reference)
         results: dict[str, Measurement] = {}
         for pipeline, artifact in artifacts.items():
             try:
                 results[pipeline] = measure_artifact(
-                    device, artifact, inputs, reference, repeat, min_repeat_ms, progress, source
+                    device, artifact, inputs, reference, repeat, min_repeat_ms, progress, source, atols
                 )
             except (RuntimeError, OSError) as exc:  # TVM raises RuntimeError subclasses
                 reason = error_line(exc)

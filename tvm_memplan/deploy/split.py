@@ -65,6 +65,10 @@ def search_split(
         raise UserError(f"--latency-budget must not be negative (got {budget})")
     if seconds <= 0:
         raise UserError(f"--search-seconds must be positive (got {seconds})")
+    from ..quant.reference import is_quantized
+
+    if is_quantized(model.onnx_model):  # the chains are float ops; LowerQDQ would find none of its groups after
+        raise UserError(f"{model.name}: --split acg does not take int8 (QDQ) models yet; plan it without --split")
     deploy_target = get_target(target)
     device = device or Device()
     mod = normalize(to_relax(model))

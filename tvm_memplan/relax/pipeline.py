@@ -12,6 +12,7 @@ from ..backends.schedules import with_gpu_schedules
 from ..backends.vulkan.glsl import scalar_slots
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
+from ..quant.lower import LowerQDQ
 from ..schedule import DefaultCPUSchedule
 from .fold import FoldDataMovementConstants
 from .fusion import FuseGroupKernels
@@ -76,10 +77,12 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages
     """TVM's passes for ``target`` split at the insertion points of reordering and arena planning.
     GPU kernels are scheduled in the first stage: ``schedule="none"`` leaves them to TVM's rules.
     The frontend's constant-only reshapes and selects are folded in numpy first (``FoldConstant``
-    would build each one with LLVM)."""
+    would build each one with LLVM). On CPU targets the QDQ groups of an int8 model become integer
+    kernels first (:func:`~tvm_memplan.quant.lower.LowerQDQ`)."""
     backend = _backend_module(target)
     legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
-    before = ([FoldDataMovementConstants()] + backend.library_dispatch_passes(target) + legalize
+    quantized = [LowerQDQ()] if target.kind.name in ("llvm", "c") else []
+    before = (quantized + [FoldDataMovementConstants()] + backend.library_dispatch_passes(target) + legalize
               + backend.dataflow_lower_passes(target))
     finalize = list(backend.finalize_passes(target))
     names = [p.info.name for p in finalize]

@@ -27,6 +27,10 @@ class VerifyResult:
     device: str
     """Where both programs ran (``cpu:0``, ``opencl:0``, ``vulkan:0``)."""
     problems: list[str] = field(default_factory=list)
+    max_lsb_diff_vs_onnxruntime: int | None = None
+    """Int8 (QDQ) models: the largest output difference from onnxruntime's default run, in output LSB."""
+    tolerance_lsb: int | None = None
+    """Int8 (QDQ) models: the LSB allowed (onnxruntime's optimized/unoptimized spread, at least 2)."""
 
     @property
     def trace_matches_plan(self) -> bool:
@@ -44,6 +48,21 @@ def _onnxruntime_outputs(plan: ModelPlan, inputs: dict[str, np.ndarray]) -> list
         return None
     session = ort.InferenceSession(plan.model.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, inputs)
+
+
+def _int8_comparison(plan: ModelPlan, inputs: dict[str, np.ndarray], outputs: list[np.ndarray],
+                     reference: list[np.ndarray]) -> tuple[int, int] | None:
+    """For a QDQ model whose outputs are all dequantized per tensor: (largest difference from
+    onnxruntime in output LSB, the LSB allowed); None for any other model."""
+    from ..quant.reference import is_quantized, lsb_difference, tolerances
+
+    if not is_quantized(plan.model.onnx_model):
+        return None
+    allowed = tolerances(plan.model.onnx_model, inputs, reference)
+    if not allowed or any(t is None for t in allowed):
+        return None
+    diff = max(lsb_difference(a, r, t.scale) for a, r, t in zip(outputs, reference, allowed))
+    return diff, min(t.lsb for t in allowed)  # several outputs: the strictest tolerance
 
 
 def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-4, stock: bool = True,
@@ -81,10 +100,17 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
             problems.append(f"outputs differ from TVM's stock pipeline (max |diff| {diff_stock:.3g})")
 
     diff_ort = None
+    lsb_diff, lsb_tolerance = None, None
     reference = _onnxruntime_outputs(plan, inputs)
     if reference is not None:
         diff_ort = max((float(np.max(np.abs(a - r))) for a, r in zip(outputs, reference) if a.size), default=0.0)
-        if not all(np.allclose(a, r, rtol=rtol, atol=atol) for a, r in zip(outputs, reference)):
+        lsb = _int8_comparison(plan, inputs, outputs, reference)
+        if lsb is not None:
+            lsb_diff, lsb_tolerance = lsb
+            if lsb_diff > lsb_tolerance:
+                problems.append(f"outputs differ from onnxruntime by {lsb_diff} LSB, more than its own spread "
+                                f"(optimized vs unoptimized, at least 2): {lsb_tolerance} LSB")
+        elif not all(np.allclose(a, r, rtol=rtol, atol=atol) for a, r in zip(outputs, reference)):
             problems.append(f"outputs differ from onnxruntime beyond rtol={rtol}, atol={atol} (max |diff| {diff_ort:.3g})")
 
     main = plan.main
@@ -99,6 +125,8 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
         zero_offset_calls=trace.zero_offset_calls,
         device=str(device),
         problems=problems,
+        max_lsb_diff_vs_onnxruntime=lsb_diff,
+        tolerance_lsb=lsb_tolerance,
     )
     if not result.trace_matches_plan:
         problems.append(f"VM requested {sorted(trace.storage_bytes)} bytes, plan expects {sorted(expected)}")

@@ -1,0 +1,178 @@
+"""Int8 (QDQ) networks side by side: arenas, weights, latency against onnxruntime, LSB differences.
+
+    TVM_NUM_THREADS=2 python scripts/bench_int8.py --threads 2 --out results/bench_int8.md
+
+Each float model is quantized with onnxruntime's ``quantize_static`` (``tvm-memplan quantize --int8``:
+QDQ, per-channel int8 weights, int8 activations, MinMax on random normal calibration inputs: the
+weights are the zoo's random ones, so only the arithmetic is meaningful, not accuracy). Then, in one
+run: the float and int8 arenas and the int8 liveness bound; the initializer bytes; whether the VM's
+storage requests equal the plan; latency of our int8 build, onnxruntime on the same int8 file at
+the same threads, and our float build; the largest output difference from onnxruntime's default
+session in output LSB beside onnxruntime's own optimized-vs-unoptimized spread; the top class
+agreement on the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_MODELS = [
+    "zoo:mcu_cnn",
+    "zoo:mobilenet_v2?width=0.35&resolution=144",
+    "zoo:squeezenet1_0",
+    "zoo:mobilenet_v2",
+    "zoo:googlenet",
+]
+
+
+def _latency_tvm(executable, inputs: dict[str, np.ndarray]) -> float:
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
+    return vm.time_evaluator("main", dev, number=1, repeat=15, min_repeat_ms=50)(*args).median * 1e3
+
+
+def _latency_onnxruntime(path: Path, inputs: dict[str, np.ndarray], threads: int) -> float:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session.run(None, inputs)
+    repeats = []
+    for _ in range(15):
+        start, runs = time.perf_counter(), 0
+        while time.perf_counter() - start < 0.05:
+            session.run(None, inputs)
+            runs += 1
+        repeats.append((time.perf_counter() - start) / runs * 1e3)
+    return float(np.median(repeats))
+
+
+def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, order_seconds: float) -> dict:
+    import onnx
+
+    from tvm_memplan.frontend import LoadedModel, load_model, to_relax
+    from tvm_memplan.planner import plan_model
+    from tvm_memplan.quant.calibrate import quantize_int8
+    from tvm_memplan.quant.lower import LowerQDQ
+    from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime
+    from tvm_memplan.verify import run_vm
+
+    float_model = load_model(spec)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="bench-int8-") as tmp:
+        source, target = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
+        onnx.save(float_model.onnx_model, str(source))
+        calib = {name: rng.standard_normal((samples, *shape[1:])).astype(dtype)
+                 for name, shape, dtype in float_model.input_specs()}
+        report = quantize_int8(source, target, calib)
+        int8 = LoadedModel(float_model.name + ".int8", onnx.load(str(target)))
+        lowering = []
+        LowerQDQ(lowering.append)(to_relax(int8))
+        float_plan = plan_model(float_model, None, order_seconds=order_seconds)
+        int8_plan = plan_model(int8, None, order_seconds=order_seconds)
+        int8_exe, float_exe = int8_plan.build(), float_plan.build()
+        scale = output_scales(int8.onnx_model)[0]
+        ours_lsb, spread_lsb, ours_top, theirs_top = [], [], 0, 0
+        trace_ok = True
+        for seed in range(inputs_checked):
+            inputs = int8.random_inputs(seed)
+            ours, trace = run_vm(int8_exe, inputs)
+            expected = [a["arena_bytes"] for a in int8_plan.main.arenas] + [int(o.nbytes) for o in ours]
+            trace_ok &= Counter(trace.storage_bytes) == Counter(expected)
+            fused = run_onnxruntime(int8.onnx_model, inputs)[0]
+            plain = run_onnxruntime(int8.onnx_model, inputs, optimized=False)[0]
+            if scale is not None:
+                ours_lsb.append(lsb_difference(ours[0], fused, scale))
+                spread_lsb.append(lsb_difference(plain, fused, scale))
+            ours_top += int(np.argmax(ours[0]) == np.argmax(fused))
+            theirs_top += int(np.argmax(plain) == np.argmax(fused))
+        inputs = int8.random_inputs(0)
+        return {
+            "model": spec,
+            "float_arena": float_plan.main.arena_bytes,
+            "int8_arena": int8_plan.main.arena_bytes,
+            "int8_bound": int8_plan.main.lower_bound_bytes,
+            "weights_float": report.weight_bytes_float,
+            "weights_int8": report.weight_bytes_int8,
+            "kept_float": len(lowering[0].kept_float),
+            "trace_ok": trace_ok,
+            "ms_ours_int8": float(_latency_tvm(int8_exe, inputs)),
+            "ms_ort_int8": _latency_onnxruntime(target, inputs, threads),
+            "ms_ours_float": float(_latency_tvm(float_exe, inputs)),
+            "lsb": max(ours_lsb, default=None),
+            "spread": max(spread_lsb, default=None),
+            "top": f"{ours_top}/{theirs_top} of {inputs_checked}",
+        }
+
+
+def table(rows: list[dict], threads: int, cpu: str, load: tuple[float, float]) -> str:
+    header = (
+        f"## Int8 (QDQ) networks: tvm_memplan against onnxruntime ({threads} thread(s), {cpu})\n\n"
+        f"Load average {load[0]:.1f} before the run, {load[1]:.1f} after (other jobs on the same cores make "
+        "the latencies noisy; the other columns do not depend on it).\n\n"
+        "Arenas in bytes; weights are the ONNX initializers (int8 adds scales, zero points and int32 biases); "
+        "LSB: largest output difference from onnxruntime's default session (in brackets: onnxruntime's own "
+        "unoptimized-vs-default spread); top class: agreement with onnxruntime's default run, ours / "
+        "onnxruntime's unoptimized run.\n\n"
+        "| model | float arena | int8 arena | int8 bound | int8/float | weights float → int8 | groups kept float "
+        "| VM = plan | int8 ms (ours) | int8 ms (onnxruntime) | float ms (ours) | LSB (spread) | top class |\n"
+        "|---|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = []
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['float_arena']:,} | {r['int8_arena']:,} | {r['int8_bound']:,} "
+            f"| {r['int8_arena'] / r['float_arena']:.3f} | {r['weights_float']:,} → {r['weights_int8']:,} "
+            f"| {r['kept_float']} | {'yes' if r['trace_ok'] else 'NO'} | {r['ms_ours_int8']:.3f} | {r['ms_ort_int8']:.3f} "
+            f"| {r['ms_ours_float']:.3f} | {r['lsb']} ({r['spread']}) | {r['top']} |"
+        )
+    return header + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=DEFAULT_MODELS, help="zoo specs or ONNX files (float)")
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("TVM_NUM_THREADS", "1")))
+    parser.add_argument("--samples", type=int, default=4, help="calibration samples (random normal)")
+    parser.add_argument("--inputs", type=int, default=5, help="random inputs compared with onnxruntime")
+    parser.add_argument("--order-seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_int8.md"))
+    args = parser.parse_args()
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM's thread pool starts
+    from tvm_memplan.deploy.results import write_atomically
+
+    load_before = os.getloadavg()[0]
+    rows = []
+    for spec in args.models:
+        rows.append(bench_model(spec, args.threads, args.samples, args.inputs, args.order_seconds))
+        print(rows[-1], flush=True)
+    write_atomically(args.out, table(rows, args.threads, _cpu_name(), (load_before, os.getloadavg()[0])))
+
+
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+if __name__ == "__main__":
+    main()

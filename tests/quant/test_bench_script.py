@@ -1,0 +1,22 @@
+"""scripts/bench_int8.py end to end on the smallest zoo network (the full table takes minutes)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_int8_writes_a_row_with_a_quarter_arena(tmp_path):
+    out = tmp_path / "bench_int8.md"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_int8.py"), "zoo:mcu_cnn", "--inputs", "2",
+                           "--order-seconds", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    float_arena, int8_arena, bound = (int(c.replace(",", "")) for c in cells[1:4])
+    assert int8_arena == bound and int8_arena < float_arena / 3
+    assert cells[6] == "0" and cells[7] == "yes"
+    lsb, spread = cells[11].replace("(", "").replace(")", "").split()
+    assert int(lsb) <= max(2, int(spread))

@@ -1,0 +1,695 @@
+"""The ``LowerQDQ`` Relax pass: each DequantizeLinear → op → QuantizeLinear group becomes one integer kernel.
+
+TVM's ONNX frontend imports a QDQ model as float ops between ``R.dequantize`` and ``R.quantize``;
+its pipeline then folds the weights' dequantize into float constants and runs every op in float32,
+so activations travel between kernels as float32 and the arena is the float model's. This pass
+matches the groups onnxruntime itself fuses into integer operators (its QDQ selectors: QLinearConv,
+QGemm/QLinearMatMul, QLinearAdd/Mul, QLinearGlobalAveragePool, QLinearSigmoid, and the data-movement
+ops it runs on int8 directly) and replaces each with one kernel of :mod:`.kernels`, reading and
+writing int8/uint8. The dequantize of a lowered kernel's input is then dead, so tensors between two
+lowered kernels are 1-byte tensors in the arena. Weights stay int8 constants, biases int32.
+
+Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, zero point 0):
+
+* ``conv2d(dq(x), dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.conv2d` (a folded Relu/Clip
+  narrows the output clamp: quantization is monotonic, so clamping before or after is the same);
+* ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.dense`. The weights may
+  also be ``dq(q(float constant))`` and the bias a float constant (PyTorch's exports) or an int32
+  one of another scale (a bias tensor shared between convs): both are quantized to the
+  accumulator's scale here;
+* ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.add` / :func:`.kernels.multiply`;
+* ``mean(dq(x))`` (GlobalAveragePool) → :func:`.kernels.mean`, ``avg_pool2d(dq(x))`` → :func:`.kernels.avg_pool2d`;
+* reshape, permute_dims, strided_slice, a part of split, max_pool2d, concat of ``dq`` inputs with the
+  output's scale and zero point → the same op on the integers (exact: these ops move or select
+  values; concat inputs of another scale are requantized through a table first);
+* any tree of elementwise float ops of one ``dq`` input (Sigmoid, HardSwish, HardSigmoid, Tanh, ...),
+  also through an inner ``dq(q(...))`` used only there (SiLU: ``x * sigmoid(x)`` with the sigmoid
+  quantized) → a 256-entry lookup table computed in float32 numpy;
+* any other ``quantize`` of a float tensor (the network input, an op kept in float) → MLAS's
+  QuantizeLinear (round half to even; TVM's legalization uses ``round``).
+
+Anything else keeps its dequantize and quantize and runs in float: correct, not integer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from . import kernels
+from .kernels import INT_RANGE
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Per-tensor quantization of an activation."""
+
+    scale: float
+    zero_point: int
+    dtype: str
+
+
+def _const(expr: relax.Expr) -> np.ndarray | None:
+    if isinstance(expr, tvm.ir.GenericConst):
+        return expr.value.numpy()
+    return None
+
+
+def _op_name(expr: relax.Expr) -> str | None:
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return expr.op.name
+    return None
+
+
+def _prim_float(expr: relax.Expr) -> float | None:
+    value = getattr(expr, "value", None)
+    if value is None:
+        return None
+    inner = getattr(value, "value", value)
+    try:
+        return float(inner)
+    except (TypeError, ValueError):
+        return None
+
+
+def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    ty = expr.ty if hasattr(expr, "ty") else None
+    values = getattr(getattr(ty, "shape", None), "values", None)
+    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
+        return None
+    return tuple(int(d) for d in values)
+
+
+def _dtype(expr: relax.Expr) -> str:
+    return str(expr.ty.dtype)
+
+
+class _Graph:
+    """The bindings of one Relax function: definitions and how often each var is used."""
+
+    def __init__(self, func: relax.Function) -> None:
+        self.defs: dict[relax.Var, relax.Expr] = {}
+        self.uses: dict[relax.Var, int] = {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, relax.VarBinding):
+                    self.defs[binding.var] = binding.value
+                    self._count(binding.value)
+        self._count(func.body.body)
+
+    def _count(self, expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Var):
+            self.uses[expr] = self.uses.get(expr, 0) + 1
+        elif isinstance(expr, relax.Call):
+            for arg in expr.args:
+                self._count(arg)
+        elif isinstance(expr, relax.Tuple):
+            for field in expr.fields:
+                self._count(field)
+        elif isinstance(expr, relax.TupleGetItem):
+            self._count(expr.tuple_value)
+
+    def value(self, expr: relax.Expr) -> relax.Expr:
+        return self.defs.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def single_use(self, expr: relax.Expr) -> bool:
+        return isinstance(expr, relax.Var) and self.uses.get(expr, 0) == 1
+
+    def activation(self, expr: relax.Expr) -> tuple[relax.Expr, QParams] | None:
+        """``expr = dequantize(x, scale, zp)`` of a non-constant int8/uint8 ``x`` with per-tensor
+        parameters: (x, its parameters)."""
+        call = self.value(expr)
+        if _op_name(call) != "relax.dequantize":
+            return None
+        data, scale, zero_point = call.args
+        if isinstance(data, tvm.ir.GenericConst) or _dtype(data) not in INT_RANGE:
+            return None
+        s, z = _const(scale), _const(zero_point)
+        if s is None or z is None or s.size != 1 or z.size != 1:
+            return None
+        return data, QParams(float(s.reshape(())), int(z.reshape(())), _dtype(data))
+
+    def _quantized_constant(self, expr: relax.Expr) -> np.ndarray | None:
+        """``quantize(float constant)`` computed here (PyTorch's exports quantize float weights in the
+        graph): divide, round half to even, saturate, as QuantizeLinear."""
+        call = self.value(expr)
+        if _op_name(call) != "relax.quantize":
+            return None
+        values, scale, zero_point = (_const(a) for a in call.args)
+        dtype = str(call.attrs.out_dtype)
+        if values is None or scale is None or zero_point is None or dtype not in INT_RANGE:
+            return None
+        shape = [1] * values.ndim
+        if scale.size > 1:
+            shape[int(call.attrs.axis) % values.ndim] = scale.size
+        scale = scale.astype(np.float32).reshape(shape if scale.size > 1 else ())
+        zero_point = zero_point.astype(np.int64).reshape(shape if zero_point.size > 1 else ())
+        low, high = INT_RANGE[dtype]
+        return np.clip(np.rint(values.astype(np.float32) / scale) + zero_point, low, high).astype(dtype)
+
+    def float_constant(self, expr: relax.Expr) -> np.ndarray | None:
+        """``expr = [reshape](float constant)``: a bias PyTorch's exports leave in float."""
+        call = self.value(expr)
+        while _op_name(call) == "relax.reshape":
+            call = self.value(call.args[0])
+        values = _const(call)
+        return values if values is not None and values.dtype == np.float32 else None
+
+    def dequantized_constant(self, expr: relax.Expr) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``expr = [reshape|permute_dims](dequantize(constant, scale, zp))``: (integers, scale, zp),
+        scale and zp broadcast to the integers' shape, the data movement applied."""
+        call = self.value(expr)
+        moves = []
+        while _op_name(call) in ("relax.reshape", "relax.permute_dims"):
+            moves.append(call)
+            call = self.value(call.args[0])
+        if _op_name(call) != "relax.dequantize":
+            return None
+        values, scale, zero_point = (_const(a) for a in call.args)
+        if values is None:
+            values = self._quantized_constant(call.args[0])
+        if values is None or scale is None or zero_point is None:
+            return None
+        axis = int(call.attrs.axis) % max(values.ndim, 1)
+        shape = [1] * values.ndim
+        if scale.size > 1:
+            shape[axis] = scale.size
+        scale = np.broadcast_to(scale.astype(np.float32).reshape(shape if scale.size > 1 else ()), values.shape)
+        zero_shape = shape if zero_point.size > 1 else ()
+        zero_point = np.broadcast_to(zero_point.astype(np.int64).reshape(zero_shape), values.shape)
+        arrays = [values, scale, zero_point]
+        for move in reversed(moves):
+            if _op_name(move) == "relax.reshape":
+                target = _static_shape(move)
+                if target is None:
+                    return None
+                arrays = [a.reshape(target) for a in arrays]
+            else:
+                axes = move.attrs.axes
+                arrays = [np.transpose(a, None if axes is None else [int(x) for x in axes]) for a in arrays]
+        return arrays[0], arrays[1], arrays[2]
+
+
+@dataclass
+class _Clamp:
+    low: float = -np.inf
+    high: float = np.inf
+
+    def bounds(self, q: QParams) -> tuple[int, int]:
+        """The output's quantized range with this float clamp folded in (quantize is monotonic)."""
+        low, high = INT_RANGE[q.dtype]
+        if np.isfinite(self.low):
+            low = max(low, _quantize_scalar(self.low, q))
+        if np.isfinite(self.high):
+            high = min(high, _quantize_scalar(self.high, q))
+        return low, high
+
+
+def _quantize_scalar(value: float, q: QParams) -> int:
+    low, high = INT_RANGE[q.dtype]
+    return int(np.clip(np.rint(np.float32(value) / np.float32(q.scale)) + q.zero_point, low, high))
+
+
+@dataclass
+class LoweringReport:
+    """What :func:`LowerQDQ` did to each quantize of ``main``."""
+
+    lowered: dict[str, int]
+    """Kernel kind → how many groups became it."""
+    kept_float: list[str]
+    """The ops between a dequantize and a quantize that stay in float (op name)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.lowered.values())
+
+
+@mutator
+class _Lowerer(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, graph: _Graph, report: LoweringReport) -> None:
+        super().__init__(mod)
+        self.graph = graph
+        self.report = report
+        self._recipe: tuple | None = None
+        self.recipes: dict[relax.Var, tuple] = {}
+        """A lowered conv/dense quantize's var → (kernel, args, kwargs, name, kind): the concat of
+        another scale re-emits the kernel with its requantization table in the epilogue."""
+        self.kinds: list[tuple[relax.Var, str]] = []
+        """Each lowered quantize's var and kernel kind (some die when a later table absorbs them)."""
+
+    # -- emission helpers -------------------------------------------------------------------------
+
+    def _emit(self, binding: relax.VarBinding, value: relax.Expr, kind: str) -> None:
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
+        self.kinds.append((binding.var, kind))
+
+    def _call_te(self, func: Callable, *args, name: str, **kwargs) -> relax.Expr:
+        return self.builder_.call_te(func, *args, primfunc_name_hint=name, **kwargs)
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        if _op_name(value) == "relax.quantize":
+            self._recipe = None
+            lowered = self._lower_quantize(binding)
+            if lowered is not None:
+                self._emit(binding, *lowered)
+                if self._recipe is not None:
+                    self.recipes[binding.var] = self._recipe
+                return
+        super().visit_var_binding_(binding)
+
+    # -- matching ---------------------------------------------------------------------------------
+
+    def _lower_quantize(self, binding: relax.VarBinding) -> tuple[relax.Expr, str] | None:
+        data, scale, zero_point = binding.value.args
+        s, z = _const(scale), _const(zero_point)
+        out_dtype = str(binding.value.attrs.out_dtype)
+        if s is None or z is None or s.size != 1 or z.size != 1 or out_dtype not in INT_RANGE:
+            return None
+        out = QParams(float(s.reshape(())), int(z.reshape(())), out_dtype)
+        g = self.graph
+        if not self._is_float_input(data) and g.single_use(data):
+            for lower in (self._movement, self._table, self._conv_or_dense, self._binary, self._mean, self._avg_pool):
+                result = lower(data, out)
+                if result is not None:
+                    return result
+            self.report.kept_float.append(_op_name(g.value(data)) or "?")
+        if _dtype(data) != "float32":
+            return None
+        # the network input, or the result of an op kept in float: QuantizeLinear as MLAS computes it
+        # (TVM's legalization rounds with ``round``, half away from zero in C)
+        return self._call_te(kernels.quantize, self.visit_expr(data), scale=out.scale, zero_point=out.zero_point,
+                             out_dtype=out.dtype, name="quantize_linear"), "quantize"
+
+    def _is_float_input(self, data: relax.Expr) -> bool:
+        """A float tensor that no op produces inside this function's QDQ graph: a function parameter."""
+        return isinstance(data, relax.Var) and data not in self.graph.defs and _dtype(data) == "float32"
+
+    def _strip_clamp(self, expr: relax.Expr) -> tuple[relax.Expr, _Clamp]:
+        """Relu/Clip on the way from the quantize to the op, as one float clamp."""
+        clamp = _Clamp()
+        g = self.graph
+        while True:
+            call = g.value(expr)
+            name = _op_name(call)
+            if name == "relax.nn.relu" and g.single_use(call.args[0]):
+                clamp.low = max(clamp.low, 0.0)
+            elif name == "relax.clip" and g.single_use(call.args[0]):
+                low, high = _prim_float(call.args[1]), _prim_float(call.args[2])
+                if low is None or high is None:
+                    return expr, clamp
+                clamp.low, clamp.high = max(clamp.low, low), min(clamp.high, high)
+            else:
+                return expr, clamp
+            expr = call.args[0]
+
+    def _movement(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        call = self.graph.value(data)
+        name = _op_name(call)
+        if isinstance(call, relax.TupleGetItem):
+            return self._split_item(call, out)
+        if name in ("relax.reshape", "relax.permute_dims", "relax.nn.max_pool2d", "relax.strided_slice"):
+            inputs = [call.args[0]]
+        elif name == "relax.concat" and isinstance(call.args[0], relax.Tuple):
+            inputs = list(call.args[0].fields)
+        else:
+            return None
+        sources = []
+        for item in inputs:
+            found = self.graph.activation(item)
+            if found is None or found[1].dtype != out.dtype or (found[1] != out and name != "relax.concat"):
+                return None
+            source = self.visit_expr(found[0])
+            if found[1] != out:  # onnxruntime's QLinearConcat requantizes such an input through a table
+                table = relax.const(requantization_table(found[1], out))
+                recipe = self.recipes.get(found[0])
+                if recipe is not None and self.graph.single_use(found[0]) and self.graph.single_use(item):
+                    # the producing conv/dense applies the table in its epilogue: one kernel, and the
+                    # concat can take its output in place
+                    func, args, kwargs, kernel_name, kind = recipe
+                    source = self.builder_.emit(self._call_te(func, *args, table=table, name=kernel_name, **kwargs))
+                    self.kinds.append((source, kind))
+                else:
+                    source = self._call_te(kernels.lookup, source, table, name="qrequantize")
+            sources.append(source)
+        if name == "relax.concat":
+            new_args = [relax.Tuple(sources)] + list(call.args[1:])
+        else:
+            new_args = [sources[0]] + list(call.args[1:])
+        return relax.Call(call.op, new_args, call.attrs, call.ty_args), name.split(".")[-1]
+
+    def _split_item(self, item: relax.TupleGetItem, out: QParams) -> tuple[relax.Expr, str] | None:
+        """One part of ``split(dq(x))`` (ShuffleNet's channel split): a strided slice of the integers."""
+        call = self.graph.value(item.tuple_value)
+        if _op_name(call) != "relax.split":
+            return None
+        source = self.graph.activation(call.args[0])
+        shape = _static_shape(call.args[0])
+        if source is None or source[1] != out or shape is None:
+            return None
+        axis = int(call.attrs.axis) % len(shape)
+        sections = call.attrs.indices_or_sections
+        if isinstance(sections, tvm.tirx.IntImm):
+            step = shape[axis] // int(sections)
+            bounds = [step * i for i in range(1, int(sections))]
+        else:
+            bounds = [int(v) for v in sections]
+        edges = [0, *bounds, shape[axis]]
+        index = int(item.index)
+        sliced = relax.op.strided_slice(self.visit_expr(source[0]), axes=[axis], begin=[edges[index]],
+                                        end=[edges[index + 1]])
+        return sliced, "strided_slice"
+
+    def _conv_or_dense(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        g = self.graph
+        core, clamp = self._strip_clamp(data)
+        bias = None
+        call = g.value(core)
+        if _op_name(call) == "relax.add":
+            for acc, other in ((call.args[0], call.args[1]), (call.args[1], call.args[0])):
+                if _op_name(g.value(acc)) in ("relax.nn.conv2d", "relax.matmul") and g.single_use(acc):
+                    bias = g.dequantized_constant(other)
+                    if bias is None:
+                        float_bias = g.float_constant(other)
+                        if float_bias is not None:  # real values: scale 1, zero point 0
+                            bias = (float_bias, np.ones_like(float_bias), np.zeros(float_bias.shape, np.int64))
+                    if bias is not None:
+                        core, call = acc, g.value(acc)
+                        break
+            else:
+                return None
+        name = _op_name(call)
+        if name not in ("relax.nn.conv2d", "relax.matmul") or (not core.same_as(data) and not g.single_use(core)):
+            return None
+        source = g.activation(call.args[0])
+        weight = g.dequantized_constant(call.args[1])
+        if source is None or weight is None:
+            return None
+        x, xq = source
+        w_int, w_scale, w_zero = weight
+        if name == "relax.nn.conv2d":
+            attrs = call.attrs
+            if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" or w_int.ndim != 4:
+                return None
+            channels = w_int.shape[0]
+            per_channel = (w_scale.reshape(channels, -1), w_zero.reshape(channels, -1))
+            w_matrix = w_int
+        else:
+            if w_int.ndim != 2 or len(_static_shape(x) or ()) < 1:
+                return None
+            channels = w_int.shape[1]
+            per_channel = (w_scale.T.reshape(channels, -1), w_zero.T.reshape(channels, -1))
+            w_matrix = np.ascontiguousarray(w_int.T)  # (N, K)
+        scale_oc, zero_oc = per_channel
+        if not (np.all(scale_oc == scale_oc[:, :1]) and np.all(zero_oc == zero_oc[:, :1])):
+            return None  # scales vary inside an output channel: blocked or per-input-channel weights
+        w_shifted = w_matrix.astype(np.int64) - zero_oc[:, 0].reshape((-1,) + (1,) * (w_matrix.ndim - 1))
+        if w_shifted.min(initial=0) < -128 or w_shifted.max(initial=0) > 127:
+            return None
+        # onnxruntime: output_scales[i] = X_scale * W_scale[i] / Y_scale, in float32
+        multiplier = (np.float32(xq.scale) * scale_oc[:, 0].astype(np.float32)) / np.float32(out.scale)
+        if bias is None:
+            bias_int = np.zeros(channels, np.int32)
+        else:
+            b_int, b_scale, b_zero = bias
+            if b_int.dtype not in (np.int32, np.float32) or b_int.size != channels or np.any(b_zero != 0):
+                return None
+            accumulator_scale = np.float32(xq.scale) * scale_oc[:, 0].astype(np.float32)
+            bias_int = b_int.reshape(-1).astype(np.int32)
+            same_scale = np.array_equal(b_scale.reshape(-1).astype(np.float32), accumulator_scale)
+            if b_int.dtype == np.float32 or not same_scale:
+                # a float bias (PyTorch's exports) or one quantized with another scale (TorchScript exports
+                # share one bias tensor between convs): quantized to the accumulator's scale, off by at
+                # most half an accumulator LSB
+                real = b_int.reshape(-1).astype(np.float64) * b_scale.reshape(-1).astype(np.float64)
+                rescaled = np.rint(real / accumulator_scale.astype(np.float64))
+                if np.abs(rescaled).max(initial=0) >= 2**31:
+                    return None
+                bias_int = rescaled.astype(np.int32)
+        low, high = clamp.bounds(out)
+        common = {"y_zero_point": out.zero_point, "low": low, "high": high, "out_dtype": out.dtype,
+                  "accumulate": kernels.accumulator_dtype(w_shifted, xq.dtype)}
+        try:
+            bias_int = kernels.fold_zero_point(bias_int, w_shifted, xq.zero_point)
+        except OverflowError:
+            return None
+        stored = w_shifted if name == "relax.nn.conv2d" else np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
+        consts = [relax.const(stored.astype(np.int8)), relax.const(bias_int),
+                  relax.const(multiplier.astype(np.float32))]
+        x_new = self.visit_expr(x)
+        if name == "relax.nn.conv2d":
+            attrs = call.attrs
+            kind = "depthwise_conv2d" if int(attrs.groups) == channels and int(attrs.groups) > 1 else "conv2d"
+            func, kwargs = kernels.conv2d, {"strides": [int(v) for v in attrs.strides],
+                                            "padding": [int(v) for v in attrs.padding],
+                                            "dilation": [int(v) for v in attrs.dilation], "groups": int(attrs.groups),
+                                            "x_zero_point": xq.zero_point, **common}
+        else:
+            func, kwargs, kind = kernels.dense, common, "dense"
+        kernel_name = "qdense" if kind == "dense" else f"q{kind}"
+        self._recipe = (func, [x_new, *consts], kwargs, kernel_name, kind)
+        return self._call_te(func, x_new, *consts, name=kernel_name, **kwargs), kind
+
+    def _binary(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        g = self.graph
+        core, clamp = self._strip_clamp(data)
+        call = g.value(core)
+        name = _op_name(call)
+        if name not in ("relax.add", "relax.multiply") or (not core.same_as(data) and not g.single_use(core)):
+            return None
+        a, b = g.activation(call.args[0]), g.activation(call.args[1])
+        shape = _static_shape(call)
+        if a is None or b is None or shape is None:
+            return None
+        low, high = clamp.bounds(out)
+        op = "add" if name == "relax.add" else "multiply"
+        if op == "add":
+            fused = self._add_into_producer(call, a, b, shape, out, low, high)
+            if fused is not None:
+                return fused
+        kernel = kernels.add if op == "add" else kernels.multiply
+        return self._call_te(kernel, self.visit_expr(a[0]), self.visit_expr(b[0]), out_shape=shape,
+                             a_scale=a[1].scale, a_zero_point=a[1].zero_point, b_scale=b[1].scale,
+                             b_zero_point=b[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
+                             low=low, high=high, out_dtype=out.dtype, name=f"q{op}"), op
+
+    def _add_into_producer(self, call: relax.Call, a: tuple, b: tuple, shape: tuple[int, ...], out: QParams,
+                           low: int, high: int) -> tuple[relax.Expr, str] | None:
+        """A residual add whose operand comes only from a lowered conv/dense: that kernel re-emitted
+        with the add in its epilogue (the conv's own rounding, then MLAS's add: the same integers as
+        two kernels, one pass and one tensor fewer, as the float build's fused conv + add)."""
+        g = self.graph
+        ratio_a, ratio_b, constant = kernels.add_parameters(a[1].scale, a[1].zero_point, b[1].scale, b[1].zero_point,
+                                                            out.scale, out.zero_point)
+        for position, (mine, other) in enumerate(((a, b), (b, a))):
+            recipe = self.recipes.get(mine[0])
+            if (recipe is None or not g.single_use(mine[0]) or not g.single_use(call.args[position])
+                    or _static_shape(mine[0]) != shape or _static_shape(other[0]) != shape):
+                continue
+            func, args, kwargs, kernel_name, kind = recipe
+            residual_add = {"ratio_a": ratio_a, "ratio_b": ratio_b, "constant": constant, "low": low, "high": high,
+                            "out_dtype": out.dtype, "code_first": position == 0}
+            fused = self._call_te(func, *args, residual=self.visit_expr(other[0]), residual_add=residual_add,
+                                  name=f"{kernel_name}_add", **kwargs)
+            return fused, f"{kind}+add"
+        return None
+
+    def _mean(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        g = self.graph
+        call = g.value(data)
+        if _op_name(call) != "relax.mean" or call.attrs.axis is None:
+            return None
+        source = g.activation(call.args[0])
+        in_shape = _static_shape(call.args[0])
+        if source is None or in_shape is None:
+            return None
+        axes = [int(a) for a in call.attrs.axis]
+        count = int(np.prod([in_shape[a] for a in axes]))
+        # onnxruntime's QLinearGlobalAveragePool: x_scale / (count * y_scale) in float32
+        multiplier = float(np.float32(source[1].scale) / (np.float32(count) * np.float32(out.scale)))
+        low, high = INT_RANGE[out.dtype]
+        return self._call_te(kernels.mean, self.visit_expr(source[0]), axes=axes, keepdims=bool(call.attrs.keepdims),
+                             multiplier=multiplier, x_zero_point=source[1].zero_point, y_zero_point=out.zero_point,
+                             low=low, high=high, out_dtype=out.dtype, name="qmean"), "mean"
+
+    def _avg_pool(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        call = self.graph.value(data)
+        if _op_name(call) != "relax.nn.avg_pool2d":
+            return None
+        attrs = call.attrs
+        source = self.graph.activation(call.args[0])
+        if (source is None or str(attrs.layout) != "NCHW" or bool(attrs.ceil_mode)
+                or any(int(d) != 1 for d in attrs.dilation) or source[1].dtype != out.dtype):
+            return None
+        return self._call_te(kernels.avg_pool2d, self.visit_expr(source[0]),
+                             pool_size=[int(v) for v in attrs.pool_size],
+                             strides=[int(v) for v in attrs.strides], padding=[int(v) for v in attrs.padding],
+                             count_include_pad=bool(attrs.count_include_pad), x_scale=source[1].scale,
+                             x_zero_point=source[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
+                             out_dtype=out.dtype, name="qavg_pool2d"), "avg_pool2d"
+
+    def _table(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
+        """An elementwise float function of one dequantized input, tabulated over its 256 values."""
+        g = self.graph
+        found: list[tuple[relax.Expr, QParams]] = []
+
+        def evaluate(expr: relax.Expr, top: bool) -> np.ndarray | None:
+            through = see_through(expr, top)
+            if through is not None:
+                return through
+            source = g.activation(expr)
+            if source is not None:
+                if found and (not found[0][0].same_as(source[0]) or found[0][1] != source[1]):
+                    return None
+                found.append(source)
+                return dequantized_codes(source[1])
+            constant = _const(expr)
+            if constant is None:  # a dequantized constant scalar (a Mul by a quantized constant)
+                quantized = g.dequantized_constant(expr)
+                if quantized is not None:
+                    ints, scale, zero_point = quantized
+                    constant = ((ints.astype(np.int32) - zero_point).astype(np.float32) * scale).astype(np.float32)
+            if constant is not None:
+                return constant.astype(np.float32).reshape(()) if constant.size == 1 else None
+            if not top and not g.single_use(expr):
+                return None
+            call = g.value(expr)
+            name = _op_name(call)
+            if name not in ELEMENTWISE or expr is call:
+                return None
+            tensors = [a for a in call.args if isinstance(a, (relax.Var, tvm.ir.GenericConst))]
+            operands = [evaluate(a, False) for a in tensors]
+            if any(o is None for o in operands):
+                return None
+            extra = [_prim_float(a) for a in call.args if not isinstance(a, (relax.Var, tvm.ir.GenericConst))]
+            return np.asarray(ELEMENTWISE[name](*operands, *extra), dtype=np.float32)
+
+        def see_through(expr: relax.Expr, top: bool) -> np.ndarray | None:
+            """``dq(q(v))`` of a function ``v`` of the same input, the quantized value used only here
+            (EfficientNet's SiLU: ``x * sigmoid(x)`` with the sigmoid quantized in between)."""
+            call = g.value(expr)
+            if _op_name(call) != "relax.dequantize" or not (top or g.single_use(expr)):
+                return None
+            params = g.activation(expr)
+            inner = g.value(call.args[0])
+            if params is None or _op_name(inner) != "relax.quantize" or not g.single_use(call.args[0]):
+                return None
+            scale, zero_point = _const(inner.args[1]), _const(inner.args[2])
+            if scale is None or zero_point is None or scale.size != 1 or zero_point.size != 1:
+                return None
+            if QParams(float(scale.reshape(())), int(zero_point.reshape(())), params[1].dtype) != params[1]:
+                return None
+            depth = len(found)
+            values = evaluate(inner.args[0], False)
+            if values is None or values.shape != (256,):
+                del found[depth:]
+                return None
+            codes = quantized_table(values, params[1]).astype(np.int32)
+            return ((codes - params[1].zero_point).astype(np.float32) * np.float32(params[1].scale)).astype(np.float32)
+
+        with np.errstate(all="ignore"):
+            values = evaluate(data, True)
+        if values is None or not found or values.shape != (256,):
+            return None
+        table = quantized_table(values, out)
+        x = self.visit_expr(found[0][0])
+        return self._call_te(kernels.lookup, x, relax.const(table), name="qlookup"), "lookup"
+
+
+def dequantized_codes(q: QParams) -> np.ndarray:
+    """The real value of every code of ``q``'s type, in code order (float32, as DequantizeLinear computes)."""
+    low, high = INT_RANGE[q.dtype]
+    codes = np.arange(low, high + 1, dtype=np.int32)
+    return ((codes - q.zero_point).astype(np.float32) * np.float32(q.scale)).astype(np.float32)
+
+
+def quantized_table(values: np.ndarray, q: QParams) -> np.ndarray:
+    """QuantizeLinear of float32 ``values``: divide, round half to even, saturate."""
+    low, high = INT_RANGE[q.dtype]
+    return np.clip(np.rint(values / np.float32(q.scale)) + q.zero_point, low, high).astype(q.dtype)
+
+
+def requantization_table(source: QParams, out: QParams) -> np.ndarray:
+    return quantized_table(dequantized_codes(source), out)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
+
+
+ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
+    "relax.add": np.add,
+    "relax.subtract": np.subtract,
+    "relax.multiply": np.multiply,
+    "relax.divide": np.divide,
+    "relax.minimum": np.minimum,
+    "relax.maximum": np.maximum,
+    "relax.sigmoid": _sigmoid,
+    "relax.tanh": np.tanh,
+    "relax.exp": np.exp,
+    "relax.nn.relu": lambda x: np.maximum(x, np.float32(0)),
+    "relax.clip": lambda x, low, high: np.clip(x, np.float32(low), np.float32(high)),
+    "relax.negative": np.negative,
+}
+"""Elementwise Relax ops a lookup table may contain, in float32 numpy (the same IEEE operations as
+onnxruntime's float kernels; exp, tanh and sigmoid may differ in the last float bit)."""
+
+
+def lower_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, LoweringReport]:
+    """``mod`` with function ``gv`` lowered and its integer kernels added."""
+    report = LoweringReport({}, [])
+    func = mod[gv]
+    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), _Graph(func), report)
+    lowered = lowerer.visit_expr(func)
+    lowered = relax.analysis.remove_all_unused(lowered)
+    bound = [binding.var for block in lowered.body.blocks for binding in block.bindings]
+    for var, kind in lowerer.kinds:
+        if any(var.same_as(b) for b in bound):
+            report.lowered[kind] = report.lowered.get(kind, 0) + 1
+    called = {gvar.name_hint for gvar in _called_functions(lowered)}
+    original = {g.name_hint for g in mod.functions}
+    built = lowerer.builder_.get()
+    functions = {g: f for g, f in built.functions.items() if g.name_hint in original or g.name_hint in called}
+    new_mod = tvm.IRModule(functions, attrs=built.attrs)
+    new_mod[gv] = lowered
+    return new_mod, report
+
+
+def _called_functions(func: relax.Function) -> list[tvm.ir.GlobalVar]:
+    """The GlobalVars ``func``'s bindings call (through call_tir or directly)."""
+    found = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call):
+                for item in [value.op, *value.args]:
+                    if isinstance(item, tvm.ir.GlobalVar):
+                        found.append(item)
+    return found
+
+
+def has_qdq(func: relax.Function) -> bool:
+    """Whether ``func`` quantizes anything (a QDQ model)."""
+    return any(_op_name(binding.value) == "relax.quantize" for block in func.body.blocks for binding in block.bindings)
+
+
+def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None) -> tvm.transform.Pass:
+    """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        functions = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, relax.Function) and has_qdq(f)]
+        if not functions:
+            return mod
+        for gv, _func in functions:
+            mod, report = lower_function(mod, gv)
+            if on_report is not None:
+                on_report(report)
+        return mod
+
+    return _pass

@@ -1,0 +1,91 @@
+"""onnxruntime as the reference of an int8 model: its outputs' LSB and its own run-to-run spread.
+
+onnxruntime's runs of one QDQ file disagree with each other: its default session fuses the QDQ
+groups into integer operators (QLinearConv, QGemm, ...), its unoptimized session computes in float
+between explicit QuantizeLinear/DequantizeLinear nodes. An int8 network compiled by tvm_memplan is
+compared with the default run, within that spread measured in output LSB (at least
+:data:`MIN_TOLERANCE_LSB`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+MIN_TOLERANCE_LSB = 2
+"""The smallest tolerance in output LSB: one LSB of a requantized kernel, one more of rounding ties."""
+
+
+def output_scales(model: onnx.ModelProto) -> list[float | None]:
+    """Per graph output: the per-tensor scale of the DequantizeLinear producing it (through
+    Identity nodes), else None."""
+    constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    scales: list[float | None] = []
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type == "Identity":
+            node = producers.get(node.input[0])
+        scale = constants.get(node.input[1]) if node is not None and node.op_type == "DequantizeLinear" else None
+        scales.append(float(scale.reshape(())) if scale is not None and scale.size == 1 else None)
+    return scales
+
+
+def is_quantized(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` has QuantizeLinear/DequantizeLinear nodes (a QDQ model)."""
+    return any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in model.graph.node)
+
+
+def run_onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray], optimized: bool = True) -> list[np.ndarray]:
+    """One onnxruntime CPU run, with all graph optimizations (fused integer kernels) or none."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)
+
+
+def lsb_difference(a: np.ndarray, b: np.ndarray, scale: float) -> int:
+    """The largest difference between two dequantized outputs, in output LSB."""
+    if not a.size:
+        return 0
+    return int(np.max(np.rint(np.abs(a.astype(np.float64) - b.astype(np.float64)) / scale)))
+
+
+@dataclass
+class Tolerance:
+    """How far an output may be from onnxruntime's default run."""
+
+    scale: float
+    """The output's LSB (its DequantizeLinear scale)."""
+    lsb: int
+    """Allowed difference in LSB: onnxruntime's optimized/unoptimized spread, at least :data:`MIN_TOLERANCE_LSB`."""
+    spread_lsb: int
+    """onnxruntime's own spread on these inputs."""
+
+    @property
+    def atol(self) -> float:
+        return self.lsb * self.scale * (1 + 1e-6)
+
+
+def tolerances(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
+               reference: list[np.ndarray]) -> list[Tolerance | None]:
+    """Per output of a QDQ model, the LSB tolerance against ``reference`` (onnxruntime's default
+    run on ``inputs``); None for an output that is not dequantized per tensor."""
+    unoptimized = run_onnxruntime(model, inputs, optimized=False)
+    result: list[Tolerance | None] = []
+    for scale, fused, plain in zip(output_scales(model), reference, unoptimized):
+        if scale is None:
+            result.append(None)
+            continue
+        spread = lsb_difference(fused, plain, scale)
+        result.append(Tolerance(scale, max(MIN_TOLERANCE_LSB, spread), spread))
+    return result
