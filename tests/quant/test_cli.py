@@ -144,5 +144,5 @@ def test_int8_model_as_standalone_c(capsys, network_files, tmp_path):
     assert main(["build", network_files["int8"], "--emit-c", str(directory), "--json", "--order-seconds", "2"]) == 0
     capsys.readouterr()
     assert main(["measure", str(directory), "--json", "--repeat", "1", "--log", str(tmp_path / "log.jsonl")]) == 0
-    result = json.loads(capsys.readouterr().out)
+    result = json.loads(capsys.readouterr().out)["memplan"]
     assert result["correct"] and result["arena_bytes"] == _plan(capsys, network_files["int8"])["arena_bytes"]
