@@ -4,6 +4,8 @@ locally and through a loopback RPC farm, where a tuple result is a remote object
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,21 @@ def test_standalone_c_writes_both_outputs(capsys, tmp_path):
     assert "float* out0, float* out1" in header
     report = run_cli_json(capsys, "measure", str(out_dir), "--log", str(tmp_path / "log.jsonl"))["memplan"]
     assert report["correct"] and report["reference"] == "onnxruntime", report
+
+
+def test_each_measurement_gives_the_device_back(tmp_path):
+    """Three measurements in a row on a one-server farm: a measurement that kept its RPC session
+    (remote tuple outputs held alive) would leave the third waiting for the server forever."""
+    script = tmp_path / "three.py"
+    script.write_text(f"""
+from tvm_memplan.deploy.measure import measure
+from tvm_memplan.deploy.rpc import start_farm
+with start_farm({{"local": 1}}, lifetime=120) as farm:
+    for _ in range(3):
+        result = measure({str(FIXTURES / "transformers_bert_pooled.torchscript.onnx")!r}, tracker=farm.tracker,
+                         key="local", repeat=1)["memplan"]
+        assert result.correct
+print("done")
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0 and done.stdout.strip().endswith("done"), done.stderr[-2000:]

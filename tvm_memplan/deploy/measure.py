@@ -27,7 +27,7 @@ from tvm import relax
 
 from ..errors import UserError
 from ..frontend import LoadedModel, load_model
-from ..verify.run import vm_outputs
+from ..verify.run import flatten_outputs
 from . import error_line
 from .build import PIPELINES, Manifest, build_artifacts
 from .remote import TRACE_FUNCTION, register_trace_function
@@ -174,7 +174,7 @@ def measure_artifact(
 
     vm = relax.VirtualMachine(module, dev)
     args = [tvm.runtime.tensor(array, dev) for array in inputs.values()]
-    outputs = vm_outputs(vm, args)
+    outputs = flatten_outputs(vm["main"](*args), session)
     correct, max_abs_diff = compare_outputs(outputs, reference[0], atols)
     step(manifest.pipeline, "checked", 2, total)
 

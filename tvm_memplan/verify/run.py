@@ -30,22 +30,22 @@ class AllocationTrace:
         return 0
 
 
-def flatten_outputs(value) -> list[np.ndarray]:
-    """A VM result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
+def flatten_outputs(value, session: "tvm.rpc.RPCSession | None" = None) -> list[np.ndarray]:
+    """A VM result (a tensor or nested tuples of them) as a flat list of numpy arrays.
+
+    Through an RPC session (``measure`` uses one even on this machine) a tuple result is an opaque
+    remote object; its items are fetched one by one with the runtime's own ``ffi.ArraySize`` and
+    ``ffi.ArrayGetItem``, which every TVM server has. (The VM's stateful ``get_outputs`` also works
+    but kept the session, and so the device, from being given back.)"""
+    if type(value).__name__ == "RPCObjectRef":
+        if session is None:
+            raise ValueError("a remote tuple result needs its RPC session to be unpacked")
+        size = int(session.get_function("ffi.ArraySize")(value))
+        item = session.get_function("ffi.ArrayGetItem")
+        return [array for index in range(size) for array in flatten_outputs(item(value, index), session)]
     if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [array for item in value for array in flatten_outputs(item)]
+        return [array for item in value for array in flatten_outputs(item, session)]
     return [value.numpy()]
-
-
-def vm_outputs(vm: relax.VirtualMachine, args: Sequence, function: str = "main") -> list[np.ndarray]:
-    """Run ``function`` once and fetch its outputs one tensor at a time.
-
-    Through an RPC session (``measure`` uses one even on this machine) a tuple result comes back as
-    an opaque remote object that cannot be unpacked here; the VM's stateful interface returns each
-    element of (nested) tuples on its own."""
-    vm.set_input(function, *args)
-    vm.invoke_stateful(function)
-    return flatten_outputs(vm.get_outputs(function))
 
 
 def target_device(target: tvm.target.Target) -> tvm.runtime.Device:
