@@ -154,7 +154,27 @@ def export(factory: Factory, path: Path, dynamo: bool) -> None:
                 program.save(str(scratch), external_data=False)
             else:
                 torch.onnx.export(model, inputs, str(scratch), dynamo=False, opset_version=17)
+        _repo_relative_traces(scratch)
         scratch.replace(path)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _repo_relative_traces(path: Path) -> None:
+    """The dynamo exporter records each node's Python stack trace with absolute file names: keep this
+    repository's files relative to it, so an export names no folder of the machine that made it."""
+    import onnx
+
+    model = onnx.load(str(path))
+    changed = False
+    for node in model.graph.node:
+        for prop in node.metadata_props:
+            if str(REPO) + "/" in prop.value:
+                prop.value = prop.value.replace(str(REPO) + "/", "")
+                changed = True
+    if changed:
+        onnx.save(model, str(path))
 
 
 def main() -> None:
