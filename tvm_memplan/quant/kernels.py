@@ -75,18 +75,35 @@ def fold_zero_point(bias: np.ndarray, weight: np.ndarray, x_zero_point: int) -> 
     return folded.astype(np.int32)
 
 
-def _pad(x: te.Tensor, padding: Sequence[int], value: int) -> te.Tensor:
-    """``x`` (NCHW) padded with ``value`` (the zero point: a real zero) by (top, left, bottom, right)."""
+def quantize_value(value: tirx.PrimExpr, scale: float, zero_point: int, dtype: str) -> tirx.PrimExpr:
+    """QuantizeLinear of one float32 value as MLAS computes it: divide by the scale, clamp, round
+    half to even, add the zero point."""
+    low, high = INT_RANGE[dtype]
+    return requantize(value / tirx.const(scale, "float32"), tirx.const(1.0, "float32"), zero_point, low, high, dtype)
+
+
+def _pad(x: te.Tensor, padding: Sequence[int], value: int, quantize_input: tuple[float, str] | None = None) -> te.Tensor:
+    """``x`` (NCHW) padded with ``value`` (the zero point: a real zero) by (top, left, bottom, right).
+    ``quantize_input`` (scale, type): ``x`` is float32 and quantized here with zero point ``value``
+    (the network input's QuantizeLinear fused into its first conv, see :func:`conv2d`)."""
     top, left, bottom, right = padding
-    if not any(padding):
+    if not any(padding) and quantize_input is None:
         return x
     n, c, h, w = (int(d) for d in x.shape)
+    dtype = x.dtype if quantize_input is None else quantize_input[1]
+
+    def read(b, ch, y, xx):
+        if quantize_input is None:
+            return x[b, ch, y, xx]
+        return quantize_value(x[b, ch, y, xx], quantize_input[0], value, dtype)
 
     def body(b, ch, y, xx):
+        if not any(padding):
+            return read(b, ch, y, xx)
         inside = tirx.all(y >= top, y < top + h, xx >= left, xx < left + w)
-        return tirx.if_then_else(inside, x[b, ch, y - top, xx - left], tirx.const(value, x.dtype))
+        return tirx.if_then_else(inside, read(b, ch, y - top, xx - left), tirx.const(value, dtype))
 
-    return te.compute((n, c, h + top + bottom, w + left + right), body, name="pad")
+    return te.compute((n, c, h + top + bottom, w + left + right), body, name="pad" if any(padding) else "quantize")
 
 
 def conv2d(
@@ -108,6 +125,7 @@ def conv2d(
     table: te.Tensor | None = None,
     residual: te.Tensor | None = None,
     residual_add: dict | None = None,
+    quantize_input: tuple[float, str] | None = None,
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
     float32 ``multiplier`` (O). Regular, grouped and depthwise. The dot products accumulate in
@@ -115,7 +133,12 @@ def conv2d(
 
     The input zero point is not subtracted per multiply: ``bias`` must already hold
     ``bias - x_zero_point * sum(weight[o])`` (:func:`fold_zero_point`), exact in integers because
-    the padding is the zero point too. The reduction is then a plain int8 x int8 dot product."""
+    the padding is the zero point too. The reduction is then a plain int8 x int8 dot product.
+
+    ``quantize_input`` (scale, type): ``x`` is float32 and this kernel quantizes it (QuantizeLinear
+    with zero point ``x_zero_point``) as it pads it: the network input's quantized copy is then no
+    tensor of the arena (the float input, a function parameter, is not one either). The schedule
+    computes the padding per row, so each input element is quantized about once per kernel row."""
     n, _c, h, w = (int(d) for d in x.shape)
     o, cg, kh, kw = (int(d) for d in weight.shape)
     sh, sw = (int(s) for s in strides)
@@ -124,7 +147,7 @@ def conv2d(
     oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
     ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
     per_group = o // groups
-    padded = _pad(x, (top, left, bottom, right), x_zero_point)
+    padded = _pad(x, (top, left, bottom, right), x_zero_point, quantize_input)
     rc = te.reduce_axis((0, cg), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
@@ -307,10 +330,4 @@ def lookup(x: te.Tensor, table: te.Tensor) -> te.Tensor:
 
 def quantize(x: te.Tensor, *, scale: float, zero_point: int, out_dtype: str) -> te.Tensor:
     """QuantizeLinear as MLAS computes it: divide by the scale, clamp, round half to even, add the zero point."""
-    low, high = INT_RANGE[out_dtype]
-
-    def body(*i):
-        value = x[i] / tirx.const(scale, "float32")
-        return requantize(value, tirx.const(1.0, "float32"), zero_point, low, high, out_dtype)
-
-    return te.compute(x.shape, body, name="quantize")
+    return te.compute(x.shape, lambda *i: quantize_value(x[i], scale, zero_point, out_dtype), name="quantize")

@@ -26,7 +26,9 @@ Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, 
   also through an inner ``dq(q(...))`` used only there (SiLU: ``x * sigmoid(x)`` with the sigmoid
   quantized) → a 256-entry lookup table computed in float32 numpy;
 * any other ``quantize`` of a float tensor (the network input, an op kept in float) → MLAS's
-  QuantizeLinear (round half to even; TVM's legalization uses ``round``).
+  QuantizeLinear (round half to even; TVM's legalization uses ``round``), fused into the conv
+  that is its only reader (the conv quantizes its float input as it pads it: the quantized input
+  is no arena tensor, as the float input is none in the float build).
 
 Anything else keeps its dequantize and quantize and runs in float: correct, not integer.
 """
@@ -441,7 +443,6 @@ class _Lowerer(PyExprMutator):
         stored = w_shifted if name == "relax.nn.conv2d" else np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
         consts = [relax.const(stored.astype(np.int8)), relax.const(bias_int),
                   relax.const(multiplier.astype(np.float32))]
-        x_new = self.visit_expr(x)
         if name == "relax.nn.conv2d":
             attrs = call.attrs
             kind = "depthwise_conv2d" if int(attrs.groups) == channels and int(attrs.groups) > 1 else "conv2d"
@@ -449,11 +450,35 @@ class _Lowerer(PyExprMutator):
                                             "padding": [int(v) for v in attrs.padding],
                                             "dilation": [int(v) for v in attrs.dilation], "groups": int(attrs.groups),
                                             "x_zero_point": xq.zero_point, **common}
+            float_input = self._fusable_quantize(x, call.args[0], xq)
+            if float_input is not None:
+                x, kind = float_input, f"quantize+{kind}"
+                kwargs["quantize_input"] = (xq.scale, xq.dtype)
+            x_new = self.visit_expr(x)
         else:
+            x_new = self.visit_expr(x)
             func, kwargs, kind = kernels.dense, common, "dense"
-        kernel_name = "qdense" if kind == "dense" else f"q{kind}"
+        kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
         self._recipe = (func, [x_new, *consts], kwargs, kernel_name, kind)
         return self._call_te(func, x_new, *consts, name=kernel_name, **kwargs), kind
+
+    def _fusable_quantize(self, x: relax.Expr, dequantized: relax.Expr, xq: QParams) -> relax.Expr | None:
+        """The network input ``x = quantize(input)`` quantizes, when this conv is its only reader
+        (QuantizeLinear → DequantizeLinear → first conv): the conv quantizes as it
+        pads, and the quantized copy of the input, as large as the first conv's output in
+        ShuffleNetV2 and MobileNetV3, leaves the arena."""
+        g = self.graph
+        call = g.value(x)
+        if _op_name(call) != "relax.quantize" or not g.single_use(x) or not g.single_use(dequantized):
+            return None
+        source = call.args[0]
+        scale, zero_point = _const(call.args[1]), _const(call.args[2])
+        if (scale is None or zero_point is None or scale.size != 1 or zero_point.size != 1
+                or not self._is_float_input(source) or len(_static_shape(source) or ()) != 4):
+            return None
+        if QParams(float(scale.reshape(())), int(zero_point.reshape(())), str(call.attrs.out_dtype)) != xq:
+            return None
+        return source
 
     def _binary(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         g = self.graph
