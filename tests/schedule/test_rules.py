@@ -46,6 +46,7 @@ CASES = {
         "tiled_reduction",
     ),
     "softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (2, 1000), "generic"),
+    "sum_to_scalar": (lambda bb, x: relax.op.sum(x), (4, 33), "generic"),  # no output axis to tile
     "layer_norm": (
         lambda bb, x: relax.op.nn.layer_norm(
             x, relax.const(np.ones(64, "float32")), relax.const(np.zeros(64, "float32")), axes=[-1]

@@ -97,6 +97,8 @@ def reduction_axes(block: s_tir.SBlock, extents: list[int]) -> ReductionAxes:
     """The :class:`ReductionAxes` of a reduction block whose iterators have ``extents``."""
     ivs = list(block.iter_vars)
     spatial = [i for i, iv in enumerate(ivs) if int(iv.iter_type) == DATA_PAR]
+    if not block.writes[0].region:
+        raise NotApplicable("a scalar output (a full reduction)")
     last = block.writes[0].region[-1].min
     vector = [i for i in spatial if uses(last, ivs[i].var)]
     if len(vector) != 1 or extents[vector[0]] < 2:
@@ -104,7 +106,7 @@ def reduction_axes(block: s_tir.SBlock, extents: list[int]) -> ReductionAxes:
     v = vector[0]
     reads = list(block.reads)
     # the vector operand: read along the vectorized axis in its own last dimension
-    if not any(uses(r.region[-1].min, ivs[v].var) for r in reads):
+    if not any(r.region and uses(r.region[-1].min, ivs[v].var) for r in reads):
         raise NotApplicable("no operand is contiguous along the output's last axis")
 
     def reuse_score(i: int) -> bool:

@@ -245,6 +245,8 @@ def _vector_strides(block: s_tir.SBlock, vector: int) -> dict[str, int]:
     var = block.iter_vars[vector].var
     strides = {}
     for read in block.reads:
+        if not read.region:  # a scalar operand
+            continue
         coefficients = detect_linear_equation(read.region[-1].min, [var])
         if coefficients and isinstance(coefficients[0], tirx.IntImm) and int(coefficients[0]) > 1:
             strides[read.source.name] = int(coefficients[0])
