@@ -64,6 +64,19 @@ def test_a_dense_layer_is_left_to_dlight():
     assert ThreadPerOutput().apply(func, OPENCL, False) is None
 
 
+
+def test_a_pool_with_a_symbolic_batch_is_declined():
+    """A symbolic extent is "not applicable", not an error (only NotApplicable declines a rule)."""
+    for func in kernels_of(lambda bb, x: relax.op.nn.max_pool2d(x, 3, 2, 1), (tirx.Var("n", "int64"), 8, 9, 9)).values():
+        assert ThreadPerOutput().apply(func, OPENCL, False) is None
+
+
+def test_a_sum_to_a_scalar_is_declined():
+    """No output axis to give threads: declined (its scalar output raised an IndexError, swallowed)."""
+    (func,) = kernels_of(lambda bb, x: relax.op.sum(x), (4, 33)).values()
+    assert ThreadPerOutput().apply(func, OPENCL, False) is None
+
+
 def adaptive_avg_pool(x: np.ndarray, size: int) -> np.ndarray:
     """PyTorch's adaptive average pool: output i averages rows floor(i*H/size) to ceil((i+1)*H/size)."""
     height, width = x.shape[2:]

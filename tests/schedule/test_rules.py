@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
+from tvm.s_tir import dlight as dl
 
-from tvm_memplan.schedule import CpuSpec, cpu_spec, schedule_function
+from tvm_memplan.schedule import DEFAULT_RULES, CPUScheduleRule, CpuSpec, NotApplicable, cpu_spec, schedule_function
 
 from ..kernels import conv_body, kernels_of
 
@@ -45,6 +46,7 @@ CASES = {
         "tiled_reduction",
     ),
     "softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (2, 1000), "generic"),
+    "sum_to_scalar": (lambda bb, x: relax.op.sum(x), (4, 33), "generic"),  # no output axis to tile
     "layer_norm": (
         lambda bb, x: relax.op.nn.layer_norm(
             x, relax.const(np.ones(64, "float32")), relax.const(np.zeros(64, "float32")), axes=[-1]
@@ -109,3 +111,54 @@ def test_one_thread_keeps_kernels_serial() -> None:
     (func,) = kernels_of(conv_body(32, 3, padding=1), (1, 16, 28, 28)).values()
     new_func, _ = schedule_function(func, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True))
     assert "T.parallel" not in new_func.script()
+
+
+def test_the_rules_are_dlight_rules_applied_in_order() -> None:
+    """dlight's ApplyDefaultSchedule, given the CPU rules, schedules a kernel as schedule_function does."""
+    target = tvm.target.Target.from_device("cpu")
+    (func,) = kernels_of(conv_body(16, 3, padding=1), (1, 8, 12, 12)).values()
+    with target:
+        by_dlight = dl.ApplyDefaultSchedule(*DEFAULT_RULES)(tvm.IRModule({"main": func}))["main"]
+    ours, rule = schedule_function(func, cpu_spec(target))
+    assert rule == "tiled_reduction"
+    tvm.ir.assert_structural_equal(by_dlight.body, ours.body)
+
+
+class _Broken(CPUScheduleRule):
+    name = "broken"
+
+    def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
+        raise TypeError("a bug in the rule")
+
+
+class _Declines(CPUScheduleRule):
+    name = "declines"
+
+    def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
+        raise NotApplicable("never fits")
+
+
+def test_a_rule_declines_only_by_not_applicable_and_a_bug_propagates() -> None:
+    (func,) = kernels_of(lambda bb, x: relax.op.nn.relu(x), (1, 16)).values()
+    spec = cpu_spec(tvm.target.Target.from_device("cpu"))
+    assert schedule_function(func, spec, rules=(_Declines(),)) is None
+    assert schedule_function(func, spec, rules=(_Declines(), *DEFAULT_RULES))[1] == "spatial"
+    with pytest.raises(TypeError, match="a bug in the rule"):
+        schedule_function(func, spec, rules=(_Broken(), *DEFAULT_RULES))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        lambda bb, x: relax.op.nn.relu(x),
+        lambda bb, x: relax.op.nn.softmax(x),
+        lambda bb, x: relax.op.matmul(x, relax.const(np.ones((64, 32), "float32"))),
+    ],
+    ids=["relu", "softmax", "dense"],
+)
+def test_kernels_with_symbolic_shapes_are_declined_by_every_rule(body) -> None:
+    """Symbolic extents (a dynamic batch) are declined explicitly; they used to raise a TypeError that
+    the rules' error swallowing turned into "not applicable"."""
+    spec = cpu_spec(tvm.target.Target.from_device("cpu"))
+    for func in kernels_of(body, (tirx.Var("n", "int64"), 64)).values():
+        assert schedule_function(func, spec) is None

@@ -26,17 +26,18 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import max_threads_per_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
-from .rules import (
-    _DATA_PAR,
-    _FAILURES,
-    _REDUCE,
+from .blocks import (
+    DATA_PAR,
+    REDUCE,
     NotApplicable,
-    _blocks,
-    _is_output,
-    _is_padding,
-    _reduction_axes,
-    _region_uses,
+    is_output,
+    is_padding,
+    iter_extents,
+    loop_extent,
+    reduction_axes,
+    region_uses,
     the_reduction,
+    top_level_blocks,
 )
 
 THREADS = 128
@@ -47,15 +48,20 @@ UNROLL_WINDOW = 7
 """Reduction loops up to this extent (kernel windows) are unrolled."""
 
 
-def _scheduled(rule: GPUScheduleRule, func: tirx.PrimFunc, target: tvm.target.Target,
-               schedule: Callable[[s_tir.Schedule, int], None]) -> s_tir.Schedule | None:
-    """``func`` scheduled by ``schedule``, or None where the rule does not apply (dlight's contract)."""
+def _scheduled(
+    rule: GPUScheduleRule,
+    func: tirx.PrimFunc,
+    target: tvm.target.Target,
+    schedule: Callable[[s_tir.Schedule, int], None],
+) -> s_tir.Schedule | None:
+    """``func`` scheduled by ``schedule``, or None where it raises NotApplicable (dlight's contract);
+    any other exception is a bug and propagates."""
     if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
         return None
     sch = s_tir.Schedule(func)
     try:
         schedule(sch, max_threads_per_block(target))
-    except (NotApplicable, *_FAILURES):
+    except NotApplicable:
         return None
     return sch
 
@@ -71,15 +77,15 @@ class ThreadPerOutput(GPUScheduleRule):
 
 def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     """Schedule ``sch``'s function as described in the module docstring, or raise NotApplicable."""
-    blocks = _blocks(sch)
+    blocks = top_level_blocks(sch)
     main = the_reduction(sch, blocks)
     block = sch.get(main)
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
-    if any(kind not in (_DATA_PAR, _REDUCE) for kind in kinds):
+    if any(kind not in (DATA_PAR, REDUCE) for kind in kinds):
         raise NotApplicable("iterators other than spatial and reduction")
-    extents = [int(iv.dom.extent) for iv in block.iter_vars]  # TypeError on symbolic shapes
-    outputs = math.prod(e for e, k in zip(extents, kinds) if k == _DATA_PAR)
-    if outputs < math.prod(e for e, k in zip(extents, kinds) if k == _REDUCE):
+    extents = iter_extents(block)
+    outputs = math.prod(e for e, k in zip(extents, kinds) if k == DATA_PAR)
+    if outputs < math.prod(e for e, k in zip(extents, kinds) if k == REDUCE):
         raise NotApplicable("a long reduction: dlight's cross-thread reductions suit it")
 
     channel = _channel_axis(block, extents)
@@ -93,7 +99,7 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     staged = []
     for producer in reversed(blocks[:position]):
         written = sch.get(producer).writes[0].source
-        if _is_padding(sch.get(producer)) and any(written.same_as(b) for b in shared):
+        if is_padding(sch.get(producer)) and any(written.same_as(b) for b in shared):
             staged.append(producer)
         else:
             sch.compute_inline(producer)
@@ -102,7 +108,7 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
             sch.get(p).writes[0].source.same_as(read.source) for p in staged
         ):
             staged.append(sch.cache_read(main, index, "local"))
-    consumers = blocks[position + 1:]
+    consumers = blocks[position + 1 :]
     for consumer in consumers[:-1]:
         sch.compute_inline(consumer)
     if consumers:
@@ -110,18 +116,18 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
         sch.set_scope(main, 0, "local")
     else:
         epilogue = sch.cache_write(main, 0, "local")
-    if not _is_output(sch, epilogue):
+    if not is_output(sch, epilogue):
         raise NotApplicable("the last block is not the output")
 
     loops = list(sch.get_loops(main))
-    if [int(sch.get(loop).extent) for loop in loops] != extents:
+    if [loop_extent(sch, loop) for loop in loops] != extents:
         raise NotApplicable("loops do not match the block's iterators")
     tile_loops = []
     if tile > 1:
         loops[channel], inner = sch.split(loops[channel], [None, tile])
         tile_loops.append(inner)
-    spatial = [loop for loop, kind in zip(loops, kinds) if kind == _DATA_PAR]
-    reduce = [loop for loop, kind in zip(loops, kinds) if kind == _REDUCE]
+    spatial = [loop for loop, kind in zip(loops, kinds) if kind == DATA_PAR]
+    reduce = [loop for loop, kind in zip(loops, kinds) if kind == REDUCE]
     sch.reorder(*spatial, *reduce, *tile_loops)
     fused = sch.fuse(*spatial)
     threads = min(THREADS, max_threads, int(sch.get(fused).extent))
@@ -197,7 +203,7 @@ def _bind_outer_spatial(sch: s_tir.Schedule, block, max_threads: int):
     if realize is not None:
         for iv, value in zip(realize.block.iter_vars, realize.iter_values):
             used = {v.name for v in tirx.analysis.undefined_vars(value, [])}
-            (spatial_vars if int(iv.iter_type) == _DATA_PAR else other_vars).update(used)
+            (spatial_vars if int(iv.iter_type) == DATA_PAR else other_vars).update(used)
     outer = []
     for loop in loops:
         name = sch.get(loop).loop_var.name
@@ -216,13 +222,13 @@ def _bind_outer_spatial(sch: s_tir.Schedule, block, max_threads: int):
 def _shared_operands(block: s_tir.SBlock, channel: int) -> set:
     """Buffers the block reads independently of the channel iterator (its input, not its weights)."""
     var = block.iter_vars[channel].var
-    return {read.source for read in block.reads if not _region_uses(read.region, var)}
+    return {read.source for read in block.reads if not region_uses(read.region, var)}
 
 
 def _channel_axis(block: s_tir.SBlock, extents: list[int]) -> int | None:
     """The spatial iterator a thread tiles: one operand (the input) is read along the output's last
     axis but not along it, so its loads serve every channel of the tile (the CPU rules' reuse axis)."""
     try:
-        return _reduction_axes(block, extents).reuse
+        return reduction_axes(block, extents).reuse
     except NotApplicable:
         return None

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import tvm
 from tvm import tirx
 
-from .cpu import cpu_spec
-from .rules import schedule_function
+from .cpu import DEFAULT_RULES, CPUScheduleRule, CpuSpec, cpu_spec
 
 
 @dataclass
@@ -22,6 +21,18 @@ class ScheduleReport:
     """Kernels already scheduled (tuned) before the pass ran."""
     unscheduled: list[str] = field(default_factory=list)
     """Kernels no rule fits: they run as TVM emitted them."""
+
+
+def schedule_function(
+    func: tirx.PrimFunc, spec: CpuSpec, rules: Sequence[CPUScheduleRule] = DEFAULT_RULES
+) -> tuple[tirx.PrimFunc, str] | None:
+    """``func`` scheduled by the first rule that applies, with the rule's name, or None (as dlight's
+    ``ApplyDefaultSchedule`` tries its rules)."""
+    for rule in rules:
+        sch = rule.schedule(func, spec)
+        if sch is not None:
+            return sch.mod["main"].with_attr("tir.is_scheduled", True), rule.name
+    return None
 
 
 def DefaultCPUSchedule(

@@ -1,0 +1,280 @@
+"""The CPU rule for kernels with one reduction: convolutions of every kind, matmuls, dense layers, pools.
+
+A register tile of output elements, vectorized along the output's contiguous axis and unrolled
+along an axis whose operand is reused across the vector (output channels of a conv, rows of a
+matmul), stays in vector registers for the whole reduction (the micro-kernel of BLIS and oneDNN).
+Tasks run rows or channel tiles outermost, whichever rereads fewer bytes; padding is computed per
+row (zero fill plus copy), an input read with a stride is stored de-interleaved, a width no vector
+divides gets tail loops of its own, and the epilogue (bias, activation, residual add) runs on the
+tile before it is stored.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.sym.pattern import detect_linear_equation
+
+from ..blocks import (
+    DATA_PAR,
+    REDUCE,
+    NotApplicable,
+    ReductionAxes,
+    constant,
+    is_output,
+    is_padding,
+    iter_extents,
+    loop_extent,
+    reduction_axes,
+    region_uses,
+    the_reduction,
+    top_level_blocks,
+)
+from .base import CPUScheduleRule, fuse_parallel, product, vectorize
+from .spec import CpuSpec
+
+LOAD_BOUND_FACTOR = 4
+"""How much more a multiply-add costs in a reduction without register reuse (depthwise
+convolutions, pools) than in a register-tiled one, for the serial/parallel decision: a
+12-channel depthwise tile (140K multiply-adds) ran 29 µs on one thread and 17 µs on two."""
+
+
+class TiledReduction(CPUScheduleRule):
+    """One reduction block (conv, depthwise/grouped conv, matmul, dense, pooling) with injective
+    producers and an elementwise epilogue, register-tiled as the module docstring describes."""
+
+    name = "tiled_reduction"
+
+    def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
+        _tile(sch, spec)
+
+
+def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
+    blocks = top_level_blocks(sch)
+    main = the_reduction(sch, blocks)
+    position = [sch.get(b).name_hint for b in blocks].index(sch.get(main).name_hint)
+    block = sch.get(main)
+    extents = iter_extents(block)
+    axes = reduction_axes(block, extents)
+    rows_first = _rows_first(block, axes, extents)
+    # Producers are inlined, except paddings, and, when a row's input serves every channel
+    # tile, inputs read with a stride along the vector axis: those are staged per row, a
+    # strided one stored de-interleaved (staged per channel tile, the copies cost more than
+    # the strided loads they save).
+    strides = _vector_strides(block, axes.vector) if rows_first else {}
+    staged = []
+    for producer in reversed(blocks[:position]):
+        stride = strides.get(sch.get(producer).writes[0].source.name, 1)
+        if is_padding(sch.get(producer)) or stride > 1:
+            staged.append((producer, stride))
+        else:
+            sch.compute_inline(producer)
+    for index, read in enumerate(sch.get(main).reads):
+        stride = strides.get(read.source.name, 1)
+        if stride > 1 and not any(sch.get(p).writes[0].source.same_as(read.source) for p, _ in staged):
+            staged.append((sch.cache_read(main, index, "global"), stride))
+    consumers = blocks[position + 1 :]
+    for consumer in consumers[:-1]:
+        sch.compute_inline(consumer)
+    epilogue = consumers[-1] if consumers else sch.cache_write(main, 0, "global")
+    if not is_output(sch, epilogue):
+        raise NotApplicable("the last block is not the output")
+
+    block = sch.get(main)
+    loops = list(sch.get_loops(main))
+    if [loop_extent(sch, loop) for loop in loops] != extents:
+        raise NotApplicable("loops do not match the block's iterators")
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+
+    vector_tile, parts = _vector_parts(extents[axes.vector], spec.lanes)
+    vectors = -(-vector_tile // spec.lanes)
+    unrolled = []
+    for axis, tile in zip((axes.reuse, axes.extra), _register_tile(extents, axes, vectors, spec)):
+        if axis is None:
+            continue
+        outer_loop, inner_loop = sch.split(loops[axis], [None, tile])
+        loops[axis] = outer_loop
+        unrolled.append(inner_loop)
+    # Task order: rows first when a staged input (padding) serves every channel tile of a row and
+    # the weights stay in cache; channel tiles first otherwise, so that each weight panel comes
+    # from memory once for all rows (rows first streamed 8 MB of weights per row in ResNeXt).
+    spatial_order = [i for i in range(len(loops)) if kinds[i] == DATA_PAR and i != axes.vector]
+    if rows_first:
+        spatial_order.remove(axes.extra)
+        spatial_order.insert(spatial_order.index(axes.reuse), axes.extra)
+    task_loops = [loops[i] for i in spatial_order]
+    reduce_loops = [loop for i, loop in enumerate(loops) if kinds[i] == REDUCE]
+    vector_loop = loops[axes.vector]
+    sch.reorder(*task_loops, vector_loop, *reduce_loops, *unrolled)
+
+    work = 1
+    for extent in extents:
+        work *= extent
+    if axes.reuse is None:
+        # No operand stays in registers across the tile (depthwise convolutions, pools): every
+        # multiply-add loads, so such a kernel takes several times longer per multiply-add.
+        work *= LOAD_BOUND_FACTOR
+    parallel_count = 1
+    for count, loop in enumerate(task_loops, 1):
+        parallel_count = count
+        if product(sch, task_loops[:count]) >= 4 * spec.threads:
+            break
+    if staged and rows_first:  # a row's stage is computed once, not once per channel tile
+        parallel_count = min(parallel_count, spatial_order.index(axes.extra) + 1)
+    task = fuse_parallel(sch, task_loops[:parallel_count], work, spec)
+    if task is None:
+        raise NotApplicable("no loop to run tasks over")
+    innermost_task = task_loops[-1] if len(task_loops) > parallel_count else task
+    row_position = spatial_order.index(axes.extra) if rows_first else len(task_loops) - 1
+    stage_at = task if row_position < parallel_count else task_loops[row_position]
+    # accumulators local to the task: compacted, and promoted to registers inside the reduction
+    sch.set_scope(main, 0, "local")
+    for producer, stride in staged:
+        sch.compute_at(producer, stage_at)
+        _schedule_stage(sch, producer, stage_at, stride, spec)
+    if len(parts) == 1:
+        vector_outer, vector_inner = sch.split(vector_loop, [None, vector_tile])
+        sch.reorder(vector_outer, *reduce_loops, *unrolled, vector_inner)
+        _tile_body(sch, unrolled, vector_inner, spec)
+        sch.reverse_compute_at(epilogue, vector_outer)
+        vectorize(sch, sch.get_loops(epilogue)[-1], spec)
+        sch.decompose_reduction(main, reduce_loops[0])
+        return
+    # A width that no vector tile divides: full tiles, then narrower tails, each its own loop
+    # (TVM cannot vectorize a predicated tail without a build option the pipeline cannot set).
+    sch.reverse_compute_at(epilogue, innermost_task)
+    _vectorize_parts(sch, sch.get_loops(epilogue)[-1], parts, spec)
+    for part in sch.loop_partition(vector_loop, parts[:-1] + [None]):
+        (block,) = sch.get_child_blocks(part)
+        part_loops = list(sch.get_loops(block))
+        at = [str(sch.get(loop).loop_var) for loop in part_loops].index(str(sch.get(part).loop_var))
+        reduce_part, unrolled_part = (
+            part_loops[at + 1 : at + 1 + len(reduce_loops)],
+            part_loops[at + 1 + len(reduce_loops) :],
+        )
+        width = loop_extent(sch, part)
+        if width > vector_tile:
+            part_outer, part_inner = sch.split(part, [None, vector_tile])
+            sch.reorder(part_outer, *reduce_part, *unrolled_part, part_inner)
+        else:
+            part_inner = part
+            sch.reorder(*reduce_part, *unrolled_part, part_inner)
+        _tile_body(sch, unrolled_part, part_inner, spec)
+        sch.decompose_reduction(block, reduce_part[0])
+
+
+def _register_tile(extents: list[int], axes: ReductionAxes, vectors: int, spec: CpuSpec) -> tuple[int, int]:
+    """(reuse, extra) tile sizes: divisors of their extents whose accumulators and operands fit
+    the registers, with the most multiply-adds per load (each step loads one broadcast per
+    reuse row and one vector per extra row)."""
+    reuse_options = _divisors(extents[axes.reuse]) if axes.reuse is not None else [1]
+    extra_options = _divisors(extents[axes.extra]) if axes.extra is not None else [1]
+    best, best_score = (1, 1), (0.0, 0)
+    for reuse in reuse_options:
+        for extra in extra_options:
+            accumulators = reuse * extra * vectors
+            if accumulators > spec.accumulators or accumulators + extra * vectors + 1 > spec.registers:
+                continue
+            loads = (reuse if axes.reuse is not None else 0) + extra * vectors
+            score = (accumulators / loads, accumulators)
+            if score > best_score:
+                best, best_score = (reuse, extra), score
+    return best
+
+
+def _divisors(extent: int) -> list[int]:
+    return [d for d in range(1, extent + 1) if extent % d == 0]
+
+
+def _rows_first(block: s_tir.SBlock, axes: ReductionAxes, extents: list[int]) -> bool:
+    """Whether tasks should run output rows outermost (each row task rereads all weights)
+    rather than channel tiles (each channel task rereads all inputs): whichever rereads fewer
+    bytes from beyond the core's caches."""
+    if axes.reuse is None or axes.extra is None:
+        return False
+    reuse_var, vector_var = block.iter_vars[axes.reuse].var, block.iter_vars[axes.vector].var
+    weights = inputs = 0
+    for read in block.reads:
+        nbytes = read.source.dtype.bits // 8
+        for dim in read.source.shape:
+            nbytes *= constant(dim)
+        if region_uses(read.region, reuse_var) and not region_uses(read.region, vector_var):
+            weights += nbytes
+        elif region_uses(read.region, vector_var) and not region_uses(read.region, reuse_var):
+            inputs += nbytes
+    return extents[axes.extra] * weights <= extents[axes.reuse] * inputs
+
+
+def _tile_body(sch: s_tir.Schedule, unrolled: list, vector_loop, spec: CpuSpec) -> None:
+    for loop in unrolled:
+        sch.unroll(loop)
+    vectorize(sch, vector_loop, spec)
+
+
+def _vector_parts(extent: int, lanes: int) -> tuple[int, list[int]]:
+    """The vector tile of an axis and how the axis splits into loops: full tiles, then tails of
+    at most one vector each. Measured on AVX2: a vector of an odd width above one register
+    (14 lanes) ran 3x slower than 16 masked lanes, and TVM scalarizes predicated tails."""
+    if extent <= lanes:
+        return extent, [extent]
+    tile = 2 * lanes if extent >= 2 * lanes else lanes
+    main, tail = extent - extent % tile, extent % tile
+    parts = [main] + [lanes] * (tail // lanes) + ([tail % lanes] if tail % lanes else [])
+    return tile, [p for p in parts if p]
+
+
+def _vectorize_parts(sch: s_tir.Schedule, loop, parts: list[int], spec: CpuSpec) -> None:
+    """Vectorize a loop whose extent no vector divides as the reduction's parts: full vectors,
+    then the tails, each a loop of its own (a residual add at width 36 ran scalar, doubling the
+    time of a split chain's partial-sum kernel)."""
+    for part in sch.loop_partition(loop, parts[:-1] + [None]) if len(parts) > 1 else [loop]:
+        width = loop_extent(sch, part)
+        if width <= spec.lanes:
+            vectorize(sch, part, spec)
+        elif width % spec.lanes == 0:
+            _, inner = sch.split(part, [None, spec.lanes])
+            vectorize(sch, inner, spec)
+
+
+def _deinterleave(ndim: int, stride: int) -> tirx.IndexMap:
+    """``[..., x] -> [..., x % stride, x // stride]``."""
+    return tirx.IndexMap.from_func(lambda *index: (*index[:-1], index[-1] % stride, index[-1] // stride), ndim=ndim)
+
+
+def _vector_strides(block: s_tir.SBlock, vector: int) -> dict[str, int]:
+    """Buffer name → stride of its innermost index along the vector iterator (1 if unit or none)."""
+    var = block.iter_vars[vector].var
+    strides = {}
+    for read in block.reads:
+        if not read.region:  # a scalar operand
+            continue
+        coefficients = detect_linear_equation(read.region[-1].min, [var])
+        if coefficients and isinstance(coefficients[0], tirx.IntImm) and int(coefficients[0]) > 1:
+            strides[read.source.name] = int(coefficients[0])
+    return strides
+
+
+def _schedule_stage(sch: s_tir.Schedule, block, task, stride: int, spec: CpuSpec) -> None:
+    """A producer computed per task. Padding becomes a zero fill plus a copy of the valid
+    region (both vectorize; the bounds-checked original runs element by element); a buffer read
+    with stride s is stored as ``[..., x % s, x // s]`` so the vector loads are contiguous."""
+    loops = list(sch.get_loops(block))
+    task_stmt = sch.get(task)
+    first = next(i for i, loop in enumerate(loops) if sch.get(loop).same_as(task_stmt)) + 1
+    copies = [block]
+    if first < len(loops) and is_padding(sch.get(block)) and sch.can_decompose_padding(block, loops[first]):
+        copies.insert(0, sch.decompose_padding(block, loops[first]))
+    width = constant(sch.get(block).writes[0].source.shape[-1])
+    deinterleaved = stride > 1 and width % stride == 0
+    if deinterleaved:
+        sch.transform_layout(block, ("write", 0), _deinterleave(len(sch.get(block).writes[0].source.shape), stride))
+    for copy in copies:
+        innermost = sch.get_loops(copy)[-1]
+        extent = loop_extent(sch, innermost)
+        if deinterleaved and extent % stride == 0 and extent >= 2 * stride:
+            # iterate in the stored order: contiguous vector stores from strided loads (which
+            # LLVM turns into loads and shuffles); the source order needs scatters AVX2 lacks
+            column, phase = sch.split(innermost, [None, stride])
+            sch.reorder(phase, column)
+            innermost = column
+        if loop_extent(sch, innermost) >= 2:
+            vectorize(sch, innermost, spec)
