@@ -82,6 +82,8 @@ class _PooledEncoder(_Encoder):
 
 NETWORKS: dict[str, Factory] = {
     "mobilenet_v2": _torchvision("mobilenet_v2"),
+    # the microcontroller-sized MobileNetV2 that MCUNet, TinyEngine and X-CUBE-AI publish figures for
+    "mobilenet_v2_035": _torchvision("mobilenet_v2", 144, width_mult=0.35),
     "mobilenet_v3_small": _torchvision("mobilenet_v3_small"),
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "mnasnet1_0": _torchvision("mnasnet1_0"),
@@ -91,6 +93,7 @@ NETWORKS: dict[str, Factory] = {
     "inception_v3": _torchvision("inception_v3", 299, aux_logits=False, init_weights=True),
     "densenet121": _torchvision("densenet121"),
     "resnet18": _torchvision("resnet18"),
+    "resnet50": _torchvision("resnet50"),
     "timm_mobilenetv3_large_100": _timm("mobilenetv3_large_100"),
     "timm_efficientnet_lite0": _timm("efficientnet_lite0"),
     "hf_bert_tiny": _bert(),

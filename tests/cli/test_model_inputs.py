@@ -6,45 +6,21 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from tvm_memplan.deploy import measure as measure_module
 from tvm_memplan.deploy.build import Manifest
 from tvm_memplan.frontend import load_model, parse_input_shapes
 from tvm_memplan.verify import check
 
+from .conftest import residual_net
 from .test_plan import run_cli
 
 
 @pytest.fixture
 def dynamic_batch_onnx(tmp_path) -> str:
     """conv -> relu -> conv -> add -> pool -> gemm on x[batch, 3, 8, 8], as exporters write a dynamic batch."""
-    rng = np.random.default_rng(0)
-
-    def init(name, shape):
-        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
-
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"]),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
-        helper.make_node("Add", ["c2", "r1"], ["a"]),
-        helper.make_node("GlobalAveragePool", ["a"], ["g"]),
-        helper.make_node("Flatten", ["g"], ["f"]),
-        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
-    ]
-    graph = helper.make_graph(
-        nodes, "dynamic_batch",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])],
-        [init("w1", [8, 3, 3, 3]), init("b1", [8]), init("w2", [8, 8, 3, 3]), init("b2", [8]), init("wf", [10, 8]),
-         init("bf", [10])],
-    )
-    path = tmp_path / "dynamic_batch.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
-    return str(path)
+    return residual_net(tmp_path / "dynamic_batch.onnx", batch="batch", side=8, concat=False)
 
 
 FAST = ("--repeat", "1", "--min-repeat-ms", "1")
