@@ -132,11 +132,10 @@ def meta_schedule_logging() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def warn_if_no_trial_succeeded(records: int, what: str) -> None:
-    """One line on stderr when every trial failed (builds or runs timed out, or errors)."""
-    if records == 0:
-        print(f"tvm-memplan: warning: no tuning trial of {what} succeeded (builds or runs failed or timed out; "
-              f"see the logs in the work directory, or raise --builder-timeout)", file=sys.stderr)
+def warn_no_trial_succeeded(what: str) -> None:
+    """One line on stderr: every trial failed (builds or runs timed out, or errors)."""
+    print(f"tvm-memplan: warning: no tuning trial of {what} succeeded (builds or runs failed or timed out; "
+          f"see the logs in the work directory, or raise --builder-timeout)", file=sys.stderr)
 
 
 def run_tuning(run: Callable[[], T]) -> T:
@@ -240,7 +239,8 @@ def tune(
                 cost_model="xgb",
             ))
     found = records()
-    warn_if_no_trial_succeeded(found, f"{len(tasks)} kernel(s)")
+    if found == 0:
+        warn_no_trial_succeeded(f"{len(tasks)} kernel(s)")
     return TuneResult(
         kernels=[t.task_name for t in tasks],
         trials_run=max(missing, 0),

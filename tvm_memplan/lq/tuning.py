@@ -25,7 +25,7 @@ def tune_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, trials: int, w
         meta_schedule_logging,
         require_cost_model,
         run_tuning,
-        warn_if_no_trial_succeeded,
+        warn_no_trial_succeeded,
     )
 
     if "num-cores" not in target.attrs:
@@ -52,7 +52,7 @@ def tune_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, trials: int, w
             )
     sch = ms.tir_integration.compile_tir(database, mod, target)
     if sch is None:
-        warn_if_no_trial_succeeded(0, "an LQ kernel (it keeps the hand schedule)")
+        warn_no_trial_succeeded("an LQ kernel (it keeps the hand schedule)")
         return None
     return sch.mod["main"].with_attr("tir.is_scheduled", True)
 
