@@ -64,7 +64,15 @@ def test_tuning_goes_on_when_every_build_times_out(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_quantize_keeps_the_hand_schedule_when_every_run_times_out(lq_files, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(tune_module, "RUNNER_TIMEOUT_S", 0.001)
+    # every measurement asks for 60 s of repeats and is killed after 5 s; the runner's own start-up
+    # check (a trivial call) gets the same 5 s, which a 1 ms limit broke on a loaded CI machine
+    from tvm.s_tir import meta_schedule as ms
+
+    def slow_runner(evaluator_config=None):
+        config = ms.runner.EvaluatorConfig(number=1, repeat=1, min_repeat_ms=60_000)
+        return ms.runner.LocalRunner(timeout_sec=5.0, evaluator_config=config)
+
+    monkeypatch.setattr(tune_module, "local_runner", slow_runner)
     model, calib = lq_files
     out = tmp_path / "q.so"
     code = main(["quantize", str(model), "--calib", str(calib), "--trials", "2", "--work-dir",
