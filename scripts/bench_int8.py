@@ -9,7 +9,12 @@ run: the float and int8 arenas and the int8 liveness bound; the initializer byte
 storage requests equal the plan; latency of our int8 build, onnxruntime on the same int8 file at
 the same threads, and our float build; the largest output difference from onnxruntime's default
 session in output LSB beside onnxruntime's own optimized-vs-unoptimized spread; the top class
-agreement on the same inputs.
+agreement on the same inputs (20 by default).
+
+Weights are counted twice: the ONNX files' initializers (the int8 file adds per-channel weight scales
+and zero points, int32 biases with their own scales and zero points) and the tensors the built VM
+executables hold (:mod:`tvm_memplan.verify.artifact`): int8 weights, int32 biases with the input's
+zero point folded in, one float32 requantization multiplier per output channel, lookup tables.
 """
 
 from __future__ import annotations
@@ -67,8 +72,9 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
     from tvm_memplan.planner import plan_model
     from tvm_memplan.quant.calibrate import quantize_int8
     from tvm_memplan.quant.lower import LowerQDQ
-    from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime
+    from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime, top_class_agreement
     from tvm_memplan.verify import run_vm
+    from tvm_memplan.verify.artifact import constant_bytes
 
     float_model = load_model(spec)
     rng = np.random.default_rng(0)
@@ -85,7 +91,7 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
         int8_plan = plan_model(int8, None, order_seconds=order_seconds)
         int8_exe, float_exe = int8_plan.build(), float_plan.build()
         scale = output_scales(int8.onnx_model)[0]
-        ours_lsb, spread_lsb, ours_top, theirs_top = [], [], 0, 0
+        ours_lsb, spread_lsb, ours_first, fused_first, plain_first = [], [], [], [], []
         trace_ok = True
         for seed in range(inputs_checked):
             inputs = int8.random_inputs(seed)
@@ -97,9 +103,11 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
             if scale is not None:
                 ours_lsb.append(lsb_difference(ours[0], fused, scale))
                 spread_lsb.append(lsb_difference(plain, fused, scale))
-            ours_top += int(np.argmax(ours[0]) == np.argmax(fused))
-            theirs_top += int(np.argmax(plain) == np.argmax(fused))
+            ours_first.append(ours[0])
+            fused_first.append(fused)
+            plain_first.append(plain)
         inputs = int8.random_inputs(0)
+        built_float, built_int8 = constant_bytes(float_exe), constant_bytes(int8_exe)
         return {
             "model": spec,
             "float_arena": float_plan.main.arena_bytes,
@@ -107,6 +115,9 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
             "int8_bound": int8_plan.main.lower_bound_bytes,
             "weights_float": report.weight_bytes_float,
             "weights_int8": report.weight_bytes_int8,
+            "built_float": built_float.total,
+            "built_int8": built_int8.total,
+            "built_int8_by_dtype": built_int8.by_dtype,
             "kept_float": len(lowering[0].kept_float),
             "trace_ok": trace_ok,
             "ms_ours_int8": float(_latency_tvm(int8_exe, inputs)),
@@ -114,7 +125,7 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
             "ms_ours_float": float(_latency_tvm(float_exe, inputs)),
             "lsb": max(ours_lsb, default=None),
             "spread": max(spread_lsb, default=None),
-            "top": f"{ours_top}/{theirs_top} of {inputs_checked}",
+            "top": str(top_class_agreement(ours_first, fused_first, plain_first)),
         }
 
 
@@ -123,19 +134,24 @@ def table(rows: list[dict], threads: int, cpu: str, load: tuple[float, float]) -
         f"## Int8 (QDQ) networks: tvm_memplan against onnxruntime ({threads} thread(s), {cpu})\n\n"
         f"Load average {load[0]:.1f} before the run, {load[1]:.1f} after (other jobs on the same cores make "
         "the latencies noisy; the other columns do not depend on it).\n\n"
-        "Arenas in bytes; weights are the ONNX initializers (int8 adds scales, zero points and int32 biases); "
+        "Arenas in bytes. Weights twice: the ONNX files' initializers (the int8 file adds per-channel scales, zero "
+        "points, int32 biases and their scales and zero points) and the tensors the built VM executables hold "
+        "(int8 build: int8 weights and lookup tables, int32 biases, float32 requantization multipliers). "
         "LSB: largest output difference from onnxruntime's default session (in brackets: onnxruntime's own "
         "unoptimized-vs-default spread); top class: agreement with onnxruntime's default run, ours / "
         "onnxruntime's unoptimized run.\n\n"
-        "| model | float arena | int8 arena | int8 bound | int8/float | weights float → int8 | groups kept float "
+        "| model | float arena | int8 arena | int8 bound | int8/float | ONNX weights float → int8 "
+        "| built weights float → int8 | built int8/float | int8 build by type | groups kept float "
         "| VM = plan | int8 ms (ours) | int8 ms (onnxruntime) | float ms (ours) | LSB (spread) | top class |\n"
-        "|---|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
     for r in rows:
+        by_dtype = " + ".join(f"{n:,} {t}" for t, n in sorted(r["built_int8_by_dtype"].items(), key=lambda i: -i[1]))
         lines.append(
             f"| {r['model']} | {r['float_arena']:,} | {r['int8_arena']:,} | {r['int8_bound']:,} "
             f"| {r['int8_arena'] / r['float_arena']:.3f} | {r['weights_float']:,} → {r['weights_int8']:,} "
+            f"| {r['built_float']:,} → {r['built_int8']:,} | {r['built_int8'] / r['built_float']:.4f} | {by_dtype} "
             f"| {r['kept_float']} | {'yes' if r['trace_ok'] else 'NO'} | {r['ms_ours_int8']:.3f} | {r['ms_ort_int8']:.3f} "
             f"| {r['ms_ours_float']:.3f} | {r['lsb']} ({r['spread']}) | {r['top']} |"
         )
@@ -147,7 +163,7 @@ def main() -> None:
     parser.add_argument("models", nargs="*", default=DEFAULT_MODELS, help="zoo specs or ONNX files (float)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TVM_NUM_THREADS", "1")))
     parser.add_argument("--samples", type=int, default=4, help="calibration samples (random normal)")
-    parser.add_argument("--inputs", type=int, default=5, help="random inputs compared with onnxruntime")
+    parser.add_argument("--inputs", type=int, default=20, help="random inputs compared with onnxruntime")
     parser.add_argument("--order-seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("results/bench_int8.md"))
     args = parser.parse_args()

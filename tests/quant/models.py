@@ -251,3 +251,24 @@ def torch_style_conv(seed: int = 0) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model)
     return model
+
+
+def with_classifier(model: onnx.ModelProto, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
+    """``model`` (one NCHW output) with a classifier head, Flatten then Gemm to ``classes`` logits, so
+    a top class is defined (the torchvision fixtures are stems). No pooling: an average over random
+    inputs hardly varies, and the top class would be the same for every input."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    (output,) = graph.output
+    features = int(np.prod([d.dim_value for d in output.type.tensor_type.shape.dim[1:]]))
+    rng = np.random.default_rng(seed)
+    graph.initializer.extend([numpy_helper.from_array(_rand(rng, classes, features, scale=0.05), "head_w"),
+                              numpy_helper.from_array(_rand(rng, classes, scale=0.01), "head_b")])
+    graph.node.extend([
+        helper.make_node("Flatten", [output.name], ["head_flat"]),
+        helper.make_node("Gemm", ["head_flat", "head_w", "head_b"], ["logits"], transB=1),
+    ])
+    graph.output.pop()
+    graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes]))
+    onnx.checker.check_model(model)
+    return model

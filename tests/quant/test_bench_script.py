@@ -17,6 +17,10 @@ def test_bench_int8_writes_a_row_with_a_quarter_arena(tmp_path):
     cells = [c.strip() for c in row.split("|")[1:-1]]
     float_arena, int8_arena, bound = (int(c.replace(",", "")) for c in cells[1:4])
     assert int8_arena == bound and int8_arena < float_arena / 3
-    assert cells[6] == "0" and cells[7] == "yes"
-    lsb, spread = cells[11].replace("(", "").replace(")", "").split()
+    built_float, built_int8 = (int(c.replace(",", "")) for c in cells[6].split(" → "))
+    assert built_int8 < built_float / 2 and "int8" in cells[8] and "int32" in cells[8]
+    assert cells[9] == "0" and cells[10] == "yes"
+    lsb, spread = cells[14].replace("(", "").replace(")", "").split()
     assert int(lsb) <= max(2, int(spread))
+    ours, onnxruntime_unoptimized, _of, inputs = cells[15].replace("/", " ").split()
+    assert inputs == "2" and int(ours) >= int(onnxruntime_unoptimized)

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
 from tvm_memplan.frontend import LoadedModel, to_relax
 from tvm_memplan.planner import plan_model
 from tvm_memplan.quant.lower import LowerQDQ
-from tvm_memplan.verify import verify_plan
+from tvm_memplan.quant.reference import run_onnxruntime, top_class_agreement
+from tvm_memplan.verify import run_vm, verify_plan
 
 from . import models
 
@@ -36,3 +38,25 @@ def test_quantized_export_is_lowered_and_verified(name):
     result = verify_plan(plan, stock=False)
     assert result.ok, result.problems
     assert result.max_lsb_diff_vs_onnxruntime <= result.tolerance_lsb
+
+
+@pytest.mark.parametrize("name", [
+    "torchvision_mobilenet_v2_stem.torchscript",
+    "torchvision_shufflenet_v2_unit.torchscript",
+])
+def test_top_class_agrees_with_onnxruntime_at_least_as_often_as_its_unoptimized_run(name):
+    """The issue's rule on 20 random inputs, on a torchvision stem with a 10-class head."""
+    float_model = models.with_classifier(onnx.load(str(FIXTURES / f"{name}.onnx")))
+    qmodel = models.quantize_qdq(float_model, samples=2)
+    loaded = LoadedModel(name, qmodel)
+    executable = plan_model(loaded, None, order="program").build()
+    ours, default, unoptimized = [], [], []
+    for seed in range(20):
+        inputs = loaded.random_inputs(seed)
+        ours.append(run_vm(executable, inputs)[0][0])
+        default.append(run_onnxruntime(qmodel, inputs)[0])
+        unoptimized.append(run_onnxruntime(qmodel, inputs, optimized=False)[0])
+    assert len({int(np.argmax(logits)) for logits in default}) > 2  # the inputs pick different classes
+    agreement = top_class_agreement(ours, default, unoptimized)
+    assert agreement.inputs == 20
+    assert agreement.ok, agreement

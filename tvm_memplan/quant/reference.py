@@ -15,6 +15,7 @@ few elements, which later layers carry on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,3 +96,39 @@ def tolerances(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
         spread = lsb_difference(fused, plain, scale)
         result.append(Tolerance(scale, max(MIN_TOLERANCE_LSB, spread), spread))
     return result
+
+
+@dataclass
+class TopClassAgreement:
+    """On the same inputs, how often a run's top class (argmax of the first output) is onnxruntime's
+    default run's, beside how often onnxruntime's own unoptimized run's is. Random-weight networks
+    have near ties, so even onnxruntime's two runs disagree now and then: the rule is that ours
+    agrees at least as often as onnxruntime's unoptimized run does."""
+
+    inputs: int
+    ours: int
+    unoptimized: int
+
+    @property
+    def ok(self) -> bool:
+        return self.ours >= self.unoptimized
+
+    def __str__(self) -> str:
+        return f"{self.ours}/{self.unoptimized} of {self.inputs}"
+
+
+def top_class_agreement(ours: Sequence[np.ndarray], default: Sequence[np.ndarray],
+                        unoptimized: Sequence[np.ndarray]) -> TopClassAgreement:
+    """Count top-class agreements with onnxruntime's ``default`` run, one first output per input
+    (batch 1: the argmax of the whole output)."""
+    if not len(ours) == len(default) == len(unoptimized):
+        raise ValueError("one output per input from each run")
+
+    def top(output: np.ndarray) -> int:
+        return int(np.argmax(output))
+
+    return TopClassAgreement(
+        inputs=len(default),
+        ours=sum(top(a) == top(r) for a, r in zip(ours, default)),
+        unoptimized=sum(top(u) == top(r) for u, r in zip(unoptimized, default)),
+    )
