@@ -13,7 +13,7 @@ agreement on the same inputs (20 by default).
 
 Weights are counted twice: the ONNX files' initializers (the int8 file adds per-channel weight scales
 and zero points, int32 biases with their own scales and zero points) and the tensors the built VM
-executables hold (:mod:`tvm_memplan.verify.artifact`): int8 weights, int32 biases with the input's
+executables hold (:mod:`tvm_memplan.deploy.artifact`): int8 weights, int32 biases with the input's
 zero point folded in, one float32 requantization multiplier per output channel, lookup tables.
 """
 
@@ -68,13 +68,13 @@ def _latency_onnxruntime(path: Path, inputs: dict[str, np.ndarray], threads: int
 def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, order_seconds: float) -> dict:
     import onnx
 
+    from tvm_memplan.deploy.artifact import constant_bytes
     from tvm_memplan.frontend import LoadedModel, load_model, to_relax
     from tvm_memplan.planner import plan_model
     from tvm_memplan.quant.calibrate import quantize_int8
     from tvm_memplan.quant.lower import LowerQDQ
     from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime, top_class_agreement
     from tvm_memplan.verify import run_vm
-    from tvm_memplan.verify.artifact import constant_bytes
 
     float_model = load_model(spec)
     rng = np.random.default_rng(0)

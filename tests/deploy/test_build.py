@@ -7,8 +7,10 @@ import subprocess
 
 import pytest
 import tvm
+from onnx import numpy_helper
 
 from tvm_memplan.deploy.build import Manifest
+from tvm_memplan.frontend import load_model
 
 from .conftest import needs_aarch64_gxx, run_cli, run_cli_json
 
@@ -31,6 +33,8 @@ def test_build_host_writes_library_and_manifest(capsys, tmp_path):
     assert report["planned_bytes"] == manifest.storage_bytes + manifest.output_bytes
     assert manifest.output_bytes == 10 * 4  # one (1, 10) float32 output
     assert manifest.inputs == [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    initializers = load_model("zoo:mcu_cnn").onnx_model.graph.initializer
+    assert report["constant_bytes"] == manifest.constant_bytes == sum(numpy_helper.to_array(i).nbytes for i in initializers)
 
 
 @needs_aarch64_gxx
@@ -46,7 +50,7 @@ def test_cross_compiled_artifacts_are_arm64(capsys, tmp_path, target):
 def test_phone_gpu_artifacts_build_but_cannot_run_here(capsys, tmp_path, target):
     out = tmp_path / f"{target}.so"
     run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(out), "--target", target)
-    assert elf_machine(out) == EM_AARCH64
+    assert elf_machine(out) == EM_AARCH64 and Manifest.load(out).constant_bytes > 0
     code, _, err = run_cli(capsys, "measure", str(out), "--log", str(tmp_path / "log.jsonl"))
     # no GPU runtime or device here, or (after setup-gpu, PoCL or lavapipe) an arm64 library: either way, RPC
     assert code == 2 and err.count("\n") == 1 and "--rpc-tracker/--rpc-key" in err

@@ -74,8 +74,12 @@ def test_int8_arena_is_about_a_quarter_of_the_float_one(capsys, network_files):
 def test_build_and_measure_compare_an_int8_model(capsys, network_files, tmp_path):
     out = tmp_path / "net.int8.so"
     assert main(["build", network_files["int8"], "-o", str(out), "--json", "--order-seconds", "2"]) == 0
-    capsys.readouterr()
+    int8_weights = json.loads(capsys.readouterr().out)["constant_bytes"]
     assert out.exists()
+    assert main(["build", network_files["float"], "-o", str(tmp_path / "net.so"), "--json", "--order-seconds", "2"]) == 0
+    float_weights = json.loads(capsys.readouterr().out)["constant_bytes"]
+    # int8 weights, and per output channel an int32 bias and a float32 multiplier (16 channels: a large share)
+    assert 0 < int8_weights < float_weights / 2
     log = tmp_path / "log.jsonl"
     assert main(["measure", network_files["int8"], "--compare", "--repeat", "1", "--min-repeat-ms", "1",
                  "--order-seconds", "2", "--log", str(log), "--json"]) == 0

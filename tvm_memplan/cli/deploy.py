@@ -141,6 +141,7 @@ def run_build(args: argparse.Namespace) -> int:
         "pipeline": manifest.pipeline if manifest else "memplan",
         "storage_bytes": manifest.storage_bytes if manifest else emitted.model.arena_bytes,
         "planned_bytes": manifest.planned_bytes if manifest else None,
+        "constant_bytes": manifest.constant_bytes if manifest else None,
         "tuned": manifest.tuning_dir if manifest else None,
         "emit_c": args.emit_c,
         "seconds": round(time.monotonic() - started, 2),
@@ -161,6 +162,7 @@ def run_build(args: argparse.Namespace) -> int:
             ("pipeline", manifest.pipeline + (f" (tuned kernels from {manifest.tuning_dir})" if manifest.tuning_dir else "")),
             ("planned storage", human_bytes(manifest.storage_bytes)),
             ("VM should request", f"{human_bytes(manifest.planned_bytes)} (storage + outputs)"),
+            ("weights (const)", f"{human_bytes(manifest.constant_bytes)} (the executable's constant pool)"),
         ]
     if emitted is not None:
         model_c = emitted.model

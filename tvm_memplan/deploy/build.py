@@ -21,6 +21,7 @@ from ..errors import UserError
 from ..frontend import LoadedModel, load_model
 from ..planner import ModelPlan
 from . import error_line
+from .artifact import constant_bytes, library_constants
 from .plans import plan_for_target
 from .targets import DeployTarget, get_target
 from .tune import apply_tuning
@@ -50,6 +51,9 @@ class Manifest:
     cross_compiler: str | None = None
     """The linker named with ``--cross-compiler`` instead of the target's own."""
     tvm_version: str = tvm.__version__
+    constant_bytes: int | None = None
+    """Bytes of the tensors the library holds: the weights as shipped (:mod:`.artifact`); None in
+    manifests written before it was recorded."""
 
     @property
     def planned_bytes(self) -> int:
@@ -137,6 +141,7 @@ def export(executable: "tvm.runtime.Executable", target: DeployTarget, manifest:
         partial.unlink(missing_ok=True)
         raise UserError(f"linking {output.name} for {target.name} failed: {error_line(exc)}") from None
     partial.replace(output)
+    manifest.constant_bytes = constant_bytes(library_constants(output)).total
     manifest.save(output)
     return output
 

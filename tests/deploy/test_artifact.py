@@ -7,9 +7,15 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from tvm_memplan.deploy.artifact import (
+    TENSOR_MAGIC,
+    constant_bytes,
+    executable_constants,
+    library_constants,
+    parse_constants,
+)
 from tvm_memplan.frontend import LoadedModel
 from tvm_memplan.planner import plan_model
-from tvm_memplan.verify.artifact import TENSOR_MAGIC, constant_bytes, executable_constants, parse_constants
 
 from ..quant import models
 
@@ -32,6 +38,12 @@ def test_an_int8_build_holds_int8_weights_int32_biases_and_one_multiplier_per_ch
     built = constant_bytes(_build(models.quantize_qdq(float_model, samples=2)))
     assert built.by_dtype == {"int8": 32 * 16 * 3 * 3, "int32": 32 * 4, "float32": 32 * 4}
     assert built.total <= 0.27 * constant_bytes(_build(float_model)).total
+
+
+def test_an_exported_library_holds_the_executables_constant_pool(tmp_path):
+    executable = _build(models.quantize_qdq(models.conv(), samples=2))
+    executable.export_library(str(tmp_path / "conv.so"))
+    assert library_constants(tmp_path / "conv.so") == executable_constants(executable)
 
 
 def test_a_corrupt_tensor_header_is_refused():

@@ -4,7 +4,11 @@ The weights a user ships are what the VM executable holds, after every pass of t
 constants, repacked weights, lookup tables, requantization multipliers), not the ONNX initializers.
 The executable serializes its constant pool with TVM's tensor format (``SaveDLTensor``): a magic
 number, reserved word, device, ndim, dtype, shape, byte count, then the bytes. The serialization is
-read tensor by tensor, each one's bytes skipped, so weight bytes never match the magic.
+read tensor by tensor, each one's bytes skipped, so weight bytes never match the magic. An exported
+library holds the same serialization, uncompressed, beside the kernels' code.
+
+(Serializing an executable makes TVM 0.27 log a "Scope Saving" warning per memory scope, as
+``export_library`` does.)
 """
 
 from __future__ import annotations
@@ -67,6 +71,12 @@ def executable_constants(executable: "tvm.runtime.Executable") -> list[PooledCon
         return parse_constants(path.read_bytes())
 
 
+def library_constants(path: Path) -> list[PooledConstant]:
+    """The constant pool of an exported library (``export_library``): the serialized executable is
+    packed into it uncompressed."""
+    return parse_constants(Path(path).read_bytes())
+
+
 @dataclass(frozen=True)
 class ConstantBytes:
     """The constant pool's bytes, in all and per element type."""
@@ -79,9 +89,11 @@ class ConstantBytes:
         return f"{self.total:,} ({parts})" if len(self.by_dtype) > 1 else f"{self.total:,}"
 
 
-def constant_bytes(executable: "tvm.runtime.Executable") -> ConstantBytes:
-    """Bytes of the tensors a built executable holds: the weights as shipped."""
+def constant_bytes(constants: "tvm.runtime.Executable | list[PooledConstant]") -> ConstantBytes:
+    """Bytes of the tensors a built executable (or a parsed constant pool) holds: the weights as shipped."""
+    if not isinstance(constants, list):
+        constants = executable_constants(constants)
     by_dtype: Counter[str] = Counter()
-    for constant in executable_constants(executable):
+    for constant in constants:
         by_dtype[constant.dtype] += constant.nbytes
     return ConstantBytes(sum(by_dtype.values()), dict(by_dtype))
