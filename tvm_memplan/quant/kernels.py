@@ -167,6 +167,95 @@ def conv2d(
     )
 
 
+DOT_LANES = 16
+"""Output channels of one ``vpdpbusd`` (16 int32 lanes of a 512-bit register)."""
+DOT_DEPTH = 4
+"""Input channels each lane sums per instruction (four uint8 x int8 products)."""
+
+
+def pack_dot_weights(weight: np.ndarray) -> np.ndarray:
+    """OIHW int8 weights as ``(O/16, C/4, KH, KW, 16, 4)``, zero-padded: the operand layout of
+    :func:`conv2d_dot`'s innermost 16x4 block, 64 contiguous bytes per ``vpdpbusd`` (the weight
+    packing of oneDNN's and MLAS's int8 convolutions, done once at compile time)."""
+    o, c, kh, kw = weight.shape
+    blocks, depth = -(-o // DOT_LANES), -(-c // DOT_DEPTH)
+    padded = np.zeros((blocks * DOT_LANES, depth * DOT_DEPTH, kh, kw), np.int8)
+    padded[:o, :c] = weight
+    return np.ascontiguousarray(
+        padded.reshape(blocks, DOT_LANES, depth, DOT_DEPTH, kh, kw).transpose(0, 2, 4, 5, 1, 3))
+
+
+def dot_zero_point(x_zero_point: int, x_dtype: str) -> int:
+    """The input zero point :func:`conv2d_dot` computes with: int8 inputs are moved to uint8 (+128,
+    exact) because ``vpdpbusd`` multiplies unsigned by signed bytes."""
+    return x_zero_point + (128 if x_dtype == "int8" else 0)
+
+
+def conv2d_dot(
+    x: te.Tensor,
+    weight: te.Tensor,
+    bias: te.Tensor,
+    multiplier: te.Tensor,
+    *,
+    out_channels: int,
+    strides: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    x_zero_point: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+    table: te.Tensor | None = None,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
+) -> te.Tensor:
+    """QLinearConv (groups 1) in the shape of a 4-way int8 dot product (AVX-512 VNNI ``vpdpbusd``):
+    the result equals :func:`conv2d`'s bit for bit.
+
+    ``x`` (NCHW int8/uint8) is padded and packed in the kernel to uint8 ``(N, C/4, H, W, 4)``
+    (int8 moved by +128: :func:`dot_zero_point`); ``weight`` is :func:`pack_dot_weights`'s
+    layout; ``bias`` holds ``bias - dot_zero_point * sum(weight[o])`` (:func:`fold_zero_point`).
+    The reduction ``dot_acc`` accumulates 16 output channels x 4 input channels per step in int32;
+    the schedule tensorizes that block (:mod:`tvm_memplan.schedule.cpu.int8_dot`). The output is
+    NCHW, like every other kernel's."""
+    n, c, h, w = (int(d) for d in x.shape)
+    blocks, depth, kh, kw = (int(d) for d in weight.shape[:4])
+    sh, sw = (int(v) for v in strides)
+    dh, dw = (int(v) for v in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    zero = dot_zero_point(x_zero_point, x.dtype)
+    shift = 128 if x.dtype == "int8" else 0
+
+    def pack(b, c4, y, xx, k):
+        ch = c4 * DOT_DEPTH + k
+        inside = tirx.all(y >= top, y < top + h, xx >= left, xx < left + w, ch < c)
+        value = (x[b, tirx.min(ch, c - 1), y - top, xx - left].astype("int32") + shift).astype("uint8")
+        return tirx.if_then_else(inside, value, tirx.const(zero, "uint8"))
+
+    packed = te.compute((n, depth, h + top + bottom, w + left + right, DOT_DEPTH), pack, name="pack")
+    rc = te.reduce_axis((0, depth), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rk = te.reduce_axis((0, DOT_DEPTH), name="rk")
+    acc = te.compute(
+        (n, blocks, oh, ow, DOT_LANES),
+        lambda b, ob, y, xx, lane: te.sum(
+            packed[b, rc, y * sh + ry * dh, xx * sw + rx * dw, rk].astype("int32")
+            * weight[ob, rc, ry, rx, lane, rk].astype("int32"), axis=[rc, ry, rx, rk]),
+        name="dot_acc",
+    )
+    return te.compute(
+        (n, out_channels, oh, ow),
+        lambda b, oc, y, xx: _through(table, requantize(acc[b, oc // DOT_LANES, y, xx, oc % DOT_LANES] + bias[oc],
+                                                        multiplier[oc], y_zero_point, low, high, out_dtype),
+                                      out_dtype, residual, residual_add, (b, oc, y, xx)),
+        name="requantize",
+    )
+
+
 def dense(
     x: te.Tensor,
     weight: te.Tensor,

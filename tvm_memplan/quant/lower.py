@@ -43,6 +43,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..schedule.cpu.spec import cpu_spec
 from . import kernels
 from .kernels import INT_RANGE
 
@@ -233,10 +234,12 @@ class LoweringReport:
 
 @mutator
 class _Lowerer(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, graph: _Graph, report: LoweringReport) -> None:
+    def __init__(self, mod: tvm.IRModule, graph: _Graph, report: LoweringReport, int8_dot: bool = False) -> None:
         super().__init__(mod)
         self.graph = graph
         self.report = report
+        self.int8_dot = int8_dot
+        """Regular convolutions use :func:`.kernels.conv2d_dot` (the CPU has a 4-way int8 dot product)."""
         self._recipe: tuple | None = None
         self.recipes: dict[relax.Var, tuple] = {}
         """A lowered conv/dense quantize's var → (kernel, args, kwargs, name, kind): the concat of
@@ -434,30 +437,39 @@ class _Lowerer(PyExprMutator):
                     return None
                 bias_int = rescaled.astype(np.int32)
         low, high = clamp.bounds(out)
-        common = {"y_zero_point": out.zero_point, "low": low, "high": high, "out_dtype": out.dtype,
-                  "accumulate": kernels.accumulator_dtype(w_shifted, xq.dtype)}
-        try:
-            bias_int = kernels.fold_zero_point(bias_int, w_shifted, xq.zero_point)
-        except OverflowError:
-            return None
-        stored = w_shifted if name == "relax.nn.conv2d" else np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
-        consts = [relax.const(stored.astype(np.int8)), relax.const(bias_int),
-                  relax.const(multiplier.astype(np.float32))]
+        common = {"y_zero_point": out.zero_point, "low": low, "high": high, "out_dtype": out.dtype}
+        accumulate = kernels.accumulator_dtype(w_shifted, xq.dtype)
+        float_input = None
         if name == "relax.nn.conv2d":
             attrs = call.attrs
-            kind = "depthwise_conv2d" if int(attrs.groups) == channels and int(attrs.groups) > 1 else "conv2d"
-            func, kwargs = kernels.conv2d, {"strides": [int(v) for v in attrs.strides],
-                                            "padding": [int(v) for v in attrs.padding],
-                                            "dilation": [int(v) for v in attrs.dilation], "groups": int(attrs.groups),
-                                            "x_zero_point": xq.zero_point, **common}
+            groups = int(attrs.groups)
+            kind = "depthwise_conv2d" if groups == channels and groups > 1 else "conv2d"
             float_input = self._fusable_quantize(x, call.args[0], xq)
+            geometry = {"strides": [int(v) for v in attrs.strides], "padding": [int(v) for v in attrs.padding],
+                        "dilation": [int(v) for v in attrs.dilation], "x_zero_point": xq.zero_point}
+            if self.int8_dot and groups == 1 and float_input is None:
+                # the 4-way dot-product kernel: uint8 input, packed weights, bias folded for the
+                # uint8 zero point
+                func = kernels.conv2d_dot
+                kwargs = {"out_channels": channels, **geometry, **common}
+                zero_point, stored = kernels.dot_zero_point(xq.zero_point, xq.dtype), kernels.pack_dot_weights(w_shifted)
+            else:
+                func = kernels.conv2d
+                kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}
+                zero_point, stored = xq.zero_point, w_shifted
             if float_input is not None:
                 x, kind = float_input, f"quantize+{kind}"
                 kwargs["quantize_input"] = (xq.scale, xq.dtype)
-            x_new = self.visit_expr(x)
         else:
-            x_new = self.visit_expr(x)
-            func, kwargs, kind = kernels.dense, common, "dense"
+            func, kwargs, kind = kernels.dense, {"accumulate": accumulate, **common}, "dense"
+            zero_point, stored = xq.zero_point, np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
+        try:
+            bias_int = kernels.fold_zero_point(bias_int, w_shifted, zero_point)
+        except OverflowError:
+            return None
+        consts = [relax.const(stored.astype(np.int8)), relax.const(bias_int),
+                  relax.const(multiplier.astype(np.float32))]
+        x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
         self._recipe = (func, [x_new, *consts], kwargs, kernel_name, kind)
         return self._call_te(func, x_new, *consts, name=kernel_name, **kwargs), kind
@@ -665,11 +677,12 @@ ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
 onnxruntime's float kernels; exp, tanh and sigmoid may differ in the last float bit)."""
 
 
-def lower_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> tuple[tvm.IRModule, LoweringReport]:
-    """``mod`` with function ``gv`` lowered and its integer kernels added."""
+def lower_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, int8_dot: bool = False) -> tuple[tvm.IRModule, LoweringReport]:
+    """``mod`` with function ``gv`` lowered and its integer kernels added (regular convolutions as
+    4-way dot products when ``int8_dot``)."""
     report = LoweringReport({}, [])
     func = mod[gv]
-    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), _Graph(func), report)
+    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), _Graph(func), report, int8_dot)
     lowered = lowerer.visit_expr(func)
     lowered = relax.analysis.remove_all_unused(lowered)
     bound = [binding.var for block in lowered.body.blocks for binding in block.bindings]
@@ -703,8 +716,12 @@ def has_qdq(func: relax.Function) -> bool:
     return any(_op_name(binding.value) == "relax.quantize" for block in func.body.blocks for binding in block.bindings)
 
 
-def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None) -> tvm.transform.Pass:
-    """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring)."""
+def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None,
+             target: tvm.target.Target | None = None) -> tvm.transform.Pass:
+    """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring).
+    Where ``target``'s CPU has a 4-way int8 dot product (AVX-512 VNNI), regular convolutions are
+    lowered in its operand layout (:func:`.kernels.conv2d_dot`); the schedule tensorizes them."""
+    int8_dot = target is not None and cpu_spec(target).int8_dot is not None
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -712,7 +729,7 @@ def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None) -> tvm.t
         if not functions:
             return mod
         for gv, _func in functions:
-            mod, report = lower_function(mod, gv)
+            mod, report = lower_function(mod, gv, int8_dot)
             if on_report is not None:
                 on_report(report)
         return mod

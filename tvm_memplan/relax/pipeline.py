@@ -81,7 +81,7 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages
     kernels first (:func:`~tvm_memplan.quant.lower.LowerQDQ`)."""
     backend = _backend_module(target)
     legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
-    quantized = [LowerQDQ()] if target.kind.name in ("llvm", "c") else []
+    quantized = [LowerQDQ(target=target)] if target.kind.name in ("llvm", "c") else []
     before = (quantized + [FoldDataMovementConstants()] + backend.library_dispatch_passes(target) + legalize
               + backend.dataflow_lower_passes(target))
     finalize = list(backend.finalize_passes(target))

@@ -1,7 +1,8 @@
 """Default CPU schedule rules, tried in order (:data:`DEFAULT_RULES`).
 
 TVM 0.27's ``cpu_generic`` pipeline leaves convolutions, matmuls and pools as plain loop nests.
-Three rules cover what the fused kernels of CNNs and transformers contain:
+Three rules cover what the fused kernels of CNNs and transformers contain, after a fourth for
+the int8 convolutions lowered as 4-way dot products (:class:`Int8DotProduct`):
 
 * :class:`TiledReduction` — one reduction block with injective producers and an elementwise
   epilogue (conv, depthwise/grouped conv, matmul, dense, pooling), register-tiled;
@@ -13,10 +14,12 @@ Each is a dlight ``ScheduleRule``: it schedules the whole function or declines (
 
 from .base import CPUScheduleRule
 from .generic import Generic
+from .int8_dot import Int8DotProduct
 from .spatial import Spatial
 from .spec import CpuSpec, cpu_spec
 from .tiled_reduction import TiledReduction
 
-DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (TiledReduction(), Spatial(), Generic())
+DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (Int8DotProduct(), TiledReduction(), Spatial(), Generic())
 
-__all__ = ["DEFAULT_RULES", "CPUScheduleRule", "CpuSpec", "Generic", "Spatial", "TiledReduction", "cpu_spec"]
+__all__ = ["DEFAULT_RULES", "CPUScheduleRule", "CpuSpec", "Generic", "Int8DotProduct", "Spatial", "TiledReduction",
+           "cpu_spec"]

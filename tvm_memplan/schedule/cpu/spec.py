@@ -21,6 +21,9 @@ class CpuSpec:
     vector_codegen: bool
     """Whether the code generator emits vector instructions for vectorized loops (LLVM does;
     the C target leaves vectorization to the C compiler, so loops are unrolled instead)."""
+    int8_dot: str | None = None
+    """The CPU's 4-way int8 dot-product instruction the integer kernels tensorize with
+    (``"avx512vnni"``: ``vpdpbusd``), or None."""
 
     @property
     def accumulators(self) -> int:
@@ -40,9 +43,10 @@ def cpu_spec(target: tvm.target.Target) -> CpuSpec:
             lanes, registers = 16, 32
         elif _has_feature("avx2", target) or _has_feature("avx", target):
             lanes, registers = 8, 16
+    int8_dot = "avx512vnni" if kind == "llvm" and lanes == 16 and _has_feature("avx512vnni", target) else None
     cores = int(target.attrs.get("num-cores", 0) or 0)
     threads = cores or int(os.environ.get("TVM_NUM_THREADS", 0) or 0) or os.cpu_count() or 1
-    return CpuSpec(lanes=lanes, registers=registers, threads=threads, vector_codegen=kind == "llvm")
+    return CpuSpec(lanes=lanes, registers=registers, threads=threads, vector_codegen=kind == "llvm", int8_dot=int8_dot)
 
 
 def _has_feature(feature: str, target: tvm.target.Target) -> bool:

@@ -1,0 +1,99 @@
+"""The int8 dot-product convolution (``conv2d_dot``) and its schedule, against integer arithmetic in numpy.
+
+Shapes cover what the packing must get right: input channels not a multiple of 4, output channels
+not a multiple of 16, strides, dilation, asymmetric padding, int8 and uint8 inputs. Each is built
+with ``vpdpbusd`` where this CPU has AVX-512 VNNI, and with the portable vectorized fallback.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from tvm_memplan.quant import kernels
+from tvm_memplan.schedule.cpu import Int8DotProduct, cpu_spec
+from tvm_memplan.schedule.passes import schedule_function
+
+HOST = tvm.target.Target.from_device("cpu")
+SPECS = {"portable": cpu_spec(HOST).__class__(**{**cpu_spec(HOST).__dict__, "int8_dot": None})}
+if cpu_spec(HOST).int8_dot is not None:
+    SPECS["vnni"] = cpu_spec(HOST)
+
+SHAPES = {  # C, O, H, W, K, stride, dilation, padding (top, left, bottom, right)
+    "3x3": (16, 32, 9, 9, 3, 1, 1, (1, 1, 1, 1)),
+    "pointwise-odd-channels": (6, 20, 7, 5, 1, 1, 1, (0, 0, 0, 0)),
+    "strided": (12, 16, 11, 11, 3, 2, 1, (1, 1, 1, 1)),
+    "dilated-asymmetric": (8, 17, 10, 10, 3, 1, 2, (0, 1, 2, 1)),
+    "prime-width": (8, 32, 3, 29, 1, 1, 1, (0, 0, 0, 0)),  # no pixel tile divides 29: one pixel a tile
+}
+
+
+def reference(x, w, bias, multiplier, stride, dilation, padding, zx, zy, low, high, out_dtype):
+    """Integer conv of ``x - zx`` (padding with zx, a real zero), then MLAS's requantization in float32."""
+    top, left, bottom, right = padding
+    xp = np.pad(x.astype(np.int64) - zx, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    o, c, kh, kw = w.shape
+    oh = (xp.shape[2] - (kh - 1) * dilation - 1) // stride + 1
+    ow = (xp.shape[3] - (kw - 1) * dilation - 1) // stride + 1
+    acc = np.zeros((1, o, oh, ow), np.int64)
+    for ry in range(kh):
+        for rx in range(kw):
+            window = xp[:, :, ry * dilation: ry * dilation + stride * (oh - 1) + 1: stride,
+                        rx * dilation: rx * dilation + stride * (ow - 1) + 1: stride]
+            acc += np.einsum("nchw,oc->nohw", window, w[:, :, ry, rx].astype(np.int64))
+    total = (acc + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32)
+    scaled = total * multiplier.reshape(1, -1, 1, 1)
+    clamped = np.clip(scaled, np.float32(low - zy), np.float32(high - zy))
+    return (np.rint(clamped).astype(np.int32) + zy).astype(out_dtype)
+
+
+CASES = [(shape, "int8") for shape in SHAPES] + [("strided", "uint8")]
+
+
+@pytest.mark.parametrize("spec_name", list(SPECS))
+@pytest.mark.parametrize(("shape", "x_dtype"), CASES)
+def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, spec_name):
+    c, o, h, w, k, stride, dilation, padding = SHAPES[shape]
+    rng = np.random.default_rng(len(shape) + c)
+    lo, hi = kernels.INT_RANGE[x_dtype]
+    x = rng.integers(lo, hi + 1, size=(1, c, h, w)).astype(x_dtype)
+    weight = rng.integers(-128, 128, size=(o, c, k, k)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, size=o).astype(np.int32)
+    multiplier = (rng.random(o) * 2e-4).astype(np.float32)
+    zx, zy, low, high = 7, -3, -128, 100  # a folded Clip narrows the output range
+    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, x_dtype))
+    packed = kernels.pack_dot_weights(weight)
+
+    tx = te.placeholder(x.shape, x_dtype, "x")
+    tw = te.placeholder(packed.shape, "int8", "w")
+    tb = te.placeholder(folded.shape, "int32", "b")
+    tm = te.placeholder(multiplier.shape, "float32", "m")
+    out = kernels.conv2d_dot(tx, tw, tb, tm, out_channels=o, strides=[stride] * 2, padding=padding,
+                             dilation=[dilation] * 2, x_zero_point=zx, y_zero_point=zy, low=low, high=high,
+                             out_dtype="int8")
+    func = te.create_prim_func([tx, tw, tb, tm, out])
+    scheduled = schedule_function(func, SPECS[spec_name], rules=[Int8DotProduct()])
+    assert scheduled is not None, "the int8_dot rule must schedule conv2d_dot"
+    library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=HOST)
+    assert ("vpdpbusd" in library.inspect_source("asm")) == (spec_name == "vnni")
+    dev = tvm.cpu()
+    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np.int8), dev)
+    library["main"](*(tvm.runtime.tensor(v, dev) for v in (x, packed, folded, multiplier)), result)
+    expected = reference(x, weight, bias, multiplier, stride, dilation, padding, zx, zy, low, high, np.int8)
+    np.testing.assert_array_equal(result.numpy(), expected)
+
+
+def test_rule_declines_other_kernels():
+    a = te.placeholder((4, 8), "float32", "a")
+    b = te.compute((4, 8), lambda i, j: a[i, j] * 2, name="double")
+    assert Int8DotProduct().schedule(te.create_prim_func([a, b]), cpu_spec(HOST)) is None
+
+
+def test_weights_pack_into_16x4_blocks():
+    weight = np.arange(20 * 6 * 1 * 1).reshape(20, 6, 1, 1).astype(np.int8)
+    packed = kernels.pack_dot_weights(weight)
+    assert packed.shape == (2, 2, 1, 1, 16, 4)
+    assert packed[1, 1, 0, 0, 3, 1] == weight[19, 5, 0, 0]
+    assert packed[1, 1, 0, 0, 4, 0] == 0 and packed[0, 1, 0, 0, 0, 2] == 0  # padded channels are zero

@@ -1,0 +1,123 @@
+"""The int8 convolutions lowered as 4-way dot products (:func:`tvm_memplan.quant.kernels.conv2d_dot`),
+tensorized with AVX-512 VNNI's ``vpdpbusd``.
+
+The kernel's reduction block ``dot_acc`` accumulates 16 output channels x 4 input channels per step.
+As in oneDNN's and MLAS's int8 convolutions, a register tile of ``blocks x pixels`` accumulators
+(16 int32 lanes each) stays in registers over the whole reduction: each step loads one 64-byte
+weight vector per channel block and broadcasts four input bytes per pixel. The requantizing
+epilogue runs per tile, vectorized over the 16 channels of the tile's accumulators. The packed
+input is built once per call, in parallel over its rows.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+from ..blocks import NotApplicable, loop_extent, top_level_blocks
+from .base import CPUScheduleRule, fuse_parallel
+from .spec import CpuSpec
+
+VNNI_DOT = "tvm_memplan.dot_16x4_u8i8i32_vnni"
+ACC_BLOCK = "dot_acc"
+
+
+@T.prim_func(s_tir=True)
+def _dot_16x4(
+    A: T.Buffer((4,), "uint8", offset_factor=1),
+    B: T.Buffer((16, 4), "int8", offset_factor=1),
+    C: T.Buffer((16,), "int32", offset_factor=1),
+) -> None:
+    # what the instruction computes: 16 int32 lanes, each adding 4 uint8 x int8 products
+    # (defined here: importing tvm.s_tir.tensor_intrin registers every backend's intrinsics, ~20 s)
+    with T.sblock("root"):
+        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+        T.writes(C[0:16])
+        for i, k in T.grid(16, 4):
+            with T.sblock("update"):
+                vi, vk = T.axis.remap("SR", [i, k])
+                C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+
+
+@T.prim_func(s_tir=True)
+def _vnni_dot(
+    A: T.Buffer((4,), "uint8", offset_factor=1),
+    B: T.Buffer((16, 4), "int8", offset_factor=1),
+    C: T.Buffer((16,), "int32", offset_factor=1),
+) -> None:
+    # TVM 0.27's own "dot_16x4_vnni" passes <16 x i32> operands, which LLVM 22's vpdpbusd
+    # (<64 x i8> operands) rejects
+    with T.sblock("root"):
+        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+        T.writes(C[0:16])
+        A_i32 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+        C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+            C.vload([0], dtype="int32x16"),
+            T.reinterpret(T.broadcast(A_i32, 16), dtype="uint8x64"),
+            B.vload([0, 0], dtype="int8x64"),
+            dtype="int32x16",
+        )
+
+
+TensorIntrin.register(VNNI_DOT, _dot_16x4, _vnni_dot, override=True)
+
+
+class Int8DotProduct(CPUScheduleRule):
+    """:func:`~tvm_memplan.quant.kernels.conv2d_dot` kernels: register-tiled, tensorized with
+    ``vpdpbusd`` where the CPU has it (otherwise the 16 lanes are vectorized as int32 arithmetic)."""
+
+    name = "int8_dot"
+
+    def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
+        blocks_by_name = {sch.get(b).name_hint: b for b in top_level_blocks(sch)}
+        if set(blocks_by_name) != {"pack", ACC_BLOCK, "requantize"}:
+            raise NotApplicable("not a conv2d_dot kernel")
+        pack, acc, epilogue = (blocks_by_name[name] for name in ("pack", ACC_BLOCK, "requantize"))
+        out_channels = int(sch.get(epilogue).iter_vars[1].dom.extent)
+        n, ob, oh, ow, lane, rc, ry, rx, rk = sch.get_loops(acc)
+        blocks, width = loop_extent(sch, ob), loop_extent(sch, ow)
+        tile_blocks, tile_pixels = _register_tile(blocks, width, spec.accumulators - 4)
+        ob_o, ob_i = sch.split(ob, [None, tile_blocks])
+        ow_o, ow_i = sch.split(ow, [None, tile_pixels])
+        tensorized = spec.int8_dot == "avx512vnni"
+        inner = (lane, rk) if tensorized else (rk, lane)
+        sch.reorder(n, ob_o, oh, ow_o, rc, ry, rx, ob_i, ow_i, *inner)
+        sch.reverse_compute_at(epilogue, ow_o)
+        work = 1
+        for loop in (n, ob_o, oh, ow_o, rc, ry, rx, ob_i, ow_i):
+            work *= loop_extent(sch, loop)
+        fuse_parallel(sch, [n, ob_o, oh], work * 64, spec)
+        if not tensorized and spec.vector_codegen:
+            sch.vectorize(lane)
+        init = sch.decompose_reduction(acc, rc)
+        if tensorized:
+            sch.tensorize(lane, VNNI_DOT)
+        sch.unroll(ow_i)
+        sch.unroll(ob_i)
+        if spec.vector_codegen:
+            sch.vectorize(sch.get_loops(init)[-1])
+        tile_loop = sch.get(ow_o)
+        loops = sch.get_loops(epilogue)
+        own = loops[[sch.get(loop).same_as(tile_loop) for loop in loops].index(True) + 1:]
+        outer, inner = sch.split(own[0], [None, 16])  # channels; pixels follow unless the tile has one
+        sch.reorder(outer, *own[1:], inner)
+        if spec.vector_codegen and out_channels % 16 == 0:
+            sch.vectorize(inner)
+        pack_loops = sch.get_loops(pack)
+        fuse_parallel(sch, pack_loops[:3], work * 64, spec)
+
+
+def _register_tile(blocks: int, width: int, budget: int) -> tuple[int, int]:
+    """Channel blocks and pixels of a row held as accumulators: the largest tile within ``budget``
+    registers whose sides divide the output (1 or 2 blocks of 16 channels; the pixels of a prime
+    width such as SqueezeNet's 13 are one tile of one block)."""
+    best = (1, 1)
+    for tile_blocks in (2, 1):
+        if blocks % tile_blocks:
+            continue
+        pixels = max(d for d in range(1, budget // tile_blocks + 1) if width % d == 0)
+        if tile_blocks * pixels > best[0] * best[1]:
+            best = (tile_blocks, pixels)
+    return best
