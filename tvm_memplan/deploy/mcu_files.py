@@ -9,51 +9,59 @@ from __future__ import annotations
 
 RUNTIME = """\
 /* The three runtime symbols TVM's C kernels call, for programs without libtvm_runtime and without
- * a heap: kernel scratch memory comes from one static pool used as a stack (TVM frees a kernel's
- * workspaces in the reverse order of their allocation). Its size is the largest sum of the
- * constant-size workspaces of one kernel, counted when the C was generated. */
+ * a heap. Kernel scratch memory comes from the region each model's run hands over
+ * (tvm_memplan_set_workspace: the end of its arena), used as a stack: TVM frees a kernel's
+ * workspaces in the reverse order of their allocation. This file is the same for every model and
+ * its definitions are weak: two models' copies link into one firmware. */
 #include <stdint.h>
 #include <string.h>
 #include "tvm/ffi/c_api.h"
 
-#define TVM_MEMPLAN_WORKSPACE_BYTES {workspace_bytes}
+#define TVM_MEMPLAN_WEAK __attribute__((weak))
 
-static char last_error[256];
-static uint8_t workspace[TVM_MEMPLAN_WORKSPACE_BYTES > 0 ? TVM_MEMPLAN_WORKSPACE_BYTES : 1] __attribute__((aligned(64)));
-static uint32_t workspace_top;
+TVM_MEMPLAN_WEAK char tvm_memplan_error[256];
+TVM_MEMPLAN_WEAK uint8_t* tvm_memplan_workspace_base;
+TVM_MEMPLAN_WEAK uint32_t tvm_memplan_workspace_size;
+TVM_MEMPLAN_WEAK uint32_t tvm_memplan_workspace_top;
 
-const char* tvm_memplan_last_error(void) {{ return last_error; }}
+TVM_MEMPLAN_WEAK const char* tvm_memplan_last_error(void) { return tvm_memplan_error; }
 
-void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {{
+TVM_MEMPLAN_WEAK void tvm_memplan_set_workspace(void* base, uint32_t size) {
+  tvm_memplan_workspace_base = (uint8_t*)base;
+  tvm_memplan_workspace_size = size;
+  tvm_memplan_workspace_top = 0;
+}
+
+TVM_MEMPLAN_WEAK void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
   size_t used = 0;
-  const char* pieces[2] = {{kind, ": "}};
-  for (int i = 0; i < 2 + num_parts && used + 1 < sizeof(last_error); ++i) {{
+  const char* pieces[2] = {kind, ": "};
+  for (int i = 0; i < 2 + num_parts && used + 1 < sizeof(tvm_memplan_error); ++i) {
     const char* piece = i < 2 ? pieces[i] : parts[i - 2];
     size_t n = strlen(piece);
-    if (n > sizeof(last_error) - 1 - used) n = sizeof(last_error) - 1 - used;
-    memcpy(last_error + used, piece, n);
+    if (n > sizeof(tvm_memplan_error) - 1 - used) n = sizeof(tvm_memplan_error) - 1 - used;
+    memcpy(tvm_memplan_error + used, piece, n);
     used += n;
-  }}
-  last_error[used] = 0;
-}}
+  }
+  tvm_memplan_error[used] = 0;
+}
 
-void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int dtype_code_hint,
-                               int dtype_bits_hint) {{
+TVM_MEMPLAN_WEAK void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes,
+                                                int dtype_code_hint, int dtype_bits_hint) {
   (void)device_type; (void)device_id; (void)dtype_code_hint; (void)dtype_bits_hint;
   uint64_t rounded = (nbytes + 63u) & ~(uint64_t)63u;
-  if (rounded > TVM_MEMPLAN_WORKSPACE_BYTES - workspace_top) return NULL;  /* the kernel reports it */
-  void* ptr = workspace + workspace_top;
-  workspace_top += (uint32_t)rounded;
+  if (rounded > tvm_memplan_workspace_size - tvm_memplan_workspace_top) return NULL;  /* the kernel reports it */
+  void* ptr = tvm_memplan_workspace_base + tvm_memplan_workspace_top;
+  tvm_memplan_workspace_top += (uint32_t)rounded;
   return ptr;
-}}
+}
 
-int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {{
+TVM_MEMPLAN_WEAK int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {
   (void)device_type; (void)device_id;
   uint8_t* p = (uint8_t*)ptr;
-  if (p < workspace || p >= workspace + TVM_MEMPLAN_WORKSPACE_BYTES) return -1;
-  workspace_top = (uint32_t)(p - workspace);  /* pops this block and any later one */
+  if (p < tvm_memplan_workspace_base || p >= tvm_memplan_workspace_base + tvm_memplan_workspace_size) return -1;
+  tvm_memplan_workspace_top = (uint32_t)(p - tvm_memplan_workspace_base);  /* pops this block and any later one */
   return 0;
-}}
+}
 """
 
 HARNESS = """\
@@ -311,6 +319,9 @@ SECTIONS
   .rodata : {{ . = ALIGN(64); *(.rodata .rodata.*) . = ALIGN(8); }} > CONST
   .data : {{ . = ALIGN(64); __data_start = .; *(.data .data.*) . = ALIGN(4); __data_end = .; }} > RAM AT > FLASH
   __data_load = LOADADDR(.data);
+  /* An arena placed with -DMEMPLAN_ARENA_SECTION='__attribute__((section(".memplan_arena")))' (a board's
+   * script would put this section in DTCM); uninitialized like .bss, but not cleared at start-up. */
+  .memplan_arena (NOLOAD) : ALIGN(64) {{ *(.memplan_arena .memplan_arena.*) }} > RAM
   .bss (NOLOAD) : {{ . = ALIGN(64); __bss_start = .; *(.bss .bss.*) *(COMMON) . = ALIGN(4); __bss_end = .; }} > RAM
   .stack (NOLOAD) : {{ . = ALIGN(8); __stack_limit = .; . += __stack_size; . = ALIGN(8); __stack_top = .; }} > RAM
   /DISCARD/ : {{ *(.ARM.attributes) }}

@@ -23,13 +23,13 @@ import numpy as np
 from ..errors import UserError
 from ..frontend import load_model
 from .mcu import ModelC
-from .measure import compare_outputs, reference_outputs
+from .measure import compare_outputs, int8_tolerances, reference_outputs
 from .targets import McuBoard, get_target
 
 DEVICES = {"host": None, "qemu-cortex-m7": "cortex-m7", "qemu-cortex-m4": "cortex-m4", "qemu-cortex-m55": "cortex-m55"}
 """Device name -> the target whose board it emulates (None: this machine)."""
 FLASH_SECTIONS = (".vectors", ".text", ".ARM.exidx", ".rodata", ".data")
-SRAM_SECTIONS = (".data", ".bss")
+SRAM_SECTIONS = (".data", ".bss", ".memplan_arena")
 _LINE = re.compile(r"^MEMPLAN status=(\d+) ticks=(\d+) calib_ticks=(\d+) calib_instructions=(\d+) stack_used=(\d+) stack_size=(\d+)", re.M)
 _ARM_PACKAGES = "Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 
@@ -57,6 +57,9 @@ class CMeasurement:
     kernel_calls: int
     reference: str
     error: str | None = None
+    tolerance: float | None = None
+    """For an int8 (QDQ) model: the absolute difference allowed, onnxruntime's own optimized vs
+    unoptimized spread in output LSB (at least 2 LSB); None: the float tolerance."""
     time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     def summary(self) -> dict[str, Any]:
@@ -153,9 +156,10 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
     status, ticks, calib_ticks, calib_instructions, stack_used, _ = (int(v) for v in found.groups())
     error = next((line[len("MEMPLAN error: "):] for line in printed.splitlines() if line.startswith("MEMPLAN error: ")), None)
     reference, reference_name = reference_outputs(model, inputs)
+    atols = int8_tolerances(model, inputs, (reference, reference_name))
     if status == 0:
         outputs = [np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"]) for spec in model_c.outputs]
-        correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference])
+        correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference], atols)
     else:
         correct, worst = False, float("inf")
         error = error or f"{model_c.name}_run returned {status}"
@@ -180,4 +184,5 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
         kernel_calls=model_c.kernel_calls,
         reference=reference_name,
         error=error,
+        tolerance=max(atols) if atols else None,
     )
