@@ -333,6 +333,8 @@ MAKEFILE = """\
 #   make                 -> ./model_host and ./example on this machine (CC, CFLAGS, LDFLAGS as usual)
 #   make cortex-m        -> model.elf for {cpu} ({board} under qemu-system-arm)
 #   make run-qemu        -> runs model.elf: needs input0.bin ... next to it, writes output0.bin ...
+#   ARENA_SECTION=.dtcm  -> the static arena in that linker section (MEMPLAN_ARENA_SECTION; cortex_m.ld
+#                           has .memplan_arena)
 # Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 CC ?= gcc
 CFLAGS ?= -O2
@@ -342,13 +344,17 @@ CPU_FLAGS ?= {cpu_flags}
 QEMU ?= qemu-system-arm
 QEMU_MACHINE ?= {machine}
 STACK_SIZE ?= {stack_size}
+ARENA_SECTION ?=
+ifneq ($(ARENA_SECTION),)
+ARENA_DEFINE = '-DMEMPLAN_ARENA_SECTION=__attribute__((section("$(ARENA_SECTION)")))'
+endif
 MODEL_SOURCES = model.c model_weights.c kernels.c tvm_memplan_runtime.c
 HEADERS = model.h kernels.h platform.h
 
 all: model_host example
 
 model_host: $(MODEL_SOURCES) main.c platform_host.c $(HEADERS)
-\t$(CC) $(CFLAGS) -Iinclude -o $@ $(MODEL_SOURCES) main.c platform_host.c $(LDFLAGS) -lm
+\t$(CC) $(CFLAGS) $(ARENA_DEFINE) -Iinclude -o $@ $(MODEL_SOURCES) main.c platform_host.c $(LDFLAGS) -lm
 
 example: example_main.c kernels.c tvm_memplan_runtime.c kernels.h example_data.h
 \t$(CC) $(CFLAGS) -Iinclude -o $@ example_main.c kernels.c tvm_memplan_runtime.c $(LDFLAGS) -lm
@@ -356,7 +362,7 @@ example: example_main.c kernels.c tvm_memplan_runtime.c kernels.h example_data.h
 cortex-m: model.elf
 
 model.elf: $(MODEL_SOURCES) main.c platform_semihost.c startup_cortexm.c cortex_m.ld $(HEADERS)
-\t$(ARM_CC) $(CPU_FLAGS) $(ARM_CFLAGS) -ffunction-sections -fdata-sections -Iinclude -nostartfiles \\
+\t$(ARM_CC) $(CPU_FLAGS) $(ARM_CFLAGS) $(ARENA_DEFINE) -ffunction-sections -fdata-sections -Iinclude -nostartfiles \\
 \t  --specs=nosys.specs -T cortex_m.ld -Wl,--gc-sections -Wl,--defsym=__stack_size=$(STACK_SIZE) \\
 \t  -o $@ $(MODEL_SOURCES) main.c platform_semihost.c startup_cortexm.c -lm
 
