@@ -233,7 +233,8 @@ def _measure_c(args: argparse.Namespace, log) -> int:
     rows = [
         ("model", f"{result.model} on {result.device} ({result.kernel_calls} kernel calls)"),
         ("correct", "yes" if result.correct else f"NO: {result.error or f'max |diff| {result.max_abs_diff:.3g}'}"),
-        ("max |diff|", f"{result.max_abs_diff:.3g} against {result.reference}"),
+        ("max |diff|", f"{result.max_abs_diff:.3g} against {result.reference}"
+                       + (f" (int8 LSB rule: {result.tolerance:.3g} allowed)" if result.tolerance else "")),
         ("arena in binary", f"{human_bytes(result.arena_bytes)} ({'= plan' if result.arena_bytes == result.planned_arena_bytes else 'NOT the plan'}; "
                             f"TVM's default plan {human_bytes(result.tvm_default_bytes)}, naive sum {human_bytes(result.naive_bytes)})"),
     ]
