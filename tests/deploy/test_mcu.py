@@ -13,7 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 from tvm_memplan.deploy.emit_c import emit_c
-from tvm_memplan.deploy.mcu import ModelC
+from tvm_memplan.deploy.mcu import ModelC, edge_quantization
 from tvm_memplan.deploy.measure import int8_tolerances, reference_outputs
 from tvm_memplan.deploy.targets import CORTEX_M7
 from tvm_memplan.frontend import load_model
@@ -68,6 +68,19 @@ def test_int8_weights_are_int8_bytes_and_the_arena_holds_int8(int8_c):
     assert scale == pytest.approx(float(consts[quantize.input[1]]), rel=1e-7)
     assert f"#define NET_INT8_INPUT0_ZERO_POINT {int(consts[quantize.input[2]])}\n" in header
     assert '#define NET_INT8_OUTPUT0_QUANT_DTYPE "int8"' in header and "#define NET_INT8_OUTPUT0_SHAPE {1, 10}" in header
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+def test_edge_quantization_reads_the_input_quantize_and_the_output_dequantize(activation):
+    model = models.quantize_qdq(models.conv(activation="relu"), activation=activation)
+    consts = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    quantize = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+    producer = {out: n for n in model.graph.node for out in n.output}[model.graph.output[0].name]
+    (given,), (taken,) = edge_quantization(model)
+    assert (given.scale, given.zero_point, given.dtype) == (
+        pytest.approx(float(consts[quantize.input[1]])), int(consts[quantize.input[2]]), activation)
+    assert producer.op_type == "DequantizeLinear" and taken.zero_point == int(consts[producer.input[2]])
+    assert edge_quantization(models.conv()) == ([None], [None])  # a float model
 
 
 @needs_arm
