@@ -19,7 +19,7 @@ from tvm_memplan.deploy.targets import CORTEX_M7
 from tvm_memplan.frontend import load_model
 
 from ..quant import models
-from .conftest import run_cli_json
+from .conftest import run_cli, run_cli_json
 
 needs_arm = pytest.mark.skipif(
     shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
@@ -199,3 +199,24 @@ def test_static_arena_in_a_section_of_its_own(capsys, int8_c, tmp_path, monkeypa
     assert placed == {"memplan_arena": ".memplan_arena", "memplan_workspace": ".memplan_arena"}
     assert report["sections"][".memplan_arena"] >= report["arena_bytes"] + report["workspace_bytes"]
     assert report["sram_bytes"] >= report["sections"][".memplan_arena"] + report["stack_bytes"]
+
+
+@needs_arm
+@pytest.mark.slow
+def test_per_kernel_instructions_add_up_to_the_run(capsys, int8_c, tmp_path):
+    _, int8_dir = int8_c
+    report = run_cli_json(capsys, "measure", str(int8_dir), "--device", "qemu-cortex-m7", "--per-kernel",
+                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    assert report["correct"], report
+    kernels = report["kernels"]
+    assert [k["kernel"] for k in kernels] == ModelC.load(int8_dir).kernel_names
+    assert [k["step"] for k in kernels] == list(range(1, len(kernels) + 1))
+    assert all(k["instructions"] > 0 for k in kernels)
+    # the run is the kernels plus the argument packing between them
+    assert 0.95 * report["instructions"] < sum(k["instructions"] for k in kernels) <= report["instructions"]
+
+
+def test_per_kernel_needs_an_emulated_device(capsys, int8_c):
+    _, int8_dir = int8_c
+    code, _, err = run_cli(capsys, "measure", str(int8_dir), "--per-kernel")
+    assert code == 2 and err.count("\n") == 1 and "emulated device" in err

@@ -57,6 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measure.add_argument("source", metavar="MODEL|OUT.so|DIR", help="a model, a built library, or a directory written by build --emit-c")
     measure.add_argument("--device", metavar="DEVICE", help="for DIR: host (default; this machine's C compiler), "
                          "qemu-cortex-m7, qemu-cortex-m4 or qemu-cortex-m55 (emulated, needs arm-none-eabi-gcc and qemu-system-arm)")
+    measure.add_argument("--per-kernel", action="store_true", help="for DIR on an emulated device: also each kernel call's "
+                         "instructions (a build that reads the cycle counter after every kernel)")
     add_target(measure, note="MODEL is built for it")
     add_model_inputs(measure)
     measure.add_argument("--rpc-tracker", metavar="HOST:PORT", help="RPC tracker to get the device from")
@@ -185,8 +187,9 @@ def run_measure(args: argparse.Namespace) -> int:
         if args.input_shapes or args.inputs:
             raise UserError("the standalone C runs the inputs it was built with: drop --input-shapes and --inputs")
         return _measure_c(args, log)
-    if args.device:
-        raise UserError("--device runs the standalone C: give the directory written by build --emit-c DIR")
+    if args.device or args.per_kernel:
+        raise UserError(f"{'--device' if args.device else '--per-kernel'} runs the standalone C: give the directory "
+                        "written by build --emit-c DIR")
     source, inputs = args.source, None
     if source.endswith(".so"):
         if args.input_shapes:
@@ -224,7 +227,7 @@ def run_measure(args: argparse.Namespace) -> int:
 def _measure_c(args: argparse.Namespace, log) -> int:
     from ..deploy.standalone import measure_c
 
-    result = measure_c(args.source, args.device or "host")
+    result = measure_c(args.source, args.device or "host", per_kernel=args.per_kernel)
     if log is not None:
         log.append(result.summary())
     if args.json:
@@ -245,6 +248,14 @@ def _measure_c(args: argparse.Namespace, log) -> int:
             ("instructions", f"{result.instructions:,} (qemu -icount)"),
         ]
     console().print(key_value_table("tvm-memplan measure (standalone C)", rows))
+    if result.kernels:
+        table = Table(title="instructions per kernel call (the profiling build)", title_justify="left")
+        for column in ("step", "kernel", "instructions", "share"):
+            table.add_column(column, justify="left" if column == "kernel" else "right")
+        total = sum(k["instructions"] for k in result.kernels) or 1
+        for k in result.kernels:
+            table.add_row(str(k["step"]), k["kernel"], f"{k['instructions']:,}", f"{100 * k['instructions'] / total:.1f} %")
+        console().print(table)
     if log is not None:
         console().print(f"result appended to {log.path}")
     return 0 if result.correct else 1

@@ -419,7 +419,8 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan, workspac
             tensors.append(f"      MEMPLAN_TENSOR({arg.pointer()}, {len(arg.shape)}, {code}, {bits}, {shape_name(arg.shape)}),"
                            f"  /* {arg.name} */\n")
         body.append(f"  {{  /* {number}: {step.kernel} */\n    DLTensor t[{len(step.args)}] = {{\n{''.join(tensors)}    }};\n"
-                    f"    if (memplan_call({kernel_symbol(name, step.kernel)}, t, {len(step.args)}) != 0) return {number};\n  }}\n")
+                    f"    if (memplan_call({kernel_symbol(name, step.kernel)}, t, {len(step.args)}) != 0) return {number};\n"
+                    f"    MEMPLAN_AFTER_KERNEL({number});\n  }}\n")
     for output, source in program.copies:
         body.append(f"  memcpy({output.pointer()}, {source.pointer()}, {source.nbytes});\n")
     max_args = max((len(s.args) for s in program.steps), default=1)
@@ -444,7 +445,10 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan, workspac
         f" * In-place kernels and eliminated concatenations are offsets of the plan: tensors that share bytes\n"
         f" * get the same pointers. */\n"
         f"#include <stddef.h>\n#include <stdint.h>\n#include <string.h>\n#include \"kernels.h\"\n#include \"model.h\"\n\n"
-        "#ifndef MEMPLAN_ARENA_SECTION\n#define MEMPLAN_ARENA_SECTION\n#endif\n\n"
+        "#ifndef MEMPLAN_ARENA_SECTION\n#define MEMPLAN_ARENA_SECTION\n#endif\n"
+        "#ifdef MEMPLAN_PROFILE  /* a hook after every kernel: the harness reads its cycle counter there */\n"
+        "void memplan_after_kernel(int number);\n#define MEMPLAN_AFTER_KERNEL(number) memplan_after_kernel(number)\n"
+        "#else\n#define MEMPLAN_AFTER_KERNEL(number) ((void)0)\n#endif\n\n"
         "void tvm_memplan_set_workspace(void* base, uint32_t size);\n\n"
         f"/* Every intermediate tensor lives in an arena, at the offset the planner chose; the kernels'\n"
         f" * scratch follows it. Caller memory ({name}_init) holds both: arena parts at {offsets}, scratch at\n"
@@ -489,7 +493,7 @@ def _harness(name: str, program: CProgram) -> str:
         writes.append(f"  if (platform_write(\"output{index}.bin\", output{index}, sizeof(output{index})) != 0) return 101;\n")
         call.append(f"output{index}")
     return mcu_files.HARNESS.format(name=name, buffers="".join(buffers), reads="".join(reads),
-                                    writes="".join(writes), call_args=", ".join(call))
+                                    writes="".join(writes), call_args=", ".join(call), calls=max(len(program.steps), 1))
 
 
 def _writers(func: relax.Function) -> dict[str, str]:
@@ -543,6 +547,8 @@ class ModelC:
     peak_tensors: list[tuple[str, int]]
     split: bool = False
     """Whether the module was rewritten before planning (fine-grained splitting)."""
+    kernel_names: list[str] = field(default_factory=list)
+    """The kernel each call of ``<name>_run`` runs, in order."""
 
     def save(self, directory: Path) -> None:
         (directory / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -604,7 +610,7 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
                 for i, (r, q) in enumerate(zip(program.inputs, _padded(edges[0], len(program.inputs))))],
         outputs=[{"shape": list(r.shape), "dtype": r.dtype, "file": f"output{i}.bin", "quantization": asdict(q) if q else None}
                  for i, (r, q) in enumerate(zip(program.outputs, _padded(edges[1], len(program.outputs))))],
-        peak_live_bytes=peak_bytes, peak_tensors=peak, split=split,
+        peak_live_bytes=peak_bytes, peak_tensors=peak, split=split, kernel_names=[step.kernel for step in program.steps],
     )
     emitted.save(directory)
     return emitted

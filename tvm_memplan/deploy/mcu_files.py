@@ -74,6 +74,12 @@ HARNESS = """\
 #include "platform.h"
 
 {buffers}
+#ifdef MEMPLAN_PROFILE
+/* The counter after each kernel call (model_profile.elf), written to profile.bin. */
+static uint64_t after_kernel[{calls} + 1];
+void memplan_after_kernel(int number) {{ after_kernel[number] = platform_read_counter(); }}
+#endif
+
 int main(void) {{
 {reads}  platform_start_counter();
   int status = {name}_run({call_args});
@@ -81,7 +87,10 @@ int main(void) {{
   /* Counter ticks of a loop of known length convert ticks to instructions under qemu -icount. */
   uint64_t calib_instructions = 0;
   uint64_t calib_ticks = platform_calibrate(&calib_instructions);
-{writes}  platform_report(status, ticks, calib_ticks, calib_instructions);
+{writes}#ifdef MEMPLAN_PROFILE
+  if (platform_write("profile.bin", after_kernel + 1, {calls} * sizeof(uint64_t)) != 0) return 102;
+#endif
+  platform_report(status, ticks, calib_ticks, calib_instructions);
   return status;
 }}
 """
@@ -333,6 +342,7 @@ MAKEFILE = """\
 #   make                 -> ./model_host and ./example on this machine (CC, CFLAGS, LDFLAGS as usual)
 #   make cortex-m        -> model.elf for {cpu} ({board} under qemu-system-arm)
 #   make run-qemu        -> runs model.elf: needs input0.bin ... next to it, writes output0.bin ...
+#   make model_profile.elf -> model.elf that also writes the counter after each kernel to profile.bin
 #   ARENA_SECTION=.dtcm  -> the static arena in that linker section (MEMPLAN_ARENA_SECTION; cortex_m.ld
 #                           has .memplan_arena)
 # Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
@@ -361,10 +371,15 @@ example: example_main.c kernels.c tvm_memplan_runtime.c kernels.h example_data.h
 
 cortex-m: model.elf
 
-model.elf: $(MODEL_SOURCES) main.c platform_semihost.c startup_cortexm.c cortex_m.ld $(HEADERS)
-\t$(ARM_CC) $(CPU_FLAGS) $(ARM_CFLAGS) $(ARENA_DEFINE) -ffunction-sections -fdata-sections -Iinclude -nostartfiles \\
-\t  --specs=nosys.specs -T cortex_m.ld -Wl,--gc-sections -Wl,--defsym=__stack_size=$(STACK_SIZE) \\
-\t  -o $@ $(MODEL_SOURCES) main.c platform_semihost.c startup_cortexm.c -lm
+ARM_BUILD = $(ARM_CC) $(CPU_FLAGS) $(ARM_CFLAGS) $(ARENA_DEFINE) -ffunction-sections -fdata-sections -Iinclude \\
+  -nostartfiles --specs=nosys.specs -T cortex_m.ld -Wl,--gc-sections -Wl,--defsym=__stack_size=$(STACK_SIZE)
+ARM_SOURCES = $(MODEL_SOURCES) main.c platform_semihost.c startup_cortexm.c
+
+model.elf: $(ARM_SOURCES) cortex_m.ld $(HEADERS)
+\t$(ARM_BUILD) -o $@ $(ARM_SOURCES) -lm
+
+model_profile.elf: $(ARM_SOURCES) cortex_m.ld $(HEADERS)
+\t$(ARM_BUILD) -DMEMPLAN_PROFILE -o $@ $(ARM_SOURCES) -lm
 
 run-host: model_host
 \t./model_host
@@ -374,7 +389,7 @@ run-qemu: model.elf
 \t  -semihosting-config enable=on,target=native -icount shift=0,sleep=off -kernel model.elf
 
 clean:
-\trm -f model_host example model.elf output*.bin
+\trm -f model_host example model.elf model_profile.elf output*.bin profile.bin
 
 .PHONY: all cortex-m run-host run-qemu clean
 """

@@ -60,6 +60,9 @@ class CMeasurement:
     tolerance: float | None = None
     """For an int8 (QDQ) model: the absolute difference allowed, onnxruntime's own optimized vs
     unoptimized spread in output LSB (at least 2 LSB); None: the float tolerance."""
+    kernels: list[dict[str, Any]] | None = None
+    """With ``per_kernel``: per call of ``<name>_run``, its step, kernel and instructions (from the
+    profiling build, which reads the counter after every kernel; every figure above is that build's)."""
     time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     def summary(self) -> dict[str, Any]:
@@ -117,22 +120,27 @@ def symbol_size(binary: Path, nm_tool: str, symbol: str) -> int:
     return 0
 
 
-def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.0) -> CMeasurement:
+def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.0, per_kernel: bool = False) -> CMeasurement:
     """Build the C in ``directory`` for ``device``, run it once on the model's seeded inputs, and
-    check and measure it (see the module docstring)."""
+    check and measure it (see the module docstring). ``per_kernel``: build ``model_profile.elf``,
+    which also reads the counter after every kernel, and give each kernel's instructions."""
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"no such directory: {directory}")
     model_c = ModelC.load(directory)
     board = _board_for(device, model_c)
+    if per_kernel and (board is None or not model_c.kernel_names):
+        raise UserError("per-kernel instructions need an emulated device (--device qemu-cortex-m7, ...) and C "
+                        "written by this version of build --emit-c")
     if board is None:
         _require(["make", "cc", "size", "nm"], "install make and a C compiler (Debian: build-essential)")
         binary, tools = directory / "model_host", ("size", "nm")
         build_cmd = ["make", "-s", "model_host"]
     else:
         _require(["make", "arm-none-eabi-gcc", "qemu-system-arm"], _ARM_PACKAGES)
-        binary, tools = directory / "model.elf", ("arm-none-eabi-size", "arm-none-eabi-nm")
-        build_cmd = ["make", "-s", "model.elf"]
+        binary, tools = directory / ("model_profile.elf" if per_kernel else "model.elf"), ("arm-none-eabi-size", "arm-none-eabi-nm")
+        build_cmd = ["make", "-s", binary.name]
+        (directory / "profile.bin").unlink(missing_ok=True)
     model = load_model(model_c.model)
     inputs = model.random_inputs(0)
     if len(inputs) != len(model_c.inputs):
@@ -165,6 +173,8 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
         error = error or f"{model_c.name}_run returned {status}"
     sections = section_sizes(binary, tools[0])
     embedded = board is not None
+    kernels = _kernel_instructions(directory / "profile.bin", model_c, calib_instructions / calib_ticks) \
+        if per_kernel and status == 0 and calib_ticks else None
     return CMeasurement(
         correct=correct,
         max_abs_diff=worst,
@@ -185,4 +195,15 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
         reference=reference_name,
         error=error,
         tolerance=max(atols) if atols else None,
+        kernels=kernels,
     )
+
+
+def _kernel_instructions(profile: Path, model_c: ModelC, per_tick: float) -> list[dict[str, Any]]:
+    """Each kernel's instructions from the counter values the profiling build wrote after every kernel."""
+    after = np.fromfile(profile, dtype=np.uint64).astype(np.int64) if profile.is_file() else np.zeros(0, np.int64)
+    if after.size != len(model_c.kernel_names):
+        raise UserError(f"{profile} holds {after.size} counter values for {len(model_c.kernel_names)} kernel calls")
+    ticks = np.diff(after, prepend=0)
+    return [{"step": step, "kernel": kernel, "instructions": round(int(t) * per_tick)}
+            for step, (kernel, t) in enumerate(zip(model_c.kernel_names, ticks), 1)]
