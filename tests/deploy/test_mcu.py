@@ -70,6 +70,20 @@ def test_int8_weights_are_int8_bytes_and_the_arena_holds_int8(int8_c):
     assert '#define NET_INT8_OUTPUT0_QUANT_DTYPE "int8"' in header and "#define NET_INT8_OUTPUT0_SHAPE {1, 10}" in header
 
 
+def test_build_reports_each_kernel_call(capsys, int8_c, tmp_path):
+    """X-CUBE-AI's per-layer report: FLOPs, weight bytes, arena bytes live at each call. The live bytes,
+    counted from the C program's pointers, peak where the planner's own intervals peak."""
+    path, int8_dir = int8_c
+    model_c = ModelC.load(int8_dir)
+    steps = model_c.steps
+    assert [s["kernel"] for s in steps] == model_c.kernel_names and len(steps) == model_c.kernel_calls
+    assert max(s["live_arena_bytes"] for s in steps) == model_c.peak_live_bytes <= model_c.arena_bytes
+    assert sum(s["weight_bytes"] for s in steps) == model_c.weight_bytes  # every weight read by one call here
+    assert all(s["flops"] > 0 for s in steps if s["kernel"].startswith("qconv2d"))
+    code, out, _ = run_cli(capsys, "build", str(path), "--target", "cortex-m7", "--emit-c", str(tmp_path / "c"))
+    assert code == 0 and "per kernel call" in out and model_c.kernel_names[-1] in out
+
+
 @pytest.mark.parametrize("activation", ["int8", "uint8"])
 def test_edge_quantization_reads_the_input_quantize_and_the_output_dequantize(activation):
     model = models.quantize_qdq(models.conv(activation="relu"), activation=activation)

@@ -151,7 +151,8 @@ def run_build(args: argparse.Namespace) -> int:
         model_c = emitted.model
         summary |= {"arena_bytes": model_c.arena_bytes, "workspace_bytes": model_c.workspace_bytes,
                     "weight_bytes": model_c.weight_bytes, "tvm_default_bytes": model_c.tvm_default_bytes,
-                    "naive_bytes": model_c.naive_bytes, "kernel_calls": model_c.kernel_calls, "split": model_c.split}
+                    "naive_bytes": model_c.naive_bytes, "kernel_calls": model_c.kernel_calls, "split": model_c.split,
+                    "peak_tensors": model_c.peak_tensors, "steps": model_c.steps}
     if args.json:
         print_json(summary)
         return 0
@@ -175,7 +176,22 @@ def run_build(args: argparse.Namespace) -> int:
         ]
     rows.append(("build time", f"{summary['seconds']:.1f} s"))
     console().print(key_value_table("tvm-memplan build", rows))
+    if emitted is not None and emitted.model.steps:
+        console().print(_steps_table(emitted.model))
     return 0
+
+
+def _steps_table(model_c) -> Table:
+    """X-CUBE-AI's per-layer report for the standalone C: one row per kernel call."""
+    peak = max(step["live_arena_bytes"] for step in model_c.steps)
+    table = Table(title=f"per kernel call (peak {human_bytes(peak)} live, marked *; at the plan's peak: "
+                        + ", ".join(name for name, _ in model_c.peak_tensors) + ")", title_justify="left")
+    for column in ("step", "kernel", "FLOPs", "weights", "arena live", ""):
+        table.add_column(column, justify="left" if column in ("kernel", "") else "right")
+    for step in model_c.steps:
+        table.add_row(str(step["step"]), step["kernel"], f"{step['flops']:,}", human_bytes(step["weight_bytes"]),
+                      human_bytes(step["live_arena_bytes"]), "*" if step["live_arena_bytes"] == peak else "")
+    return table
 
 
 def run_measure(args: argparse.Namespace) -> int:

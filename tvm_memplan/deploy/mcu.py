@@ -478,6 +478,50 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan, workspac
     )
 
 
+def _union_bytes(ranges: list[tuple[int, int]]) -> int:
+    total, end = 0, -1
+    for start, stop in sorted(ranges):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def step_table(program: CProgram, functions: dict[str, tvm.tirx.PrimFunc]) -> list[dict[str, Any]]:
+    """Per kernel call, what X-CUBE-AI's report gives per layer: TVM's FLOP estimate of the kernel (a
+    multiply-add counts 2), the weight bytes it reads, and the arena bytes live while it runs (the
+    union of the byte ranges of the arena tensors used at or before it and at or after it: views and
+    in-place outputs count once), with the arena tensors it touches."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    ranges: dict[str, tuple[str, int, int]] = {}
+    for number, step in enumerate(program.steps, 1):
+        for arg in step.args:
+            if arg.storage.kind == "arena":
+                first.setdefault(arg.name, number)
+                last[arg.name] = number
+                ranges[arg.name] = (arg.storage.c_name, arg.offset, arg.offset + arg.nbytes)
+    flops: dict[str, float] = {}
+    rows = []
+    for number, step in enumerate(program.steps, 1):
+        if step.kernel not in flops:
+            func = functions.get(step.kernel)
+            flops[step.kernel] = float(estimate_tir_flops(tvm.IRModule({"main": func}))) if func is not None else 0.0
+        live = [name for name in ranges if first[name] <= number <= last[name]]
+        by_arena: dict[str, list[tuple[int, int]]] = {}
+        for name in live:
+            arena, start, stop = ranges[name]
+            by_arena.setdefault(arena, []).append((start, stop))
+        weights = {arg.storage.c_name: arg.nbytes for arg in step.args if arg.storage.kind == "weight"}
+        rows.append({"step": number, "kernel": step.kernel, "flops": int(flops[step.kernel]),
+                     "weight_bytes": sum(weights.values()),
+                     "live_arena_bytes": sum(_union_bytes(r) for r in by_arena.values()),
+                     "tensors": [arg.name for arg in step.args if arg.storage.kind == "arena"]})
+    return rows
+
+
 def _harness(name: str, program: CProgram) -> str:
     buffers, reads, writes, call = [], [], [], []
     for index, ref in enumerate(program.inputs):
@@ -518,7 +562,8 @@ def peak_tensors(plan: ModelPlan, limit: int = 4) -> tuple[int, list[tuple[str, 
             tensors = arena["tensors"]
             for step in sorted({t["start"] for t in tensors}):
                 live = [t for t in tensors if t["start"] <= step < t["end"]]
-                total = sum(t["bytes"] for t in live if t["alias_of"] is None)
+                # an in-place output shares its input's bytes: count byte ranges, not tensors
+                total = _union_bytes([(t["offset"], t["offset"] + t["bytes"]) for t in live])
                 if total > best_bytes:
                     best_bytes, best = total, live
     writers = _writers(plan.planned["main"])
@@ -549,6 +594,8 @@ class ModelC:
     """Whether the module was rewritten before planning (fine-grained splitting)."""
     kernel_names: list[str] = field(default_factory=list)
     """The kernel each call of ``<name>_run`` runs, in order."""
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """Per kernel call: :func:`step_table`."""
 
     def save(self, directory: Path) -> None:
         (directory / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -611,6 +658,8 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
         outputs=[{"shape": list(r.shape), "dtype": r.dtype, "file": f"output{i}.bin", "quantization": asdict(q) if q else None}
                  for i, (r, q) in enumerate(zip(program.outputs, _padded(edges[1], len(program.outputs))))],
         peak_live_bytes=peak_bytes, peak_tensors=peak, split=split, kernel_names=[step.kernel for step in program.steps],
+        steps=step_table(program, {gv.name_hint: f for gv, f in plan.planned.functions.items()
+                                   if isinstance(f, tvm.tirx.PrimFunc)}),
     )
     emitted.save(directory)
     return emitted
