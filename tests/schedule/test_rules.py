@@ -104,6 +104,7 @@ def test_c_target_gets_unrolled_not_vectorized_loops(tmp_path) -> None:
         ({"kind": "llvm", "mcpu": "skylake-avx512"}, 16, 32),
         ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, 4, 32),
         ({"kind": "c"}, 4, 16),
+        ({"kind": "c", "mcpu": "cortex-m7"}, 1, 32),  # scalar code, the FPU's 32 single-precision registers
     ],
 )
 def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> None:
@@ -111,6 +112,7 @@ def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> 
     spec = cpu_spec(tvm.target.Target({**target, **cores}))
     assert (spec.lanes, spec.registers) == (lanes, registers)
     assert spec.threads == 3 or not cores
+    assert spec.threads == 1 or "mcpu" not in target or not target["mcpu"].startswith("cortex-m")  # one core
 
 
 def test_one_thread_keeps_kernels_serial() -> None:
