@@ -6,7 +6,13 @@ Each row is ``build --target CPU --emit-c`` then ``measure DIR --device qemu-CPU
 size of ``memplan_arena`` in the linked ELF, SRAM is ``.data + .bss`` plus the measured stack
 high-water mark, flash is ``.text + .rodata + .data``, instructions are counted under
 ``qemu -icount``. Split rows first run the fine-grained split search (``--split acg``) with the
-SRAM budget as its memory limit. Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm.
+SRAM budget as its memory limit. Int8 rows quantize the float model first (``tvm-memplan quantize
+--int8``: onnxruntime's ``quantize_static``, QDQ, per-channel int8 weights, int8 activations, MinMax
+on random normal calibration inputs) and are checked against onnxruntime's run of the same QDQ file
+within its own optimized-vs-unoptimized spread (at least 2 LSB); their instructions are also given
+as a ratio to the float row of the same model and core, measured in the same run. ``--model PATH``
+adds a float ONNX file (a torchvision export, say) as a float and an int8 row on the Cortex-M7.
+Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm.
 """
 
 from __future__ import annotations
@@ -29,37 +35,67 @@ RESERVE = 16 * 1024
 """SRAM left to kernel scratch, stack and runtime when a split plan is searched for the arena."""
 SPLIT_LIMIT = SRAM_LIMIT - RESERVE
 ROWS = [
-    ("zoo:mcu_cnn", "cortex-m7", None),
-    ("zoo:mcu_cnn", "cortex-m4", None),
-    ("zoo:mcu_cnn", "cortex-m55", None),
-    ("zoo:mobilenet_v2?width=0.35&resolution=96", "cortex-m7", None),
-    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None),
-    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", SPLIT_LIMIT),
+    ("zoo:mcu_cnn", "cortex-m7", None, False),
+    ("zoo:mcu_cnn", "cortex-m7", None, True),
+    ("zoo:mcu_cnn", "cortex-m4", None, False),
+    ("zoo:mcu_cnn", "cortex-m55", None, False),
+    ("zoo:mobilenet_v2?width=0.35&resolution=96", "cortex-m7", None, False),
+    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, False),
+    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", SPLIT_LIMIT, False),
+    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, True),
 ]
-"""(model, core, memory limit of the split search or None for no split)."""
+"""(model, core, memory limit of the split search or None for no split, int8)."""
+PUBLISHED = (
+    "Published int8 figures for comparison (not measured here: other chips, kernels and time, not instructions): "
+    "MobileNetV2-w0.35 on an STM32H743 (512 KB SRAM, 2 MB flash), TinyEngine 295 kB peak SRAM and 124 ms, X-CUBE-AI "
+    "7.3 296 kB and 118 ms, as TinyEngine's README (https://github.com/mit-han-lab/tinyengine) gives them."
+)
 
 
 def kib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 1024:,.1f}"
 
 
-def row(spec: str, cpu: str, split_limit: int | None, scratch: Path, search_seconds: float) -> str:
+def quantized(spec: str, scratch: Path) -> str:
+    """``spec`` quantized to int8 QDQ in ``scratch`` (random normal calibration, as ``quantize --int8``)."""
+    import onnx
+
+    from tvm_memplan.quant.calibrate import quantize_int8
+
+    model = load_model(spec)
+    source, target = scratch / f"float-{abs(hash(spec))}.onnx", scratch / f"{model.name.split('?')[0]}.int8.onnx"
+    onnx.save(model.onnx_model, str(source))
+    rng = np.random.default_rng(0)
+    calib = {name: rng.standard_normal((8, *shape[1:])).astype(dtype) for name, shape, dtype in model.input_specs()}
+    quantize_int8(source, target, calib)
+    return str(target)
+
+
+def measure_row(spec: str, cpu: str, split_limit: int | None, int8: bool, scratch: Path, search_seconds: float):
     options = {}
+    source = quantized(spec, scratch) if int8 else spec
     if split_limit is not None:
         # latencies of the split candidates are measured with the same C kernels on this machine
-        outcome = search_split(load_model(spec), "c", memory_limit=split_limit, seconds=search_seconds)
+        outcome = search_split(load_model(source), "c", memory_limit=split_limit, seconds=search_seconds)
         options["prepare"] = outcome.prepare()
-    directory = scratch / f"{cpu}-{abs(hash((spec, split_limit)))}"
-    emitted = emit_c(spec, directory, cpu, **options).model
-    result = measure_c(directory, f"qemu-{cpu}")
+    directory = scratch / f"{cpu}-{abs(hash((spec, split_limit, int8)))}"
+    emitted = emit_c(source, directory, cpu, **options).model
+    return emitted, measure_c(directory, f"qemu-{cpu}", timeout=3600)
+
+
+def row(spec: str, cpu: str, split_limit: int | None, int8: bool, emitted, result, float_instructions: int | None) -> str:
     io_bytes = sum(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize for t in emitted.inputs + emitted.outputs)
     without_io = result.sram_bytes - io_bytes
+    name = spec.removeprefix("zoo:") if spec.startswith("zoo:") else Path(spec).name
+    ratio = f"{result.instructions / float_instructions:.2f}" if int8 and float_instructions else "-"
+    agreement = "NO" if not result.correct else (
+        f"{result.max_abs_diff:.1e} (≤ {result.tolerance:.1e})" if result.tolerance else f"{result.max_abs_diff:.1e}")
     cells = [
-        spec.removeprefix("zoo:") + (f" + split ≤ {split_limit // 1024} KiB" if split_limit else ""), cpu, kib(result.arena_bytes),
-        "yes" if result.arena_bytes == emitted.arena_bytes else "NO", kib(emitted.tvm_default_bytes),
+        name + (f" + split ≤ {split_limit // 1024} KiB" if split_limit else ""), "int8" if int8 else "float32", cpu,
+        kib(result.arena_bytes), "yes" if result.arena_bytes == emitted.arena_bytes else "NO", kib(emitted.tvm_default_bytes),
         kib(emitted.naive_bytes), kib(emitted.workspace_bytes), kib(result.stack_bytes), kib(io_bytes),
         kib(result.sram_bytes), kib(without_io), kib(result.flash_bytes), kib(emitted.weight_bytes),
-        f"{result.instructions / 1e6:,.1f}", f"{result.max_abs_diff:.1e}" if result.correct else "NO",
+        f"{result.instructions / 1e6:,.1f}", ratio, agreement,
         "yes" if without_io <= SRAM_LIMIT else "no", "yes" if result.flash_bytes <= FLASH_LIMIT else "no",
     ]
     return "| " + " | ".join(cells) + " |\n"
@@ -69,10 +105,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/bench_mcu.md"))
     parser.add_argument("--search-seconds", type=float, default=60.0, help="split search time limit")
+    parser.add_argument("--model", action="append", default=[], metavar="PATH",
+                        help="a float ONNX model to add as float and int8 rows on the Cortex-M7 (repeatable)")
     args = parser.parse_args()
+    rows = ROWS + [(path, "cortex-m7", None, int8) for path in args.model for int8 in (False, True)]
+    models = "".join(f" --model exports/{Path(path).name}" for path in args.model)
+    exported = " (`exports/` written by `python scripts/export_torch.py --out exports/`: random weights)" if models else ""
     header = (
         "# Whole models as standalone C on emulated Cortex-M (qemu-system-arm)\n\n"
-        "KiB unless noted; float32 weights and activations, batch 1. `arena` is `memplan_arena` in the linked ELF "
+        "KiB unless noted; batch 1; float32 rows: float32 weights and activations; int8 rows: the model quantized "
+        "to int8 QDQ (per-channel int8 weights, int32 biases, int8 activations; float input and output, "
+        "quantized and dequantized inside the first and last kernels). `arena` is `memplan_arena` in the linked ELF "
         "(`= plan`: equal to the planned arena byte for byte); TVM default = StaticPlanBlockMemory on the same "
         "kernels; naive = every intermediate in its own buffer. SRAM = .data + .bss + measured stack "
         "high-water; it includes the harness's input/output buffers (`I/O`), which the model's caller owns, "
@@ -80,17 +123,24 @@ def main() -> None:
         "Instructions: retired under `-icount shift=0` (SysTick, calibrated). Split rows: `--split acg` searched "
         f"for an arena of at most {SPLIT_LIMIT // 1024} KiB ({RESERVE // 1024} KiB left to kernel scratch and stack). "
         f"`fits` compares with an STM32F767 (seed 003): {SRAM_LIMIT // 1024} KiB SRAM (`SRAM - I/O`), "
-        f"{FLASH_LIMIT // 1024 // 1024} MiB flash. `max abs diff`: largest absolute difference to onnxruntime.\n\n"
-        "Written by `python scripts/bench_mcu.py --out results/bench_mcu.md`.\n\n"
-        "| model | core | arena | = plan | TVM default | naive | kernel scratch | stack | I/O | SRAM | SRAM - I/O "
-        "| flash | weights | instructions (M) | max abs diff | fits SRAM | fits flash |\n"
-        "|---|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n"
+        f"{FLASH_LIMIT // 1024 // 1024} MiB flash. `max abs diff`: largest absolute difference to onnxruntime "
+        "(int8 rows: to onnxruntime's run of the same QDQ file, with the allowed difference in brackets). "
+        "`int8 / float`: the int8 row's instructions over the float row's of the same model and core.\n\n"
+        f"Written by `python scripts/bench_mcu.py --out results/bench_mcu.md{models}`{exported}.\n\n"
+        "| model | dtype | core | arena | = plan | TVM default | naive | kernel scratch | stack | I/O | SRAM | SRAM - I/O "
+        "| flash | weights | instructions (M) | int8 / float | max abs diff | fits SRAM | fits flash |\n"
+        "|---|---|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n"
     )
     lines = [header]
+    float_instructions: dict[tuple[str, str], int] = {}
     with tempfile.TemporaryDirectory(prefix="bench-mcu-") as scratch:
-        for spec, cpu, split_limit in ROWS:
-            lines.append(row(spec, cpu, split_limit, Path(scratch), args.search_seconds))
+        for spec, cpu, split_limit, int8 in rows:
+            emitted, result = measure_row(spec, cpu, split_limit, int8, Path(scratch), args.search_seconds)
+            if not int8 and split_limit is None:
+                float_instructions[(spec, cpu)] = result.instructions
+            lines.append(row(spec, cpu, split_limit, int8, emitted, result, float_instructions.get((spec, cpu))))
             print(lines[-1], end="", flush=True)
+    lines.append(f"\n{PUBLISHED}\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(lines))
     print(f"wrote {args.out}")

@@ -59,7 +59,7 @@ def concat_onnx(tmp_path) -> str:
 
 
 def _static_arena(directory) -> int:
-    found = re.findall(r"static uint8_t memplan_arena\[(\d+)\] __attribute__\(\(aligned\(64\)\)\);", (directory / "model.c").read_text())
+    found = re.findall(r"static uint8_t memplan_arena\[(\d+)\] MEMPLAN_ARENA_SECTION __attribute__\(\(aligned\(64\)\)\);", (directory / "model.c").read_text())
     assert len(found) == 1
     return int(found[0])
 
@@ -70,7 +70,7 @@ def test_host_build_equals_onnxruntime_and_the_arena_equals_the_vm_plan(capsys, 
     source = (out_dir / "model.c").read_text()
     assert "int mcu_cnn_run(const float* in0, float* out0)" in (out_dir / "model.h").read_text()
     assert "malloc" not in source + (out_dir / "tvm_memplan_runtime.c").read_text()
-    assert "const float memplan_weight0[" in (out_dir / "model_weights.c").read_text()
+    assert "const float mcu_cnn_weight0[" in (out_dir / "model_weights.c").read_text()
     # The VM of the same plan requests its arena plus the output: the C reserves that arena exactly.
     vm = run_cli_json(capsys, "measure", str(library), "--repeat", "1", "--min-repeat-ms", "1",
                       "--log", str(tmp_path / "l.jsonl"))["memplan"]

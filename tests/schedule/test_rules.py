@@ -3,6 +3,8 @@ schedules it: convolutions of every kind, odd widths, strides, pooling, dense, s
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -89,6 +91,10 @@ def test_c_target_gets_unrolled_not_vectorized_loops(tmp_path) -> None:
     new_func, _ = schedule_function(func, spec)
     assert "T.vectorized" not in new_func.script()
     np.testing.assert_allclose(_run(new_func, c, tmp_path), _run(func, c, tmp_path), rtol=1e-4, atol=1e-4)
+    # the tile's accumulators are a C array on the stack (registers after the C compiler's scalar
+    # replacement), not workspace memory the compiler must store every multiply-add back to
+    source = tvm.tirx.build(tvm.IRModule({"main": new_func.with_attr("global_symbol", "main")}), target=c).inspect_source()
+    assert re.search(r"^  float \w+\[\d+\];$", source, re.M) and source.count("TVMBackendAllocWorkspace(") == 1  # the padding
 
 
 @pytest.mark.parametrize(
@@ -98,6 +104,7 @@ def test_c_target_gets_unrolled_not_vectorized_loops(tmp_path) -> None:
         ({"kind": "llvm", "mcpu": "skylake-avx512"}, 16, 32),
         ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, 4, 32),
         ({"kind": "c"}, 4, 16),
+        ({"kind": "c", "mcpu": "cortex-m7"}, 1, 32),  # scalar code, the FPU's 32 single-precision registers
     ],
 )
 def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> None:
@@ -105,6 +112,7 @@ def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> 
     spec = cpu_spec(tvm.target.Target({**target, **cores}))
     assert (spec.lanes, spec.registers) == (lanes, registers)
     assert spec.threads == 3 or not cores
+    assert spec.threads == 1 or "mcpu" not in target or not target["mcpu"].startswith("cortex-m")  # one core
 
 
 def test_one_thread_keeps_kernels_serial() -> None:

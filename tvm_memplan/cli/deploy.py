@@ -57,6 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measure.add_argument("source", metavar="MODEL|OUT.so|DIR", help="a model, a built library, or a directory written by build --emit-c")
     measure.add_argument("--device", metavar="DEVICE", help="for DIR: host (default; this machine's C compiler), "
                          "qemu-cortex-m7, qemu-cortex-m4 or qemu-cortex-m55 (emulated, needs arm-none-eabi-gcc and qemu-system-arm)")
+    measure.add_argument("--per-kernel", action="store_true", help="for DIR on an emulated device: also each kernel call's "
+                         "instructions (a build that reads the cycle counter after every kernel)")
     add_target(measure, note="MODEL is built for it")
     add_model_inputs(measure)
     measure.add_argument("--rpc-tracker", metavar="HOST:PORT", help="RPC tracker to get the device from")
@@ -150,7 +152,8 @@ def run_build(args: argparse.Namespace) -> int:
         model_c = emitted.model
         summary |= {"arena_bytes": model_c.arena_bytes, "workspace_bytes": model_c.workspace_bytes,
                     "weight_bytes": model_c.weight_bytes, "tvm_default_bytes": model_c.tvm_default_bytes,
-                    "naive_bytes": model_c.naive_bytes, "kernel_calls": model_c.kernel_calls, "split": model_c.split}
+                    "naive_bytes": model_c.naive_bytes, "kernel_calls": model_c.kernel_calls, "split": model_c.split,
+                    "peak_tensors": model_c.peak_tensors, "steps": model_c.steps}
     if args.json:
         print_json(summary)
         return 0
@@ -175,7 +178,22 @@ def run_build(args: argparse.Namespace) -> int:
         ]
     rows.append(("build time", f"{summary['seconds']:.1f} s"))
     console().print(key_value_table("tvm-memplan build", rows))
+    if emitted is not None and emitted.model.steps:
+        console().print(_steps_table(emitted.model))
     return 0
+
+
+def _steps_table(model_c) -> Table:
+    """X-CUBE-AI's per-layer report for the standalone C: one row per kernel call."""
+    peak = max(step["live_arena_bytes"] for step in model_c.steps)
+    table = Table(title=f"per kernel call (peak {human_bytes(peak)} live, marked *; at the plan's peak: "
+                        + ", ".join(name for name, _ in model_c.peak_tensors) + ")", title_justify="left")
+    for column in ("step", "kernel", "FLOPs", "weights", "arena live", ""):
+        table.add_column(column, justify="left" if column in ("kernel", "") else "right")
+    for step in model_c.steps:
+        table.add_row(str(step["step"]), step["kernel"], f"{step['flops']:,}", human_bytes(step["weight_bytes"]),
+                      human_bytes(step["live_arena_bytes"]), "*" if step["live_arena_bytes"] == peak else "")
+    return table
 
 
 def run_measure(args: argparse.Namespace) -> int:
@@ -187,8 +205,9 @@ def run_measure(args: argparse.Namespace) -> int:
         if args.input_shapes or args.inputs:
             raise UserError("the standalone C runs the inputs it was built with: drop --input-shapes and --inputs")
         return _measure_c(args, log)
-    if args.device:
-        raise UserError("--device runs the standalone C: give the directory written by build --emit-c DIR")
+    if args.device or args.per_kernel:
+        raise UserError(f"{'--device' if args.device else '--per-kernel'} runs the standalone C: give the directory "
+                        "written by build --emit-c DIR")
     source, inputs = args.source, None
     if source.endswith(".so"):
         if args.input_shapes:
@@ -226,7 +245,7 @@ def run_measure(args: argparse.Namespace) -> int:
 def _measure_c(args: argparse.Namespace, log) -> int:
     from ..deploy.standalone import measure_c
 
-    result = measure_c(args.source, args.device or "host")
+    result = measure_c(args.source, args.device or "host", per_kernel=args.per_kernel)
     if log is not None:
         log.append(result.summary())
     if args.json:
@@ -235,7 +254,8 @@ def _measure_c(args: argparse.Namespace, log) -> int:
     rows = [
         ("model", f"{result.model} on {result.device} ({result.kernel_calls} kernel calls)"),
         ("correct", "yes" if result.correct else f"NO: {result.error or f'max |diff| {result.max_abs_diff:.3g}'}"),
-        ("max |diff|", f"{result.max_abs_diff:.3g} against {result.reference}"),
+        ("max |diff|", f"{result.max_abs_diff:.3g} against {result.reference}"
+                       + (f" (int8 LSB rule: {result.tolerance:.3g} allowed)" if result.tolerance else "")),
         ("arena in binary", f"{human_bytes(result.arena_bytes)} ({'= plan' if result.arena_bytes == result.planned_arena_bytes else 'NOT the plan'}; "
                             f"TVM's default plan {human_bytes(result.tvm_default_bytes)}, naive sum {human_bytes(result.naive_bytes)})"),
     ]
@@ -246,6 +266,14 @@ def _measure_c(args: argparse.Namespace, log) -> int:
             ("instructions", f"{result.instructions:,} (qemu -icount)"),
         ]
     console().print(key_value_table("tvm-memplan measure (standalone C)", rows))
+    if result.kernels:
+        table = Table(title="instructions per kernel call (the profiling build)", title_justify="left")
+        for column in ("step", "kernel", "instructions", "share"):
+            table.add_column(column, justify="left" if column == "kernel" else "right")
+        total = sum(k["instructions"] for k in result.kernels) or 1
+        for k in result.kernels:
+            table.add_row(str(k["step"]), k["kernel"], f"{k['instructions']:,}", f"{100 * k['instructions'] / total:.1f} %")
+        console().print(table)
     if log is not None:
         console().print(f"result appended to {log.path}")
     return 0 if result.correct else 1

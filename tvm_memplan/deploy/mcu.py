@@ -3,11 +3,18 @@
 The planned Relax ``main`` is a straight line of destination-passing kernel calls on tensors that
 sit at fixed offsets of the arena (``R.memory.alloc_tensor(arena, offset, ...)``), on the inputs,
 on constants and on the outputs. This module walks that line and writes it out as C: one
-``static uint8_t arena[N]`` of exactly the planned size, every weight a ``const`` array, and a
-``<name>_run`` function that calls TVM's C kernels in the planned order with pointers
-``arena + offset``. In-place kernels and eliminated concatenations need nothing special: they are
-already offsets in the plan. Nothing is allocated at run time (kernel scratch comes from a static
-pool sized here), and nothing of TVM beyond its header-only tvm-ffi/dlpack headers is needed.
+``static uint8_t memplan_arena[N]`` of exactly the planned size, every weight a ``const`` array
+(int8 weights of a QDQ model as ``const int8_t``, their biases ``int32_t``), and a ``<name>_run``
+function that calls TVM's C kernels in the planned order with pointers ``arena + offset``.
+In-place kernels and eliminated concatenations need nothing special: they are already offsets in
+the plan. Nothing is allocated at run time, and nothing of TVM beyond its header-only
+tvm-ffi/dlpack headers is needed.
+
+The firmware API follows what TensorFlow Lite Micro's users know: ``<name>_init(void* arena,
+size_t size)`` binds caller memory (checked for alignment and size, an error code otherwise) that
+holds the tensors and the kernels' scratch; without it the static arena is used, which
+``MEMPLAN_ARENA_SECTION`` places in a linker section (DTCM, say). Every global symbol carries the
+model's name, so two models link into one firmware and can take turns on one arena.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import tvm
+from onnx import numpy_helper
 from tvm import relax
 
 from ..errors import UserError
@@ -30,6 +39,8 @@ from . import mcu_files
 _DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1), "int8": ("int8_t", 0)}
 """numpy dtype -> (C type, DLDataTypeCode)."""
 _ALIGN = 64
+_ARENA_ALIGNMENT = 8
+"""What ``<name>_init`` requires of caller memory: the widest scalar a kernel loads (int64, double)."""
 _WORKSPACE = re.compile(r"TVMBackendAllocWorkspace\(\s*\d+\s*,\s*\w+\s*,\s*\(uint64_t\)\s*(\d+)(?:ULL)?\s*,")
 _ANY_WORKSPACE = re.compile(r"TVMBackendAllocWorkspace\(")
 _DEFINITION = re.compile(r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M)
@@ -107,9 +118,10 @@ def _tensor_type(var: relax.Var, what: str) -> tuple[tuple[int, ...], str]:
     return _shape(ty.shape), dtype
 
 
-def extract_program(func: relax.Function) -> CProgram:
+def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
     """Follow the planned ``main`` binding by binding; anything else than kernel calls on placed
-    tensors (a VM builtin, a library call, a symbolic shape) is a one-line UserError."""
+    tensors (a VM builtin, a library call, a symbolic shape) is a one-line UserError. Weights are
+    named ``<prefix>_weight<i>``."""
     env: dict[relax.Var, TensorRef] = {}
     inputs = []
     for index, param in enumerate(func.params):
@@ -133,7 +145,7 @@ def extract_program(func: relax.Function) -> CProgram:
                 array = value.numpy()
                 if str(array.dtype) not in _DTYPES:
                     raise UserError(f"a constant of dtype {array.dtype} is not supported by the standalone C")
-                c_name = f"memplan_weight{len(weights)}"
+                c_name = f"{prefix}_weight{len(weights)}"
                 weights[key] = (c_name, array, TensorRef(Storage("weight", c_name), 0, array.shape, str(array.dtype), c_name))
             return weights[key][2]
         raise UserError(f"kernel argument {expr} is neither a placed tensor nor a constant")
@@ -161,9 +173,8 @@ def extract_program(func: relax.Function) -> CProgram:
                 continue
             name = getattr(op, "name", str(op))
             if name == "relax.memory.alloc_storage":
-                c_name = f"memplan_arena{len(arena_sizes) or ''}"
-                arenas[var] = Storage("arena", c_name)
-                arena_sizes.append((c_name, _shape(value.args[0])[0]))
+                arenas[var] = Storage("arena", f"arena{len(arena_sizes)}")
+                arena_sizes.append((f"memplan_arena{len(arena_sizes) or ''}", _shape(value.args[0])[0]))
             elif name == "relax.memory.alloc_tensor":
                 storage = arenas.get(value.args[0])
                 if storage is None:
@@ -250,34 +261,151 @@ def _signature(name: str, program: CProgram) -> str:
     return f"int {name}_run({', '.join(params)})"
 
 
-def _model_h(name: str, model: str, program: CProgram, workspace: int) -> str:
+@dataclass
+class EdgeQuantization:
+    """How a float model input is quantized where the network reads it, or a float output was
+    dequantized: one scale and zero point (a QDQ model's QuantizeLinear/DequantizeLinear)."""
+
+    scale: float
+    zero_point: int
+    dtype: str
+
+
+def edge_quantization(model: onnx.ModelProto) -> tuple[list[EdgeQuantization | None], list[EdgeQuantization | None]]:
+    """Per graph input: the per-tensor QuantizeLinear that reads it (the only reader, through
+    Identity nodes); per graph output: the DequantizeLinear that writes it. None elsewhere."""
+    constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+
+    def quantization(node: onnx.NodeProto | None, op_type: str) -> EdgeQuantization | None:
+        if node is None or node.op_type != op_type or len(node.input) < 3:
+            return None
+        scale, zero_point = constants.get(node.input[1]), constants.get(node.input[2])
+        if scale is None or zero_point is None or scale.size != 1 or zero_point.size != 1:
+            return None
+        return EdgeQuantization(float(scale.reshape(())), int(zero_point.reshape(())), str(zero_point.dtype))
+
+    def only_reader(name: str) -> onnx.NodeProto | None:
+        found = readers.get(name, [])
+        while len(found) == 1 and found[0].op_type == "Identity":
+            found = readers.get(found[0].output[0], [])
+        return found[0] if len(found) == 1 else None
+
+    def writer(name: str) -> onnx.NodeProto | None:
+        node = producers.get(name)
+        while node is not None and node.op_type == "Identity":
+            node = producers.get(node.input[0])
+        return node
+
+    initializers = set(constants)
+    inputs = [quantization(only_reader(v.name), "QuantizeLinear") for v in model.graph.input if v.name not in initializers]
+    outputs = [quantization(writer(v.name), "DequantizeLinear") for v in model.graph.output]
+    return inputs, outputs
+
+
+def kernel_symbol(name: str, kernel: str) -> str:
+    """The C symbol of TVM's packed function ``__tvm_ffi_<kernel>`` in model ``name``'s C: prefixed
+    by the model, so that two models' kernels link into one firmware."""
+    return f"{name}_kernel_{kernel}"
+
+
+def prefix_kernel_symbols(source: str, name: str) -> str:
+    """TVM's C kernels with every ``__tvm_ffi_*`` symbol renamed by :func:`kernel_symbol`."""
+    return re.sub(r"\b__tvm_ffi_(\w+)", lambda found: kernel_symbol(name, found.group(1)), source)
+
+
+def _padded(items: list, length: int) -> list:
+    return (list(items) + [None] * length)[:length]
+
+
+def _round_up(size: int, align: int = _ALIGN) -> int:
+    return (size + align - 1) // align * align
+
+
+def arena_layout(program: CProgram, workspace: int) -> tuple[list[int], int, int]:
+    """Where each planned arena and the kernel scratch sit in caller memory: (arena offsets,
+    scratch offset, total bytes ``<name>_init`` needs); every part starts 64-byte aligned."""
+    offsets, at = [], 0
+    for _, size in program.arenas:
+        offsets.append(at)
+        at += _round_up(size)
+    return offsets, at, at + _round_up(workspace)
+
+
+def _c_float(value: float) -> str:
+    return f"{value:.9g}f" if any(c in f"{value:.9g}" for c in ".e") else f"{value:.9g}.0f"
+
+
+def _io_lines(upper: str, kind: str, index: int, ref: TensorRef, quantized: EdgeQuantization | None) -> list[str]:
+    prefix = f"#define {upper}_{kind}{index}"
+    lines = [f"{prefix}_SIZE {int(np.prod(ref.shape, dtype=np.int64))}\n",
+             f"{prefix}_NDIM {len(ref.shape)}\n",
+             f"{prefix}_SHAPE {{{', '.join(map(str, ref.shape))}}}\n",
+             f"{prefix}_DTYPE \"{ref.dtype}\"\n"]
+    if quantized is not None:
+        lines += [f"{prefix}_QUANT_DTYPE \"{quantized.dtype}\"\n",
+                  f"{prefix}_SCALE {_c_float(quantized.scale)}\n",
+                  f"{prefix}_ZERO_POINT {quantized.zero_point}\n"]
+    return lines
+
+
+def _model_h(name: str, model: str, program: CProgram, workspace: int,
+             edges: tuple[list[EdgeQuantization | None], list[EdgeQuantization | None]]) -> str:
     guard = f"{name.upper()}_MODEL_H_"
-    lines = [f"/* {model} as standalone C (tvm-memplan build --emit-c): the whole network, one static arena.\n *\n",
-             f" * {_signature(name, program)};\n",
-             " *   runs every kernel in the planned order; returns 0, or the 1-based number of the kernel that\n",
-             " *   failed (tvm_memplan_last_error() says why). Not reentrant: the arena is one static buffer.\n",
-             " * Inputs and outputs are dense row-major arrays:\n"]
-    for ref in program.inputs:
-        lines.append(f" *   {ref.storage.c_name}: input {ref.name!r} {ref.dtype}{list(ref.shape)}\n")
-    for ref in program.outputs:
-        lines.append(f" *   {ref.storage.c_name}: output {ref.dtype}{list(ref.shape)}\n")
-    lines.append(" */\n")
-    lines.append(f"#ifndef {guard}\n#define {guard}\n#include <stdint.h>\n\n#ifdef __cplusplus\nextern \"C\" {{\n#endif\n\n")
     upper = name.upper()
-    lines.append(f"#define {upper}_ARENA_BYTES {sum(size for _, size in program.arenas)}\n")
-    lines.append(f"#define {upper}_WORKSPACE_BYTES {workspace}\n")
-    for kind, refs in (("INPUT", program.inputs), ("OUTPUT", program.outputs)):
+    _, _, total = arena_layout(program, workspace)
+    tensors = sum(size for _, size in program.arenas)
+    lines = [f"/* {model} as standalone C (tvm-memplan build --emit-c): the whole network on one arena.\n *\n",
+             f" * int {name}_init(void* arena, size_t size);\n",
+             f" *   runs the model on caller memory from now on: {upper}_ARENA_BYTES bytes aligned to\n",
+             f" *   {upper}_ARENA_ALIGNMENT (the tensors and the kernels' scratch). Returns 0, or\n",
+             f" *   {upper}_ERROR_NO_ARENA (NULL), {upper}_ERROR_ALIGNMENT or {upper}_ERROR_ARENA_TOO_SMALL, and then\n",
+             f" *   binds nothing ({name}_run returns {upper}_ERROR_NO_ARENA until an init succeeds).\n",
+             " *   Without it the model runs on its static arena; compile with\n",
+             f" *   -D{upper}_NO_STATIC_ARENA to leave that out, and with -DMEMPLAN_ARENA_SECTION='__attribute__((\n",
+             " *   section(\".dtcm\")))' to place it in a linker section of your own. Models that take turns\n",
+             " *   on one buffer call their init before their run: nothing persists in the arena between runs.\n",
+             f" * {_signature(name, program)};\n",
+             " *   runs every kernel in the planned order; returns 0, a negative error above, or the 1-based\n",
+             " *   number of the kernel that failed (tvm_memplan_last_error() says why). Not reentrant.\n",
+             " * Inputs and outputs are dense row-major arrays (a QDQ model quantizes its float inputs and\n",
+             " * dequantizes its outputs itself, with the scales and zero points below):\n"]
+    for ref, quantized in zip(program.inputs, _padded(edges[0], len(program.inputs))):
+        extra = f", quantized to {quantized.dtype} inside" if quantized else ""
+        lines.append(f" *   {ref.storage.c_name}: input {ref.name!r} {ref.dtype}{list(ref.shape)}{extra}\n")
+    for ref, quantized in zip(program.outputs, _padded(edges[1], len(program.outputs))):
+        extra = f", dequantized from {quantized.dtype}" if quantized else ""
+        lines.append(f" *   {ref.storage.c_name}: output {ref.dtype}{list(ref.shape)}{extra}\n")
+    lines.append(" */\n")
+    lines.append(f"#ifndef {guard}\n#define {guard}\n#include <stddef.h>\n#include <stdint.h>\n\n"
+                 "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n")
+    lines.append(f"#define {upper}_ARENA_BYTES {total}  /* what {name}_init needs: tensors and scratch */\n")
+    lines.append(f"#define {upper}_ARENA_ALIGNMENT {_ARENA_ALIGNMENT}\n")
+    lines.append(f"#define {upper}_TENSOR_BYTES {tensors}  /* the planned arena */\n")
+    lines.append(f"#define {upper}_WORKSPACE_BYTES {workspace}  /* the kernels' scratch */\n")
+    lines.append(f"#define {upper}_ERROR_NO_ARENA (-1)\n#define {upper}_ERROR_ALIGNMENT (-2)\n"
+                 f"#define {upper}_ERROR_ARENA_TOO_SMALL (-3)\n")
+    for kind, refs, quantizations in (("INPUT", program.inputs, edges[0]), ("OUTPUT", program.outputs, edges[1])):
         lines.append(f"#define {upper}_NUM_{kind}S {len(refs)}\n")
-        for index, ref in enumerate(refs):
-            lines.append(f"#define {upper}_{kind}{index}_SIZE {int(np.prod(ref.shape, dtype=np.int64))}\n")
-    lines.append(f"\n{_signature(name, program)};\n")
+        for index, (ref, quantized) in enumerate(zip(refs, _padded(quantizations, len(refs)))):
+            lines += _io_lines(upper, kind, index, ref, quantized)
+    lines.append(f"\nint {name}_init(void* arena, size_t size);\n")
+    lines.append(f"{_signature(name, program)};\n")
     lines.append("const char* tvm_memplan_last_error(void);\n")
     lines.append("\n#ifdef __cplusplus\n}\n#endif\n#endif\n")
     return "".join(lines)
 
 
-def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
+def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan, workspace: int) -> str:
     shapes: dict[tuple[int, ...], str] = {}
+    upper = name.upper()
 
     def shape_name(shape: tuple[int, ...]) -> str:
         return shapes.setdefault(tuple(shape), f"memplan_shape{len(shapes)}")
@@ -291,13 +419,20 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
             tensors.append(f"      MEMPLAN_TENSOR({arg.pointer()}, {len(arg.shape)}, {code}, {bits}, {shape_name(arg.shape)}),"
                            f"  /* {arg.name} */\n")
         body.append(f"  {{  /* {number}: {step.kernel} */\n    DLTensor t[{len(step.args)}] = {{\n{''.join(tensors)}    }};\n"
-                    f"    if (memplan_call(__tvm_ffi_{step.kernel}, t, {len(step.args)}) != 0) return {number};\n  }}\n")
+                    f"    if (memplan_call({kernel_symbol(name, step.kernel)}, t, {len(step.args)}) != 0) return {number};\n"
+                    f"    MEMPLAN_AFTER_KERNEL({number});\n  }}\n")
     for output, source in program.copies:
         body.append(f"  memcpy({output.pointer()}, {source.pointer()}, {source.nbytes});\n")
     max_args = max((len(s.args) for s in program.steps), default=1)
-    arena_lines = "".join(
-        f"static uint8_t {c_name}[{size}] __attribute__((aligned(64)));\n" for c_name, size in program.arenas
-    )
+    offsets, scratch_at, total = arena_layout(program, workspace)
+    parts = len(program.arenas) + 1
+    static = "".join(f"static uint8_t {c_name}[{max(size, 1)}] MEMPLAN_ARENA_SECTION __attribute__((aligned(64)));\n"
+                     for c_name, size in program.arenas)
+    static += f"static uint8_t memplan_workspace[{max(workspace, 1)}] MEMPLAN_ARENA_SECTION __attribute__((aligned(64)));\n"
+    static_parts = ", ".join([c_name for c_name, _ in program.arenas] + ["memplan_workspace"])
+    bind = "".join(f"  memplan_parts[{k}] = base + {offset};\n" for k, offset in enumerate(offsets))
+    bind += f"  memplan_parts[{parts - 1}] = base + {scratch_at};\n"
+    locals_ = "".join(f"  uint8_t* const arena{k} = memplan_parts[{k}];\n" for k in range(len(program.arenas)))
     externs = "".join(f"extern const {_DTYPES[str(a.dtype)][0]} {c}[{max(a.size, 1)}];\n" for c, a in program.weights)
     shape_lines = "".join(
         f"static const int64_t {n}[{max(len(s), 1)}] = {{{', '.join(map(str, s)) or '1'}}};\n" for s, n in shapes.items()
@@ -306,11 +441,26 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
     return (
         f"/* {model}: {len(program.steps)} kernel calls in the planned order (tvm-memplan, TVM {tvm.__version__} C kernels).\n"
         f" * Arena: {report.arena_bytes} bytes planned (naive sum {report.naive_bytes}, TVM's default plan "
-        f"{plan.tvm_default_bytes}, lower bound {report.lower_bound_bytes}).\n"
+        f"{plan.tvm_default_bytes}, lower bound {report.lower_bound_bytes}), then {workspace} bytes of kernel scratch.\n"
         f" * In-place kernels and eliminated concatenations are offsets of the plan: tensors that share bytes\n"
         f" * get the same pointers. */\n"
-        f"#include <stdint.h>\n#include <string.h>\n#include \"kernels.h\"\n#include \"model.h\"\n\n"
-        f"/* Every intermediate tensor lives here, at the offset the planner chose. */\n{arena_lines}\n"
+        f"#include <stddef.h>\n#include <stdint.h>\n#include <string.h>\n#include \"kernels.h\"\n#include \"model.h\"\n\n"
+        "#ifndef MEMPLAN_ARENA_SECTION\n#define MEMPLAN_ARENA_SECTION\n#endif\n"
+        "#ifdef MEMPLAN_PROFILE  /* a hook after every kernel: the harness reads its cycle counter there */\n"
+        "void memplan_after_kernel(int number);\n#define MEMPLAN_AFTER_KERNEL(number) memplan_after_kernel(number)\n"
+        "#else\n#define MEMPLAN_AFTER_KERNEL(number) ((void)0)\n#endif\n\n"
+        "void tvm_memplan_set_workspace(void* base, uint32_t size);\n\n"
+        f"/* Every intermediate tensor lives in an arena, at the offset the planner chose; the kernels'\n"
+        f" * scratch follows it. Caller memory ({name}_init) holds both: arena parts at {offsets}, scratch at\n"
+        f" * {scratch_at}, {total} bytes. */\n"
+        f"#ifndef {upper}_NO_STATIC_ARENA\n{static}static uint8_t* memplan_parts[{parts}] = {{{static_parts}}};\n"
+        f"#else\nstatic uint8_t* memplan_parts[{parts}];\n#endif\n\n"
+        f"int {name}_init(void* arena, size_t size) {{\n"
+        f"  for (int i = 0; i < {parts}; ++i) memplan_parts[i] = NULL;\n"
+        f"  if (arena == NULL) return {upper}_ERROR_NO_ARENA;\n"
+        f"  if ((uintptr_t)arena % {upper}_ARENA_ALIGNMENT != 0) return {upper}_ERROR_ALIGNMENT;\n"
+        f"  if (size < {upper}_ARENA_BYTES) return {upper}_ERROR_ARENA_TOO_SMALL;\n"
+        f"  uint8_t* base = (uint8_t*)arena;\n{bind}  return 0;\n}}\n\n"
         f"{externs}\n{shape_lines}\n"
         "#define MEMPLAN_TENSOR(ptr, ndim, code, bits, shape) \\\n"
         "  {(void*)(ptr), {kDLCPU, 0}, ndim, {code, bits, 1}, (int64_t*)(shape), NULL, 0}\n\n"
@@ -321,8 +471,55 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
         "    packed[i].type_index = kTVMFFIDLTensorPtr;\n    packed[i].zero_padding = 0;\n"
         "    packed[i].v_int64 = 0;\n    packed[i].v_ptr = &tensors[i];\n  }\n"
         "  return kernel(NULL, packed, n, NULL);\n}\n\n"
-        f"{_signature(name, program)} {{\n{''.join(body)}  return 0;\n}}\n"
+        f"{_signature(name, program)} {{\n"
+        f"  if (memplan_parts[{parts - 1}] == NULL) return {upper}_ERROR_NO_ARENA;\n{locals_}"
+        f"  tvm_memplan_set_workspace(memplan_parts[{parts - 1}], {workspace}u);\n"
+        f"{''.join(body)}  return 0;\n}}\n"
     )
+
+
+def _union_bytes(ranges: list[tuple[int, int]]) -> int:
+    total, end = 0, -1
+    for start, stop in sorted(ranges):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def step_table(program: CProgram, functions: dict[str, tvm.tirx.PrimFunc]) -> list[dict[str, Any]]:
+    """Per kernel call, what X-CUBE-AI's report gives per layer: TVM's FLOP estimate of the kernel (a
+    multiply-add counts 2), the weight bytes it reads, and the arena bytes live while it runs (the
+    union of the byte ranges of the arena tensors used at or before it and at or after it: views and
+    in-place outputs count once), with the arena tensors it touches."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    ranges: dict[str, tuple[str, int, int]] = {}
+    for number, step in enumerate(program.steps, 1):
+        for arg in step.args:
+            if arg.storage.kind == "arena":
+                first.setdefault(arg.name, number)
+                last[arg.name] = number
+                ranges[arg.name] = (arg.storage.c_name, arg.offset, arg.offset + arg.nbytes)
+    flops: dict[str, float] = {}
+    rows = []
+    for number, step in enumerate(program.steps, 1):
+        if step.kernel not in flops:
+            func = functions.get(step.kernel)
+            flops[step.kernel] = float(estimate_tir_flops(tvm.IRModule({"main": func}))) if func is not None else 0.0
+        live = [name for name in ranges if first[name] <= number <= last[name]]
+        by_arena: dict[str, list[tuple[int, int]]] = {}
+        for name in live:
+            arena, start, stop = ranges[name]
+            by_arena.setdefault(arena, []).append((start, stop))
+        weights = {arg.storage.c_name: arg.nbytes for arg in step.args if arg.storage.kind == "weight"}
+        rows.append({"step": number, "kernel": step.kernel, "flops": int(flops[step.kernel]),
+                     "weight_bytes": sum(weights.values()),
+                     "live_arena_bytes": sum(_union_bytes(r) for r in by_arena.values()),
+                     "tensors": [arg.name for arg in step.args if arg.storage.kind == "arena"]})
+    return rows
 
 
 def _harness(name: str, program: CProgram) -> str:
@@ -340,7 +537,7 @@ def _harness(name: str, program: CProgram) -> str:
         writes.append(f"  if (platform_write(\"output{index}.bin\", output{index}, sizeof(output{index})) != 0) return 101;\n")
         call.append(f"output{index}")
     return mcu_files.HARNESS.format(name=name, buffers="".join(buffers), reads="".join(reads),
-                                    writes="".join(writes), call_args=", ".join(call))
+                                    writes="".join(writes), call_args=", ".join(call), calls=max(len(program.steps), 1))
 
 
 def _writers(func: relax.Function) -> dict[str, str]:
@@ -365,7 +562,8 @@ def peak_tensors(plan: ModelPlan, limit: int = 4) -> tuple[int, list[tuple[str, 
             tensors = arena["tensors"]
             for step in sorted({t["start"] for t in tensors}):
                 live = [t for t in tensors if t["start"] <= step < t["end"]]
-                total = sum(t["bytes"] for t in live if t["alias_of"] is None)
+                # an in-place output shares its input's bytes: count byte ranges, not tensors
+                total = _union_bytes([(t["offset"], t["offset"] + t["bytes"]) for t in live])
                 if total > best_bytes:
                     best_bytes, best = total, live
     writers = _writers(plan.planned["main"])
@@ -394,6 +592,10 @@ class ModelC:
     peak_tensors: list[tuple[str, int]]
     split: bool = False
     """Whether the module was rewritten before planning (fine-grained splitting)."""
+    kernel_names: list[str] = field(default_factory=list)
+    """The kernel each call of ``<name>_run`` runs, in order."""
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """Per kernel call: :func:`step_table`."""
 
     def save(self, directory: Path) -> None:
         (directory / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -411,9 +613,10 @@ class ModelC:
 
 def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, target: Any, split: bool = False) -> ModelC:
     """Write ``model.h``, ``model.c``, ``model_weights.c``, the harness, the Cortex-M startup and
-    linker script, the runtime and the Makefile into ``directory`` (the kernels are already there)."""
+    linker script, the runtime and the Makefile into ``directory`` (``kernels.c`` is written by the
+    caller from ``source`` through :func:`prefix_kernel_symbols`)."""
     name = c_identifier(plan.model.name)
-    program = extract_program(plan.planned["main"])
+    program = extract_program(plan.planned["main"], prefix=name)
     if sum(size for _, size in program.arenas) != plan.main.arena_bytes:
         raise UserError(f"{plan.model.name}: the program's arena ({program.arenas}) is not the planned "
                         f"{plan.main.arena_bytes} bytes")
@@ -422,10 +625,11 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
     if missing:
         raise UserError(f"{plan.model.name}: kernels {', '.join(missing)} are missing from TVM's C output")
     workspace = workspace_bytes(source, {s.kernel for s in program.steps} | defined)
+    edges = edge_quantization(plan.model.onnx_model)
     board = target.board
     files = {
-        "model.h": _model_h(name, plan.model.name, program, workspace),
-        "model.c": _model_c(name, plan.model.name, program, plan),
+        "model.h": _model_h(name, plan.model.name, program, workspace, edges),
+        "model.c": _model_c(name, plan.model.name, program, plan, workspace),
         "model_weights.c": _weights_c(plan.model.name, program),
         "main.c": _harness(name, program),
         "platform.h": mcu_files.PLATFORM_H,
@@ -433,7 +637,7 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
         "platform_semihost.c": mcu_files.PLATFORM_SEMIHOST,
         "startup_cortexm.c": mcu_files.STARTUP,
         "cortex_m.ld": mcu_files.LINKER_SCRIPT.format(**asdict(board)),
-        "tvm_memplan_runtime.c": mcu_files.RUNTIME.format(workspace_bytes=workspace),
+        "tvm_memplan_runtime.c": mcu_files.RUNTIME,
         "Makefile": mcu_files.MAKEFILE.format(model=plan.model.name, cpu=board.cpu, board=board.board,
                                               cpu_flags=board.cpu_flags, machine=board.machine,
                                               stack_size=board.stack_size),
@@ -448,10 +652,14 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
         workspace_bytes=workspace,
         weight_bytes=int(sum(a.nbytes for _, a in program.weights)),
         kernel_calls=len(program.steps),
-        inputs=[{"name": r.name, "shape": list(r.shape), "dtype": r.dtype, "file": f"input{i}.bin"}
-                for i, r in enumerate(program.inputs)],
-        outputs=[{"shape": list(r.shape), "dtype": r.dtype, "file": f"output{i}.bin"} for i, r in enumerate(program.outputs)],
-        peak_live_bytes=peak_bytes, peak_tensors=peak, split=split,
+        inputs=[{"name": r.name, "shape": list(r.shape), "dtype": r.dtype, "file": f"input{i}.bin",
+                 "quantization": asdict(q) if q else None}
+                for i, (r, q) in enumerate(zip(program.inputs, _padded(edges[0], len(program.inputs))))],
+        outputs=[{"shape": list(r.shape), "dtype": r.dtype, "file": f"output{i}.bin", "quantization": asdict(q) if q else None}
+                 for i, (r, q) in enumerate(zip(program.outputs, _padded(edges[1], len(program.outputs))))],
+        peak_live_bytes=peak_bytes, peak_tensors=peak, split=split, kernel_names=[step.kernel for step in program.steps],
+        steps=step_table(program, {gv.name_hint: f for gv, f in plan.planned.functions.items()
+                                   if isinstance(f, tvm.tirx.PrimFunc)}),
     )
     emitted.save(directory)
     return emitted

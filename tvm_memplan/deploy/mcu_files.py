@@ -9,51 +9,59 @@ from __future__ import annotations
 
 RUNTIME = """\
 /* The three runtime symbols TVM's C kernels call, for programs without libtvm_runtime and without
- * a heap: kernel scratch memory comes from one static pool used as a stack (TVM frees a kernel's
- * workspaces in the reverse order of their allocation). Its size is the largest sum of the
- * constant-size workspaces of one kernel, counted when the C was generated. */
+ * a heap. Kernel scratch memory comes from the region each model's run hands over
+ * (tvm_memplan_set_workspace: the end of its arena), used as a stack: TVM frees a kernel's
+ * workspaces in the reverse order of their allocation. This file is the same for every model and
+ * its definitions are weak: two models' copies link into one firmware. */
 #include <stdint.h>
 #include <string.h>
 #include "tvm/ffi/c_api.h"
 
-#define TVM_MEMPLAN_WORKSPACE_BYTES {workspace_bytes}
+#define TVM_MEMPLAN_WEAK __attribute__((weak))
 
-static char last_error[256];
-static uint8_t workspace[TVM_MEMPLAN_WORKSPACE_BYTES > 0 ? TVM_MEMPLAN_WORKSPACE_BYTES : 1] __attribute__((aligned(64)));
-static uint32_t workspace_top;
+TVM_MEMPLAN_WEAK char tvm_memplan_error[256];
+TVM_MEMPLAN_WEAK uint8_t* tvm_memplan_workspace_base;
+TVM_MEMPLAN_WEAK uint32_t tvm_memplan_workspace_size;
+TVM_MEMPLAN_WEAK uint32_t tvm_memplan_workspace_top;
 
-const char* tvm_memplan_last_error(void) {{ return last_error; }}
+TVM_MEMPLAN_WEAK const char* tvm_memplan_last_error(void) { return tvm_memplan_error; }
 
-void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {{
+TVM_MEMPLAN_WEAK void tvm_memplan_set_workspace(void* base, uint32_t size) {
+  tvm_memplan_workspace_base = (uint8_t*)base;
+  tvm_memplan_workspace_size = size;
+  tvm_memplan_workspace_top = 0;
+}
+
+TVM_MEMPLAN_WEAK void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
   size_t used = 0;
-  const char* pieces[2] = {{kind, ": "}};
-  for (int i = 0; i < 2 + num_parts && used + 1 < sizeof(last_error); ++i) {{
+  const char* pieces[2] = {kind, ": "};
+  for (int i = 0; i < 2 + num_parts && used + 1 < sizeof(tvm_memplan_error); ++i) {
     const char* piece = i < 2 ? pieces[i] : parts[i - 2];
     size_t n = strlen(piece);
-    if (n > sizeof(last_error) - 1 - used) n = sizeof(last_error) - 1 - used;
-    memcpy(last_error + used, piece, n);
+    if (n > sizeof(tvm_memplan_error) - 1 - used) n = sizeof(tvm_memplan_error) - 1 - used;
+    memcpy(tvm_memplan_error + used, piece, n);
     used += n;
-  }}
-  last_error[used] = 0;
-}}
+  }
+  tvm_memplan_error[used] = 0;
+}
 
-void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int dtype_code_hint,
-                               int dtype_bits_hint) {{
+TVM_MEMPLAN_WEAK void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes,
+                                                int dtype_code_hint, int dtype_bits_hint) {
   (void)device_type; (void)device_id; (void)dtype_code_hint; (void)dtype_bits_hint;
   uint64_t rounded = (nbytes + 63u) & ~(uint64_t)63u;
-  if (rounded > TVM_MEMPLAN_WORKSPACE_BYTES - workspace_top) return NULL;  /* the kernel reports it */
-  void* ptr = workspace + workspace_top;
-  workspace_top += (uint32_t)rounded;
+  if (rounded > tvm_memplan_workspace_size - tvm_memplan_workspace_top) return NULL;  /* the kernel reports it */
+  void* ptr = tvm_memplan_workspace_base + tvm_memplan_workspace_top;
+  tvm_memplan_workspace_top += (uint32_t)rounded;
   return ptr;
-}}
+}
 
-int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {{
+TVM_MEMPLAN_WEAK int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {
   (void)device_type; (void)device_id;
   uint8_t* p = (uint8_t*)ptr;
-  if (p < workspace || p >= workspace + TVM_MEMPLAN_WORKSPACE_BYTES) return -1;
-  workspace_top = (uint32_t)(p - workspace);  /* pops this block and any later one */
+  if (p < tvm_memplan_workspace_base || p >= tvm_memplan_workspace_base + tvm_memplan_workspace_size) return -1;
+  tvm_memplan_workspace_top = (uint32_t)(p - tvm_memplan_workspace_base);  /* pops this block and any later one */
   return 0;
-}}
+}
 """
 
 HARNESS = """\
@@ -66,6 +74,12 @@ HARNESS = """\
 #include "platform.h"
 
 {buffers}
+#ifdef MEMPLAN_PROFILE
+/* The counter after each kernel call (model_profile.elf), written to profile.bin. */
+static uint64_t after_kernel[{calls} + 1];
+void memplan_after_kernel(int number) {{ after_kernel[number] = platform_read_counter(); }}
+#endif
+
 int main(void) {{
 {reads}  platform_start_counter();
   int status = {name}_run({call_args});
@@ -73,7 +87,10 @@ int main(void) {{
   /* Counter ticks of a loop of known length convert ticks to instructions under qemu -icount. */
   uint64_t calib_instructions = 0;
   uint64_t calib_ticks = platform_calibrate(&calib_instructions);
-{writes}  platform_report(status, ticks, calib_ticks, calib_instructions);
+{writes}#ifdef MEMPLAN_PROFILE
+  if (platform_write("profile.bin", after_kernel + 1, {calls} * sizeof(uint64_t)) != 0) return 102;
+#endif
+  platform_report(status, ticks, calib_ticks, calib_instructions);
   return status;
 }}
 """
@@ -311,6 +328,9 @@ SECTIONS
   .rodata : {{ . = ALIGN(64); *(.rodata .rodata.*) . = ALIGN(8); }} > CONST
   .data : {{ . = ALIGN(64); __data_start = .; *(.data .data.*) . = ALIGN(4); __data_end = .; }} > RAM AT > FLASH
   __data_load = LOADADDR(.data);
+  /* An arena placed with -DMEMPLAN_ARENA_SECTION='__attribute__((section(".memplan_arena")))' (a board's
+   * script would put this section in DTCM); uninitialized like .bss, but not cleared at start-up. */
+  .memplan_arena (NOLOAD) : ALIGN(64) {{ *(.memplan_arena .memplan_arena.*) }} > RAM
   .bss (NOLOAD) : {{ . = ALIGN(64); __bss_start = .; *(.bss .bss.*) *(COMMON) . = ALIGN(4); __bss_end = .; }} > RAM
   .stack (NOLOAD) : {{ . = ALIGN(8); __stack_limit = .; . += __stack_size; . = ALIGN(8); __stack_top = .; }} > RAM
   /DISCARD/ : {{ *(.ARM.attributes) }}
@@ -322,6 +342,9 @@ MAKEFILE = """\
 #   make                 -> ./model_host and ./example on this machine (CC, CFLAGS, LDFLAGS as usual)
 #   make cortex-m        -> model.elf for {cpu} ({board} under qemu-system-arm)
 #   make run-qemu        -> runs model.elf: needs input0.bin ... next to it, writes output0.bin ...
+#   make model_profile.elf -> model.elf that also writes the counter after each kernel to profile.bin
+#   ARENA_SECTION=.dtcm  -> the static arena in that linker section (MEMPLAN_ARENA_SECTION; cortex_m.ld
+#                           has .memplan_arena)
 # Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
 CC ?= gcc
 CFLAGS ?= -O2
@@ -331,23 +354,32 @@ CPU_FLAGS ?= {cpu_flags}
 QEMU ?= qemu-system-arm
 QEMU_MACHINE ?= {machine}
 STACK_SIZE ?= {stack_size}
+ARENA_SECTION ?=
+ifneq ($(ARENA_SECTION),)
+ARENA_DEFINE = '-DMEMPLAN_ARENA_SECTION=__attribute__((section("$(ARENA_SECTION)")))'
+endif
 MODEL_SOURCES = model.c model_weights.c kernels.c tvm_memplan_runtime.c
 HEADERS = model.h kernels.h platform.h
 
 all: model_host example
 
 model_host: $(MODEL_SOURCES) main.c platform_host.c $(HEADERS)
-\t$(CC) $(CFLAGS) -Iinclude -o $@ $(MODEL_SOURCES) main.c platform_host.c $(LDFLAGS) -lm
+\t$(CC) $(CFLAGS) $(ARENA_DEFINE) -Iinclude -o $@ $(MODEL_SOURCES) main.c platform_host.c $(LDFLAGS) -lm
 
 example: example_main.c kernels.c tvm_memplan_runtime.c kernels.h example_data.h
 \t$(CC) $(CFLAGS) -Iinclude -o $@ example_main.c kernels.c tvm_memplan_runtime.c $(LDFLAGS) -lm
 
 cortex-m: model.elf
 
-model.elf: $(MODEL_SOURCES) main.c platform_semihost.c startup_cortexm.c cortex_m.ld $(HEADERS)
-\t$(ARM_CC) $(CPU_FLAGS) $(ARM_CFLAGS) -ffunction-sections -fdata-sections -Iinclude -nostartfiles \\
-\t  --specs=nosys.specs -T cortex_m.ld -Wl,--gc-sections -Wl,--defsym=__stack_size=$(STACK_SIZE) \\
-\t  -o $@ $(MODEL_SOURCES) main.c platform_semihost.c startup_cortexm.c -lm
+ARM_BUILD = $(ARM_CC) $(CPU_FLAGS) $(ARM_CFLAGS) $(ARENA_DEFINE) -ffunction-sections -fdata-sections -Iinclude \\
+  -nostartfiles --specs=nosys.specs -T cortex_m.ld -Wl,--gc-sections -Wl,--defsym=__stack_size=$(STACK_SIZE)
+ARM_SOURCES = $(MODEL_SOURCES) main.c platform_semihost.c startup_cortexm.c
+
+model.elf: $(ARM_SOURCES) cortex_m.ld $(HEADERS)
+\t$(ARM_BUILD) -o $@ $(ARM_SOURCES) -lm
+
+model_profile.elf: $(ARM_SOURCES) cortex_m.ld $(HEADERS)
+\t$(ARM_BUILD) -DMEMPLAN_PROFILE -o $@ $(ARM_SOURCES) -lm
 
 run-host: model_host
 \t./model_host
@@ -357,7 +389,7 @@ run-qemu: model.elf
 \t  -semihosting-config enable=on,target=native -icount shift=0,sleep=off -kernel model.elf
 
 clean:
-\trm -f model_host example model.elf output*.bin
+\trm -f model_host example model.elf model_profile.elf output*.bin profile.bin
 
 .PHONY: all cortex-m run-host run-qemu clean
 """

@@ -94,7 +94,7 @@ def reference_outputs(model: LoadedModel, inputs: dict[str, np.ndarray]) -> tupl
     return session.run(None, inputs), "onnxruntime"
 
 
-def _int8_tolerances(model: LoadedModel, inputs: dict[str, np.ndarray],
+def int8_tolerances(model: LoadedModel, inputs: dict[str, np.ndarray],
                      reference: tuple[list[np.ndarray], str]) -> list[float] | None:
     """For a QDQ model checked against onnxruntime: per output, onnxruntime's own optimized vs
     unoptimized spread in LSB (at least 2) as an absolute tolerance; None otherwise."""
@@ -247,7 +247,7 @@ def measure(
         model = load_model(first.model)
         inputs = model.random_inputs(0) if inputs is None else inputs
         reference = reference_outputs(model, inputs)
-        atols = _int8_tolerances(model, inputs, reference)
+        atols = int8_tolerances(model, inputs, reference)
         results: dict[str, Measurement] = {}
         for pipeline, artifact in artifacts.items():
             try:

@@ -23,13 +23,13 @@ import numpy as np
 from ..errors import UserError
 from ..frontend import load_model
 from .mcu import ModelC
-from .measure import compare_outputs, reference_outputs
+from .measure import compare_outputs, int8_tolerances, reference_outputs
 from .targets import McuBoard, get_target
 
 DEVICES = {"host": None, "qemu-cortex-m7": "cortex-m7", "qemu-cortex-m4": "cortex-m4", "qemu-cortex-m55": "cortex-m55"}
 """Device name -> the target whose board it emulates (None: this machine)."""
 FLASH_SECTIONS = (".vectors", ".text", ".ARM.exidx", ".rodata", ".data")
-SRAM_SECTIONS = (".data", ".bss")
+SRAM_SECTIONS = (".data", ".bss", ".memplan_arena")
 _LINE = re.compile(r"^MEMPLAN status=(\d+) ticks=(\d+) calib_ticks=(\d+) calib_instructions=(\d+) stack_used=(\d+) stack_size=(\d+)", re.M)
 _ARM_PACKAGES = "Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 
@@ -57,6 +57,12 @@ class CMeasurement:
     kernel_calls: int
     reference: str
     error: str | None = None
+    tolerance: float | None = None
+    """For an int8 (QDQ) model: the absolute difference allowed, onnxruntime's own optimized vs
+    unoptimized spread in output LSB (at least 2 LSB); None: the float tolerance."""
+    kernels: list[dict[str, Any]] | None = None
+    """With ``per_kernel``: per call of ``<name>_run``, its step, kernel and instructions (from the
+    profiling build, which reads the counter after every kernel; every figure above is that build's)."""
     time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     def summary(self) -> dict[str, Any]:
@@ -114,22 +120,27 @@ def symbol_size(binary: Path, nm_tool: str, symbol: str) -> int:
     return 0
 
 
-def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.0) -> CMeasurement:
+def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.0, per_kernel: bool = False) -> CMeasurement:
     """Build the C in ``directory`` for ``device``, run it once on the model's seeded inputs, and
-    check and measure it (see the module docstring)."""
+    check and measure it (see the module docstring). ``per_kernel``: build ``model_profile.elf``,
+    which also reads the counter after every kernel, and give each kernel's instructions."""
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"no such directory: {directory}")
     model_c = ModelC.load(directory)
     board = _board_for(device, model_c)
+    if per_kernel and (board is None or not model_c.kernel_names):
+        raise UserError("per-kernel instructions need an emulated device (--device qemu-cortex-m7, ...) and C "
+                        "written by this version of build --emit-c")
     if board is None:
         _require(["make", "cc", "size", "nm"], "install make and a C compiler (Debian: build-essential)")
         binary, tools = directory / "model_host", ("size", "nm")
         build_cmd = ["make", "-s", "model_host"]
     else:
         _require(["make", "arm-none-eabi-gcc", "qemu-system-arm"], _ARM_PACKAGES)
-        binary, tools = directory / "model.elf", ("arm-none-eabi-size", "arm-none-eabi-nm")
-        build_cmd = ["make", "-s", "model.elf"]
+        binary, tools = directory / ("model_profile.elf" if per_kernel else "model.elf"), ("arm-none-eabi-size", "arm-none-eabi-nm")
+        build_cmd = ["make", "-s", binary.name]
+        (directory / "profile.bin").unlink(missing_ok=True)
     model = load_model(model_c.model)
     inputs = model.random_inputs(0)
     if len(inputs) != len(model_c.inputs):
@@ -153,14 +164,17 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
     status, ticks, calib_ticks, calib_instructions, stack_used, _ = (int(v) for v in found.groups())
     error = next((line[len("MEMPLAN error: "):] for line in printed.splitlines() if line.startswith("MEMPLAN error: ")), None)
     reference, reference_name = reference_outputs(model, inputs)
+    atols = int8_tolerances(model, inputs, (reference, reference_name))
     if status == 0:
         outputs = [np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"]) for spec in model_c.outputs]
-        correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference])
+        correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference], atols)
     else:
         correct, worst = False, float("inf")
         error = error or f"{model_c.name}_run returned {status}"
     sections = section_sizes(binary, tools[0])
     embedded = board is not None
+    kernels = _kernel_instructions(directory / "profile.bin", model_c, calib_instructions / calib_ticks) \
+        if per_kernel and status == 0 and calib_ticks else None
     return CMeasurement(
         correct=correct,
         max_abs_diff=worst,
@@ -180,4 +194,16 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
         kernel_calls=model_c.kernel_calls,
         reference=reference_name,
         error=error,
+        tolerance=max(atols) if atols else None,
+        kernels=kernels,
     )
+
+
+def _kernel_instructions(profile: Path, model_c: ModelC, per_tick: float) -> list[dict[str, Any]]:
+    """Each kernel's instructions from the counter values the profiling build wrote after every kernel."""
+    after = np.fromfile(profile, dtype=np.uint64).astype(np.int64) if profile.is_file() else np.zeros(0, np.int64)
+    if after.size != len(model_c.kernel_names):
+        raise UserError(f"{profile} holds {after.size} counter values for {len(model_c.kernel_names)} kernel calls")
+    ticks = np.diff(after, prepend=0)
+    return [{"step": step, "kernel": kernel, "instructions": round(int(t) * per_tick)}
+            for step, (kernel, t) in enumerate(zip(model_c.kernel_names, ticks), 1)]

@@ -35,6 +35,11 @@ def cpu_spec(target: tvm.target.Target) -> CpuSpec:
     """The :class:`CpuSpec` of an ``llvm`` or ``c`` target (generic 4-lane SIMD when unknown)."""
     kind = target.kind.name
     triple = str(target.attrs.get("mtriple", ""))
+    if kind == "c" and str(target.attrs.get("mcpu", "")).startswith("cortex-m"):
+        # A microcontroller: one core, scalar float code (the C compiler vectorizes nothing), and the FPU's
+        # 32 single-precision registers (FPv4-SP/FPv5 on the M4/M7, the M55's). On the emulated M7 this
+        # tile beats the generic 4 x 16 one: MobileNetV2-0.35 @ 144 86.2M -> 76.3M instructions, int8 136M -> 118M.
+        return CpuSpec(lanes=1, registers=32, threads=1, vector_codegen=False)
     lanes, registers = 4, 16
     if triple.startswith(("aarch64", "arm64")):
         lanes, registers = 4, 32

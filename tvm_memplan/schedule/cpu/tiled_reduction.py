@@ -126,8 +126,12 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     innermost_task = task_loops[-1] if len(task_loops) > parallel_count else task
     row_position = spatial_order.index(axes.extra) if rows_first else len(task_loops) - 1
     stage_at = task if row_position < parallel_count else task_loops[row_position]
-    # accumulators local to the task: compacted, and promoted to registers inside the reduction
-    sch.set_scope(main, 0, "local")
+    # accumulators local to the task: compacted, and promoted to registers inside the reduction.
+    # For the C target they are "global": TVM's LowerTVMBuiltin keeps only global-scope buffers under
+    # 1 KiB on the stack and turns "local" ones into TVMBackendAllocWorkspace calls, memory a C
+    # compiler cannot keep in registers (it may alias the kernel's tensors): every multiply-add then
+    # stored its accumulator back (a float conv on the Cortex-M7: 1.7x the instructions).
+    sch.set_scope(main, 0, "local" if spec.vector_codegen else "global")
     for producer, stride in staged:
         sch.compute_at(producer, stage_at)
         _schedule_stage(sch, producer, stage_at, stride, spec)
