@@ -170,3 +170,22 @@ def test_kernels_with_symbolic_shapes_are_declined_by_every_rule(body) -> None:
     spec = cpu_spec(tvm.target.Target.from_device("cpu"))
     for func in kernels_of(body, (tirx.Var("n", "int64"), 64)).values():
         assert schedule_function(func, spec) is None
+
+
+def test_stride_two_stage_tvm_cannot_deinterleave_keeps_its_layout():
+    """A 3x3 stride-2 int8 conv of 128 channels at 56x56: TVM cannot invert the deinterleaving map
+    over the staged padding; the rule schedules it without (it raised TVM's InternalError)."""
+    import tvm
+    from tvm import te
+
+    from tvm_memplan.quant import kernels
+    from tvm_memplan.schedule.cpu import TiledReduction, cpu_spec
+
+    x = te.placeholder((1, 128, 56, 56), "int8", "x")
+    w = te.placeholder((128, 128, 3, 3), "int8", "w")
+    b = te.placeholder((128,), "int32", "b")
+    m = te.placeholder((128,), "float32", "m")
+    out = kernels.conv2d(x, w, b, m, strides=[2, 2], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1,
+                         x_zero_point=3, y_zero_point=0, low=-128, high=127, out_dtype="int8")
+    spec = cpu_spec(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))
+    assert TiledReduction().schedule(te.create_prim_func([x, w, b, m, out]), spec) is not None
