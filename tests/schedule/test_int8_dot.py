@@ -2,10 +2,13 @@
 
 Shapes cover what the packing must get right: input channels not a multiple of 4, output channels
 not a multiple of 16, strides, dilation, asymmetric padding, int8 and uint8 inputs. Each is built
-with ``vpdpbusd`` where this CPU has AVX-512 VNNI, and with the portable vectorized fallback.
+with ``vpdpbusd`` where this CPU has AVX-512 VNNI, with AVX2's ``vpmaddwd`` (a Haswell target), and
+with the portable vectorized fallback.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -17,9 +20,12 @@ from tvm_memplan.schedule.cpu import Int8DotProduct, cpu_spec
 from tvm_memplan.schedule.passes import schedule_function
 
 HOST = tvm.target.Target.from_device("cpu")
-SPECS = {"portable": cpu_spec(HOST).__class__(**{**cpu_spec(HOST).__dict__, "int8_dot": None})}
-if cpu_spec(HOST).int8_dot is not None:
-    SPECS["vnni"] = cpu_spec(HOST)
+HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2 without VNNI
+TARGETS = {"portable": (HOST, None, None)}  # name: target, instruction, its mnemonic in the assembly
+if cpu_spec(HOST).int8_dot == "avx512vnni":
+    TARGETS["vnni"] = (HOST, "avx512vnni", "vpdpbusd")
+if cpu_spec(HOST).int8_dot is not None:  # this CPU runs AVX2 code
+    TARGETS["avx2"] = (HASWELL, "avx2", "vpmaddwd")
 
 SHAPES = {  # C, O, H, W, K, stride, dilation, padding (top, left, bottom, right)
     "3x3": (16, 32, 9, 9, 3, 1, 1, (1, 1, 1, 1)),
@@ -52,9 +58,9 @@ def reference(x, w, bias, multiplier, stride, dilation, padding, zx, zy, low, hi
 CASES = [(shape, "int8") for shape in SHAPES] + [("strided", "uint8")]
 
 
-@pytest.mark.parametrize("spec_name", list(SPECS))
+@pytest.mark.parametrize("target_name", list(TARGETS))
 @pytest.mark.parametrize(("shape", "x_dtype"), CASES)
-def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, spec_name):
+def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, target_name):
     c, o, h, w, k, stride, dilation, padding = SHAPES[shape]
     rng = np.random.default_rng(len(shape) + c)
     lo, hi = kernels.INT_RANGE[x_dtype]
@@ -64,7 +70,9 @@ def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, spec_name):
     multiplier = (rng.random(o) * 2e-4).astype(np.float32)
     zx, zy, low, high = 7, -3, -128, 100  # a folded Clip narrows the output range
     folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, x_dtype))
-    packed = kernels.pack_dot_weights(weight)
+    target, instruction, mnemonic = TARGETS[target_name]
+    spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
+    packed = kernels.pack_dot_weights(weight, *kernels.DOT_SHAPES[instruction or "avx512vnni"])
 
     tx = te.placeholder(x.shape, x_dtype, "x")
     tw = te.placeholder(packed.shape, "int8", "w")
@@ -74,10 +82,12 @@ def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, spec_name):
                              dilation=[dilation] * 2, x_zero_point=zx, y_zero_point=zy, low=low, high=high,
                              out_dtype="int8")
     func = te.create_prim_func([tx, tw, tb, tm, out])
-    scheduled = schedule_function(func, SPECS[spec_name], rules=[Int8DotProduct()])
+    scheduled = schedule_function(func, spec, rules=[Int8DotProduct()])
     assert scheduled is not None, "the int8_dot rule must schedule conv2d_dot"
-    library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=HOST)
-    assert ("vpdpbusd" in library.inspect_source("asm")) == (spec_name == "vnni")
+    library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target)
+    assembly = library.inspect_source("asm")
+    assert mnemonic is None or mnemonic in assembly
+    assert "vpdpbusd" not in assembly or target_name == "vnni"
     dev = tvm.cpu()
     result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np.int8), dev)
     library["main"](*(tvm.runtime.tensor(v, dev) for v in (x, packed, folded, multiplier)), result)
@@ -91,9 +101,10 @@ def test_rule_declines_other_kernels():
     assert Int8DotProduct().schedule(te.create_prim_func([a, b]), cpu_spec(HOST)) is None
 
 
-def test_weights_pack_into_16x4_blocks():
+def test_weights_pack_into_instruction_blocks():
     weight = np.arange(20 * 6 * 1 * 1).reshape(20, 6, 1, 1).astype(np.int8)
-    packed = kernels.pack_dot_weights(weight)
+    packed = kernels.pack_dot_weights(weight, 16, 4)
     assert packed.shape == (2, 2, 1, 1, 16, 4)
     assert packed[1, 1, 0, 0, 3, 1] == weight[19, 5, 0, 0]
     assert packed[1, 1, 0, 0, 4, 0] == 0 and packed[0, 1, 0, 0, 0, 2] == 0  # padded channels are zero
+    assert kernels.pack_dot_weights(weight, 8, 2)[2, 1, 0, 0, 3, 1] == weight[19, 3, 0, 0]

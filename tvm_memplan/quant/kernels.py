@@ -167,22 +167,21 @@ def conv2d(
     )
 
 
-DOT_LANES = 16
-"""Output channels of one ``vpdpbusd`` (16 int32 lanes of a 512-bit register)."""
-DOT_DEPTH = 4
-"""Input channels each lane sums per instruction (four uint8 x int8 products)."""
+DOT_SHAPES = {"avx512vnni": (16, 4), "avx2": (8, 2)}
+"""Output channels (int32 lanes) and input channels summed per lane of one dot-product
+instruction: AVX-512 VNNI's ``vpdpbusd`` adds four uint8 x int8 products into each of 16 lanes;
+AVX2's ``vpmaddwd`` two int16 x int16 products (of bytes widened exactly) into each of 8."""
 
 
-def pack_dot_weights(weight: np.ndarray) -> np.ndarray:
-    """OIHW int8 weights as ``(O/16, C/4, KH, KW, 16, 4)``, zero-padded: the operand layout of
-    :func:`conv2d_dot`'s innermost 16x4 block, 64 contiguous bytes per ``vpdpbusd`` (the weight
-    packing of oneDNN's and MLAS's int8 convolutions, done once at compile time)."""
+def pack_dot_weights(weight: np.ndarray, lanes: int, depth: int) -> np.ndarray:
+    """OIHW int8 weights as ``(O/lanes, C/depth, KH, KW, lanes, depth)``, zero-padded: the operand
+    layout of :func:`conv2d_dot`'s innermost block, one contiguous vector per instruction (the
+    weight packing of oneDNN's and MLAS's int8 convolutions, done once at compile time)."""
     o, c, kh, kw = weight.shape
-    blocks, depth = -(-o // DOT_LANES), -(-c // DOT_DEPTH)
-    padded = np.zeros((blocks * DOT_LANES, depth * DOT_DEPTH, kh, kw), np.int8)
+    blocks, steps = -(-o // lanes), -(-c // depth)
+    padded = np.zeros((blocks * lanes, steps * depth, kh, kw), np.int8)
     padded[:o, :c] = weight
-    return np.ascontiguousarray(
-        padded.reshape(blocks, DOT_LANES, depth, DOT_DEPTH, kh, kw).transpose(0, 2, 4, 5, 1, 3))
+    return np.ascontiguousarray(padded.reshape(blocks, lanes, steps, depth, kh, kw).transpose(0, 2, 4, 5, 1, 3))
 
 
 def dot_zero_point(x_zero_point: int, x_dtype: str) -> int:
@@ -210,17 +209,18 @@ def conv2d_dot(
     residual: te.Tensor | None = None,
     residual_add: dict | None = None,
 ) -> te.Tensor:
-    """QLinearConv (groups 1) in the shape of a 4-way int8 dot product (AVX-512 VNNI ``vpdpbusd``):
-    the result equals :func:`conv2d`'s bit for bit.
+    """QLinearConv (groups 1) in the shape of a CPU's int8 dot-product instruction
+    (:data:`DOT_SHAPES`): the result equals :func:`conv2d`'s bit for bit.
 
-    ``x`` (NCHW int8/uint8) is padded and packed in the kernel to uint8 ``(N, C/4, H, W, 4)``
-    (int8 moved by +128: :func:`dot_zero_point`); ``weight`` is :func:`pack_dot_weights`'s
-    layout; ``bias`` holds ``bias - dot_zero_point * sum(weight[o])`` (:func:`fold_zero_point`).
-    The reduction ``dot_acc`` accumulates 16 output channels x 4 input channels per step in int32;
-    the schedule tensorizes that block (:mod:`tvm_memplan.schedule.cpu.int8_dot`). The output is
-    NCHW, like every other kernel's."""
+    ``weight`` is :func:`pack_dot_weights`'s layout, whose last two axes give the instruction's
+    lanes and depth; ``x`` (NCHW int8/uint8) is padded and packed in the kernel to uint8
+    ``(N, C/depth, H, W, depth)`` (int8 moved by +128: :func:`dot_zero_point`); ``bias`` holds
+    ``bias - dot_zero_point * sum(weight[o])`` (:func:`fold_zero_point`). The reduction ``dot_acc``
+    accumulates ``lanes`` output channels x ``depth`` input channels per step in int32; the schedule
+    tensorizes that block (:mod:`tvm_memplan.schedule.cpu.int8_dot`). The output is NCHW, like
+    every other kernel's."""
     n, c, h, w = (int(d) for d in x.shape)
-    blocks, depth, kh, kw = (int(d) for d in weight.shape[:4])
+    blocks, steps, kh, kw, lanes, depth = (int(d) for d in weight.shape)
     sh, sw = (int(v) for v in strides)
     dh, dw = (int(v) for v in dilation)
     top, left, bottom, right = (int(p) for p in padding)
@@ -230,18 +230,18 @@ def conv2d_dot(
     shift = 128 if x.dtype == "int8" else 0
 
     def pack(b, c4, y, xx, k):
-        ch = c4 * DOT_DEPTH + k
+        ch = c4 * depth + k
         inside = tirx.all(y >= top, y < top + h, xx >= left, xx < left + w, ch < c)
         value = (x[b, tirx.min(ch, c - 1), y - top, xx - left].astype("int32") + shift).astype("uint8")
         return tirx.if_then_else(inside, value, tirx.const(zero, "uint8"))
 
-    packed = te.compute((n, depth, h + top + bottom, w + left + right, DOT_DEPTH), pack, name="pack")
-    rc = te.reduce_axis((0, depth), name="rc")
+    packed = te.compute((n, steps, h + top + bottom, w + left + right, depth), pack, name="pack")
+    rc = te.reduce_axis((0, steps), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
-    rk = te.reduce_axis((0, DOT_DEPTH), name="rk")
+    rk = te.reduce_axis((0, depth), name="rk")
     acc = te.compute(
-        (n, blocks, oh, ow, DOT_LANES),
+        (n, blocks, oh, ow, lanes),
         lambda b, ob, y, xx, lane: te.sum(
             packed[b, rc, y * sh + ry * dh, xx * sw + rx * dw, rk].astype("int32")
             * weight[ob, rc, ry, rx, lane, rk].astype("int32"), axis=[rc, ry, rx, rk]),
@@ -249,7 +249,7 @@ def conv2d_dot(
     )
     return te.compute(
         (n, out_channels, oh, ow),
-        lambda b, oc, y, xx: _through(table, requantize(acc[b, oc // DOT_LANES, y, xx, oc % DOT_LANES] + bias[oc],
+        lambda b, oc, y, xx: _through(table, requantize(acc[b, oc // lanes, y, xx, oc % lanes] + bias[oc],
                                                         multiplier[oc], y_zero_point, low, high, out_dtype),
                                       out_dtype, residual, residual_add, (b, oc, y, xx)),
         name="requantize",

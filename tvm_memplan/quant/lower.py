@@ -234,12 +234,13 @@ class LoweringReport:
 
 @mutator
 class _Lowerer(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, graph: _Graph, report: LoweringReport, int8_dot: bool = False) -> None:
+    def __init__(self, mod: tvm.IRModule, graph: _Graph, report: LoweringReport, int8_dot: str | None = None) -> None:
         super().__init__(mod)
         self.graph = graph
         self.report = report
         self.int8_dot = int8_dot
-        """Regular convolutions use :func:`.kernels.conv2d_dot` (the CPU has a 4-way int8 dot product)."""
+        """The CPU's int8 dot-product instruction (a key of :data:`.kernels.DOT_SHAPES`): regular
+        convolutions then use :func:`.kernels.conv2d_dot`."""
         self._recipe: tuple | None = None
         self.recipes: dict[relax.Var, tuple] = {}
         """A lowered conv/dense quantize's var → (kernel, args, kwargs, name, kind): the concat of
@@ -452,7 +453,8 @@ class _Lowerer(PyExprMutator):
                 # uint8 zero point
                 func = kernels.conv2d_dot
                 kwargs = {"out_channels": channels, **geometry, **common}
-                zero_point, stored = kernels.dot_zero_point(xq.zero_point, xq.dtype), kernels.pack_dot_weights(w_shifted)
+                zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype)
+                stored = kernels.pack_dot_weights(w_shifted, *kernels.DOT_SHAPES[self.int8_dot])
             else:
                 func = kernels.conv2d
                 kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}
@@ -677,9 +679,10 @@ ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
 onnxruntime's float kernels; exp, tanh and sigmoid may differ in the last float bit)."""
 
 
-def lower_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, int8_dot: bool = False) -> tuple[tvm.IRModule, LoweringReport]:
-    """``mod`` with function ``gv`` lowered and its integer kernels added (regular convolutions as
-    4-way dot products when ``int8_dot``)."""
+def lower_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar,
+                   int8_dot: str | None = None) -> tuple[tvm.IRModule, LoweringReport]:
+    """``mod`` with function ``gv`` lowered and its integer kernels added (regular convolutions in
+    the layout of the dot-product instruction ``int8_dot``, when given)."""
     report = LoweringReport({}, [])
     func = mod[gv]
     lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), _Graph(func), report, int8_dot)
@@ -719,9 +722,10 @@ def has_qdq(func: relax.Function) -> bool:
 def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None,
              target: tvm.target.Target | None = None) -> tvm.transform.Pass:
     """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring).
-    Where ``target``'s CPU has a 4-way int8 dot product (AVX-512 VNNI), regular convolutions are
-    lowered in its operand layout (:func:`.kernels.conv2d_dot`); the schedule tensorizes them."""
-    int8_dot = target is not None and cpu_spec(target).int8_dot is not None
+    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2), regular
+    convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`); the schedule
+    tensorizes them."""
+    int8_dot = cpu_spec(target).int8_dot if target is not None else None
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:

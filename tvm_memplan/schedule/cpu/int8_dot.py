@@ -1,47 +1,53 @@
-"""The int8 convolutions lowered as 4-way dot products (:func:`tvm_memplan.quant.kernels.conv2d_dot`),
-tensorized with AVX-512 VNNI's ``vpdpbusd``.
+"""The int8 convolutions lowered in a dot-product instruction's layout
+(:func:`tvm_memplan.quant.kernels.conv2d_dot`), tensorized with AVX-512 VNNI's ``vpdpbusd`` (16 lanes
+x 4 bytes) or AVX2's ``vpmaddwd`` on widened bytes (8 lanes x 2).
 
-The kernel's reduction block ``dot_acc`` accumulates 16 output channels x 4 input channels per step.
 As in oneDNN's and MLAS's int8 convolutions, a register tile of ``blocks x pixels`` accumulators
-(16 int32 lanes each) stays in registers over the whole reduction: each step loads one 64-byte
-weight vector per channel block and broadcasts four input bytes per pixel. The requantizing
-epilogue runs per tile, vectorized over the 16 channels of the tile's accumulators. The packed
-input is built once per call, in parallel over its rows.
+(one int32 vector each) stays in registers over the whole reduction: each step loads one weight
+vector per channel block and broadcasts the input bytes of each pixel. The requantizing epilogue
+runs per tile, vectorized over the channels of the tile's accumulators. The packed input is built
+once per call, in parallel over its rows. Without either instruction the lanes are vectorized as
+int32 arithmetic (same result).
 """
 
 from __future__ import annotations
 
-from tvm import s_tir
+from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
+from ...quant.kernels import DOT_SHAPES
 from ..blocks import NotApplicable, loop_extent, top_level_blocks
 from .base import CPUScheduleRule, fuse_parallel
 from .spec import CpuSpec
 
-VNNI_DOT = "tvm_memplan.dot_16x4_u8i8i32_vnni"
 ACC_BLOCK = "dot_acc"
 
 
-@T.prim_func(s_tir=True)
-def _dot_16x4(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((16, 4), "int8", offset_factor=1),
-    C: T.Buffer((16,), "int32", offset_factor=1),
-) -> None:
-    # what the instruction computes: 16 int32 lanes, each adding 4 uint8 x int8 products
-    # (defined here: importing tvm.s_tir.tensor_intrin registers every backend's intrinsics, ~20 s)
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        for i, k in T.grid(16, 4):
-            with T.sblock("update"):
-                vi, vk = T.axis.remap("SR", [i, k])
-                C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+def _dot_description(lanes: int, depth: int) -> tirx.PrimFunc:
+    """What a dot-product instruction computes: ``lanes`` int32 lanes, each adding ``depth``
+    uint8 x int8 products (written here: importing ``tvm.s_tir.tensor_intrin`` registers every
+    backend's intrinsics, ~20 s)."""
+
+    @T.prim_func(s_tir=True)
+    def description(
+        A: T.Buffer((depth,), "uint8", offset_factor=1),
+        B: T.Buffer((lanes, depth), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:depth], B[0:lanes, 0:depth])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, depth):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+
+    return description
 
 
 @T.prim_func(s_tir=True)
-def _vnni_dot(
+def _vpdpbusd(
     A: T.Buffer((4,), "uint8", offset_factor=1),
     B: T.Buffer((16, 4), "int8", offset_factor=1),
     C: T.Buffer((16,), "int32", offset_factor=1),
@@ -61,7 +67,31 @@ def _vnni_dot(
         )
 
 
-TensorIntrin.register(VNNI_DOT, _dot_16x4, _vnni_dot, override=True)
+@T.prim_func(s_tir=True)
+def _vpmaddwd(
+    A: T.Buffer((2,), "uint8", offset_factor=1),
+    B: T.Buffer((8, 2), "int8", offset_factor=1),
+    C: T.Buffer((8,), "int32", offset_factor=1),
+) -> None:
+    # bytes widened to int16 (exact), pairs of products summed into int32: MLAS's exact AVX2 path
+    with T.sblock("root"):
+        T.reads(C[0:8], A[0:2], B[0:8, 0:2])
+        T.writes(C[0:8])
+        A_i32 = T.reinterpret(T.Cast("int16x2", A.vload([0], "uint8x2")), dtype="int32")
+        C[T.ramp(T.int32(0), 1, 8)] = C.vload([0], dtype="int32x8") + T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+            T.Cast("int16x16", B.vload([0, 0], dtype="int8x16")),
+            T.reinterpret(T.broadcast(A_i32, 8), dtype="int16x16"),
+            dtype="int32x8",
+        )
+
+
+INTRINSICS = {"avx512vnni": ("tvm_memplan.dot_16x4_u8i8i32_vnni", _vpdpbusd),
+              "avx2": ("tvm_memplan.dot_8x2_u8i8i32_avx2", _vpmaddwd)}
+"""Instruction (a :class:`~tvm_memplan.schedule.cpu.CpuSpec` ``int8_dot``) → registered tensor intrinsic."""
+
+for _isa, (_name, _impl) in INTRINSICS.items():
+    TensorIntrin.register(_name, _dot_description(*DOT_SHAPES[_isa]), _impl, override=True)
 
 
 class Int8DotProduct(CPUScheduleRule):
@@ -81,7 +111,8 @@ class Int8DotProduct(CPUScheduleRule):
         tile_blocks, tile_pixels = _register_tile(blocks, width, spec.accumulators - 4)
         ob_o, ob_i = sch.split(ob, [None, tile_blocks])
         ow_o, ow_i = sch.split(ow, [None, tile_pixels])
-        tensorized = spec.int8_dot == "avx512vnni"
+        lanes, depth = loop_extent(sch, lane), loop_extent(sch, rk)
+        tensorized = spec.int8_dot is not None and DOT_SHAPES[spec.int8_dot] == (lanes, depth)
         inner = (lane, rk) if tensorized else (rk, lane)
         sch.reorder(n, ob_o, oh, ow_o, rc, ry, rx, ob_i, ow_i, *inner)
         sch.reverse_compute_at(epilogue, ow_o)
@@ -93,7 +124,7 @@ class Int8DotProduct(CPUScheduleRule):
             sch.vectorize(lane)
         init = sch.decompose_reduction(acc, rc)
         if tensorized:
-            sch.tensorize(lane, VNNI_DOT)
+            sch.tensorize(lane, INTRINSICS[spec.int8_dot][0])
         sch.unroll(ow_i)
         sch.unroll(ob_i)
         if spec.vector_codegen:
@@ -101,9 +132,9 @@ class Int8DotProduct(CPUScheduleRule):
         tile_loop = sch.get(ow_o)
         loops = sch.get_loops(epilogue)
         own = loops[[sch.get(loop).same_as(tile_loop) for loop in loops].index(True) + 1:]
-        outer, inner = sch.split(own[0], [None, 16])  # channels; pixels follow unless the tile has one
+        outer, inner = sch.split(own[0], [None, lanes])  # channels; pixels follow unless the tile has one
         sch.reorder(outer, *own[1:], inner)
-        if spec.vector_codegen and out_channels % 16 == 0:
+        if spec.vector_codegen and out_channels % lanes == 0:
             sch.vectorize(inner)
         pack_loops = sch.get_loops(pack)
         fuse_parallel(sch, pack_loops[:3], work * 64, spec)

@@ -22,8 +22,8 @@ class CpuSpec:
     """Whether the code generator emits vector instructions for vectorized loops (LLVM does;
     the C target leaves vectorization to the C compiler, so loops are unrolled instead)."""
     int8_dot: str | None = None
-    """The CPU's 4-way int8 dot-product instruction the integer kernels tensorize with
-    (``"avx512vnni"``: ``vpdpbusd``), or None."""
+    """The CPU's int8 dot-product instruction the integer convolutions tensorize with
+    (``"avx512vnni"``: ``vpdpbusd``; ``"avx2"``: ``vpmaddwd`` on widened bytes), or None."""
 
     @property
     def accumulators(self) -> int:
@@ -48,7 +48,11 @@ def cpu_spec(target: tvm.target.Target) -> CpuSpec:
             lanes, registers = 16, 32
         elif _has_feature("avx2", target) or _has_feature("avx", target):
             lanes, registers = 8, 16
-    int8_dot = "avx512vnni" if kind == "llvm" and lanes == 16 and _has_feature("avx512vnni", target) else None
+    int8_dot = None
+    if kind == "llvm" and lanes == 16 and _has_feature("avx512vnni", target):
+        int8_dot = "avx512vnni"
+    elif kind == "llvm" and lanes >= 8 and _has_feature("avx2", target):
+        int8_dot = "avx2"
     cores = int(target.attrs.get("num-cores", 0) or 0)
     threads = cores or int(os.environ.get("TVM_NUM_THREADS", 0) or 0) or os.cpu_count() or 1
     return CpuSpec(lanes=lanes, registers=registers, threads=threads, vector_codegen=kind == "llvm", int8_dot=int8_dot)
