@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,8 @@ def _latency_onnxruntime(path: Path, inputs: dict[str, np.ndarray], threads: int
     return float(np.median(repeats))
 
 
-def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, order_seconds: float) -> dict:
+def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, order_seconds: float,
+                tvm_target: Any = None) -> dict:
     import onnx
 
     from tvm_memplan.deploy.artifact import constant_bytes
@@ -87,8 +89,8 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
         int8 = LoadedModel(float_model.name + ".int8", onnx.load(str(target)))
         lowering = []
         LowerQDQ(lowering.append)(to_relax(int8))
-        float_plan = plan_model(float_model, None, order_seconds=order_seconds)
-        int8_plan = plan_model(int8, None, order_seconds=order_seconds)
+        float_plan = plan_model(float_model, tvm_target, order_seconds=order_seconds)
+        int8_plan = plan_model(int8, tvm_target, order_seconds=order_seconds)
         int8_exe, float_exe = int8_plan.build(), float_plan.build()
         scale = output_scales(int8.onnx_model)[0]
         ours_lsb, spread_lsb, ours_first, fused_first, plain_first = [], [], [], [], []
@@ -130,9 +132,10 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
         }
 
 
-def table(rows: list[dict], threads: int, cpu: str, load: tuple[float, float]) -> str:
+def table(rows: list[dict], threads: int, cpu: str, load: tuple[float, float], isa: str) -> str:
     header = (
         f"## Int8 (QDQ) networks: tvm_memplan against onnxruntime ({threads} thread(s), {cpu})\n\n"
+        f"Our kernels: {isa}. onnxruntime picks its kernels from this CPU's instruction set at run time.\n\n"
         f"Load average {load[0]:.1f} before the run, {load[1]:.1f} after (other jobs on the same cores make "
         "the latencies noisy; the other columns do not depend on it).\n\n"
         "Arenas in bytes. Weights twice: the ONNX files' initializers (the int8 file adds per-channel scales, zero "
@@ -167,16 +170,28 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=20, help="random inputs compared with onnxruntime")
     parser.add_argument("--order-seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("results/bench_int8.md"))
+    parser.add_argument("--mcpu", help="build our kernels for this LLVM CPU (e.g. haswell: AVX2 on an AVX-512 "
+                                       "machine); default: this machine's CPU")
     args = parser.parse_args()
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM's thread pool starts
     from tvm_memplan.deploy.results import write_atomically
 
     load_before = os.getloadavg()[0]
+    import tvm
+
+    from tvm_memplan.schedule.cpu import cpu_spec
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu}) if args.mcpu else None
+    spec_of = cpu_spec(target or tvm.target.Target.from_device("cpu"))
+    mcpu = args.mcpu or str(tvm.target.Target.from_device("cpu").attrs.get("mcpu", "host"))
+    isa = (f"LLVM CPU `{mcpu}`, "
+           f"{spec_of.lanes} float32 lanes, int8 convolutions with "
+           f"{spec_of.int8_dot or 'no dot-product instruction'}")
     rows = []
     for spec in args.models:
-        rows.append(bench_model(spec, args.threads, args.samples, args.inputs, args.order_seconds))
+        rows.append(bench_model(spec, args.threads, args.samples, args.inputs, args.order_seconds, target))
         print(rows[-1], flush=True)
-    write_atomically(args.out, table(rows, args.threads, _cpu_name(), (load_before, os.getloadavg()[0])))
+    write_atomically(args.out, table(rows, args.threads, _cpu_name(), (load_before, os.getloadavg()[0]), isa))
 
 
 def _cpu_name() -> str:
