@@ -108,3 +108,33 @@ def test_weights_pack_into_instruction_blocks():
     assert packed[1, 1, 0, 0, 3, 1] == weight[19, 5, 0, 0]
     assert packed[1, 1, 0, 0, 4, 0] == 0 and packed[0, 1, 0, 0, 0, 2] == 0  # padded channels are zero
     assert kernels.pack_dot_weights(weight, 8, 2)[2, 1, 0, 0, 3, 1] == weight[19, 3, 0, 0]
+
+
+@pytest.mark.parametrize("target_name", list(TARGETS))
+def test_dot_conv_quantizes_a_float_input_as_it_packs(target_name):
+    """The network's first conv: a float32 input quantized in the packing stage (QuantizeLinear fused)."""
+    target, instruction, _mnemonic = TARGETS[target_name]
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((1, 3, 12, 12)) * 2).astype(np.float32)
+    weight = rng.integers(-128, 128, size=(8, 3, 3, 3)).astype(np.int8)
+    bias = rng.integers(-500, 500, size=8).astype(np.int32)
+    multiplier = (rng.random(8) * 1e-3).astype(np.float32)
+    scale, zx = 0.02, -4
+    codes = np.clip(np.rint(x / np.float32(scale)), -128 - zx, 127 - zx).astype(np.int64) + zx
+    packed = kernels.pack_dot_weights(weight, *kernels.DOT_SHAPES[instruction or "avx512vnni"])
+    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, "int8"))
+    tx = te.placeholder(x.shape, "float32", "x")
+    tw = te.placeholder(packed.shape, "int8", "w")
+    tb = te.placeholder(folded.shape, "int32", "b")
+    tm = te.placeholder(multiplier.shape, "float32", "m")
+    out = kernels.conv2d_dot(tx, tw, tb, tm, out_channels=8, strides=[2, 2], padding=[1, 1, 1, 1], dilation=[1, 1],
+                             x_zero_point=zx, y_zero_point=0, low=0, high=127, out_dtype="int8",
+                             quantize_input=(scale, "int8"))
+    spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
+    scheduled = schedule_function(te.create_prim_func([tx, tw, tb, tm, out]), spec, rules=[Int8DotProduct()])
+    library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target)
+    dev = tvm.cpu()
+    result = tvm.runtime.tensor(np.zeros((1, 8, 6, 6), np.int8), dev)
+    library["main"](*(tvm.runtime.tensor(v, dev) for v in (x, packed, folded, multiplier)), result)
+    expected = reference(codes, weight, bias, multiplier, 2, 1, (1, 1, 1, 1), zx, 0, 0, 127, np.int8)
+    np.testing.assert_array_equal(result.numpy(), expected)

@@ -208,6 +208,7 @@ def conv2d_dot(
     table: te.Tensor | None = None,
     residual: te.Tensor | None = None,
     residual_add: dict | None = None,
+    quantize_input: tuple[float, str] | None = None,
 ) -> te.Tensor:
     """QLinearConv (groups 1) in the shape of a CPU's int8 dot-product instruction
     (:data:`DOT_SHAPES`): the result equals :func:`conv2d`'s bit for bit.
@@ -218,7 +219,8 @@ def conv2d_dot(
     ``bias - dot_zero_point * sum(weight[o])`` (:func:`fold_zero_point`). The reduction ``dot_acc``
     accumulates ``lanes`` output channels x ``depth`` input channels per step in int32; the schedule
     tensorizes that block (:mod:`tvm_memplan.schedule.cpu.int8_dot`). The output is NCHW, like
-    every other kernel's."""
+    every other kernel's. ``quantize_input`` (scale, type): ``x`` is the float32 network input,
+    quantized as it is packed (see :func:`conv2d`)."""
     n, c, h, w = (int(d) for d in x.shape)
     blocks, steps, kh, kw, lanes, depth = (int(d) for d in weight.shape)
     sh, sw = (int(v) for v in strides)
@@ -226,14 +228,17 @@ def conv2d_dot(
     top, left, bottom, right = (int(p) for p in padding)
     oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
     ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
-    zero = dot_zero_point(x_zero_point, x.dtype)
-    shift = 128 if x.dtype == "int8" else 0
+    x_dtype = x.dtype if quantize_input is None else quantize_input[1]
+    zero = dot_zero_point(x_zero_point, x_dtype)
+    shift = 128 if x_dtype == "int8" else 0
 
     def pack(b, c4, y, xx, k):
         ch = c4 * depth + k
         inside = tirx.all(y >= top, y < top + h, xx >= left, xx < left + w, ch < c)
-        value = (x[b, tirx.min(ch, c - 1), y - top, xx - left].astype("int32") + shift).astype("uint8")
-        return tirx.if_then_else(inside, value, tirx.const(zero, "uint8"))
+        code = x[b, tirx.min(ch, c - 1), y - top, xx - left]
+        if quantize_input is not None:
+            code = quantize_value(code, quantize_input[0], x_zero_point, x_dtype)
+        return tirx.if_then_else(inside, (code.astype("int32") + shift).astype("uint8"), tirx.const(zero, "uint8"))
 
     packed = te.compute((n, steps, h + top + bottom, w + left + right, depth), pack, name="pack")
     rc = te.reduce_axis((0, steps), name="rc")

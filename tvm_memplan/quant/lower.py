@@ -448,9 +448,9 @@ class _Lowerer(PyExprMutator):
             float_input = self._fusable_quantize(x, call.args[0], xq)
             geometry = {"strides": [int(v) for v in attrs.strides], "padding": [int(v) for v in attrs.padding],
                         "dilation": [int(v) for v in attrs.dilation], "x_zero_point": xq.zero_point}
-            if self.int8_dot and groups == 1 and float_input is None:
-                # the 4-way dot-product kernel: uint8 input, packed weights, bias folded for the
-                # uint8 zero point
+            if self.int8_dot and groups == 1:
+                # the dot-product kernel: uint8 input, packed weights, bias folded for the uint8
+                # zero point
                 func = kernels.conv2d_dot
                 kwargs = {"out_channels": channels, **geometry, **common}
                 zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype)
