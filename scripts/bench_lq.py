@@ -41,7 +41,7 @@ TIMED = ("latency_us", "lq_us", "fp32_tvm_us", "fp32_numpy_us", "lq_dense_us", "
 def best_of(runs: list[list[dict]]) -> list[dict]:
     """Row-wise minimum of the timed fields over rounds (everything else from the first round)."""
     out = []
-    for rows in zip(*runs):
+    for rows in zip(*runs, strict=True):
         merged = dict(rows[0])
         for key in TIMED:
             if key in merged:
@@ -68,7 +68,7 @@ def seed_table(seeds: int, epochs: int, cache_dir: Path | None) -> str:
             rows = bench.accuracy_rows(split, mlp, [(32, 32), *settings], finetune=finetune, timing=quick)
             base = rows[0]["accuracy"]
             cells = []
-            for setting, row in zip(settings, rows[1:]):
+            for setting, row in zip(settings, rows[1:], strict=True):
                 delta = 100 * (row["accuracy"] - base)
                 worst[finetune][setting] = min(delta, worst[finetune].get(setting, delta))
                 cells.append(f"{delta:+.2f}")

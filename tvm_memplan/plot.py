@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .planning import Problem
 
@@ -25,8 +25,8 @@ def plot_layout(
     path = Path(path)
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
     cmap = plt.get_cmap("tab20")
-    scale, unit = _unit(max([o + b.size for b, o in zip(problem.buffers, offsets)] + [arena_bytes or 0, 1]))
-    for index, (buffer, offset) in enumerate(zip(problem.buffers, offsets)):
+    scale, unit = _unit(max([o + b.size for b, o in zip(problem.buffers, offsets, strict=True)] + [arena_bytes or 0, 1]))
+    for index, (buffer, offset) in enumerate(zip(problem.buffers, offsets, strict=True)):
         if buffer.size == 0:
             continue
         aliased = index in problem.aliases

@@ -218,7 +218,7 @@ def test_seed_networks_on_vulkan_identical_for_every_setting_and_one_launch_per_
     assert launches == report.kernels
     for groups in ("seq", 1, 2):
         got, storage, launches, report = run(mod, "vulkan", groups, x, time_budget=1.0)
-        for a, b in zip(got, expected):
+        for a, b in zip(got, expected, strict=True):
             np.testing.assert_array_equal(a, b)
         assert sorted(storage) == sorted([report.arena_bytes, *(a.nbytes for a in got)])  # the VM allocates the plan
         assert launches == report.groups

@@ -17,10 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import tvm
 import tvm_ffi
@@ -191,11 +191,11 @@ def build_sidecar(source: Path, sidecar: Sidecar, jobs: int,
                  f"-I{ffi_dir / 'include'}"]
         sources = sorted(runtime_dir(tree, sidecar).glob("*.cc"))
         objects = [Path(scratch) / f"{cc.stem}.o" for cc in sources]
-        commands = [[CXX, *flags, "-c", str(cc), "-o", str(obj)] for cc, obj in zip(sources, objects)]
+        commands = [[CXX, *flags, "-c", str(cc), "-o", str(obj)] for cc, obj in zip(sources, objects, strict=True)]
         step = progress or (lambda done, total: None)
         step(0, len(sources) + 1)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for done, (cc, error) in enumerate(zip(sources, pool.map(_compile, commands)), 1):
+            for done, (cc, error) in enumerate(zip(sources, pool.map(_compile, commands), strict=True), 1):
                 if error is not None:
                     raise UserError(f"compiling {cc.name} for the {sidecar.title} runtime failed: {error}")
                 step(done, len(sources) + 1)

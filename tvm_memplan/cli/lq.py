@@ -115,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.set_defaults(func=run_bench)
 
 
-def _target(name: str) -> "tvm.target.Target":
+def _target(name: str) -> tvm.target.Target:
     import tvm
 
     from ..lq.calibrate import default_target
@@ -130,7 +130,7 @@ def _target(name: str) -> "tvm.target.Target":
     raise UserError(f"quantize: target {name} is not one of {', '.join(TARGETS)}")
 
 
-def load_onnx_module(path: Path, batch: int) -> "tvm.IRModule":
+def load_onnx_module(path: Path, batch: int) -> tvm.IRModule:
     """ONNX file → Relax module with a static batch; malformed files become one-line errors."""
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
@@ -253,7 +253,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def layer_summary(report: "list[LayerReport]", wbits: int, abits: int, float_bytes: int, lq_bytes: int) -> str:
+def layer_summary(report: list[LayerReport], wbits: int, abits: int, float_bytes: int, lq_bytes: int) -> str:
     """Each dense layer's bits, calibration output error against its limit, and why it is in float or wider."""
     converted = sum(1 for layer in report if layer.status == "lq")
     lines = [

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 OLD_TARGET_NAMES = {"native": "host", "aarch64": "llvm-aarch64"}
 """quantize's former target names and the device names that replace them."""

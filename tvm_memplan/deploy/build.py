@@ -60,7 +60,7 @@ class Manifest:
         manifest_path(artifact).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
 
     @classmethod
-    def load(cls, artifact: Path) -> "Manifest":
+    def load(cls, artifact: Path) -> Manifest:
         path = manifest_path(artifact)
         if not path.exists():
             raise UserError(f"{artifact} has no manifest {path.name}: build it with tvm-memplan build")
@@ -99,7 +99,7 @@ def plan_for(model: LoadedModel, target: DeployTarget, tuning_dir: str | None = 
     return apply_tuning(plan, tuning_dir) if tuning_dir else plan
 
 
-def compile_plan(plan: ModelPlan, pipeline: str) -> "tvm.runtime.Executable":
+def compile_plan(plan: ModelPlan, pipeline: str) -> tvm.runtime.Executable:
     if pipeline not in (*PIPELINES, TVM_STOCK):
         raise UserError(f"unknown pipeline {pipeline!r}; known: {', '.join((*PIPELINES, TVM_STOCK))}")
     try:
@@ -127,7 +127,7 @@ def manifest_for(plan: ModelPlan, spec: str, target: DeployTarget, pipeline: str
     )
 
 
-def export(executable: "tvm.runtime.Executable", target: DeployTarget, manifest: Manifest, output: Path) -> Path:
+def export(executable: tvm.runtime.Executable, target: DeployTarget, manifest: Manifest, output: Path) -> Path:
     """Write the library and its manifest; the library goes to a temporary name first."""
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.name}.partial.so")

@@ -91,7 +91,7 @@ class ChainLatency:
         timers = [self.timer(first), self.timer(second)]
         samples: list[list[float]] = [[], []]
         for _ in range(rounds):
-            for timer, into in zip(timers, samples):
+            for timer, into in zip(timers, samples, strict=True):
                 into.extend(timer())
         return samples[0], samples[1]
 

@@ -110,7 +110,7 @@ def _example_data(name: str, func: tvm.tirx.PrimFunc, params: list[Param]) -> st
 
     text = [f"/* Example data for {name}: inputs from numpy (seed 0), expected output from TVM's LLVM build. */\n"]
     text.append("#include <stdint.h>\n")
-    for index, (p, array) in enumerate(zip(params, arrays)):
+    for index, (p, array) in enumerate(zip(params, arrays, strict=True)):
         ctype, code = _DTYPES[p.dtype]
         text.append(_c_array(f"arg{index}_data", array, ctype))
         text.append(f"static int64_t arg{index}_shape[{max(len(p.shape), 1)}] = {{{', '.join(map(str, p.shape)) or '1'}}};\n")

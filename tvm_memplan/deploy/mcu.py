@@ -210,7 +210,7 @@ def workspace_bytes(source: str, kernels: set[str]) -> int:
     """The static kernel-scratch pool: the largest sum of one kernel's workspaces, 64-byte rounded."""
     bodies = {}
     matches = list(_DEFINITION.finditer(source))
-    for match, following in zip(matches, matches[1:] + [None]):
+    for match, following in zip(matches, matches[1:] + [None], strict=True):
         bodies[match.group(1)] = source[match.end(): following.start() if following else len(source)]
     largest = 0
     for kernel in kernels:
@@ -399,7 +399,7 @@ class ModelC:
         (directory / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
-    def load(cls, directory: Path) -> "ModelC":
+    def load(cls, directory: Path) -> ModelC:
         path = Path(directory) / MANIFEST
         if not path.is_file():
             raise UserError(f"{directory} has no {MANIFEST}: write it with tvm-memplan build --emit-c DIR")

@@ -17,9 +17,10 @@ import logging
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import tvm
@@ -112,7 +113,7 @@ def compare_outputs(outputs: list[np.ndarray], reference: list[np.ndarray],
     if len(outputs) != len(reference):
         return False, float("inf")
     correct, worst = True, 0.0
-    for index, (out, ref) in enumerate(zip(outputs, reference)):
+    for index, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
         if out.shape != ref.shape:
             return False, float("inf")
         if not out.size:

@@ -106,7 +106,7 @@ class LocalFarm:
         for key in reversed(list(self.processes)):  # the tracker was started first
             self.kill_servers(key)
 
-    def __enter__(self) -> "LocalFarm":
+    def __enter__(self) -> LocalFarm:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -3,9 +3,9 @@ measured latencies, and hand the chosen rewrite to the planner."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import tvm

@@ -134,7 +134,7 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
     inputs = model.random_inputs(0)
     if len(inputs) != len(model_c.inputs):
         raise UserError(f"{model_c.model} has {len(inputs)} inputs but the C takes {len(model_c.inputs)}")
-    for spec, array in zip(model_c.inputs, inputs.values()):
+    for spec, array in zip(model_c.inputs, inputs.values(), strict=True):
         np.ascontiguousarray(array, dtype=spec["dtype"]).tofile(directory / spec["file"])
     for spec in model_c.outputs:
         (directory / spec["file"]).unlink(missing_ok=True)

@@ -138,7 +138,7 @@ class DeployTarget:
                     "run it there through --rpc-tracker/--rpc-key")
         return None
 
-    def export(self, executable: "tvm.runtime.Executable", path: str) -> None:
+    def export(self, executable: tvm.runtime.Executable, path: str) -> None:
         """Link ``executable`` into a shared library at ``path``."""
         options = ["-O2"] if self.is_c else None  # the C target compiles at -O0 without it
         fcompile = None

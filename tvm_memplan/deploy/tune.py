@@ -15,9 +15,10 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import tvm
@@ -75,7 +76,7 @@ def require_cost_model() -> None:
         ) from None
 
 
-def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict | None) -> "tvm.runtime.Module":
+def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict | None) -> tvm.runtime.Module:
     """MetaSchedule's default build without its ``import tvm.s_tir.tensor_intrin``.
 
     That import registers every tensor intrinsic (CUDA, ROCm, Hexagon ...) and takes ~14 s in
@@ -150,7 +151,7 @@ def run_tuning(run: Callable[[], T]) -> T:
         raise UserError(f"MetaSchedule's XGBoost cost model failed: {lines[-1] if lines else type(exc).__name__}") from None
 
 
-def _export_cross(compiler: str, mod: "tvm.runtime.Module") -> str:
+def _export_cross(compiler: str, mod: tvm.runtime.Module) -> str:
     """MetaSchedule builder export with a cross compiler (module-level: builder workers unpickle it)."""
     import os
     import tempfile

@@ -13,9 +13,9 @@ import contextlib
 import io
 import json
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -137,7 +137,7 @@ def to_onnx(model, name: str = "mlp") -> onnx.ModelProto:
     act = {"relu": "Relu", "tanh": "Tanh"}[model.activation]
     nodes, inits = [], []
     current = "x"
-    layers = list(zip(model.coefs_, model.intercepts_))
+    layers = list(zip(model.coefs_, model.intercepts_, strict=True))
     for index, (weight, bias) in enumerate(layers):
         inits += [
             numpy_helper.from_array(np.asarray(weight, np.float32), f"w{index}"),

@@ -22,9 +22,9 @@ Gaussian data. The first and last dense layer get at least 4 bits (LQ-Nets keeps
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 import numpy as np
 import tvm
@@ -222,7 +222,7 @@ def probe_inputs(
     collected: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for inputs in data:
         outs = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs])
-        for name, value in zip(names, outs):
+        for name, value in zip(names, outs, strict=True):
             collected[name].append(value.numpy())
     return {name: np.concatenate(parts) for name, parts in collected.items()}
 

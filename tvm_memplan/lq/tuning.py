@@ -7,8 +7,8 @@ workload already has records is compiled from them without new trials.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import tvm
 from tvm import tirx

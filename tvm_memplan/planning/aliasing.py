@@ -18,7 +18,7 @@ def coalesce(problem: Problem) -> tuple[Problem, list[tuple[int, int]]]:
     placement: list[tuple[int, int]] = [(0, 0)] * len(problem.buffers)
     buffers = []
     for g, group in enumerate(groups):
-        for member, delta in zip(group.members, group.deltas):
+        for member, delta in zip(group.members, group.deltas, strict=True):
             placement[member] = (g, delta)
         first = group.members[group.deltas.index(min(group.deltas))]
         buffers.append(Buffer(problem.buffers[first].name, group.size, group.start, group.end))

@@ -8,8 +8,8 @@ express once a group's operators are consecutive in the execution order built he
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, Sequence
 
 from .lifetimes import Operator, problem_from_graph
 from .problem import DEFAULT_ALIGNMENT, Problem

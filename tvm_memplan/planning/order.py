@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Mapping, Sequence
 
 from .lifetimes import Operator, resolve_alias
 
@@ -47,7 +47,7 @@ class OrderGraph:
         sizes: Mapping[Hashable, int],
         aliases: Mapping[Hashable, Hashable | tuple] | None = None,
         inplace: Mapping[int, Sequence[Hashable]] | None = None,
-    ) -> "OrderGraph":
+    ) -> OrderGraph:
         """Build from operators; tensors without a size (inputs, constants, outputs) cost nothing.
 
         ``aliases`` maps a view to the tensor it views, or to a tuple of tensors (an eliminated
@@ -88,7 +88,7 @@ class OrderGraph:
         consumers = [0] * len(tensor_sizes)
         predecessors = [0] * len(operators)
         successor_sets: list[set[int]] = [set() for _ in operators]
-        for index, (op, read) in enumerate(zip(operators, inputs)):
+        for index, (op, read) in enumerate(zip(operators, inputs, strict=True)):
             for t in read:
                 consumers[t] |= 1 << index
             # Dependencies follow the tensors as named (a view's reader waits for the view).
@@ -372,7 +372,7 @@ def branch_grouping_order(graph: OrderGraph, order: list[int], deadline: float, 
             for perm in itertools.islice(permutations, max_permutations):
                 placed = [v for index in perm for v in sequences[index]]
                 candidate = list(best)
-                for position, v in zip(positions, placed):
+                for position, v in zip(positions, placed, strict=True):
                     candidate[position] = v
                 if candidate == best or not graph.is_topological(candidate):
                     continue

@@ -207,7 +207,7 @@ def _broadcast_index(tensor: te.Tensor, index: Sequence[tirx.PrimExpr]) -> list:
     """numpy broadcasting: ``index`` into the output, read from ``tensor`` (right-aligned, size-1 axes fixed at 0)."""
     rank = len(tensor.shape)
     tail = index[len(index) - rank:]
-    return [0 if int(d) == 1 else i for d, i in zip(tensor.shape, tail)]
+    return [0 if int(d) == 1 else i for d, i in zip(tensor.shape, tail, strict=True)]
 
 
 def _fma(a: tirx.PrimExpr, b: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -276,7 +276,7 @@ def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float
 
     def accumulate(*index):
         full, it = [], iter(reduce)
-        positions = dict(zip(kept, index if not keepdims else [index[a] for a in kept]))
+        positions = dict(zip(kept, index if not keepdims else [index[a] for a in kept], strict=True))
         for a in range(len(x.shape)):
             full.append(next(it) if a in axes else positions[a])
         return te.sum(x[tuple(full)].astype("int32") - x_zero_point, axis=reduce)

@@ -88,7 +88,7 @@ def tolerances(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
     run on ``inputs``); None for an output that is not dequantized per tensor."""
     unoptimized = run_onnxruntime(model, inputs, optimized=False)
     result: list[Tolerance | None] = []
-    for scale, fused, plain in zip(output_scales(model), reference, unoptimized):
+    for scale, fused, plain in zip(output_scales(model), reference, unoptimized, strict=True):
         if scale is None:
             result.append(None)
             continue

@@ -156,5 +156,5 @@ def _same_axes(source: tuple[int, ...], view: tuple[int, ...]) -> tuple[tuple[in
 
     ps, pv = prefixes(source), prefixes(view)
     return tuple(
-        (i, j) for i, (ds, a) in enumerate(zip(source, ps)) for j, (dv, b) in enumerate(zip(view, pv)) if ds == dv > 1 and a == b
+        (i, j) for i, (ds, a) in enumerate(zip(source, ps, strict=True)) for j, (dv, b) in enumerate(zip(view, pv, strict=True)) if ds == dv > 1 and a == b
     )

@@ -7,8 +7,8 @@ destination-passing call that writes it. Each top-level binding is one step of e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import tvm
 from tvm import relax, tirx

@@ -33,8 +33,8 @@ grid past :data:`MAX_BLOCKS`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import tvm
 import tvm_ffi
@@ -129,7 +129,7 @@ def _synchronisation(body: tirx.Stmt, alloc_buffers: Sequence, threads: dict[str
         if isinstance(node, s_tir.SBlock):
             shared[0] |= any(str(b.ty.storage_scope).startswith("shared") for b in node.alloc_buffers)
         elif isinstance(node, s_tir.SBlockRealize):
-            for iv, value in zip(node.block.iter_vars, node.iter_values):
+            for iv, value in zip(node.block.iter_vars, node.iter_values, strict=True):
                 if int(iv.iter_type) == _COMM_REDUCE:
                     reduced.update(tag for tag, (var, _) in threads.items() if _uses(value, [var]))
         elif isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op):
@@ -351,11 +351,11 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
     branches: list[tuple[int, tirx.Stmt]] = []
     alloc_buffers: list = []
     start = 0
-    for nest, member_args in zip(nests, args):
+    for nest, member_args in zip(nests, args, strict=True):
         mapping: dict = {}
-        for param, arg in zip(nest.func.params, member_args):
+        for param, arg in zip(nest.func.params, member_args, strict=True):
             shared = next(
-                (p for p, a in zip(params, call_args)
+                (p for p, a in zip(params, call_args, strict=True)
                  if a.same_as(arg) and tvm_ffi.structural_equal(p.ty, param.ty, map_free_vars=True)),
                 None,
             )
@@ -390,7 +390,7 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
         conditions.append(tirx.op.tvm_thread_invariant(inside))
         begin = end
     dispatch = tirx.IfThenElse(conditions[-1], branches[-1][1], None)
-    for condition, (_, body) in reversed(list(zip(conditions, branches))[:-1]):
+    for condition, (_, body) in reversed(list(zip(conditions, branches, strict=True))[:-1]):
         dispatch = tirx.IfThenElse(condition, body, dispatch)
     for tag, extent in shape:  # x innermost
         dispatch = _thread_loop(thread_vars[tag], tag, extent, dispatch)
@@ -475,7 +475,7 @@ def _fuse_function(func: relax.Function, mod: tvm.IRModule, group_of: Sequence[i
     if len(calls) != len(group_of):
         return func  # not the function the planner saw
     members: dict[int, list[_Member]] = {}
-    for (b, i, binding), group in zip(calls, group_of):
+    for (b, i, binding), group in zip(calls, group_of, strict=True):
         members.setdefault(group, []).append(_Member(b, i, binding, None))
     removed: dict[int, set[int]] = {}
     placed: dict[tuple[int, int], relax.VarBinding] = {}

@@ -9,8 +9,8 @@ step ranges each group occupies, which the arena planner turns into the F-predic
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Sequence
 
 import tvm
 from tvm import relax

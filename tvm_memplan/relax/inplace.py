@@ -59,7 +59,7 @@ def _identity_access(region, iter_vars) -> bool:
     """The region is exactly one element at the block's spatial iterators, in order."""
     if len(region) != len(iter_vars):
         return False
-    for rng, iv in zip(region, iter_vars):
+    for rng, iv in zip(region, iter_vars, strict=True):
         if not (isinstance(rng.extent, tirx.IntImm) and int(rng.extent.value) == 1):
             return False
         if not rng.min.same_as(iv.var):
@@ -174,13 +174,13 @@ def concat_layout(
     return None
 
 
-def _itemsize(site: "AllocSite") -> int:
+def _itemsize(site: AllocSite) -> int:
     return tvm.runtime.DataType(site.dtype).bits // 8
 
 
 def decide_aliases(
     bindings: list[relax.Binding],
-    sites: dict[relax.Var, "AllocSite"],
+    sites: dict[relax.Var, AllocSite],
     owners: dict[relax.Var, frozenset[relax.Var]],
     lifetimes: dict[relax.Var, tuple[int, int]],
     mod: tvm.IRModule,
@@ -237,7 +237,7 @@ def decide_aliases(
                 decisions.concats_kept[f"{out.name} = {name}(...)"] = reason
                 continue
             offsets = concat_layout([static_shape(arg.ty) for _, arg in inputs], sites[out].shape, _itemsize(sites[out]))
-            for (i, _), delta in zip(inputs, offsets):
+            for (i, _), delta in zip(inputs, offsets, strict=True):
                 join(arg_owners[i], out, delta)
             decisions.removed_calls.add(binding.var)
             decisions.concats_removed += 1

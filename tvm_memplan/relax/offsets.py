@@ -168,7 +168,7 @@ def byte_offset(expr: relax.Expr, offsets: dict[relax.Var, int]) -> int | None:
 def _baked(func: tirx.PrimFunc, args: list[relax.Expr], offsets: dict[relax.Var, int]) -> dict[int, int]:
     """Parameter index -> constant elem_offset, for each symbolic offset whose argument's byte offset is known."""
     baked = {}
-    for index, (param, arg) in enumerate(zip(func.params, args)):
+    for index, (param, arg) in enumerate(zip(func.params, args, strict=True)):
         if not tir_buffer.is_buffer_var(param) or not isinstance(param.ty.elem_offset, tirx.Var):
             continue
         dtype = tvm_ffi.dtype(str(param.dtype))

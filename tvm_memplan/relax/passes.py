@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import tvm
 from tvm import relax
@@ -100,7 +100,7 @@ def plan_function(
         kernel_steps = sorted(step for step in group_of if step not in removed_steps)
         new_func = new_func.with_attr(GROUPS_ATTR, [group_of[step] for step in kernel_steps])
     arenas = []
-    for arena, plan, bound in zip(plan_input.arenas, plans, bounds):
+    for arena, plan, bound in zip(plan_input.arenas, plans, bounds, strict=True):
         alias_of = arena.problem.aliases
         arenas.append(
             {
@@ -122,7 +122,7 @@ def plan_function(
                         "alias_of": alias_of.get(i, (None, 0))[0],
                         "alias_delta": alias_of.get(i, (None, 0))[1],
                     }
-                    for i, (site, buffer, offset) in enumerate(zip(arena.sites, arena.problem.buffers, plan.offsets))
+                    for i, (site, buffer, offset) in enumerate(zip(arena.sites, arena.problem.buffers, plan.offsets, strict=True))
                 ],
             }
         )

@@ -6,8 +6,8 @@ Runs after ``RewriteDataflowReshape`` (reshapes are views by then) and before
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
 
 import tvm
 from tvm import relax, tirx

@@ -82,7 +82,7 @@ def WriteTilesInPlace() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's 
         updates = {}
         for gvar, func in relax_functions(mod):
             blocks = [_rewrite_block(block, mod, builder) for block in func.body.blocks]
-            if any(new is not old for new, old in zip(blocks, func.body.blocks)):
+            if any(new is not old for new, old in zip(blocks, func.body.blocks, strict=True)):
                 updates[gvar] = with_blocks(func, blocks)
         if not updates:
             return mod

@@ -10,8 +10,8 @@ is met, or the time is up.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .chain import Chain, SpatialChain, SplitChoice
 from .simulate import Peak, Program, peak, split_program

@@ -61,7 +61,7 @@ def _int8_comparison(plan: ModelPlan, inputs: dict[str, np.ndarray], outputs: li
     allowed = tolerances(plan.model.onnx_model, inputs, reference)
     if not allowed or any(t is None for t in allowed):
         return None
-    diff = max(lsb_difference(a, r, t.scale) for a, r, t in zip(outputs, reference, allowed))
+    diff = max(lsb_difference(a, r, t.scale) for a, r, t in zip(outputs, reference, allowed, strict=True))
     return diff, min(t.lsb for t in allowed)  # several outputs: the strictest tolerance
 
 
@@ -93,9 +93,9 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
     if stock:
         stock_outputs, _ = run_vm(plan.build_stock(), inputs, device)
         identical = len(outputs) == len(stock_outputs) and all(
-            a.shape == b.shape and np.array_equal(a, b) for a, b in zip(outputs, stock_outputs)
+            a.shape == b.shape and np.array_equal(a, b) for a, b in zip(outputs, stock_outputs, strict=True)
         )
-        diff_stock = max((float(np.max(np.abs(a - b))) for a, b in zip(outputs, stock_outputs) if a.size), default=0.0)
+        diff_stock = max((float(np.max(np.abs(a - b))) for a, b in zip(outputs, stock_outputs, strict=False) if a.size), default=0.0)
         if not identical:
             problems.append(f"outputs differ from TVM's stock pipeline (max |diff| {diff_stock:.3g})")
 
@@ -103,14 +103,14 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
     lsb_diff, lsb_tolerance = None, None
     reference = _onnxruntime_outputs(plan, inputs)
     if reference is not None:
-        diff_ort = max((float(np.max(np.abs(a - r))) for a, r in zip(outputs, reference) if a.size), default=0.0)
+        diff_ort = max((float(np.max(np.abs(a - r))) for a, r in zip(outputs, reference, strict=True) if a.size), default=0.0)
         lsb = _int8_comparison(plan, inputs, outputs, reference)
         if lsb is not None:
             lsb_diff, lsb_tolerance = lsb
             if lsb_diff > lsb_tolerance:
                 problems.append(f"outputs differ from onnxruntime by {lsb_diff} LSB, more than its own spread "
                                 f"(optimized vs unoptimized, at least 2): {lsb_tolerance} LSB")
-        elif not all(np.allclose(a, r, rtol=rtol, atol=atol) for a, r in zip(outputs, reference)):
+        elif not all(np.allclose(a, r, rtol=rtol, atol=atol) for a, r in zip(outputs, reference, strict=True)):
             problems.append(f"outputs differ from onnxruntime beyond rtol={rtol}, atol={atol} (max |diff| {diff_ort:.3g})")
 
     main = plan.main

@@ -25,8 +25,9 @@ from __future__ import annotations
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import onnx
 

@@ -29,9 +29,9 @@ Conventions
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 import onnx

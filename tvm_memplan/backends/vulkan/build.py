@@ -76,6 +76,6 @@ def build_vulkan(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Mo
     with tempfile.TemporaryDirectory(prefix="tvm_memplan_vulkan_") as scratch:
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             binaries = list(pool.map(lambda k: compile_glsl(k, Path(scratch)), kernels))
-    shaders = {k.name: shader_bytes(b) for k, b in zip(kernels, binaries)}
+    shaders = {k.name: shader_bytes(b) for k, b in zip(kernels, binaries, strict=True)}
     glsl = "\n".join(f"// kernel {k.name}\n{k.glsl}" for k in kernels)
     return tvm_ffi.get_global_func(RUNTIME_FACTORY)(shaders, "vulkan", function_info(kernels), {"glsl": glsl, "": glsl})

@@ -286,7 +286,7 @@ def _concat_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> l
             continue
         post, _, end = _follow(index, binding.var, comp, j, min(b.branch.units for _, b in members))
         inputs = [binding.var] + [p.var for p in post[:-1]]
-        if any(isinstance(a, relax.Var) and not a.same_as(x) for p, x in zip(post, inputs) for a in p.value.args):
+        if any(isinstance(a, relax.Var) and not a.same_as(x) for p, x in zip(post, inputs, strict=True) for a in p.value.args):
             continue  # each branch is emitted where its head was: shared operators take constants only
         last = post[-1].var if post else binding.var
         tail = index.bindings[end].var.name if _reduces(index, end, last, comp) else None

@@ -39,7 +39,7 @@ def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
         v for b in links for v in relax.analysis.free_vars(b.value) if v not in defined
     ))
     params = [relax.Var(v.name, v.ty) for v in externals]
-    remap = dict(zip(externals, params))
+    remap = dict(zip(externals, params, strict=True))
     bb = relax.BlockBuilder()
     with bb.function("main", params):
         with bb.dataflow():
