@@ -22,6 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
+
 def _early_isa(argv: list[str]) -> str:
     """``--isa`` read before numpy loads: OpenBLAS picks its kernels once, at import."""
     parser = argparse.ArgumentParser(add_help=False)
@@ -111,9 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--no-accuracy", action="store_true")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tvm_memplan")
-    parser.add_argument("--isa", choices=bench.ISAS, default="native", help="native kernels, or AVX2 ones on an AVX-512 CPU")
-    parser.add_argument("--networks", action="store_true",
-                        help="also the default quantize command on unseen scikit-learn networks (a few minutes)")
+    parser.add_argument(
+        "--isa", choices=bench.ISAS, default="native", help="native kernels, or AVX2 ones on an AVX-512 CPU"
+    )
+    parser.add_argument(
+        "--networks",
+        action="store_true",
+        help="also the default quantize command on unseen scikit-learn networks (a few minutes)",
+    )
     args = parser.parse_args(argv)
 
     start = time.time()

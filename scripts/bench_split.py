@@ -98,8 +98,11 @@ def markdown(rows: list[dict], budget: float) -> str:
     for r in rows:
         before, after = r["before"], r["after"]
         beyond = r["beyond"]
-        front = (f"{r['coarse_arena'] / beyond.peak_bytes:.2f}x at {beyond.latency_ms / r['original_ms'] - 1:+.1%}"
-                 if beyond else "—")
+        front = (
+            f"{r['coarse_arena'] / beyond.peak_bytes:.2f}x at {beyond.latency_ms / r['original_ms'] - 1:+.1%}"
+            if beyond
+            else "—"
+        )
         lines.append(
             f"| {r['model']} | {r['coarse_arena'] / 1024:.1f} | {r['split_arena'] / 1024:.1f} | "
             f"{r['coarse_arena'] / r['split_arena']:.2f}x | {before[0]:.3f} ({before[1]:.3f}) | {after[0]:.3f} ({after[1]:.3f}) | "

@@ -54,10 +54,12 @@ def row(spec: str, target: str) -> str:
     seconds = time.perf_counter() - start
     stock, memplan = results["stock"], results["memplan"]
     equal = "yes" if memplan.requested_bytes == memplan.planned_bytes else "NO"
-    return (f"| {spec.removeprefix('zoo:')} | {'yes' if stock.correct else 'NO'} / {'yes' if memplan.correct else 'NO'} "
-            f"| {max(stock.max_abs_diff, memplan.max_abs_diff):.1e} | {stock.requested_bytes / 1024:,.1f} "
-            f"| {memplan.requested_bytes / 1024:,.1f} | {equal} | {memplan.zero_offset_calls} | {stock.latency_ms:,.1f} / {memplan.latency_ms:,.1f} "
-            f"| {seconds:,.0f} |")
+    return (
+        f"| {spec.removeprefix('zoo:')} | {'yes' if stock.correct else 'NO'} / {'yes' if memplan.correct else 'NO'} "
+        f"| {max(stock.max_abs_diff, memplan.max_abs_diff):.1e} | {stock.requested_bytes / 1024:,.1f} "
+        f"| {memplan.requested_bytes / 1024:,.1f} | {equal} | {memplan.zero_offset_calls} | {stock.latency_ms:,.1f} / {memplan.latency_ms:,.1f} "
+        f"| {seconds:,.0f} |"
+    )
 
 
 CI_OPTIONS = {"order": "program", "time_budget": 1.0}
@@ -72,9 +74,11 @@ def memplan_row(spec: str, target: str) -> str:
     except (UserError, RuntimeError, AssertionError) as exc:
         return f"| {spec.removeprefix('zoo:')} | failed: {error_line(exc)[:160]} | | | | |"
     seconds = time.perf_counter() - start
-    return (f"| {spec.removeprefix('zoo:')} | {'yes' if result.ok else 'NO: ' + '; '.join(result.problems)[:120]} "
-            f"| {result.max_abs_diff_vs_onnxruntime:.1e} | {'yes' if result.trace_matches_plan else 'NO'} "
-            f"| {result.zero_offset_calls} | {seconds:,.0f} |")
+    return (
+        f"| {spec.removeprefix('zoo:')} | {'yes' if result.ok else 'NO: ' + '; '.join(result.problems)[:120]} "
+        f"| {result.max_abs_diff_vs_onnxruntime:.1e} | {'yes' if result.trace_matches_plan else 'NO'} "
+        f"| {result.zero_offset_calls} | {seconds:,.0f} |"
+    )
 
 
 def main() -> None:
@@ -113,7 +117,7 @@ def main() -> None:
             "",
             "| model | correct stock / memplan | max abs diff | stock requested KiB | memplan requested KiB | = plan | `ensure_zero_offset` | latency ms stock / memplan | wall s |",
             "|---|---|---|---|---|---|---|---|---|",
-            ]
+        ]
         make_row = row
     for spec in args.models:
         lines.append(make_row(spec, args.target))

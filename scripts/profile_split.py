@@ -66,8 +66,12 @@ def launches(mod: tvm.IRModule, target: tvm.target.Target) -> int:
     """Kernel calls of ``main`` after TVM's legalization and fusion."""
     with target:
         fused = tvm.transform.Sequential(stage_passes(target).dataflow)(mod)
-    return sum(1 for block in fused["main"].body.blocks for b in block.bindings
-               if isinstance(b.value, relax.Call) and any(b.value.op.same_as(op) for op in _KERNEL_CALLS))
+    return sum(
+        1
+        for block in fused["main"].body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and any(b.value.op.same_as(op) for op in _KERNEL_CALLS)
+    )
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -89,8 +93,15 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int) -> list[
     for name in names:
         chain = chains[name]
         alone = chain_module(mod, chain)
-        row = {"chain": name, "kind": chain.kind, "unsplit": {
-            "peak": peak(program).bytes, "launches": launches(alone, target), "macs": reduction_steps(alone)}}
+        row = {
+            "chain": name,
+            "kind": chain.kind,
+            "unsplit": {
+                "peak": peak(program).bytes,
+                "launches": launches(alone, target),
+                "macs": reduction_steps(alone),
+            },
+        }
         for count in parts:
             choice = [SplitChoice(chain, count)]
             split_alone = split_chains(alone, choice)
@@ -125,8 +136,10 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int) -> str:
     ]
     for row in rows:
         base = row["unsplit"]
-        lines.append(f"| {row['chain']} ({row['kind']}) | 1 | {base['peak'] / 1024:.1f} | {base['launches']} | "
-                     f"{base['macs'] / 1e6:.2f} | | |")
+        lines.append(
+            f"| {row['chain']} ({row['kind']}) | 1 | {base['peak'] / 1024:.1f} | {base['launches']} | "
+            f"{base['macs'] / 1e6:.2f} | | |"
+        )
         for count in parts:
             r = row[count]
             (cb, ca), (mb, ma) = r["chain_ms"], r["model_ms"]

@@ -66,7 +66,10 @@ def _sequential(passes: list, mod: tvm.IRModule, target: tvm.target.Target) -> t
 
 
 def plan_model(
-    model: LoadedModel, target: Any = None, prepare: Callable[[tvm.IRModule], tvm.IRModule] | None = None, **options: Any
+    model: LoadedModel,
+    target: Any = None,
+    prepare: Callable[[tvm.IRModule], tvm.IRModule] | None = None,
+    **options: Any,
 ) -> ModelPlan:
     """Import ``model``, run TVM's passes up to memory planning, reorder, and plan its arenas.
 

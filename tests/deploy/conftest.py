@@ -16,8 +16,10 @@ from tvm_memplan.deploy.rpc import LocalFarm, start_farm
 
 FARM_LIFETIME_S = 3600  # the servers also exit when this test process is gone; a loaded CI run takes 25 min
 
-needs_aarch64_gxx = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
-                                       reason="aarch64-linux-gnu-g++ missing (Debian: g++-aarch64-linux-gnu)")
+needs_aarch64_gxx = pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-g++") is None,
+    reason="aarch64-linux-gnu-g++ missing (Debian: g++-aarch64-linux-gnu)",
+)
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -40,9 +40,21 @@ def arm64_farm():
 def test_build_and_measure_on_the_emulated_arm64_device(capsys, tmp_path, arm64_farm, target):
     artifact = tmp_path / f"{target}.so"
     run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(artifact), "--target", target)
-    report = run_cli_json(capsys, "measure", str(artifact), "--rpc-tracker", arm64_farm.tracker, "--rpc-key",
-                          "arm64-emu", "--repeat", "1", "--min-repeat-ms", "1",
-                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = run_cli_json(
+        capsys,
+        "measure",
+        str(artifact),
+        "--rpc-tracker",
+        arm64_farm.tracker,
+        "--rpc-key",
+        "arm64-emu",
+        "--repeat",
+        "1",
+        "--min-repeat-ms",
+        "1",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    )["memplan"]
     assert report["correct"], report["max_abs_diff"]
     assert report["requested_bytes"] == report["planned_bytes"]
     assert report["device"] == f"rpc:arm64-emu@{arm64_farm.tracker}"
@@ -54,8 +66,20 @@ def test_default_schedules_are_correct_on_aarch64(capsys, tmp_path, arm64_farm, 
     the emulated device with onnxruntime's outputs and the planned allocations."""
     artifact = tmp_path / f"{model}.so"
     run_cli_json(capsys, "build", f"zoo:{model}", "-o", str(artifact), "--target", "llvm-aarch64")
-    report = run_cli_json(capsys, "measure", str(artifact), "--rpc-tracker", arm64_farm.tracker, "--rpc-key",
-                          "arm64-emu", "--repeat", "1", "--min-repeat-ms", "1",
-                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = run_cli_json(
+        capsys,
+        "measure",
+        str(artifact),
+        "--rpc-tracker",
+        arm64_farm.tracker,
+        "--rpc-key",
+        "arm64-emu",
+        "--repeat",
+        "1",
+        "--min-repeat-ms",
+        "1",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    )["memplan"]
     assert report["correct"], report["max_abs_diff"]
     assert report["requested_bytes"] == report["planned_bytes"]

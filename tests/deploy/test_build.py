@@ -64,8 +64,18 @@ def test_cuda_artifact_compiles_without_a_gpu(capsys, tmp_path):
 
 @pytest.mark.skipif(not tvm.cuda().exist, reason="no CUDA GPU on this machine")
 def test_cuda_runs_and_matches_the_reference(capsys, tmp_path):
-    report = run_cli_json(capsys, "measure", "zoo:mcu_cnn", "--target", "cuda", "--compare", "--repeat", "3",
-                          "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(
+        capsys,
+        "measure",
+        "zoo:mcu_cnn",
+        "--target",
+        "cuda",
+        "--compare",
+        "--repeat",
+        "3",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    )
     for pipeline in ("stock", "memplan"):
         assert report[pipeline]["correct"]
         assert report[pipeline]["requested_bytes"] == report[pipeline]["planned_bytes"]
@@ -89,16 +99,29 @@ def _make_and_run(directory, compiler: str, runner: list[str]) -> str:
 
 def test_emit_c_compiles_with_gcc_and_the_example_passes(capsys, tmp_path):
     out_dir = tmp_path / "mcu_c"
-    run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(tmp_path / "m.so"), "--target", "c", "--emit-c", str(out_dir))
-    for name in ("kernels.c", "kernels.h", "tvm_memplan_runtime.c", "example_main.c", "example_data.h", "Makefile",
-                 "README.md", "include/tvm/ffi/c_api.h", "include/dlpack/dlpack.h"):
+    run_cli_json(
+        capsys, "build", "zoo:mcu_cnn", "-o", str(tmp_path / "m.so"), "--target", "c", "--emit-c", str(out_dir)
+    )
+    for name in (
+        "kernels.c",
+        "kernels.h",
+        "tvm_memplan_runtime.c",
+        "example_main.c",
+        "example_data.h",
+        "Makefile",
+        "README.md",
+        "include/tvm/ffi/c_api.h",
+        "include/dlpack/dlpack.h",
+    ):
         assert (out_dir / name).is_file(), name
     assert "Calling convention" in (out_dir / "kernels.h").read_text()
     assert _make_and_run(out_dir, "gcc", []).startswith("PASS ")
 
 
-@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
-                    reason="aarch64-linux-gnu-gcc or qemu-aarch64 missing (Debian: gcc-aarch64-linux-gnu qemu-user)")
+@pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
+    reason="aarch64-linux-gnu-gcc or qemu-aarch64 missing (Debian: gcc-aarch64-linux-gnu qemu-user)",
+)
 def test_emit_c_cross_compiles_and_runs_under_qemu(capsys, tmp_path):
     out_dir = tmp_path / "mlp_c"
     run_cli_json(capsys, "build", "zoo:mlp?hidden=32", "-o", str(tmp_path / "m.so"), "--emit-c", str(out_dir))

@@ -11,7 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm_memplan.lq.quantizer import LQQuantizer
 
 
-def mlp(sizes: tuple[int, ...] = (40, 24, 6), batch: int | str = 1, seed: int = 0, relu: bool = True) -> onnx.ModelProto:
+def mlp(
+    sizes: tuple[int, ...] = (40, 24, 6), batch: int | str = 1, seed: int = 0, relu: bool = True
+) -> onnx.ModelProto:
     """Gemm/activation stack: the shape every dense test needs (bias folding, {0,1} and ±1 inputs)."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], []

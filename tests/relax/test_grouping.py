@@ -70,7 +70,7 @@ def test_one_group_keeps_a_layers_tensors_apart(target):
     """The first layer's four kernels run together: none of their outputs may share bytes."""
     _, report = compile_grouped(branches(), target, 1)
     (arena,) = report.arenas
-    (first, *_), = [arena["concurrent"][:1]]
+    ((first, *_),) = [arena["concurrent"][:1]]
     inside = [t for t in arena["tensors"] if t["start"] < first[1] and first[0] < t["end"]]
     assert len(inside) >= 4
     spans = sorted((t["offset"], t["offset"] + t["bytes"]) for t in inside)

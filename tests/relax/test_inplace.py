@@ -95,7 +95,11 @@ def test_kernels_called_in_place_keep_noalias_and_compute_the_same(target):
     assert report.inplace_ops >= 1
     with target:
         mod = tvm.transform.Sequential([tvm_memplan.relax.ArenaPlanBlockMemory()])(staged(residual_block(), target))
-    noalias = {gv.name_hint: bool(f.attrs["tirx.noalias"]) for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    noalias = {
+        gv.name_hint: bool(f.attrs["tirx.noalias"])
+        for gv, f in mod.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    }
     assert all(noalias.values()), noalias
     inputs = [random_input((64, 64))]
     np.testing.assert_allclose(run_vm(planned, inputs)[0][0], run_vm(stock, inputs)[0][0], rtol=1e-5, atol=1e-6)

@@ -13,8 +13,13 @@ from .programs import inverted_residual
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 12), st.integers(1, 16), st.integers(1, 64), st.lists(st.floats(-0.05, 1.0), min_size=6, max_size=6),
-       st.floats(0.0, 0.3))
+@given(
+    st.integers(1, 12),
+    st.integers(1, 16),
+    st.integers(1, 64),
+    st.lists(st.floats(-0.05, 1.0), min_size=6, max_size=6),
+    st.floats(0.0, 0.3),
+)
 def test_search_never_raises_the_peak_nor_breaks_the_budget(expand, width, rows, costs, budget):
     """Splitting can raise a peak (the chain's input stays live across its tiles); the search
     keeps only moves that lower it, within the budget."""

@@ -36,8 +36,12 @@ def progress_display(counted: bool = True) -> AbstractContextManager[Progress | 
     (None otherwise: logs and pipes stay clean). ``counted``: show done/total."""
     if not sys.stderr.isatty():
         return nullcontext(None)
-    columns = [TextColumn("{task.description}"), BarColumn(), *([MofNCompleteColumn()] if counted else []),
-               TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        *([MofNCompleteColumn()] if counted else []),
+        TimeElapsedColumn(),
+    ]
     return Progress(*columns, console=Console(file=sys.stderr), transient=True)
 
 
@@ -52,8 +56,11 @@ def split_search_progress(seconds: float) -> Iterator[Callable[[int, int], None]
         started = monotonic()
 
         def progress(timed: int, peak_bytes: int) -> None:
-            bar.update(task, completed=min(monotonic() - started, seconds),
-                       description=f"split search: {timed} candidates timed, lowest peak {human_bytes(peak_bytes)}")
+            bar.update(
+                task,
+                completed=min(monotonic() - started, seconds),
+                description=f"split search: {timed} candidates timed, lowest peak {human_bytes(peak_bytes)}",
+            )
 
         yield progress
 

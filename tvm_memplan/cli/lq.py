@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "each layer's bits, error and reason.",
     )
     quantize.add_argument("model", type=Path, help="ONNX model")
-    quantize.add_argument("--calib", type=Path, required=True, help=".npz with one (samples, ...) array per model input")
+    quantize.add_argument(
+        "--calib", type=Path, required=True, help=".npz with one (samples, ...) array per model input"
+    )
     quantize.add_argument("--wbits", type=int, default=2, help="weight bits, 1-4 (default 2)")
     quantize.add_argument("--abits", type=int, default=2, help="activation bits, 1-4 (default 2)")
     quantize.add_argument(
@@ -54,7 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="activation codes: {0,1} for non-negative inputs and ±1 otherwise (auto, default), or forced",
     )
-    quantize.add_argument("--keep-first-last", action="store_true", help="leave the first and last dense layer in float")
+    quantize.add_argument(
+        "--keep-first-last", action="store_true", help="leave the first and last dense layer in float"
+    )
     quantize.add_argument(
         "--edge-bits",
         type=int,
@@ -65,19 +69,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     quantize.add_argument("--batch", type=int, default=1, help="batch size for a dynamic batch dimension (default 1)")
     add_target(quantize, note=f"quantize builds for {', '.join(TARGETS)} (cross-compiled)")
-    quantize.add_argument("--trials", type=int, default=0, metavar="N",
-                          help="MetaSchedule trials per LQ kernel (default 0: the hand schedule)")
+    quantize.add_argument(
+        "--trials",
+        type=int,
+        default=0,
+        metavar="N",
+        help="MetaSchedule trials per LQ kernel (default 0: the hand schedule)",
+    )
     add_deprecated_alias(quantize, "--tune-trials", "--trials", dest="trials", convert=int)
-    quantize.add_argument("--work-dir", type=Path, default=Path("lq_tuning"), metavar="DIR",
-                          help="MetaSchedule database and tuning logs, with --trials (default lq_tuning)")
+    quantize.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("lq_tuning"),
+        metavar="DIR",
+        help="MetaSchedule database and tuning logs, with --trials (default lq_tuning)",
+    )
     add_deprecated_alias(quantize, "--tune-dir", "--work-dir", dest="work_dir", convert=Path)
-    quantize.add_argument("-o", "--output", type=Path, required=True, help="library to write (.so); the report goes next to it (.json)")
+    quantize.add_argument(
+        "-o", "--output", type=Path, required=True, help="library to write (.so); the report goes next to it (.json)"
+    )
     add_json(quantize, "print the report (the JSON written next to the library) instead of the layer summary")
     int8 = quantize.add_argument_group("int8 (QDQ) instead of LQ low-bit codes")
-    int8.add_argument("--int8", action="store_true", help="write OUTPUT.onnx quantized by onnxruntime's quantize_static (QDQ, "
-                      "int8 weights per channel, MinMax on --calib) for plan/build/measure; the LQ options are ignored")
-    int8.add_argument("--activations", choices=("int8", "uint8"), default="int8", help="with --int8: activation type (default int8)")
-    int8.add_argument("--per-tensor", action="store_true", help="with --int8: one weight scale per tensor, not per channel")
+    int8.add_argument(
+        "--int8",
+        action="store_true",
+        help="write OUTPUT.onnx quantized by onnxruntime's quantize_static (QDQ, "
+        "int8 weights per channel, MinMax on --calib) for plan/build/measure; the LQ options are ignored",
+    )
+    int8.add_argument(
+        "--activations", choices=("int8", "uint8"), default="int8", help="with --int8: activation type (default int8)"
+    )
+    int8.add_argument(
+        "--per-tensor", action="store_true", help="with --int8: one weight scale per tensor, not per channel"
+    )
     quantize.set_defaults(func=run_quantize)
 
     bench = subparsers.add_parser(
@@ -91,7 +115,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--finetune", action="store_true", help="use the fine-tuning calibration mode")
     bench.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     bench.add_argument("--epochs", type=int, default=60, help="training epochs (default 60)")
-    bench.add_argument("--hidden", type=int, default=512, help="hidden units of the MLP (default 512, as in the quantizer thesis)")
+    bench.add_argument(
+        "--hidden", type=int, default=512, help="hidden units of the MLP (default 512, as in the quantizer thesis)"
+    )
     bench.add_argument(
         "--settings",
         default="32/32,4/4,3/3,2/2,1/1,1/2,2/1",
@@ -143,7 +169,9 @@ def load_onnx_module(path: Path, batch: int) -> tvm.IRModule:
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as exc:  # onnx raises several unrelated exception types
-        raise UserError(f"cannot read ONNX model {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        raise UserError(
+            f"cannot read ONNX model {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
     initializers = {init.name for init in model.graph.initializer}
     shapes = {}
     for value in model.graph.input:
@@ -173,8 +201,10 @@ def _run_int8(args: argparse.Namespace, arrays: dict) -> int:
     if args.json:
         print(json.dumps({"output": str(output), **dataclasses.asdict(report)}, indent=2))
         return 0
-    print(f"wrote {output}: {report.quantized_nodes} QuantizeLinear nodes, calibrated on {report.samples} sample(s); "
-          f"weights {report.weight_bytes_float:,} -> {report.weight_bytes_int8:,} bytes")
+    print(
+        f"wrote {output}: {report.quantized_nodes} QuantizeLinear nodes, calibrated on {report.samples} sample(s); "
+        f"weights {report.weight_bytes_float:,} -> {report.weight_bytes_int8:,} bytes"
+    )
     return 0
 
 
@@ -223,8 +253,13 @@ def run_quantize(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.update(task, description=f"quantize: {description}", completed=done, total=layers + 2)
 
-        result = quantize_module(mod, calib, config, fit_target,
-                                 progress=lambda name, done, layers: step(f"calibrating {name}", done, layers))
+        result = quantize_module(
+            mod,
+            calib,
+            config,
+            fit_target,
+            progress=lambda name, done, layers: step(f"calibrating {name}", done, layers),
+        )
         step("compiling", fitted["layers"], fitted["layers"])
         if args.target != "host":
             from ..lq.calibrate import apply_layers
@@ -272,7 +307,7 @@ def layer_summary(report: list[LayerReport], wbits: int, abits: int, float_bytes
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:
-    """"32/32,2/2,1/1" → [(32, 32), (2, 2), (1, 1)]; 32/32 is float, other widths must be 1-4."""
+    """ "32/32,2/2,1/1" → [(32, 32), (2, 2), (1, 1)]; 32/32 is float, other widths must be 1-4."""
     from ..lq.quantizer import check_bits
 
     settings = []

@@ -86,8 +86,10 @@ def output_bytes(model: onnx.ModelProto) -> int:
         tensor_type = value.type.tensor_type
         dims = [d.dim_value for d in tensor_type.shape.dim]
         if not all(dims):
-            raise UserError(f"output {value.name!r} has a dynamic shape: bind the inputs' dynamic dimensions with "
-                            "--input-shapes NAME:1x3x224x224 (or export the model with static shapes)")
+            raise UserError(
+                f"output {value.name!r} has a dynamic shape: bind the inputs' dynamic dimensions with "
+                "--input-shapes NAME:1x3x224x224 (or export the model with static shapes)"
+            )
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).itemsize
         total += int(np.prod(dims)) * itemsize
     return total
@@ -107,11 +109,14 @@ def compile_plan(plan: ModelPlan, pipeline: str) -> tvm.runtime.Executable:
             return plan.build_stock(schedule="none")
         return plan.build() if pipeline == "memplan" else plan.build_stock()
     except (RuntimeError, ValueError) as exc:
-        raise UserError(f"{plan.model.name}: TVM could not compile for {plan.target.kind.name}: {error_line(exc)}") from None
+        raise UserError(
+            f"{plan.model.name}: TVM could not compile for {plan.target.kind.name}: {error_line(exc)}"
+        ) from None
 
 
-def manifest_for(plan: ModelPlan, spec: str, target: DeployTarget, pipeline: str, tuning_dir: str | None,
-                 cross_compiler: str | None) -> Manifest:
+def manifest_for(
+    plan: ModelPlan, spec: str, target: DeployTarget, pipeline: str, tuning_dir: str | None, cross_compiler: str | None
+) -> Manifest:
     storage = plan.total("arena_bytes") if pipeline == "memplan" else plan.tvm_default_bytes
     return Manifest(
         model=model_reference(spec),

@@ -100,7 +100,9 @@ class ChainLatency:
 
         target = self.target.tvm_target()
         with target:
-            executable = tvm.compile(mod, target, relax_pipeline=pipeline(target, order="program", schedule=self.schedule))
+            executable = tvm.compile(
+                mod, target, relax_pipeline=pipeline(target, order="program", schedule=self.schedule)
+            )
         session = self.device.session
         with tempfile.TemporaryDirectory() as scratch:
             path = Path(scratch) / "chain.so"

@@ -195,8 +195,20 @@ def quantize_cli(model_path: Path, calib: Path, wbits: int, abits: int, out: Pat
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main(["quantize", str(model_path), "--calib", str(calib), "--wbits", str(wbits), "--abits", str(abits),
-                     "-o", str(out)])
+        code = main(
+            [
+                "quantize",
+                str(model_path),
+                "--calib",
+                str(calib),
+                "--wbits",
+                str(wbits),
+                "--abits",
+                str(abits),
+                "-o",
+                str(out),
+            ]
+        )
     if code != 0:
         raise RuntimeError(f"quantize exited with {code}")
     return json.loads(out.with_suffix(".json").read_text()), printed.getvalue()
@@ -252,7 +264,9 @@ def markdown(rows: Sequence[dict], settings: Sequence[tuple[int, int]] = SETTING
     """One line per network: float accuracy, then each setting's accuracy, change in points and size."""
     names = [f"W{w}A{a}" for w, a in settings]
     lines = [
-        "| network | in→out | test rows | float | " + " | ".join(f"{n} (Δ, size)" for n in names) + " | layers kept in float or widened |",
+        "| network | in→out | test rows | float | "
+        + " | ".join(f"{n} (Δ, size)" for n in names)
+        + " | layers kept in float or widened |",
         "|---|---|---:|---:|" + "---:|" * len(names) + "---|",
     ]
     for row in rows:
@@ -264,7 +278,8 @@ def markdown(rows: Sequence[dict], settings: Sequence[tuple[int, int]] = SETTING
             changed = [
                 f"L{i}:{'float' if layer['status'] != 'lq' else 'W' + str(int(layer['wbits'])) + 'A' + str(int(layer['abits']))}"
                 for i, layer in enumerate(entry["layers"])
-                if layer["status"] != "lq" or (layer.get("wbits"), layer.get("abits")) != tuple(int(c) for c in name[1:].split("A"))
+                if layer["status"] != "lq"
+                or (layer.get("wbits"), layer.get("abits")) != tuple(int(c) for c in name[1:].split("A"))
             ]
             if changed:
                 notes.append(f"{name}: {' '.join(changed)}")

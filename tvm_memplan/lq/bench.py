@@ -181,7 +181,16 @@ def accuracy_rows(
 # (rows, vectors) register tiles tried by the peak probes (the kernels' own shapes among them:
 # 16x1 is LQ's W1A1 tile); a tile with more accumulators than the ISA has vector registers is skipped.
 PEAK_TILES: tuple[tuple[int, int], ...] = (
-    (2, 2), (4, 1), (4, 2), (6, 2), (4, 3), (8, 1), (8, 2), (16, 1), (8, 3), (12, 2),
+    (2, 2),
+    (4, 1),
+    (4, 2),
+    (6, 2),
+    (4, 3),
+    (8, 1),
+    (8, 2),
+    (16, 1),
+    (8, 3),
+    (12, 2),
 )
 # Passes of a peak probe over its L1 data: long enough (~ms) that the thread launch is noise.
 PEAK_REPS = 4096
@@ -207,7 +216,12 @@ def isa_target(isa: str) -> tvm.target.Target:
         raise UserError(f"--isa must be one of {', '.join(ISAS)}, got {isa!r}")
     if not tvm.target.codegen.target_has_features("avx2", target):
         raise UserError(f"--isa avx2 needs an x86 CPU with AVX2; this one is {target.attrs['mcpu']}")
-    config = {"kind": "llvm", "mcpu": str(target.attrs["mcpu"]), "mattr": ["-avx512f"], "num-cores": int(target.attrs["num-cores"])}
+    config = {
+        "kind": "llvm",
+        "mcpu": str(target.attrs["mcpu"]),
+        "mattr": ["-avx512f"],
+        "num-cores": int(target.attrs["num-cores"]),
+    }
     return tvm.target.Target(config)
 
 
@@ -350,9 +364,7 @@ def read_bandwidth(target: tvm.target.Target, nbytes: int, timing: Timing) -> fl
     return passes * tasks * streams * rows * lanes * 4 / (time_kernel(lib, [data, out], timing, best=True) / 1e6)
 
 
-def machine_limits(
-    target: tvm.target.Target, timing: Timing, read_sizes: Sequence[int] = READ_SIZES
-) -> dict:
+def machine_limits(target: tvm.target.Target, timing: Timing, read_sizes: Sequence[int] = READ_SIZES) -> dict:
     """Popcount step rate, FMA rate, and the warm read bandwidth per working-set size (bytes → B/s)."""
     return {
         "popcount_steps_per_s": popcount_peak(target, timing),
@@ -528,7 +540,8 @@ def run(
     target = target or default_target()
     result: dict = {"rows": [], "kernels": []}
     phases = (["training the MLP", "accuracy rows"] if accuracy else []) + (
-        ["machine limits", "kernel timings", "machine limits again"] if kernel else [])
+        ["machine limits", "kernel timings", "machine limits again"] if kernel else []
+    )
     step = iter(range(len(phases)))
 
     def report() -> None:
@@ -610,7 +623,8 @@ def markdown(result: dict) -> str:
     machine = result.get("machine")
     if machine:
         curve = ", ".join(
-            f"{_size(int(size))} {bw / 1e9:.0f}" for size, bw in sorted(machine["read_bytes_per_s"].items(), key=lambda i: int(i[0]))
+            f"{_size(int(size))} {bw / 1e9:.0f}"
+            for size, bw in sorted(machine["read_bytes_per_s"].items(), key=lambda i: int(i[0]))
         )
         lines.append(
             f"{machine.get('cpu', 'CPU')}, {machine.get('isa', 'ISA')} kernels, TVM_NUM_THREADS={machine['threads']}, "

@@ -75,8 +75,11 @@ class OrderGraph:
             for x in op.outputs:
                 definer.setdefault(x, index)
             # A view "produces" its owner again: only the first producer allocates it.
-            produced = tuple(t for t in dict.fromkeys(tensor_id(x) for x in op.outputs) if producer.setdefault(t, index) == index)
+            produced = tuple(
+                t for t in dict.fromkeys(tensor_id(x) for x in op.outputs) if producer.setdefault(t, index) == index
+            )
             outputs.append(produced)
+
         def read_ids(tensor: Hashable) -> list[int]:
             if tensor in multi:
                 return [i for owner in multi[tensor] for i in read_ids(owner)]
@@ -342,7 +345,9 @@ def _reachability(graph: OrderGraph) -> list[int]:
     return reach
 
 
-def branch_grouping_order(graph: OrderGraph, order: list[int], deadline: float, max_permutations: int = 120) -> list[int]:
+def branch_grouping_order(
+    graph: OrderGraph, order: list[int], deadline: float, max_permutations: int = 120
+) -> list[int]:
     """Seed 004: at each branch node run its branch groups contiguously in the best permutation.
 
     Branch nodes are visited top-down, then bottom-up; an improvement is kept at once.

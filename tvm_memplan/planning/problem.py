@@ -88,7 +88,9 @@ class Problem:
             if not (0 <= i < n and 0 <= j < n) or i == j:
                 raise ValueError(f"alias ({i} -> {j}) does not name two buffers")
             if delta < 0 or delta % self.alignment:
-                raise ValueError(f"alias offset {delta} of buffer {i} is not a non-negative multiple of {self.alignment}")
+                raise ValueError(
+                    f"alias offset {delta} of buffer {i} is not a non-negative multiple of {self.alignment}"
+                )
 
     def _concurrent_pairs(self) -> list[tuple[int, int]]:
         """Pairs alive in one concurrent range whose own lifetimes are disjoint.
@@ -103,7 +105,7 @@ class Problem:
         for lo, hi in self.concurrent:
             inside = [i for i, b in enumerate(self.buffers) if b.start < hi and lo < b.end]
             for a, i in enumerate(inside):
-                for j in inside[a + 1:]:
+                for j in inside[a + 1 :]:
                     if root[i] != root[j] and not self.buffers[i].lives_with(self.buffers[j]):
                         pairs.append((i, j))
         return pairs

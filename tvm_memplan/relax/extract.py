@@ -201,6 +201,4 @@ def extract_plan_input(
         }
         problem = Problem(buffers, alignment=alignment, aliases=aliases)
         arenas.append(ArenaProblem(device_index, scope, [sites[var] for var in members], problem))
-    return FunctionPlanInput(
-        arenas=arenas, unplanned=unplanned, decisions=decisions, removable_ops=removable_ops
-    )
+    return FunctionPlanInput(arenas=arenas, unplanned=unplanned, decisions=decisions, removable_ops=removable_ops)

@@ -157,14 +157,15 @@ def concat_layout(
         return None
     for axis in range(rank):
         others_match = all(
-            shape[:axis] == output_shape[:axis] and shape[axis + 1:] == output_shape[axis + 1:] for shape in input_shapes
+            shape[:axis] == output_shape[:axis] and shape[axis + 1 :] == output_shape[axis + 1 :]
+            for shape in input_shapes
         )
         if not others_match or sum(shape[axis] for shape in input_shapes) != output_shape[axis]:
             continue
         if any(dim != 1 for dim in output_shape[:axis]):
             return None  # slices along an inner axis interleave in memory
         inner = 1
-        for dim in output_shape[axis + 1:]:
+        for dim in output_shape[axis + 1 :]:
             inner *= dim
         offsets, position = [], 0
         for shape in input_shapes:
@@ -224,7 +225,9 @@ def decide_aliases(
             continue
         args = list(binding.value.args)
         arg_owners = [sole_owner(arg) for arg in args]
-        out_positions = [i for i, owner in enumerate(arg_owners) if owner is not None and first_reader.get(owner) == step]
+        out_positions = [
+            i for i, owner in enumerate(arg_owners) if owner is not None and first_reader.get(owner) == step
+        ]
         if len(out_positions) != 1:
             continue
         out_position = out_positions[0]
@@ -236,7 +239,9 @@ def decide_aliases(
             if reason is not None:
                 decisions.concats_kept[f"{out.name} = {name}(...)"] = reason
                 continue
-            offsets = concat_layout([static_shape(arg.ty) for _, arg in inputs], sites[out].shape, _itemsize(sites[out]))
+            offsets = concat_layout(
+                [static_shape(arg.ty) for _, arg in inputs], sites[out].shape, _itemsize(sites[out])
+            )
             for (i, _), delta in zip(inputs, offsets, strict=True):
                 join(arg_owners[i], out, delta)
             decisions.removed_calls.add(binding.var)

@@ -212,9 +212,7 @@ class Kernel:
 
     def _read_box(self, access: Access, domain: Mapping[str, Interval]) -> Box:
         shape = self.buffers[access.tensor]
-        return tuple(
-            (0, shape[d]) if idx is None else idx.interval(domain) for d, idx in enumerate(access.index)
-        )
+        return tuple((0, shape[d]) if idx is None else idx.interval(domain) for d, idx in enumerate(access.index))
 
     def input_boxes(self, out_box: Box) -> dict[int, Box]:
         """Argument position → box of that input needed for ``out_box`` (absent: not read)."""

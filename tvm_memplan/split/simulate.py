@@ -15,9 +15,21 @@ from dataclasses import dataclass, field
 from .chain import SPATIAL_PARTS, Branch, Chain, ChannelChain, RowChain, SpatialChain, SplitChoice, disjoint
 
 __all__ = [
-    "SPATIAL_PARTS", "Branch", "Chain", "ChannelChain", "Peak", "Program", "RowChain", "SpatialChain", "SplitChoice",
-    "Step", "disjoint", "peak", "split_program",
+    "SPATIAL_PARTS",
+    "Branch",
+    "Chain",
+    "ChannelChain",
+    "Peak",
+    "Program",
+    "RowChain",
+    "SpatialChain",
+    "SplitChoice",
+    "Step",
+    "disjoint",
+    "peak",
+    "split_program",
 ]
+
 
 @dataclass(frozen=True)
 class Step:
@@ -118,8 +130,9 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
     return Program(steps, sizes, dict(program.aliases))
 
 
-def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: dict[str, int],
-                  written: set[str]) -> list[Step]:
+def _branch_steps(
+    program: Program, choice: SplitChoice, branch: Branch, sizes: dict[str, int], written: set[str]
+) -> list[Step]:
     """A channel or row chain's branch tile by tile: its own tensors, then the ones after a concat
     (channel chains), each tile ending in the chain's final tensor."""
     chain, parts = choice.chain, choice.parts

@@ -24,8 +24,9 @@ def _bottleneck(g: GraphBuilder, x: T, planes: int, stride: int, groups: int, ba
     return g.relu(g.add(y, x))
 
 
-def resnext(name: str, layers: list[int], groups: int, base_width: int, resolution: int,
-            num_classes: int, seed: int) -> onnx.ModelProto:
+def resnext(
+    name: str, layers: list[int], groups: int, base_width: int, resolution: int, num_classes: int, seed: int
+) -> onnx.ModelProto:
     g = GraphBuilder(name, resolution, seed)
     x = g.input((1, 3, resolution, resolution))
     x = g.conv(x, 64, 7, 2, 3, bn=True, act="relu", base="conv1")

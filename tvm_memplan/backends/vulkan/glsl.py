@@ -26,14 +26,32 @@ import tvm_ffi
 from ...errors import UserError
 
 SCALAR_TYPES = {
-    "float32": "float", "float16": "float16_t", "float64": "double", "bool": "bool",
-    "int8": "int8_t", "int16": "int16_t", "int32": "int", "int64": "int64_t",
-    "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint", "uint64": "uint64_t",
+    "float32": "float",
+    "float16": "float16_t",
+    "float64": "double",
+    "bool": "bool",
+    "int8": "int8_t",
+    "int16": "int16_t",
+    "int32": "int",
+    "int64": "int64_t",
+    "uint8": "uint8_t",
+    "uint16": "uint16_t",
+    "uint32": "uint",
+    "uint64": "uint64_t",
 }
 VECTOR_PREFIX = {
-    "float32": "vec", "float16": "f16vec", "float64": "dvec", "bool": "bvec",
-    "int8": "i8vec", "int16": "i16vec", "int32": "ivec", "int64": "i64vec",
-    "uint8": "u8vec", "uint16": "u16vec", "uint32": "uvec", "uint64": "u64vec",
+    "float32": "vec",
+    "float16": "f16vec",
+    "float64": "dvec",
+    "bool": "bvec",
+    "int8": "i8vec",
+    "int16": "i16vec",
+    "int32": "ivec",
+    "int64": "i64vec",
+    "uint8": "u8vec",
+    "uint16": "u16vec",
+    "uint32": "uvec",
+    "uint64": "u64vec",
 }
 SCALAR_ARG_TYPES = ("int32", "uint32", "int64", "uint64", "float32", "float64")
 """Scalars TVM's runtime packs into 8-byte slots (``PackFuncNonBufferArg``)."""
@@ -62,23 +80,54 @@ THREAD_BUILTINS = {"threadIdx": "gl_LocalInvocationID", "blockIdx": "gl_WorkGrou
 
 # Math on floats: TIR intrinsics (``tirx.exp``) and the C names LowerIntrin turns them into (``expf``).
 UNARY_MATH = {
-    "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt", "rsqrt": "inversesqrt",
-    "tanh": "tanh", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
-    "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
-    "fabs": "abs", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "round": "roundEven",
-    "nearbyint": "roundEven", "rint": "roundEven",
+    "exp": "exp",
+    "exp2": "exp2",
+    "log": "log",
+    "log2": "log2",
+    "sqrt": "sqrt",
+    "rsqrt": "inversesqrt",
+    "tanh": "tanh",
+    "sin": "sin",
+    "cos": "cos",
+    "tan": "tan",
+    "asin": "asin",
+    "acos": "acos",
+    "atan": "atan",
+    "sinh": "sinh",
+    "cosh": "cosh",
+    "asinh": "asinh",
+    "acosh": "acosh",
+    "atanh": "atanh",
+    "fabs": "abs",
+    "floor": "floor",
+    "ceil": "ceil",
+    "trunc": "trunc",
+    "round": "roundEven",
+    "nearbyint": "roundEven",
+    "rint": "roundEven",
 }
-BINARY_MATH = {"pow": "pow", "fmin": "min", "fmax": "max", "atan2": "atan", "fmod": "tvm_fmod",
-               "copysign": "tvm_copysign"}
-HELPER_MATH = {"erf": "tvm_erf", "log10": "tvm_log10", "log1p": "tvm_log1p", "expm1": "tvm_expm1",
-               "sigmoid": "tvm_sigmoid"}
+BINARY_MATH = {
+    "pow": "pow",
+    "fmin": "min",
+    "fmax": "max",
+    "atan2": "atan",
+    "fmod": "tvm_fmod",
+    "copysign": "tvm_copysign",
+}
+HELPER_MATH = {
+    "erf": "tvm_erf",
+    "log10": "tvm_log10",
+    "log1p": "tvm_log1p",
+    "expm1": "tvm_expm1",
+    "sigmoid": "tvm_sigmoid",
+}
 
 # Helper functions by name; ``T`` is replaced by the GLSL type they are instantiated for.
 HELPERS = {
     # Abramowitz and Stegun 7.1.26, |error| < 1.5e-7: float32 rounding is of the same order.
     "tvm_erf": "T tvm_erf(T x) { T t = T(1) / (T(1) + T(0.3275911) * abs(x)); "
-               "T y = T(1) - (((((T(1.061405429) * t - T(1.453152027)) * t) + T(1.421413741)) * t - T(0.284496736)) * t "
-               "+ T(0.254829592)) * t * exp(-x * x); return sign(x) * y; }",
+    "T y = T(1) - (((((T(1.061405429) * t - T(1.453152027)) * t) + T(1.421413741)) * t - T(0.284496736)) * t "
+    "+ T(0.254829592)) * t * exp(-x * x); return sign(x) * y; }",
     "tvm_log10": "T tvm_log10(T x) { return log2(x) * T(0.30102999566398120); }",
     "tvm_log1p": "T tvm_log1p(T x) { return log(T(1) + x); }",
     "tvm_expm1": "T tvm_expm1(T x) { return exp(x) - T(1); }",
@@ -89,24 +138,55 @@ HELPERS = {
     "tvm_floormod_f": "T tvm_floormod_f(T a, T b) { return a - b * floor(a / b); }",
     "tvm_truncmod": "T tvm_truncmod(T a, T b) { return a - (a / b) * b; }",
     "tvm_floordiv": "T tvm_floordiv(T a, T b) { T q = a / b; T r = a - q * b; "
-                    "return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? q - T(1) : q; }",
+    "return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? q - T(1) : q; }",
     "tvm_floormod": "T tvm_floormod(T a, T b) { T r = a - (a / b) * b; "
-                    "return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? r + b : r; }",
+    "return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? r + b : r; }",
 }
-LANEWISE_HELPERS = ("tvm_erf", "tvm_log10", "tvm_log1p", "tvm_expm1", "tvm_sigmoid", "tvm_fmod",
-                    "tvm_floordiv_f", "tvm_floormod_f")
+LANEWISE_HELPERS = (
+    "tvm_erf",
+    "tvm_log10",
+    "tvm_log1p",
+    "tvm_expm1",
+    "tvm_sigmoid",
+    "tvm_fmod",
+    "tvm_floordiv_f",
+    "tvm_floormod_f",
+)
 """Helpers that are correct lane by lane on vectors (the others compare with scalar ``?:``)."""
 
 CMP_SCALAR = {"LT": "<", "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!="}
-CMP_VECTOR = {"LT": "lessThan", "LE": "lessThanEqual", "GT": "greaterThan", "GE": "greaterThanEqual",
-              "EQ": "equal", "NE": "notEqual"}
-ARITH = {"Add": "+", "Sub": "-", "Mul": "*", "BitwiseAnd": "&", "BitwiseOr": "|", "BitwiseXor": "^",
-         "LShift": "<<", "RShift": ">>"}
+CMP_VECTOR = {
+    "LT": "lessThan",
+    "LE": "lessThanEqual",
+    "GT": "greaterThan",
+    "GE": "greaterThanEqual",
+    "EQ": "equal",
+    "NE": "notEqual",
+}
+ARITH = {
+    "Add": "+",
+    "Sub": "-",
+    "Mul": "*",
+    "BitwiseAnd": "&",
+    "BitwiseOr": "|",
+    "BitwiseXor": "^",
+    "LShift": "<<",
+    "RShift": ">>",
+}
 CALL_BINARY = {"shift_left": "<<", "shift_right": ">>", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 OP_NAMESPACES = ("tirx.", "prim.")
 """TIR's operators are registered as ``tirx.exp`` or ``prim.if_then_else``: the printer uses the last part."""
-PASSTHROUGH_ATTRS = ("pragma_", "reduce_scope", "storage_alignment", "compute_scope", "volatile_scope",
-                     "buffer_bound", "double_buffer_scope", "async_", "device_scope")
+PASSTHROUGH_ATTRS = (
+    "pragma_",
+    "reduce_scope",
+    "storage_alignment",
+    "compute_scope",
+    "volatile_scope",
+    "buffer_bound",
+    "double_buffer_scope",
+    "async_",
+    "device_scope",
+)
 """Attributes that only annotate their body: the shader is the body."""
 
 
@@ -335,8 +415,10 @@ class _Printer:
 
     def ramp_lanes(self, e: tvm.ir.Expr) -> list[str]:
         base, stride = self.expr(e.base), self.expr(e.stride)
-        return [base if k == 0 else f"({base} + {stride} * {self.e_IntImm(tvm.tirx.IntImm(str(dtype_of(e.base)), k))})"
-                for k in range(int(e.lanes))]
+        return [
+            base if k == 0 else f"({base} + {stride} * {self.e_IntImm(tvm.tirx.IntImm(str(dtype_of(e.base)), k))})"
+            for k in range(int(e.lanes))
+        ]
 
     def e_Shuffle(self, e: tvm.ir.Expr) -> str:
         if len(e.vectors) == 1 and len(e.indices) == 1:
@@ -352,7 +434,9 @@ class _Printer:
             raise _Unsupported(f"buffer {buffer.name} that is neither an argument nor allocated in the kernel")
         return self.storage[buffer]
 
-    def element_indices(self, buffer: tvm.tirx.Var, indices: list[tvm.ir.Expr], lanes: int) -> tuple[_Storage, list[str] | str]:
+    def element_indices(
+        self, buffer: tvm.tirx.Var, indices: list[tvm.ir.Expr], lanes: int
+    ) -> tuple[_Storage, list[str] | str]:
         """The storage and, per lane, the GLSL index into it (one string when the access is whole)."""
         if len(indices) != 1:
             raise _Unsupported(f"multi-dimensional access to {buffer.name} (the buffer was not flattened)")
@@ -456,8 +540,12 @@ class _Printer:
 
     def reinterpret(self, value: tvm.ir.Expr, dtype: tvm_ffi.dtype) -> str:
         source = dtype_of(value)
-        functions = {("float32", "int32"): "floatBitsToInt", ("float32", "uint32"): "floatBitsToUint",
-                     ("int32", "float32"): "intBitsToFloat", ("uint32", "float32"): "uintBitsToFloat"}
+        functions = {
+            ("float32", "int32"): "floatBitsToInt",
+            ("float32", "uint32"): "floatBitsToUint",
+            ("int32", "float32"): "intBitsToFloat",
+            ("uint32", "float32"): "uintBitsToFloat",
+        }
         key = (str(source.with_lanes(1)), str(dtype.with_lanes(1)))
         if key not in functions:
             raise _Unsupported(f"reinterpret {source} as {dtype}")
@@ -635,8 +723,10 @@ class _Printer:
                 name = self.fresh(param.name)
                 is_bool = element.is_bool
                 gtype = "uint8_t" if is_bool else declared(glsl_type(element, f"argument {param.name}"))
-                declarations.append(f"layout(std430, set = 0, binding = {binding}) {restrict}buffer B{binding} "
-                                    f"{{ {gtype} data[]; }} {name};")
+                declarations.append(
+                    f"layout(std430, set = 0, binding = {binding}) {restrict}buffer B{binding} "
+                    f"{{ {gtype} data[]; }} {name};"
+                )
                 self.storage[param] = _Storage(f"{name}.data", element, is_bool)
                 arg_types.append("handle")
             else:
@@ -647,9 +737,11 @@ class _Printer:
                 scalars.append((param, dtype))
                 arg_types.append(dtype)
         if len(scalars) * SLOT_BYTES > self.max_push_constant_bytes:
-            raise _TooManyScalars(f"{len(scalars)} scalar arguments ({len(scalars) * SLOT_BYTES} bytes), more than the "
-                                  f"{self.max_push_constant_bytes} bytes of push constants (TVM's Vulkan runtime would pass "
-                                  "them in a uniform buffer that launches still queued overwrite)")
+            raise _TooManyScalars(
+                f"{len(scalars)} scalar arguments ({len(scalars) * SLOT_BYTES} bytes), more than the "
+                f"{self.max_push_constant_bytes} bytes of push constants (TVM's Vulkan runtime would pass "
+                "them in a uniform buffer that launches still queued overwrite)"
+            )
         if scalars:
             members = []
             for slot, (param, dtype) in enumerate(scalars):
@@ -660,7 +752,9 @@ class _Printer:
         return arg_types, declarations
 
 
-def kernel_to_glsl(name: str, func: tvm.tirx.PrimFunc, max_push_constant_bytes: int = DEFAULT_PUSH_CONSTANT_BYTES) -> Kernel:
+def kernel_to_glsl(
+    name: str, func: tvm.tirx.PrimFunc, max_push_constant_bytes: int = DEFAULT_PUSH_CONSTANT_BYTES
+) -> Kernel:
     """The GLSL compute shader of one device kernel, or a one-line UserError naming what it cannot print."""
     printer = _Printer(max_push_constant_bytes)
     try:
@@ -671,9 +765,22 @@ def kernel_to_glsl(name: str, func: tvm.tirx.PrimFunc, max_push_constant_bytes: 
     except _TooManyScalars as exc:
         raise UserError(f"Vulkan code generator: kernel {name} takes {exc}") from None
     size = printer.workgroup
-    layout = (f"layout(local_size_x = {size.get('x', 1)}, local_size_y = {size.get('y', 1)}, "
-              f"local_size_z = {size.get('z', 1)}) in;")
-    source = "\n".join([HEADER, layout, *declarations, *printer.globals, *printer.helpers.values(),
-                        "void main() {", *printer.lines, "}", ""])
+    layout = (
+        f"layout(local_size_x = {size.get('x', 1)}, local_size_y = {size.get('y', 1)}, "
+        f"local_size_z = {size.get('z', 1)}) in;"
+    )
+    source = "\n".join(
+        [
+            HEADER,
+            layout,
+            *declarations,
+            *printer.globals,
+            *printer.helpers.values(),
+            "void main() {",
+            *printer.lines,
+            "}",
+            "",
+        ]
+    )
     tags = [str(t) for t in func.attrs.get("tirx.kernel_launch_params", [])]
     return Kernel(name, source, arg_types, tags)

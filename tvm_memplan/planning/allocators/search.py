@@ -86,7 +86,10 @@ class _Structure:
         sizes = [padded[i] // problem.alignment for i in index]
         lifetimes = [(problem.buffers[i].start, problem.buffers[i].end) for i in index]
         n = len(index)
-        events = sorted([(start, 1, i) for i, (start, _) in enumerate(lifetimes)] + [(end, 0, i) for i, (_, end) in enumerate(lifetimes)])
+        events = sorted(
+            [(start, 1, i) for i, (start, _) in enumerate(lifetimes)]
+            + [(end, 0, i) for i, (_, end) in enumerate(lifetimes)]
+        )
         # At equal times ends (0) sort before starts (1): lifetimes are half-open.
         neighbours: list[list[int]] = [[] for _ in range(n)]
         first, end = [0] * n, [0] * n
@@ -146,8 +149,19 @@ class _Structure:
             groups.setdefault((sizes[i], lifetimes[i], frozenset(declared[i])), []).append(i)
         twins = [group for group in groups.values() if len(group) > 1]
         return cls(
-            index, sizes, neighbours, first, end, time_sections, conflict_sections,
-            members, totals, spans, spans_of, keys, twins,
+            index,
+            sizes,
+            neighbours,
+            first,
+            end,
+            time_sections,
+            conflict_sections,
+            members,
+            totals,
+            spans,
+            spans_of,
+            keys,
+            twins,
         )
 
     def __len__(self) -> int:

@@ -16,6 +16,13 @@ from .program import program_of
 from .rewrite import split_chains
 
 __all__ = [
-    "FunctionIndex", "axis_graph", "chain_module", "chain_signature", "describe_tensors", "find_chains", "normalize",
-    "program_of", "split_chains",
+    "FunctionIndex",
+    "axis_graph",
+    "chain_module",
+    "chain_signature",
+    "describe_tensors",
+    "find_chains",
+    "normalize",
+    "program_of",
+    "split_chains",
 ]

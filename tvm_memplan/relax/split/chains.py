@@ -82,8 +82,13 @@ class FunctionIndex:
         for i, b in enumerate(bindings):
             for var in relax.analysis.free_vars(b.value):
                 uses.setdefault(var, []).append(i)
-        return cls(bindings, uses, set(relax.analysis.free_vars(func.body.body)),
-                   {b.var: i for i, b in enumerate(bindings)}, axis_graph(mod)[0])
+        return cls(
+            bindings,
+            uses,
+            set(relax.analysis.free_vars(func.body.body)),
+            {b.var: i for i, b in enumerate(bindings)},
+            axis_graph(mod)[0],
+        )
 
     def single_consumer(self, var: relax.Var) -> int | None:
         users = self.uses.get(var, [])
@@ -101,8 +106,12 @@ class FunctionIndex:
     def escaping(self, members: list[int]) -> list[relax.Var]:
         """Tensors of the bindings ``members`` that the rest of the program reads (or returns)."""
         inside = set(members)
-        return [self.bindings[k].var for k in members if self.bindings[k].var in self.outputs
-                or any(u not in inside for u in self.uses.get(self.bindings[k].var, []))]
+        return [
+            self.bindings[k].var
+            for k in members
+            if self.bindings[k].var in self.outputs
+            or any(u not in inside for u in self.uses.get(self.bindings[k].var, []))
+        ]
 
 
 def find_chains(mod: tvm.IRModule) -> list[Chain]:
@@ -111,8 +120,12 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
     the per-channel operators after it), row chains and spatial chains."""
     index = FunctionIndex.of(mod)
     branches = _channel_branches(index)
-    return [*_channel_chains(index, branches), *_concat_chains(index, branches), *_row_chains(index),
-            *_spatial_chains(index)]
+    return [
+        *_channel_chains(index, branches),
+        *_concat_chains(index, branches),
+        *_row_chains(index),
+        *_spatial_chains(index),
+    ]
 
 
 # Channel chains
@@ -146,8 +159,9 @@ def _channel_branches(index: FunctionIndex) -> dict[int, _FoundBranch]:
             continue
         mids, units, end = _follow(index, head.var, comp, i, channels(head.var))
         last = mids[-1].var if mids else head.var
-        branch = Branch(head.var.name, tuple(m.var.name for m in mids), units, channels(last),
-                        _pool_feeding(index, value))
+        branch = Branch(
+            head.var.name, tuple(m.var.name for m in mids), units, channels(last), _pool_feeding(index, value)
+        )
         found[i] = _FoundBranch(branch, last, end, [head.var] + [m.var for m in mids])
     return found
 
@@ -161,15 +175,19 @@ def _channel_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> 
                 # the same tiles written into the last tensor, the tail run whole: as small when a
                 # pool or a stride shrank that tensor (a stem's conv -> pool), and no partial sums
                 chains.append(ChannelChain((found.branch,), None, (), None, sum(nbytes(v) for v in tensors[:-1])))
-            chains.append(ChannelChain((found.branch,), None, (), index.bindings[found.end].var.name,
-                                       sum(nbytes(v) for v in tensors)))
+            chains.append(
+                ChannelChain(
+                    (found.branch,), None, (), index.bindings[found.end].var.name, sum(nbytes(v) for v in tensors)
+                )
+            )
         elif len(tensors) > 1:
             chains.append(ChannelChain((found.branch,), None, (), None, sum(nbytes(v) for v in tensors[:-1])))
     return chains
 
 
-def _follow(index: FunctionIndex, start: relax.Var, comp: int, since: int,
-            units: int) -> tuple[list[relax.VarBinding], int, int | None]:
+def _follow(
+    index: FunctionIndex, start: relax.Var, comp: int, since: int, units: int
+) -> tuple[list[relax.VarBinding], int, int | None]:
     """Per-channel operators after ``start``: (their bindings, units, index of the consumer
     that ended the walk, if it is the only one)."""
     current, found = start, []
@@ -187,8 +205,7 @@ def _follow(index: FunctionIndex, start: relax.Var, comp: int, since: int,
         if op == CONV and nxt.value.args[0].same_as(current) and constant_value(nxt.value.args[1]) is not None:
             groups = int(nxt.value.attrs.groups)
             channels_in, channels_out = channels(current), channels(nxt.var)
-            if (groups == 1 or channels_out is None or channels_in % groups or channels_out % groups
-                    or units % groups):
+            if groups == 1 or channels_out is None or channels_in % groups or channels_out % groups or units % groups:
                 return found, units, j
             units = groups
         elif op not in PER_CHANNEL_OPS or channels(nxt.var) != channels(current):
@@ -212,11 +229,16 @@ def _closing_diamond(index: FunctionIndex, current: relax.Var, comp: int, since:
         if not reads:
             continue
         value = binding.value
-        if (op_name(value) not in ELEMENTWISE_PER_CHANNEL or channels(binding.var) != channels(current)
-                or index.component(binding.var) != comp or binding.var in index.outputs
-                or len(members) == _DIAMOND_OPS
-                or any(isinstance(a, relax.Var) and a not in pending and not index.exists_before(a, since)
-                       for a in value.args)):
+        if (
+            op_name(value) not in ELEMENTWISE_PER_CHANNEL
+            or channels(binding.var) != channels(current)
+            or index.component(binding.var) != comp
+            or binding.var in index.outputs
+            or len(members) == _DIAMOND_OPS
+            or any(
+                isinstance(a, relax.Var) and a not in pending and not index.exists_before(a, since) for a in value.args
+            )
+        ):
             return None
         members.append(binding)
         for v in reads:
@@ -234,8 +256,13 @@ def _reduces(index: FunctionIndex, j: int | None, current: relax.Var, comp: int)
     if j is None:
         return False
     value = index.bindings[j].value
-    return (op_name(value) == CONV and int(value.attrs.groups) == 1 and value.args[0].same_as(current)
-            and constant_value(value.args[1]) is not None and index.component(index.bindings[j].var) != comp)
+    return (
+        op_name(value) == CONV
+        and int(value.attrs.groups) == 1
+        and value.args[0].same_as(current)
+        and constant_value(value.args[1]) is not None
+        and index.component(index.bindings[j].var) != comp
+    )
 
 
 def _pool_head(index: FunctionIndex, value: relax.Expr) -> bool:
@@ -245,8 +272,11 @@ def _pool_head(index: FunctionIndex, value: relax.Expr) -> bool:
     if op_name(value) not in POOLS:
         return False
     source = value.args[0]
-    return isinstance(source, relax.Var) and channels(source) is not None and (
-        len(index.uses.get(source, [])) > 1 or source in index.outputs)
+    return (
+        isinstance(source, relax.Var)
+        and channels(source) is not None
+        and (len(index.uses.get(source, [])) > 1 or source in index.outputs)
+    )
 
 
 def _pool_feeding(index: FunctionIndex, conv: relax.Expr) -> str | None:
@@ -255,8 +285,7 @@ def _pool_feeding(index: FunctionIndex, conv: relax.Expr) -> str | None:
     if op_name(conv) != CONV or not isinstance(conv.args[0], relax.Var) or conv.args[0] not in index.defined_at:
         return None
     pool = index.bindings[index.defined_at[conv.args[0]]]
-    if (len(index.uses.get(pool.var, [])) != 1 or pool.var in index.outputs
-            or not _pool_head(index, pool.value)):
+    if len(index.uses.get(pool.var, [])) != 1 or pool.var in index.outputs or not _pool_head(index, pool.value):
         return None
     return pool.var.name
 
@@ -286,7 +315,11 @@ def _concat_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> l
             continue
         post, _, end = _follow(index, binding.var, comp, j, min(b.branch.units for _, b in members))
         inputs = [binding.var] + [p.var for p in post[:-1]]
-        if any(isinstance(a, relax.Var) and not a.same_as(x) for p, x in zip(post, inputs, strict=True) for a in p.value.args):
+        if any(
+            isinstance(a, relax.Var) and not a.same_as(x)
+            for p, x in zip(post, inputs, strict=True)
+            for a in p.value.args
+        ):
             continue  # each branch is emitted where its head was: shared operators take constants only
         last = post[-1].var if post else binding.var
         tail = index.bindings[end].var.name if _reduces(index, end, last, comp) else None
@@ -294,8 +327,15 @@ def _concat_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> l
             continue  # concat elimination already writes the branches into place
         joined = [binding.var] + [p.var for p in post] if tail else [binding.var] + [p.var for p in post[:-1]]
         tiles = [v for _, b in members for v in b.tensors] + joined
-        found.append(ChannelChain(tuple(b.branch for _, b in members), binding.var.name,
-                                  tuple(p.var.name for p in post), tail, sum(nbytes(v) for v in tiles)))
+        found.append(
+            ChannelChain(
+                tuple(b.branch for _, b in members),
+                binding.var.name,
+                tuple(p.var.name for p in post),
+                tail,
+                sum(nbytes(v) for v in tiles),
+            )
+        )
     return found
 
 
@@ -330,8 +370,13 @@ def row_axis(value: relax.Expr, out: relax.Var, axis_of: dict, rows: int) -> int
     if op == "relax.matmul":
         left, right = value.args
         right_shape = static_shape(right.ty)
-        if (left not in axis_of or right in axis_of or right_shape is None or len(right_shape) < 2
-                or axis_of[left] != len(static_shape(left.ty)) - 2):
+        if (
+            left not in axis_of
+            or right in axis_of
+            or right_shape is None
+            or len(right_shape) < 2
+            or axis_of[left] != len(static_shape(left.ty)) - 2
+        ):
             return None
         axis = len(shape) - 2
     elif data not in axis_of or chained != [data]:
@@ -351,14 +396,18 @@ def row_axis(value: relax.Expr, out: relax.Var, axis_of: dict, rows: int) -> int
             if int(value.attrs.axis) % len(shape) == axis:
                 return None
         elif op == "relax.reshape":
-            if tuple(static_shape(data.ty)[:axis + 1]) != tuple(shape[:axis + 1]):
+            if tuple(static_shape(data.ty)[: axis + 1]) != tuple(shape[: axis + 1]):
                 return None
         elif op == "relax.permute_dims":
-            order = ([int(a) for a in value.attrs.axes] if value.attrs.axes is not None
-                     else list(range(len(shape)))[::-1])
+            order = (
+                [int(a) for a in value.attrs.axes] if value.attrs.axes is not None else list(range(len(shape)))[::-1]
+            )
             axis = order.index(axis)
-        elif op not in ROW_OPS | ROW_GUARDS or static_shape(data.ty) != shape or not all(
-                _broadcast_or_rows(a, shape, axis, rows) for a in value.args[1:]):
+        elif (
+            op not in ROW_OPS | ROW_GUARDS
+            or static_shape(data.ty) != shape
+            or not all(_broadcast_or_rows(a, shape, axis, rows) for a in value.args[1:])
+        ):
             return None
     return axis if axis < len(shape) and shape[axis] == rows and shape[0] == 1 else None
 
@@ -385,9 +434,14 @@ def _row_chains(index: FunctionIndex) -> list[Chain]:
     found = []
     for i, head in enumerate(bindings):
         rows = sequence_rows(head.var)
-        if (rows is None or rows < 2 or op_name(head.value) != "relax.matmul"
-                or constant_value(head.value.args[1]) is None
-                or len(static_shape(head.value.args[1].ty) or ()) != 2 or sequence_rows(head.value.args[0]) != rows):
+        if (
+            rows is None
+            or rows < 2
+            or op_name(head.value) != "relax.matmul"
+            or constant_value(head.value.args[1]) is None
+            or len(static_shape(head.value.args[1].ty) or ()) != 2
+            or sequence_rows(head.value.args[0]) != rows
+        ):
             continue
         comp = index.component(head.var, 1)
         if comp is None:
@@ -410,8 +464,12 @@ def _row_chains(index: FunctionIndex) -> list[Chain]:
             continue
         names = tuple(b.var.name for b in best)
         inside = {b.var for b in best}
-        later = [index.defined_at[v] for b in best for v in relax.analysis.free_vars(b.value)
-                 if v not in inside and index.defined_at.get(v, -1) > i]
+        later = [
+            index.defined_at[v]
+            for b in best
+            for v in relax.analysis.free_vars(b.value)
+            if v not in inside and index.defined_at.get(v, -1) > i
+        ]
         anchor = bindings[max(later)].var.name if later else None
         tiles = sum(nbytes(b.var) for b in best[:-1])
         found.append(RowChain(Branch(names[0], names[1:], rows, rows), tiles, anchor))
@@ -433,8 +491,11 @@ def _row_window(value: relax.Call) -> RowWindow | None:
             return None
         kernel = static_shape(value.args[1].ty)[2]
     elif op in POOLS:
-        if (str(a.layout) != "NCHW" or str(a.out_layout or a.layout) != "NCHW"
-                or (bool(a.ceil_mode) and op != "relax.nn.max_pool2d")):
+        if (
+            str(a.layout) != "NCHW"
+            or str(a.out_layout or a.layout) != "NCHW"
+            or (bool(a.ceil_mode) and op != "relax.nn.max_pool2d")
+        ):
             return None
         kernel = int(a.pool_size[0])
     else:
@@ -516,8 +577,12 @@ def _spatial_chains(index: FunctionIndex) -> list[Chain]:
             ops.append(op)
             members.append(j)
             inside.add(binding.var)
-            if (index.escaping(members) != [binding.var] or windows < 2 or op.rows < 2
-                    or _epilogue_follows(index, binding.var)):
+            if (
+                index.escaping(members) != [binding.var]
+                or windows < 2
+                or op.rows < 2
+                or _epilogue_follows(index, binding.var)
+            ):
                 continue
             names = tuple(bindings[k].var.name for k in members)
             tiles = sum(nbytes(bindings[k].var) for k in members[:-1])
@@ -532,5 +597,8 @@ def _epilogue_follows(index: FunctionIndex, var: relax.Var) -> bool:
     """``var``'s only consumer is an elementwise operator (a bias or activation): a chain ending
     here would cut an epilogue off its convolution."""
     users = index.uses.get(var, [])
-    return (var not in index.outputs and len(users) == 1
-            and op_name(index.bindings[users[0]].value) in ELEMENTWISE_PER_CHANNEL)
+    return (
+        var not in index.outputs
+        and len(users) == 1
+        and op_name(index.bindings[users[0]].value) in ELEMENTWISE_PER_CHANNEL
+    )

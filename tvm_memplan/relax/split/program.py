@@ -39,12 +39,23 @@ def program_of(mod: tvm.IRModule) -> Program:
         op = op_name(value)
         first = _written_operand(value, var)
         fused = (
-            (op in ELEMENTWISE or op == "relax.reshape") and isinstance(first, relax.Var) and first in tensor
-            and first not in func.params and tensor[first] in sizes and first not in returned
-            and (uses.get(first, 0) == 1 or (
-                op in ELEMENTWISE and elementwise_uses[first] == uses[first]
-                and all(tensor.get(v, tensor[first]) == tensor[first] or tensor[v] not in sizes
-                        for v in relax.analysis.free_vars(value))))
+            (op in ELEMENTWISE or op == "relax.reshape")
+            and isinstance(first, relax.Var)
+            and first in tensor
+            and first not in func.params
+            and tensor[first] in sizes
+            and first not in returned
+            and (
+                uses.get(first, 0) == 1
+                or (
+                    op in ELEMENTWISE
+                    and elementwise_uses[first] == uses[first]
+                    and all(
+                        tensor.get(v, tensor[first]) == tensor[first] or tensor[v] not in sizes
+                        for v in relax.analysis.free_vars(value)
+                    )
+                )
+            )
         )
         if fused:
             target = tensor[first]
@@ -76,16 +87,18 @@ def _written_operand(value: relax.Expr, var: relax.Var) -> relax.Expr | None:
     return next((a for a in value.args if isinstance(a, relax.Var) and static_shape(a.ty) == shape), None)
 
 
-def _eliminate_concat(value: relax.Call, target: str, tensor: dict, uses: dict, sizes: dict, aliases: dict,
-                      steps: list[Step]) -> None:
+def _eliminate_concat(
+    value: relax.Call, target: str, tensor: dict, uses: dict, sizes: dict, aliases: dict, steps: list[Step]
+) -> None:
     """Inputs used only by a channel concat are written into its regions (the planner's concat
     elimination): they become the concat's tensor, alive from the first input on."""
     fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else []
     shape = static_shape(value.ty)
     if int(value.attrs.axis) % max(len(shape or ()), 1) != CHANNEL or not shape or shape[0] != 1:
         return
-    inputs = [f for f in fields
-              if isinstance(f, relax.Var) and f in tensor and uses.get(f, 0) == 1 and tensor[f] in sizes]
+    inputs = [
+        f for f in fields if isinstance(f, relax.Var) and f in tensor and uses.get(f, 0) == 1 and tensor[f] in sizes
+    ]
     if len(inputs) != len(fields):
         return
     merged = {tensor[f] for f in inputs}
