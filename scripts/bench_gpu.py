@@ -200,8 +200,10 @@ def main() -> None:
         f"{args.rounds} x {args.repeat} timings (each at least {args.min_repeat_ms} ms), the variants of a model "
         "built once and timed in interleaved rounds. Requested: the VM's `alloc_storage` "
         "calls in one run (outputs included); `= plan`: requested equals the plan (memplan's arena or "
-        "TVM's blocks, plus outputs); `ensure_zero_offset`: calls in one run (on OpenCL and Vulkan each one at a nonzero "
-        "offset copies a tensor outside the plan; free on the CPU). Correct: outputs against onnxruntime. Schedules: tvm_memplan's GPU rule "
+        "TVM's blocks, plus outputs); `ensure_zero_offset`: calls in one run (on OpenCL and Vulkan each one at a "
+        "nonzero "
+        "offset copies a tensor outside the plan; free on the CPU). Correct: outputs against onnxruntime. Schedules: "
+        "tvm_memplan's GPU rule "
         "for convolutions and pools ahead of dlight, dlight alone (the kernels TVM ships), or the LLVM build "
         "on the CPU with tvm_memplan's CPU schedules.",
         "",

@@ -136,7 +136,8 @@ def table(rows: list[dict], threads: int, cpu: str, load: tuple[float, float]) -
         lines.append(
             f"| {r['model']} | {r['float_arena']:,} | {r['int8_arena']:,} | {r['int8_bound']:,} "
             f"| {r['int8_arena'] / r['float_arena']:.3f} | {r['weights_float']:,} → {r['weights_int8']:,} "
-            f"| {r['kept_float']} | {'yes' if r['trace_ok'] else 'NO'} | {r['ms_ours_int8']:.3f} | {r['ms_ort_int8']:.3f} "
+            f"| {r['kept_float']} | {'yes' if r['trace_ok'] else 'NO'} | {r['ms_ours_int8']:.3f} | "
+            f"{r['ms_ort_int8']:.3f} "
             f"| {r['ms_ours_float']:.3f} | {r['lsb']} ({r['spread']}) | {r['top']} |"
         )
     return header + "\n".join(lines) + "\n"

@@ -45,17 +45,22 @@ def table(bench: GroupBench) -> list[str]:
     lines = [
         f"### {bench.model}",
         "",
-        f"No planning (every tensor its own memory) {mib(bench.naive_bytes)} MiB; TVM default {mib(bench.tvm_default_bytes)} MiB.",
+        f"No planning (every tensor its own memory) {mib(bench.naive_bytes)} MiB; TVM default "
+        f"{mib(bench.tvm_default_bytes)} MiB.",
         "",
-        "| setting | latency ms (IQR) | arena MiB | arena without F MiB | launches (traced) | groups | layers | identical | VM = plan |",
+        "| setting | latency ms (IQR) | arena MiB | arena without F MiB | launches (traced) | groups | layers | "
+        "identical | VM = plan |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in bench.rows:
         setting = f"groups={r.groups}" if r.groups is not None else f"{r.pipeline}, ungrouped"
         lines.append(
-            f"| {setting} | {r.latency_ms:.2f} ({r.latency_spread_ms:.2f}) | {mib(r.arena_bytes)} | {mib(r.unconstrained_arena_bytes)} "
-            f"| {r.launches} | {r.group_launches if r.group_launches is not None else '-'} | {r.layers if r.layers is not None else '-'} "
-            f"| {'yes' if r.identical else 'NO'} | {'-' if r.requested_equals_plan is None else ('yes' if r.requested_equals_plan else 'NO')} |"
+            f"| {setting} | {r.latency_ms:.2f} ({r.latency_spread_ms:.2f}) | {mib(r.arena_bytes)} | "
+            f"{mib(r.unconstrained_arena_bytes)} "
+            f"| {r.launches} | {r.group_launches if r.group_launches is not None else '-'} | "
+            f"{r.layers if r.layers is not None else '-'} "
+            f"| {'yes' if r.identical else 'NO'} | "
+            f"{'-' if r.requested_equals_plan is None else ('yes' if r.requested_equals_plan else 'NO')} |"
         )
     return lines
 
@@ -65,7 +70,8 @@ def summary(benches: list[GroupBench]) -> list[str]:
     lines = [
         "### g = 1 against the unconstrained arena",
         "",
-        "| network | g=1 arena MiB | same order without F MiB | ratio | memplan ungrouped MiB | ratio | within 5 % of both |",
+        "| network | g=1 arena MiB | same order without F MiB | ratio | memplan ungrouped MiB | ratio | within 5 % of "
+        "both |",
         "|---|---|---|---|---|---|---|",
     ]
     for bench in benches:

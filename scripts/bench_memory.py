@@ -137,7 +137,8 @@ def zoo_table(names: list[str], seconds: float) -> str:
             cells.append(f"{plan.arena_bytes / bound:.3f}")
         arena, lower = base.total("arena_bytes"), base.total("lower_bound_bytes")
         first.append(
-            f"| {name} | {base.total('tensors')} | {base.total('naive_bytes') / mib:.2f} | {base.tvm_default_bytes / mib:.2f} "
+            f"| {name} | {base.total('tensors')} | {base.total('naive_bytes') / mib:.2f} | "
+            f"{base.tvm_default_bytes / mib:.2f} "
             f"| {lower / mib:.2f} | {arena / mib:.2f} | {arena / lower:.3f} | {arena / base.tvm_default_bytes:.3f} | "
             + " | ".join(cells)
             + f" | {base.total('plan_seconds'):.2f} |"

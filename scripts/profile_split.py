@@ -5,8 +5,9 @@
 
 For each chain and number of parts: the simulated peak of the model with that chain split (nothing
 else), the chain's kernel launches after TVM's fusion, the iterations of its reduction blocks
-(multiply-adds of convolutions and matmuls, window reads of pools; row tiles recompute their halos), the chain compiled alone and timed whole and split, and the
-whole model timed unsplit and split; each pair in interleaved rounds with the default CPU schedules.
+(multiply-adds of convolutions and matmuls, window reads of pools; row tiles recompute their halos),
+the chain compiled alone and timed whole and split, and the whole model timed unsplit and split; each pair in
+interleaved rounds with the default CPU schedules.
 ``--list`` prints the model's chains instead.
 """
 
@@ -126,8 +127,10 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int) -> str:
         "",
         f"Target `host`, {platform.machine()} with {os.cpu_count()} cores, TVM_NUM_THREADS={threads}. One chain split "
         "at a time (nothing else split). Peak: the simulator's, whole model. Launches: the chain's kernels after TVM's "
-        "fusion. Reduction steps: iterations of its kernels' reduction blocks (the multiply-adds of convolutions and matmuls, the window reads of pools; halos recomputed). Times: medians over "
-        f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit and split "
+        "fusion. Reduction steps: iterations of its kernels' reduction blocks (the multiply-adds of convolutions and "
+        "matmuls, the window reads of pools; halos recomputed). Times: medians over "
+        f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit and "
+        "split "
         "side by side. Produced by `scripts/profile_split.py`.",
         "",
         "| chain | parts | peak KiB | launches | reduction steps (M) | chain alone ms: unsplit / split (added µs) "

@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build = subparsers.add_parser(
         "build",
         help="build a model into a shared library for a device (memplan pipeline)",
-        description=f"Compile MODEL for --target and write OUT.so plus OUT.so.json (its manifest). Targets: {target_help}.",
+        description=(
+            f"Compile MODEL for --target and write OUT.so plus OUT.so.json (its manifest). Targets: {target_help}."
+        ),
     )
     build.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
     build.add_argument(
@@ -340,7 +342,8 @@ def _measure_c(args: argparse.Namespace, log) -> int:
         ("max |diff|", f"{result.max_abs_diff:.3g} against {result.reference}"),
         (
             "arena in binary",
-            f"{human_bytes(result.arena_bytes)} ({'= plan' if result.arena_bytes == result.planned_arena_bytes else 'NOT the plan'}; "
+            f"{human_bytes(result.arena_bytes)} "
+            f"({'= plan' if result.arena_bytes == result.planned_arena_bytes else 'NOT the plan'}; "
             f"TVM's default plan {human_bytes(result.tvm_default_bytes)}, naive sum {human_bytes(result.naive_bytes)})",
         ),
     ]
@@ -352,7 +355,8 @@ def _measure_c(args: argparse.Namespace, log) -> int:
             ),
             (
                 "flash",
-                f"{human_bytes(result.flash_bytes)} (.text + .rodata + .data image; weights {human_bytes(result.weight_bytes)})",
+                f"{human_bytes(result.flash_bytes)} (.text + .rodata + .data image; weights "
+                f"{human_bytes(result.weight_bytes)})",
             ),
             ("instructions", f"{result.instructions:,} (qemu -icount)"),
         ]
@@ -391,7 +395,8 @@ def _print_measurements(results: dict, log_path) -> None:
         )
     if first.requested_bytes is None:
         out.print(
-            "requested bytes unknown: the server has no tvm_memplan.vm_alloc_trace (start it with tvm-memplan rpc-local)"
+            "requested bytes unknown: the server has no tvm_memplan.vm_alloc_trace (start it with tvm-memplan "
+            "rpc-local)"
         )
     logged = f"; results appended to {log_path}" if log_path is not None else ""
     out.print(f"TVM_NUM_THREADS on the device: {first.tvm_num_threads or 'unset'}{logged}")

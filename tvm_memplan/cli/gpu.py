@@ -61,7 +61,8 @@ def run_setup_gpu(args: argparse.Namespace) -> int:
             out.print(f"[bold]{r.backend}[/bold]: {r.path} ({how})")
             for dev in r.devices:
                 out.print(
-                    f"  {r.backend}({dev['index']}): {dev['name']} (max {dev['max_threads_per_block']} threads per block)"
+                    f"  {r.backend}({dev['index']}): {dev['name']} (max {dev['max_threads_per_block']} threads per "
+                    "block)"
                 )
     for r in reports:
         if r.loaded_from and Path(r.loaded_from).resolve() != Path(r.path).resolve():

@@ -48,7 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--layer-check",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="give a layer whose output error exceeds its limit one more bit, up to 4, else leave it in float (default on)",
+        help=(
+            "give a layer whose output error exceeds its limit one more bit, up to 4, else leave it in float "
+            "(default on)"
+        ),
     )
     quantize.add_argument(
         "--act-codes",

@@ -1,4 +1,5 @@
-"""Layer grouping side by side (table 1 of Oplachko's thesis, docs/design.md): latency, arena and launches per group setting.
+"""Layer grouping side by side (table 1 of Oplachko's thesis, docs/design.md): latency, arena and launches per
+group setting.
 
 Every setting is planned, built, checked against the ungrouped memplan build's outputs (they
 must be bit-identical: the kernels are the same) and timed on one device in one run, beside the

@@ -291,7 +291,8 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
             tensors.append(f"      MEMPLAN_TENSOR({arg.pointer()}, {len(arg.shape)}, {code}, {bits}, {shape_name(arg.shape)}),"
                            f"  /* {arg.name} */\n")
         body.append(f"  {{  /* {number}: {step.kernel} */\n    DLTensor t[{len(step.args)}] = {{\n{''.join(tensors)}    }};\n"
-                    f"    if (memplan_call(__tvm_ffi_{step.kernel}, t, {len(step.args)}) != 0) return {number};\n  }}\n")
+                    f"    if (memplan_call(__tvm_ffi_{step.kernel}, t, {len(step.args)}) != 0) return {number};\n  "
+                    "}}\n")
     for output, source in program.copies:
         body.append(f"  memcpy({output.pointer()}, {source.pointer()}, {source.nbytes});\n")
     max_args = max((len(s.args) for s in program.steps), default=1)
@@ -304,7 +305,8 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
     )
     report = plan.main
     return (
-        f"/* {model}: {len(program.steps)} kernel calls in the planned order (tvm-memplan, TVM {tvm.__version__} C kernels).\n"
+        f"/* {model}: {len(program.steps)} kernel calls in the planned order (tvm-memplan, TVM {tvm.__version__} C "
+        "kernels).\n"
         f" * Arena: {report.arena_bytes} bytes planned (naive sum {report.naive_bytes}, TVM's default plan "
         f"{plan.tvm_default_bytes}, lower bound {report.lower_bound_bytes}).\n"
         f" * In-place kernels and eliminated concatenations are offsets of the plan: tensors that share bytes\n"

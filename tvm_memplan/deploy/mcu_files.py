@@ -19,7 +19,8 @@ RUNTIME = """\
 #define TVM_MEMPLAN_WORKSPACE_BYTES {workspace_bytes}
 
 static char last_error[256];
-static uint8_t workspace[TVM_MEMPLAN_WORKSPACE_BYTES > 0 ? TVM_MEMPLAN_WORKSPACE_BYTES : 1] __attribute__((aligned(64)));
+static uint8_t workspace[TVM_MEMPLAN_WORKSPACE_BYTES > 0 ? TVM_MEMPLAN_WORKSPACE_BYTES : 1]
+    __attribute__((aligned(64)));
 static uint32_t workspace_top;
 
 const char* tvm_memplan_last_error(void) {{ return last_error; }}

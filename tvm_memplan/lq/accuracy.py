@@ -276,7 +276,7 @@ def markdown(rows: Sequence[dict], settings: Sequence[tuple[int, int]] = SETTING
             delta = 100 * (entry["accuracy"] - row["float"])
             cells.append(f"{100 * entry['accuracy']:.2f} % ({delta:+.2f}, {entry['size_ratio']:.3f})")
             changed = [
-                f"L{i}:{'float' if layer['status'] != 'lq' else 'W' + str(int(layer['wbits'])) + 'A' + str(int(layer['abits']))}"
+                f"L{i}:" + ("float" if layer["status"] != "lq" else f"W{int(layer['wbits'])}A{int(layer['abits'])}")
                 for i, layer in enumerate(entry["layers"])
                 if layer["status"] != "lq"
                 or (layer.get("wbits"), layer.get("abits")) != tuple(int(c) for c in name[1:].split("A"))
@@ -284,8 +284,7 @@ def markdown(rows: Sequence[dict], settings: Sequence[tuple[int, int]] = SETTING
             if changed:
                 notes.append(f"{name}: {' '.join(changed)}")
         lines.append(
-            f"| {row['network']} | {row['inputs']}→{row['outputs']} | {row['test_rows']} | {100 * row['float']:.2f} % | "
-            + " | ".join(cells)
-            + f" | {'; '.join(notes) or '-'} |"
+            f"| {row['network']} | {row['inputs']}→{row['outputs']} | {row['test_rows']} | {100 * row['float']:.2f} % "
+            "| " + " | ".join(cells) + f" | {'; '.join(notes) or '-'} |"
         )
     return "\n".join(lines)

@@ -615,7 +615,8 @@ def markdown(result: dict) -> str:
                 for key in ("popcount_bound_us", "read_bound_us", "fp32_fma_bound_us", "fp32_read_bound_us")
             )
             lines.append(
-                f"| {r['M']} | {r['N']}→{r['O']} | W{r['wbits']}A{r['abits']} | {r['lq_us']:.1f} | {r['fp32_tvm_us']:.1f} "
+                f"| {r['M']} | {r['N']}→{r['O']} | W{r['wbits']}A{r['abits']} | {r['lq_us']:.1f} | "
+                f"{r['fp32_tvm_us']:.1f} "
                 f"| {r['fp32_numpy_us']:.1f} | {r['fp32_tvm_us'] / r['lq_us']:.1f}x | {r['lq_dense_us']:.1f} "
                 f"| {r['lq_pack_us']:.1f} | {bounds} |"
             )

@@ -1,8 +1,8 @@
 """Alias groups: buffers pinned inside other buffers are planned as one block.
 
 In-place outputs share their input's bytes and concat inputs are slices of the concat output
-(docs/design.md, "In-place kernels and concat elimination"). Such a group is coalesced into one buffer — its lifetime the hull of the members',
-its size the furthest member end — planned by any allocator, then expanded back.
+(docs/design.md, "In-place kernels and concat elimination"). Such a group is coalesced into one buffer — its
+lifetime the hull of the members', its size the furthest member end — planned by any allocator, then expanded back.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Tensor lifetimes from an operator DAG and an execution order (Pisarchyk & Lee 2020; docs/design.md, "Offset arena")."""
+"""Tensor lifetimes from an operator DAG and an execution order.
+
+Pisarchyk & Lee 2020; docs/design.md, "Offset arena".
+"""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ so the result is never worse than it):
   graphs, with memoisation and pruning by the best known peak; it says when it proved optimality;
 - beam search over partial orders for large graphs (a memory-aware list scheduler at width 1),
   then the exact search on a window of operators around the peak, repeated while it improves;
-- branch grouping (the execution strategy patent, docs/design.md): at each branch node, run whole branch groups one after another in
-  the best permutation, top-down then bottom-up.
+- branch grouping (the execution strategy patent, docs/design.md): at each branch node, run whole branch groups
+  one after another in the best permutation, top-down then bottom-up.
 """
 
 from __future__ import annotations

@@ -268,7 +268,8 @@ def _concat_blocker(inputs, arg_owners, out, sites, decisions: AliasDecisions, a
     for i, arg in inputs:
         owner = arg_owners[i]
         if owner is None:
-            return f"input {getattr(arg, 'name', arg)} is not an intermediate this planner places (graph input, constant or partial view)"
+            name = getattr(arg, "name", arg)
+            return f"input {name} is not an intermediate this planner places (graph input, constant or partial view)"
         if owner in seen:
             return f"input {owner.name} appears twice"
         if owner in decisions.aliases:
