@@ -55,7 +55,8 @@ def row(spec: str, cpu: str, split_limit: int | None, scratch: Path, search_seco
     io_bytes = sum(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize for t in emitted.inputs + emitted.outputs)
     without_io = result.sram_bytes - io_bytes
     cells = [
-        spec.removeprefix("zoo:") + (f" + split ≤ {split_limit // 1024} KiB" if split_limit else ""), cpu, kib(result.arena_bytes),
+        spec.removeprefix("zoo:") + (f" + split ≤ {split_limit // 1024} KiB" if split_limit else ""),
+        cpu, kib(result.arena_bytes),
         "yes" if result.arena_bytes == emitted.arena_bytes else "NO", kib(emitted.tvm_default_bytes),
         kib(emitted.naive_bytes), kib(emitted.workspace_bytes), kib(result.stack_bytes), kib(io_bytes),
         kib(result.sram_bytes), kib(without_io), kib(result.flash_bytes), kib(emitted.weight_bytes),

@@ -59,7 +59,8 @@ def concat_onnx(tmp_path) -> str:
 
 
 def _static_arena(directory) -> int:
-    found = re.findall(r"static uint8_t memplan_arena\[(\d+)\] __attribute__\(\(aligned\(64\)\)\);", (directory / "model.c").read_text())
+    declaration = r"static uint8_t memplan_arena\[(\d+)\] __attribute__\(\(aligned\(64\)\)\);"
+    found = re.findall(declaration, (directory / "model.c").read_text())
     assert len(found) == 1
     return int(found[0])
 
@@ -112,7 +113,8 @@ def test_emulated_cortex_m_equals_onnxruntime(capsys, tmp_path, cpu):
     assert 0 < report["stack_bytes"] < sections[".stack"]
     assert report["flash_bytes"] >= report["weight_bytes"] + sections[".text"]
     assert report["instructions"] > 0
-    symbols = subprocess.run(["arm-none-eabi-nm", str(out_dir / "model.elf")], capture_output=True, text=True, check=True).stdout
+    nm = ["arm-none-eabi-nm", str(out_dir / "model.elf")]
+    symbols = subprocess.run(nm, capture_output=True, text=True, check=True).stdout
     assert "memplan_arena" in symbols and not re.search(r"\b(malloc|_sbrk|_malloc_r)\b", symbols)  # no heap at all
 
 
@@ -164,16 +166,19 @@ def test_one_line_errors(capsys, tmp_path, monkeypatch):
         ("measure", "zoo:mcu_cnn", "--device", "qemu-cortex-m7"),
     ]
     for argv in cases:
-        code, _, err = run_cli(capsys, *argv, "--log", str(tmp_path / "l.jsonl")) if argv[0] == "measure" else run_cli(capsys, *argv)
+        log = ("--log", str(tmp_path / "l.jsonl")) if argv[0] == "measure" else ()
+        code, _, err = run_cli(capsys, *argv, *log)
         assert code == 2 and err.count("\n") == 1, (argv, err)
     with pytest.raises(SystemExit) as exited:  # argparse rejects it before anything is built
-        run_cli(capsys, "build", "zoo:mcu_cnn", "--target", "cortex-m7", "--emit-c", str(out_dir), "--sram-limit", "lots")
+        run_cli(capsys, "build", "zoo:mcu_cnn", "--target", "cortex-m7", "--emit-c", str(out_dir),
+                "--sram-limit", "lots")
     assert exited.value.code == 2 and "not a byte count" in capsys.readouterr().err
     run_cli_json(capsys, "build", "zoo:mlp?hidden=16", "--target", "cortex-m7", "--emit-c", str(out_dir))
-    code, _, err = run_cli(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m4", "--log", str(tmp_path / "l.jsonl"))
+    log = str(tmp_path / "l.jsonl")
+    code, _, err = run_cli(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m4", "--log", log)
     assert code == 2 and "written for cortex-m7" in err
     monkeypatch.setattr(shutil, "which", lambda tool: None)  # neither toolchain nor qemu
-    code, _, err = run_cli(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "l.jsonl"))
+    code, _, err = run_cli(capsys, "measure", str(out_dir), "--device", "qemu-cortex-m7", "--log", log)
     assert code == 2 and err.count("\n") == 1 and "apt-get install gcc-arm-none-eabi" in err
 
 

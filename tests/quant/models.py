@@ -234,8 +234,10 @@ def torch_style_conv(seed: int = 0) -> onnx.ModelProto:
         numpy_helper.from_array(w, "w"), numpy_helper.from_array(w_scale, "w_scale"),
         numpy_helper.from_array(np.zeros(8, np.int8), "w_zp"),
         numpy_helper.from_array(_rand(rng, 8, scale=0.1), "b"),
-        numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"), numpy_helper.from_array(np.array(3, np.int8), "x_zp"),
-        numpy_helper.from_array(np.array(0.05, np.float32), "y_scale"), numpy_helper.from_array(np.array(-5, np.int8), "y_zp"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(3, np.int8), "x_zp"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "y_scale"),
+        numpy_helper.from_array(np.array(-5, np.int8), "y_zp"),
     ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),

@@ -151,7 +151,8 @@ def test_batched_matmul_is_identical_to_onnxruntime():
     from onnx import helper
 
     model = models.float_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
-                               {"w": np.random.default_rng(1).standard_normal((16, 8)) * 0.3}, {"x": [2, 5, 16]}, {"y": None})
+                               {"w": np.random.default_rng(1).standard_normal((16, 8)) * 0.3},
+                               {"x": [2, 5, 16]}, {"y": None})
     diff, lowered = compare(models.quantize_qdq(model))
     assert diff == 0 and lowered.get("dense") == 1
 

@@ -29,8 +29,8 @@ def _ops(mod) -> list[str]:
 def test_network_becomes_integer_kernels_with_int8_weights():
     mod, report = _lower(models.quantize_qdq(models.network()))
     assert not report.kept_float
-    assert report.lowered == {"quantize+conv2d": 1, "conv2d": 1, "depthwise_conv2d": 1, "conv2d+add": 1, "max_pool2d": 2,
-                              "concat": 1, "mean": 1, "reshape": 1, "dense": 1}
+    assert report.lowered == {"quantize+conv2d": 1, "conv2d": 1, "depthwise_conv2d": 1, "conv2d+add": 1,
+                              "max_pool2d": 2, "concat": 1, "mean": 1, "reshape": 1, "dense": 1}
     ops = _ops(mod)
     assert ops.count("relax.dequantize") == 1  # only the output's
     assert "relax.nn.conv2d" not in ops and "relax.quantize" not in ops
@@ -132,7 +132,8 @@ def test_every_integer_kernel_gets_a_default_cpu_schedule():
         DefaultCPUSchedule(plan.target, reports.append)(plan.planned)
     rules = reports[0].rules
     assert not reports[0].unscheduled
-    assert any(name.startswith(("fused_qconv2d", "qconv2d")) and rule == "tiled_reduction" for name, rule in rules.items())
+    assert any(name.startswith(("fused_qconv2d", "qconv2d")) and rule == "tiled_reduction"
+               for name, rule in rules.items())
     assert all(rule == "tiled_reduction" for name, rule in rules.items() if "qconv2d" in name)
     assert any("qdense" in name for name in rules)  # a 1-row dense: the generic rule, as the float one
 
@@ -165,7 +166,8 @@ def test_the_first_conv_quantizes_the_network_input_itself(pads):
     """ShuffleNetV2 and MobileNetV3 peak at their stem: the quantized input (1 byte per element)
     and the first conv's output were live together, which the float build does not have (its float
     input is a parameter, outside the arena): 0.30x of the float arena instead of 0.25x. The first
-    conv now quantizes its float input as it pads it: the arena is the conv's output only, with the same integers as onnxruntime's QuantizeLinear + QLinearConv."""
+    conv now quantizes its float input as it pads it: the arena is the conv's output only, with the
+    same integers as onnxruntime's QuantizeLinear + QLinearConv."""
     from onnx import helper
 
     from tvm_memplan.planner import plan_model

@@ -41,7 +41,8 @@ CASES = {
     "avg_pool": (lambda bb, x: relax.op.nn.avg_pool2d(x, 2, 2), (1, 8, 16, 16), None),
     "global_avg_pool": (lambda bb, x: relax.op.mean(x, axis=[2, 3], keepdims=True), (1, 32, 7, 7), "generic"),
     "dense": (
-        lambda bb, x: relax.op.matmul(x, relax.const(np.random.default_rng(2).standard_normal((64, 100)).astype("float32"))),
+        lambda bb, x: relax.op.matmul(
+            x, relax.const(np.random.default_rng(2).standard_normal((64, 100)).astype("float32"))),
         (3, 64),
         "tiled_reduction",
     ),

@@ -27,9 +27,11 @@ from .build import compile_plan, plan_for
 from .mcu import ModelC, emit_model_c
 from .targets import get_target
 
-_DEFINITION = re.compile(r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M)
+_DEFINITION = re.compile(
+    r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M)
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
-_DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1), "int8": ("int8_t", 0)}
+_DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1),
+           "int8": ("int8_t", 0)}
 """numpy dtype -> (C type, DLDataTypeCode)."""
 
 
@@ -113,7 +115,8 @@ def _example_data(name: str, func: tvm.tirx.PrimFunc, params: list[Param]) -> st
     for index, (p, array) in enumerate(zip(params, arrays, strict=True)):
         ctype, code = _DTYPES[p.dtype]
         text.append(_c_array(f"arg{index}_data", array, ctype))
-        text.append(f"static int64_t arg{index}_shape[{max(len(p.shape), 1)}] = {{{', '.join(map(str, p.shape)) or '1'}}};\n")
+        dims = ", ".join(map(str, p.shape)) or "1"
+        text.append(f"static int64_t arg{index}_shape[{max(len(p.shape), 1)}] = {{{dims}}};\n")
     ctype, _ = _DTYPES[params[-1].dtype]
     text.append(_c_array("expected_output", expected, ctype))
     text.append(f"#define EXAMPLE_NUM_ARGS {len(params)}\n#define EXAMPLE_OUTPUT_SIZE {expected.size}\n")
@@ -121,7 +124,8 @@ def _example_data(name: str, func: tvm.tirx.PrimFunc, params: list[Param]) -> st
     for index, p in enumerate(params):
         ctype, code = _DTYPES[p.dtype]
         bits = np.dtype(p.dtype).itemsize * 8
-        text.append(f"  {{arg{index}_data, {{kDLCPU, 0}}, {len(p.shape)}, {{{code}, {bits}, 1}}, arg{index}_shape, NULL, 0}},  /* {p.name}: {p.dtype}{list(p.shape)} */\n")
+        text.append(f"  {{arg{index}_data, {{kDLCPU, 0}}, {len(p.shape)}, {{{code}, {bits}, 1}}, "
+                    f"arg{index}_shape, NULL, 0}},  /* {p.name}: {p.dtype}{list(p.shape)} */\n")
     text.append("};\n")
     return "".join(text)
 
@@ -209,7 +213,7 @@ three runtime symbols they call (kernel scratch memory is a static pool).
 
 | file | what |
 |---|---|
-| `model.h`, `model.c` | `{name}_run(...)`: the {calls} kernel calls in the planned order on `memplan_arena[{arena}]` ({arena} bytes, exactly the plan) |
+| `model.h`, `model.c` | `{name}_run(...)`: {calls} kernel calls in plan order on `memplan_arena[{arena}]` (the plan) |
 | `model_weights.c` | the weights as `const` arrays ({weights} bytes) |
 | `kernels.c` | the {count} kernels (`__tvm_ffi_<name>`), unchanged TVM output |
 | `kernels.h` | calling convention, one prototype per kernel with its tensor parameters |
@@ -249,7 +253,8 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     if not runnable:
         raise UserError(f"{model.name}: no kernel with static tensor parameters to run in the example")
     # The smallest kernel that computes something from weights (3+ tensors), not a plain copy.
-    example = min(runnable, key=lambda name: (len(signatures[name]) < 3, sum(int(np.prod(p.shape)) for p in signatures[name])))
+    example = min(runnable,
+                  key=lambda name: (len(signatures[name]) < 3, sum(int(np.prod(p.shape)) for p in signatures[name])))
 
     directory.mkdir(parents=True, exist_ok=True)
     headers = _copy_headers(source, directory / "include")
@@ -259,7 +264,8 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     for name in kernels:
         params = signatures[name]
         described = ", ".join(f"{p.name}: {p.dtype}{list(p.shape)}" for p in params) if params else "see kernels.c"
-        declarations.append(f"/* {name}({described}) */\nint32_t __tvm_ffi_{name}(void* self, void* args, int32_t num_args, void* result);\n")
+        declarations.append(f"/* {name}({described}) */\n"
+                            f"int32_t __tvm_ffi_{name}(void* self, void* args, int32_t num_args, void* result);\n")
     (directory / "kernels.c").write_text(source)
     fields = {"model": model.name, "count": len(kernels), "version": tvm.__version__, "example": example}
     (directory / "kernels.h").write_text(_HEADER.format(declarations="\n".join(declarations), **fields))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,14 @@ from ..planner import ModelPlan
 from ..relax.ir_utils import static_shape
 from . import mcu_files
 
-_DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1), "int8": ("int8_t", 0)}
+_DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1),
+           "int8": ("int8_t", 0)}
 """numpy dtype -> (C type, DLDataTypeCode)."""
 _ALIGN = 64
 _WORKSPACE = re.compile(r"TVMBackendAllocWorkspace\(\s*\d+\s*,\s*\w+\s*,\s*\(uint64_t\)\s*(\d+)(?:ULL)?\s*,")
 _ANY_WORKSPACE = re.compile(r"TVMBackendAllocWorkspace\(")
-_DEFINITION = re.compile(r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M)
+_DEFINITION = re.compile(
+    r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M)
 MANIFEST = "memplan_c.json"
 """What ``measure DIR`` reads: the model, the plan's figures, inputs and outputs."""
 
@@ -134,7 +137,8 @@ def extract_program(func: relax.Function) -> CProgram:
                 if str(array.dtype) not in _DTYPES:
                     raise UserError(f"a constant of dtype {array.dtype} is not supported by the standalone C")
                 c_name = f"memplan_weight{len(weights)}"
-                weights[key] = (c_name, array, TensorRef(Storage("weight", c_name), 0, array.shape, str(array.dtype), c_name))
+                ref = TensorRef(Storage("weight", c_name), 0, array.shape, str(array.dtype), c_name)
+                weights[key] = (c_name, array, ref)
             return weights[key][2]
         raise UserError(f"kernel argument {expr} is neither a placed tensor nor a constant")
 
@@ -202,7 +206,8 @@ def extract_program(func: relax.Function) -> CProgram:
     for step in steps:
         for arg in step.args:
             if arg.storage.kind == "unplanned":
-                raise UserError(f"kernel {step.kernel} uses {arg.name}, which the plan did not place (a symbolic shape?)")
+                raise UserError(f"kernel {step.kernel} uses {arg.name}, which the plan did not place "
+                                "(a symbolic shape?)")
     return CProgram(inputs, outputs, arena_sizes, [(n, a) for n, a, _ in weights.values()], steps, copies)
 
 
@@ -210,7 +215,7 @@ def workspace_bytes(source: str, kernels: set[str]) -> int:
     """The static kernel-scratch pool: the largest sum of one kernel's workspaces, 64-byte rounded."""
     bodies = {}
     matches = list(_DEFINITION.finditer(source))
-    for match, following in zip(matches, matches[1:] + [None], strict=True):
+    for match, following in pairwise([*matches, None]):
         bodies[match.group(1)] = source[match.end(): following.start() if following else len(source)]
     largest = 0
     for kernel in kernels:
@@ -239,7 +244,8 @@ def _weights_c(model: str, program: CProgram) -> str:
     parts = [f"/* {model}: the weights, as const arrays (flash on a microcontroller). */\n#include <stdint.h>\n\n"]
     for c_name, array in program.weights:
         ctype = _DTYPES[str(array.dtype)][0]
-        parts.append(f"/* {list(array.shape)} */\nconst {ctype} {c_name}[{max(array.size, 1)}] __attribute__((aligned(64))) = {{\n  "
+        parts.append(f"/* {list(array.shape)} */\n"
+                     f"const {ctype} {c_name}[{max(array.size, 1)}] __attribute__((aligned(64))) = {{\n  "
                      f"{_c_values(array) or '0'}\n}};\n\n")
     return "".join(parts)
 
@@ -262,7 +268,8 @@ def _model_h(name: str, model: str, program: CProgram, workspace: int) -> str:
     for ref in program.outputs:
         lines.append(f" *   {ref.storage.c_name}: output {ref.dtype}{list(ref.shape)}\n")
     lines.append(" */\n")
-    lines.append(f"#ifndef {guard}\n#define {guard}\n#include <stdint.h>\n\n#ifdef __cplusplus\nextern \"C\" {{\n#endif\n\n")
+    lines.append(f"#ifndef {guard}\n#define {guard}\n#include <stdint.h>\n\n"
+                 "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n")
     upper = name.upper()
     lines.append(f"#define {upper}_ARENA_BYTES {sum(size for _, size in program.arenas)}\n")
     lines.append(f"#define {upper}_WORKSPACE_BYTES {workspace}\n")
@@ -288,11 +295,12 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
         for arg in step.args:
             _, code = _DTYPES[arg.dtype]
             bits = np.dtype(arg.dtype).itemsize * 8
-            tensors.append(f"      MEMPLAN_TENSOR({arg.pointer()}, {len(arg.shape)}, {code}, {bits}, {shape_name(arg.shape)}),"
-                           f"  /* {arg.name} */\n")
-        body.append(f"  {{  /* {number}: {step.kernel} */\n    DLTensor t[{len(step.args)}] = {{\n{''.join(tensors)}    }};\n"
+            tensors.append(f"      MEMPLAN_TENSOR({arg.pointer()}, {len(arg.shape)}, {code}, {bits}, "
+                           f"{shape_name(arg.shape)}),  /* {arg.name} */\n")
+        body.append(f"  {{  /* {number}: {step.kernel} */\n"
+                    f"    DLTensor t[{len(step.args)}] = {{\n{''.join(tensors)}    }};\n"
                     f"    if (memplan_call(__tvm_ffi_{step.kernel}, t, {len(step.args)}) != 0) return {number};\n  "
-                    "}}\n")
+                    "}\n")
     for output, source in program.copies:
         body.append(f"  memcpy({output.pointer()}, {source.pointer()}, {source.nbytes});\n")
     max_args = max((len(s.args) for s in program.steps), default=1)
@@ -301,7 +309,8 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan) -> str:
     )
     externs = "".join(f"extern const {_DTYPES[str(a.dtype)][0]} {c}[{max(a.size, 1)}];\n" for c, a in program.weights)
     shape_lines = "".join(
-        f"static const int64_t {n}[{max(len(s), 1)}] = {{{', '.join(map(str, s)) or '1'}}};\n" for s, n in shapes.items()
+        f"static const int64_t {n}[{max(len(s), 1)}] = {{{', '.join(map(str, s)) or '1'}}};\n"
+        for s, n in shapes.items()
     )
     report = plan.main
     return (
@@ -333,13 +342,15 @@ def _harness(name: str, program: CProgram) -> str:
         ctype = _DTYPES[ref.dtype][0]
         size = int(np.prod(ref.shape, dtype=np.int64))
         buffers.append(f"static {ctype} input{index}[{size}] __attribute__((aligned(64)));\n")
-        reads.append(f"  if (platform_read(\"input{index}.bin\", input{index}, sizeof(input{index})) != 0) return 100;\n")
+        reads.append(f"  if (platform_read(\"input{index}.bin\", input{index}, sizeof(input{index})) != 0) "
+                     "return 100;\n")
         call.append(f"input{index}")
     for index, ref in enumerate(program.outputs):
         ctype = _DTYPES[ref.dtype][0]
         size = int(np.prod(ref.shape, dtype=np.int64))
         buffers.append(f"static {ctype} output{index}[{size}] __attribute__((aligned(64)));\n")
-        writes.append(f"  if (platform_write(\"output{index}.bin\", output{index}, sizeof(output{index})) != 0) return 101;\n")
+        writes.append(f"  if (platform_write(\"output{index}.bin\", output{index}, sizeof(output{index})) != 0) "
+                      "return 101;\n")
         call.append(f"output{index}")
     return mcu_files.HARNESS.format(name=name, buffers="".join(buffers), reads="".join(reads),
                                     writes="".join(writes), call_args=", ".join(call))
@@ -372,8 +383,9 @@ def peak_tensors(plan: ModelPlan, limit: int = 4) -> tuple[int, list[tuple[str, 
                     best_bytes, best = total, live
     writers = _writers(plan.planned["main"])
     best = sorted(best, key=lambda t: -t["bytes"])[:limit]
-    return best_bytes, [(f"{t['name']} ({writers.get(t['name'], 'assembled in place')} {t['dtype']}{t['shape']})", t["bytes"])
-                        for t in best]
+    return best_bytes, [
+        (f"{t['name']} ({writers.get(t['name'], 'assembled in place')} {t['dtype']}{t['shape']})", t["bytes"])
+        for t in best]
 
 
 @dataclass
@@ -452,7 +464,8 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
         kernel_calls=len(program.steps),
         inputs=[{"name": r.name, "shape": list(r.shape), "dtype": r.dtype, "file": f"input{i}.bin"}
                 for i, r in enumerate(program.inputs)],
-        outputs=[{"shape": list(r.shape), "dtype": r.dtype, "file": f"output{i}.bin"} for i, r in enumerate(program.outputs)],
+        outputs=[{"shape": list(r.shape), "dtype": r.dtype, "file": f"output{i}.bin"}
+                 for i, r in enumerate(program.outputs)],
         peak_live_bytes=peak_bytes, peak_tensors=peak, split=split,
     )
     emitted.save(directory)

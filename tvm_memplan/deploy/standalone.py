@@ -30,7 +30,8 @@ DEVICES = {"host": None, "qemu-cortex-m7": "cortex-m7", "qemu-cortex-m4": "corte
 """Device name -> the target whose board it emulates (None: this machine)."""
 FLASH_SECTIONS = (".vectors", ".text", ".ARM.exidx", ".rodata", ".data")
 SRAM_SECTIONS = (".data", ".bss")
-_LINE = re.compile(r"^MEMPLAN status=(\d+) ticks=(\d+) calib_ticks=(\d+) calib_instructions=(\d+) stack_used=(\d+) stack_size=(\d+)", re.M)
+_LINE = re.compile(r"^MEMPLAN status=(\d+) ticks=(\d+) calib_ticks=(\d+) calib_instructions=(\d+) "
+                   r"stack_used=(\d+) stack_size=(\d+)", re.M)
 _ARM_PACKAGES = "Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 
 
@@ -57,7 +58,8 @@ class CMeasurement:
     kernel_calls: int
     reference: str
     error: str | None = None
-    time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    time: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
     def summary(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,18 +145,22 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
         run_cmd = [str(binary.resolve())]
     else:
         run_cmd = ["qemu-system-arm", "-M", board.machine, "-nographic", "-monitor", "none", "-serial", "none",
-                   "-semihosting-config", "enable=on,target=native", "-icount", "shift=0,sleep=off", "-kernel", binary.name]
+                   "-semihosting-config", "enable=on,target=native", "-icount", "shift=0,sleep=off",
+                   "-kernel", binary.name]
     result = _run(run_cmd, directory, timeout, f"running {binary.name} on {device}")
     printed = result.stdout + result.stderr  # qemu writes semihosting text to stderr
     found = _LINE.search(printed)
     if found is None:
         lines = (result.stderr + result.stdout).strip().splitlines()
-        raise UserError(f"{binary.name} on {device} printed no result (exit {result.returncode}): {(lines or ['no output'])[-1]}")
+        raise UserError(f"{binary.name} on {device} printed no result (exit {result.returncode}): "
+                        f"{(lines or ['no output'])[-1]}")
     status, ticks, calib_ticks, calib_instructions, stack_used, _ = (int(v) for v in found.groups())
-    error = next((line[len("MEMPLAN error: "):] for line in printed.splitlines() if line.startswith("MEMPLAN error: ")), None)
+    error = next((line.removeprefix("MEMPLAN error: ") for line in printed.splitlines()
+                  if line.startswith("MEMPLAN error: ")), None)
     reference, reference_name = reference_outputs(model, inputs)
     if status == 0:
-        outputs = [np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"]) for spec in model_c.outputs]
+        outputs = [np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"])
+                   for spec in model_c.outputs]
         correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference])
     else:
         correct, worst = False, float("inf")

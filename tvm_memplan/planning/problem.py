@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 DEFAULT_ALIGNMENT = 64
@@ -75,7 +76,7 @@ class Problem:
             raise ValueError(f"alignment must be positive, got {self.alignment}")
         n = len(self.buffers)
         self.concurrent = tuple(sorted((int(lo), int(hi)) for lo, hi in self.concurrent))
-        for (lo, hi), following in zip(self.concurrent, (*self.concurrent[1:], None), strict=True):
+        for (lo, hi), following in pairwise((*self.concurrent, None)):
             if hi <= lo or (following is not None and following[0] < hi):
                 raise ValueError(f"concurrent step ranges must be non-empty and disjoint, got {self.concurrent}")
         normalised = set(self._concurrent_pairs())

@@ -44,7 +44,8 @@ def calibration_batches(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -
     for value in inputs:
         dims = [d.dim_value if d.HasField("dim_value") else 0 for d in value.type.tensor_type.shape.dim]
         if not dims or not all(d > 0 for d in dims):
-            raise UserError(f"input {value.name!r} has a dynamic shape; export the model with static shapes to quantize it")
+            raise UserError(f"input {value.name!r} has a dynamic shape; "
+                            "export the model with static shapes to quantize it")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         array = np.asarray(arrays[value.name])
         if tuple(array.shape) == tuple(dims):
@@ -114,7 +115,8 @@ def quantize_int8(source: Path, output: Path, arrays: dict[str, np.ndarray], act
                 raise
             except Exception as exc:  # noqa: BLE001 - onnxruntime's quantizer raises many types
                 lines = [line for line in str(exc).splitlines() if line.strip()]
-                raise UserError(f"onnxruntime's quantizer failed: {lines[-1] if lines else type(exc).__name__}") from None
+                last = lines[-1] if lines else type(exc).__name__
+                raise UserError(f"onnxruntime's quantizer failed: {last}") from None
             finally:
                 partial.unlink(missing_ok=True)
     finally:

@@ -82,7 +82,8 @@ def quantize_value(value: tirx.PrimExpr, scale: float, zero_point: int, dtype: s
     return requantize(value / tirx.const(scale, "float32"), tirx.const(1.0, "float32"), zero_point, low, high, dtype)
 
 
-def _pad(x: te.Tensor, padding: Sequence[int], value: int, quantize_input: tuple[float, str] | None = None) -> te.Tensor:
+def _pad(x: te.Tensor, padding: Sequence[int], value: int,
+         quantize_input: tuple[float, str] | None = None) -> te.Tensor:
     """``x`` (NCHW) padded with ``value`` (the zero point: a real zero) by (top, left, bottom, right).
     ``quantize_input`` (scale, type): ``x`` is float32 and quantized here with zero point ``value``
     (the network input's QuantizeLinear fused into its first conv, see :func:`conv2d`)."""
@@ -283,7 +284,8 @@ def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float
 
     acc = te.compute(tuple(out_shape), accumulate, name="sum_int32")
     scale = tirx.const(multiplier, "float32")
-    return te.compute(acc.shape, lambda *i: requantize(acc[i], scale, y_zero_point, low, high, out_dtype), name="requantize")
+    return te.compute(acc.shape, lambda *i: requantize(acc[i], scale, y_zero_point, low, high, out_dtype),
+                      name="requantize")
 
 
 def avg_pool2d(x: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int], padding: Sequence[int],
@@ -317,7 +319,8 @@ def avg_pool2d(x: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int]
 
     def body(b, ch, y, xx):
         value = acc[b, ch, y, xx] / count(y, xx) / tirx.const(y_scale, "float32")
-        return _saturate(tirx.nearbyint(value + tirx.const(float(y_zero_point), "float32")), low, high).astype(out_dtype)
+        rounded = tirx.nearbyint(value + tirx.const(float(y_zero_point), "float32"))
+        return _saturate(rounded, low, high).astype(out_dtype)
 
     return te.compute(acc.shape, body, name="requantize")
 

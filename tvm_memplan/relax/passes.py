@@ -61,7 +61,9 @@ class PlanReport:
             problem = Problem(
                 [Buffer(t["name"], t["bytes"], t["start"], t["end"]) for t in tensors],
                 alignment=self.alignment,
-                aliases={i: (t["alias_of"], t["alias_delta"]) for i, t in enumerate(tensors) if t["alias_of"] is not None},
+                aliases={
+                    i: (t["alias_of"], t["alias_delta"]) for i, t in enumerate(tensors) if t["alias_of"] is not None
+                },
                 concurrent=tuple(tuple(r) for r in arena.get("concurrent", ())),
             )
             result.append((problem, [t["offset"] for t in tensors], arena["arena_bytes"]))
@@ -122,7 +124,9 @@ def plan_function(
                         "alias_of": alias_of.get(i, (None, 0))[0],
                         "alias_delta": alias_of.get(i, (None, 0))[1],
                     }
-                    for i, (site, buffer, offset) in enumerate(zip(arena.sites, arena.problem.buffers, plan.offsets, strict=True))
+                    for i, (site, buffer, offset) in enumerate(
+                        zip(arena.sites, arena.problem.buffers, plan.offsets, strict=True)
+                    )
                 ],
             }
         )
