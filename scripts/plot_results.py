@@ -36,7 +36,8 @@ def table(markdown: str, header_start: str) -> list[dict[str, str]]:
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
-        rows.append(dict(zip(header, (cell.strip() for cell in line.strip().strip("|").split("|")), strict=True)))
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        rows.append(dict(zip(header, cells, strict=True)))
     return rows
 
 

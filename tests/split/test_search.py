@@ -24,7 +24,7 @@ def test_search_never_raises_the_peak_nor_breaks_the_budget(expand, width, rows,
     """Splitting can raise a peak (the chain's input stays live across its tiles); the search
     keeps only moves that lower it, within the budget."""
     program, chain = inverted_residual(expand, width, rows)
-    cost = dict(zip(chain.parts_ladder(), costs, strict=True))
+    cost = dict(zip(chain.parts_ladder(), costs, strict=False))  # at most 6 rungs: the first costs
     result = search(program, [chain], 1.0, lambda c, n: cost[n], budget=budget)
     assert result.best.peak_bytes <= result.original.peak_bytes
     assert result.best.latency_ms <= 1.0 * (1 + budget) + 1e-9

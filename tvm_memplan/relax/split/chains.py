@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import tvm
 from tvm import relax
@@ -314,10 +315,9 @@ def _concat_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> l
         if comp is None or any(index.component(index.bindings[i].var) != comp for i, _ in members):
             continue
         post, _, end = _follow(index, binding.var, comp, j, min(b.branch.units for _, b in members))
-        inputs = [binding.var] + [p.var for p in post[:-1]]
         if any(
-            isinstance(a, relax.Var) and not a.same_as(x)
-            for p, x in zip(post, inputs, strict=True)
+            isinstance(a, relax.Var) and not a.same_as(previous.var)
+            for previous, p in pairwise([binding, *post])
             for a in p.value.args
         ):
             continue  # each branch is emitted where its head was: shared operators take constants only
