@@ -35,6 +35,8 @@ if _early_isa(sys.argv[1:]) == "avx2":
 
 from tvm_memplan.lq import accuracy, bench  # noqa: E402
 from tvm_memplan.lq.digits import load_digits_28  # noqa: E402
+from tvm_memplan.lq.machine import ISAS, best_limits, isa_target  # noqa: E402
+from tvm_memplan.lq.timing import Timing  # noqa: E402
 
 TIMED = ("latency_us", "lq_us", "fp32_tvm_us", "fp32_numpy_us", "lq_dense_us", "lq_pack_us")
 
@@ -62,7 +64,7 @@ def seed_table(seeds: int, epochs: int, cache_dir: Path | None) -> str:
         "|---:|---|---:|" + "---:|" * len(settings),
     ]
     worst: dict[bool, dict[tuple[int, int], float]] = {False: {}, True: {}}
-    quick = bench.Timing(number=1, repeat=1, min_repeat_ms=1)
+    quick = Timing(number=1, repeat=1, min_repeat_ms=1)
     for seed in range(seeds):
         mlp = bench.trained_mlp(split, seed, epochs, 512, cache_dir)
         for finetune in (False, True):
@@ -112,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--no-accuracy", action="store_true")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tvm_memplan")
-    parser.add_argument(
-        "--isa", choices=bench.ISAS, default="native", help="native kernels, or AVX2 ones on an AVX-512 CPU"
-    )
+    parser.add_argument("--isa", choices=ISAS, default="native", help="native kernels, or AVX2 ones on an AVX-512 CPU")
     parser.add_argument(
         "--networks",
         action="store_true",
@@ -130,13 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             epochs=args.epochs,
             finetune=args.finetune,
             cache_dir=args.cache_dir,
-            target=bench.isa_target(args.isa),
+            target=isa_target(args.isa),
         )
         for _ in range(max(1, args.rounds))
     ]
     result = {"rows": best_of([r["rows"] for r in runs]), "kernels": best_of([r["kernels"] for r in runs])}
     if "machine" in runs[0]:
-        result["machine"] = bench.best_limits(*(r["machine"] for r in runs))
+        result["machine"] = best_limits(*(r["machine"] for r in runs))
         bench.add_bounds(result["kernels"], result["machine"])
     parts = ["# LQ dense benchmark", ""]
     if result["rows"] or result["kernels"]:

@@ -331,9 +331,11 @@ def run_bench(args: argparse.Namespace) -> int:
     # TVM's pool runs one thread unless told otherwise.
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     from ..lq import bench
+    from ..lq.machine import isa_target
+    from ..lq.timing import Timing
     from ..paths import cache_dir
 
-    timing = bench.Timing(number=3, repeat=3, min_repeat_ms=20) if args.quick else bench.Timing()
+    timing = Timing(number=3, repeat=3, min_repeat_ms=20) if args.quick else Timing()
     if args.epochs < 1 or args.hidden < 1:
         raise UserError("--epochs and --hidden must be at least 1")
     settings = parse_settings(args.settings)
@@ -354,7 +356,7 @@ def run_bench(args: argparse.Namespace) -> int:
             settings=settings,
             cache_dir=args.cache_dir or cache_dir(),
             timing=timing,
-            target=bench.isa_target(args.isa),
+            target=isa_target(args.isa),
             progress=progress,
         )
     if args.json:
