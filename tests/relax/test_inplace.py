@@ -1,12 +1,11 @@
 """Concat elimination and in-place kernels: decided right, and the programs still compute the same."""
 
 import numpy as np
-import pytest
 import tvm
 from tvm import relax
 
 import tvm_memplan
-from tvm_memplan.relax.inplace import concat_layout, inplace_safe
+from tvm_memplan.relax.inplace import inplace_safe
 from tvm_memplan.verify import run_vm
 
 from .modules import concat_cases, random_input, residual_block, staged
@@ -59,18 +58,6 @@ def test_inplace_safety_is_proven_from_the_primfunc(target):
     # the matmul's data input is read by a reduction and can never be overwritten.
     assert inplace_safe(func, len(names) - 2, len(names) - 1)
     assert not inplace_safe(func, 0, len(names) - 1)
-
-
-@pytest.mark.parametrize(
-    "shapes, out, expected",
-    [
-        ([(1, 2, 4), (1, 3, 4)], (1, 5, 4), [0, 32]),
-        ([(2, 4), (2, 4)], (2, 8), None),  # inner axis: rows interleave
-        ([(1, 1, 4), (1, 1, 4)], (1, 1, 8), [0, 16]),  # outermost non-unit axis is the last
-    ],
-)
-def test_concat_layout(shapes, out, expected):
-    assert concat_layout(shapes, out, 4) == expected
 
 
 def test_an_input_copied_into_a_reduction_is_never_overwritten(target):
