@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..errors import UserError
 from .format import console, human_bytes, key_value_table, print_json, progress_display, split_search_progress
-from .plan import model_planner_kwargs, model_planner_options, parse_bytes
+from .plan import model_planner_kwargs, model_planner_options, parse_bytes, split_search_options
 from .vocabulary import add_json, add_model_inputs, add_target, model_spec_and_inputs
 
 
@@ -63,32 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)"
     )
     add_json(build)
-    split = build.add_argument_group("fine-grained splitting (as plan --split)")
-    split.add_argument(
-        "--split",
-        choices=["none", "acg"],
-        default="none",
-        help="acg: split channel chains into tiles before planning (latencies measured on this machine)",
-    )
-    split.add_argument(
-        "--memory-limit",
-        type=parse_bytes,
-        metavar="BYTES",
-        help="with --split acg: the fastest split plan whose peak fits",
-    )
-    split.add_argument(
-        "--latency-budget",
-        type=float,
-        default=0.05,
-        metavar="F",
-        help="with --split acg: allowed slowdown (default 0.05)",
-    )
-    split.add_argument(
-        "--search-seconds",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="with --split acg: search time limit (default 60)",
+    split_search_options(
+        build.add_argument_group("fine-grained splitting (as plan --split)"),
+        "acg: split channel chains into tiles before planning (latencies measured on this machine)",
     )
     model_planner_options(build)
     build.set_defaults(func=run_build)

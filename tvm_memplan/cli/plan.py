@@ -33,28 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
     add_json(plan)
     model_planner_options(plan)
-    split = plan.add_argument_group("fine-grained splitting")
-    split.add_argument(
-        "--split",
-        choices=["none", "acg"],
-        default="none",
-        help="acg: split channel chains found by the axis connection graph into tiles (default none)",
-    )
-    split.add_argument(
-        "--latency-budget",
-        type=float,
-        default=0.05,
-        metavar="F",
-        help="allowed slowdown as a fraction of the measured latency (default 0.05)",
-    )
-    split.add_argument(
-        "--search-seconds", type=float, default=60.0, metavar="S", help="time limit of the split search (default 60)"
-    )
-    split.add_argument(
-        "--memory-limit",
-        type=parse_bytes,
-        metavar="BYTES",
-        help="the fastest split plan that fits, e.g. 512K or 1.5M (latency budget ignored)",
+    split = split_search_options(
+        plan.add_argument_group("fine-grained splitting"),
+        "acg: split channel chains found by the axis connection graph into tiles (default none)",
     )
     split.add_argument(
         "--split-cache",
@@ -80,6 +61,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json(solve)
     _planner_options(solve, default_alignment=1)
     solve.set_defaults(func=run_solve)
+
+
+def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> argparse._ArgumentGroup:
+    """The split search's options (``plan`` and ``build`` take them alike); returns ``group``."""
+    group.add_argument("--split", choices=["none", "acg"], default="none", help=split_help)
+    group.add_argument(
+        "--memory-limit",
+        type=parse_bytes,
+        metavar="BYTES",
+        help="with --split acg: the fastest split plan that fits, e.g. 512K or 1.5M (latency budget ignored)",
+    )
+    group.add_argument(
+        "--latency-budget",
+        type=float,
+        default=0.05,
+        metavar="F",
+        help="with --split acg: allowed slowdown as a fraction of the measured latency (default 0.05)",
+    )
+    group.add_argument(
+        "--search-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --split acg: search time limit (default 60)",
+    )
+    return group
 
 
 def _planner_options(parser: argparse.ArgumentParser, default_alignment: int = 64) -> None:
