@@ -19,6 +19,7 @@ from tvm_memplan.relax.offsets import KernelOffsetParams
 from tvm_memplan.relax.pipeline import pipeline
 from tvm_memplan.verify import run_vm
 
+from ..deploy.conftest import over_rpc
 from ..relax.modules import chain_with_view, concat_cases, random_input, residual_block
 from .conftest import needs_device
 
@@ -65,14 +66,9 @@ def test_measure_through_a_loopback_tracker(capsys, tmp_path):
             [
                 "measure",
                 str(artifact),
-                "--rpc-tracker",
-                farm.tracker,
-                "--rpc-key",
-                "gpu",
+                *over_rpc(farm.tracker, "gpu", tmp_path / "log.jsonl"),
                 "--json",
                 *FAST,
-                "--log",
-                str(tmp_path / "log.jsonl"),
             ]
         )
     out, err = capsys.readouterr()

@@ -39,6 +39,7 @@ from tvm_memplan.relax.pipeline import schedule_passes
 from tvm_memplan.verify import verify_plan
 from tvm_memplan.zoo.graph import GraphBuilder
 
+from ..deploy.conftest import over_rpc
 from .conftest import needs_device
 
 FAST = ("--repeat", "1", "--min-repeat-ms", "1")
@@ -412,14 +413,9 @@ def test_measure_compare_through_a_loopback_tracker(capsys, tmp_path):
                 "--target",
                 "vulkan",
                 "--compare",
-                "--rpc-tracker",
-                farm.tracker,
-                "--rpc-key",
-                "gpu",
+                *over_rpc(farm.tracker, "gpu", tmp_path / "log.jsonl"),
                 "--json",
                 *FAST,
-                "--log",
-                str(tmp_path / "log.jsonl"),
             ]
         )
     out, err = capsys.readouterr()

@@ -108,21 +108,8 @@ def test_console_script_is_installed():
 
 def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path):
     cache = str(tmp_path / "latency.jsonl")
-    code, out, err = run_cli(
-        capsys,
-        "plan",
-        "zoo:mcu_cnn",
-        "--split",
-        "acg",
-        "--memory-limit",
-        "30K",
-        "--split-cache",
-        cache,
-        "--verify",
-        "--json",
-        "--order-seconds",
-        "1",
-    )
+    split_under_30k = ("plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K", "--split-cache", cache)
+    code, out, err = run_cli(capsys, *split_under_30k, "--verify", "--json", "--order-seconds", "1")
     assert code == 0, err
     summary = json.loads(out)
     assert summary["verified"] is True
@@ -137,21 +124,7 @@ def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path)
     assert any("conv2d" in d or "pool" in d for d in summary["bottleneck_described"])
     # the report (not JSON) prints the same search as tables
     plot = tmp_path / "tiles.png"
-    code, out, _ = run_cli(
-        capsys,
-        "plan",
-        "zoo:mcu_cnn",
-        "--split",
-        "acg",
-        "--memory-limit",
-        "30K",
-        "--split-cache",
-        cache,
-        "--order-seconds",
-        "1",
-        "--plot",
-        str(plot),
-    )
+    code, out, _ = run_cli(capsys, *split_under_30k, "--order-seconds", "1", "--plot", str(plot))
     assert code == 0 and "Pareto front" in out and "from the cache" in out
     assert plot.stat().st_size > 0  # the layout of the split plan: its tiles at their offsets
 

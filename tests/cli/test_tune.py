@@ -24,6 +24,11 @@ from ..lq.models import mlp
 KERNEL = "fused_matmul1_add1"  # zoo:mlp's 512 -> 10 layer: the smallest kernel to tune
 
 
+def _two_trials(work_dir) -> list[str]:
+    """``tune`` of zoo:mlp's smallest kernel, two trials, its database in ``work_dir``."""
+    return ["tune", "zoo:mlp", "--trials", "2", "--kernels", KERNEL, "--work-dir", str(work_dir)]
+
+
 @pytest.fixture
 def lq_files(tmp_path):
     """A one-layer ONNX model (one LQ kernel to tune) and its calibration data."""
@@ -41,21 +46,7 @@ def test_tune_runs_two_trials_to_completion(tmp_path, capsys, monkeypatch):
     unnamed = logging.NullHandler()
     monkeypatch.setattr(logging.getLogger("tvm.s_tir.meta_schedule"), "handlers", [unnamed])
     work_dir = tmp_path / "tuning"
-    code = main(
-        [
-            "tune",
-            "zoo:mlp",
-            "--trials",
-            "2",
-            "--kernels",
-            KERNEL,
-            "--work-dir",
-            str(work_dir),
-            "--builder-timeout",
-            "30",
-            "--json",
-        ]
-    )
+    code = main([*_two_trials(work_dir), "--builder-timeout", "30", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
@@ -66,21 +57,7 @@ def test_tune_runs_two_trials_to_completion(tmp_path, capsys, monkeypatch):
 
 def test_tuning_goes_on_when_every_build_times_out(tmp_path, capsys):
     """A loaded machine or a slow device: builds past their limit are failed trials, not a crash."""
-    code = main(
-        [
-            "tune",
-            "zoo:mlp",
-            "--trials",
-            "2",
-            "--kernels",
-            KERNEL,
-            "--work-dir",
-            str(tmp_path / "t"),
-            "--builder-timeout",
-            "0.001",
-            "--json",
-        ]
-    )
+    code = main([*_two_trials(tmp_path / "t"), "--builder-timeout", "0.001", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)

@@ -28,6 +28,11 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def over_rpc(tracker: str, key: str, log) -> tuple[str, ...]:
+    """``measure``'s options for a device behind ``tracker`` under ``key``, logging to ``log``."""
+    return ("--rpc-tracker", tracker, "--rpc-key", key, "--log", str(log))
+
+
 def run_cli_json(capsys, *argv: str) -> dict:
     code, out, err = run_cli(capsys, *argv, "--json")
     assert code == 0, err

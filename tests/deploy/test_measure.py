@@ -11,7 +11,7 @@ from tvm_memplan.deploy.results import ResultsLog
 from tvm_memplan.deploy.rpc import start_farm
 from tvm_memplan.errors import UserError
 
-from .conftest import run_cli, run_cli_json
+from .conftest import over_rpc, run_cli, run_cli_json
 
 FAST = ("--repeat", "2", "--min-repeat-ms", "1")
 PROMISED = {"latency_ms", "latency_spread_ms", "requested_bytes", "planned_bytes", "correct"}
@@ -40,18 +40,8 @@ def test_measure_table_output(capsys, tmp_path):
 def test_build_then_measure_through_rpc(capsys, tmp_path, farm, target):
     artifact = tmp_path / f"{target}.so"
     run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(artifact), "--target", target)
-    report = run_cli_json(
-        capsys,
-        "measure",
-        str(artifact),
-        "--rpc-tracker",
-        farm.tracker,
-        "--rpc-key",
-        "local",
-        *FAST,
-        "--log",
-        str(tmp_path / "log.jsonl"),
-    )["memplan"]
+    log = tmp_path / "log.jsonl"
+    report = run_cli_json(capsys, "measure", str(artifact), *over_rpc(farm.tracker, "local", log), *FAST)["memplan"]
     assert report["device"] == f"rpc:local@{farm.tracker}" and report["target"] == target
     assert report["correct"] and report["requested_bytes"] == report["planned_bytes"]
     assert report["tvm_num_threads"]  # the farm's servers time with all cores
@@ -60,19 +50,8 @@ def test_build_then_measure_through_rpc(capsys, tmp_path, farm, target):
 def test_compare_an_artifact_through_rpc_rebuilds_the_stock_one(capsys, tmp_path, farm):
     artifact = tmp_path / "mlp.so"
     run_cli_json(capsys, "build", "zoo:mlp?hidden=64", "-o", str(artifact))
-    report = run_cli_json(
-        capsys,
-        "measure",
-        str(artifact),
-        "--compare",
-        "--rpc-tracker",
-        farm.tracker,
-        "--rpc-key",
-        "local",
-        *FAST,
-        "--log",
-        str(tmp_path / "log.jsonl"),
-    )
+    log = tmp_path / "log.jsonl"
+    report = run_cli_json(capsys, "measure", str(artifact), "--compare", *over_rpc(farm.tracker, "local", log), *FAST)
     assert report["memplan"]["source"] == str(artifact)
     assert all(report[p]["correct"] for p in ("stock", "memplan"))
 

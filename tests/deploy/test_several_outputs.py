@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_cli_json
+from .conftest import over_rpc, run_cli_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FAST = ("--repeat", "2", "--min-repeat-ms", "1")
@@ -31,19 +31,8 @@ def test_measure_compare_checks_both_outputs_locally(capsys, tmp_path, pooled_be
 def test_measure_through_rpc(capsys, tmp_path, farm):
     artifact = tmp_path / "bert.so"
     run_cli_json(capsys, "build", str(FIXTURES / "transformers_bert_pooled.torchscript.onnx"), "-o", str(artifact))
-    report = run_cli_json(
-        capsys,
-        "measure",
-        str(artifact),
-        "--compare",
-        "--rpc-tracker",
-        farm.tracker,
-        "--rpc-key",
-        "local",
-        *FAST,
-        "--log",
-        str(tmp_path / "log.jsonl"),
-    )
+    log = tmp_path / "log.jsonl"
+    report = run_cli_json(capsys, "measure", str(artifact), "--compare", *over_rpc(farm.tracker, "local", log), *FAST)
     for result in report.values():
         assert result["device"] == f"rpc:local@{farm.tracker}"
         assert result["correct"] and result["requested_bytes"] == result["planned_bytes"]
