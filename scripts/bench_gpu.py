@@ -65,9 +65,11 @@ def row(spec: str, device: str, pipeline: str, schedules: str, m: Measurement) -
     requested = f"{m.requested_bytes / 1024:,.1f}" if m.requested_bytes is not None else "?"
     equal = "yes" if m.requested_bytes == m.planned_bytes else "NO"
     copies = "?" if m.zero_offset_calls is None else m.zero_offset_calls
-    return (f"| {spec.removeprefix('zoo:')} | {device} | {pipeline} | {schedules} | {m.latency_ms:,.2f} "
-            f"| {m.latency_spread_ms:,.2f} | {requested} | {m.planned_bytes / 1024:,.1f} | {equal} | {copies} "
-            f"| {'yes' if m.correct else 'NO'} | {m.max_abs_diff:.1e} |")
+    return (
+        f"| {spec.removeprefix('zoo:')} | {device} | {pipeline} | {schedules} | {m.latency_ms:,.2f} "
+        f"| {m.latency_spread_ms:,.2f} | {requested} | {m.planned_bytes / 1024:,.1f} | {equal} | {copies} "
+        f"| {'yes' if m.correct else 'NO'} | {m.max_abs_diff:.1e} |"
+    )
 
 
 def kernel_times(spec: str, target: str, schedule: str, runs: int) -> tuple[dict[str, float], int]:
@@ -105,17 +107,22 @@ def kernel_section(spec: str, target: str, runs: int, top: int) -> list[str]:
     lines = [f"## Per-kernel times: {spec.removeprefix('zoo:')} on {device_name(target)}", ""]
     for schedule, (per_kernel, copies) in times.items():
         total = sum(per_kernel.values())
-        lines += [f"{SCHEDULES[schedule]} (memplan): {total:,.1f} ms summed over {len(per_kernel)} kernels and "
-                  f"VM builtins (median of runs), `ensure_zero_offset` calls per run: {copies}", "",
-                  "| kernel | ms | share |", "|---|---:|---:|"]
+        lines += [
+            f"{SCHEDULES[schedule]} (memplan): {total:,.1f} ms summed over {len(per_kernel)} kernels and "
+            f"VM builtins (median of runs), `ensure_zero_offset` calls per run: {copies}",
+            "",
+            "| kernel | ms | share |",
+            "|---|---:|---:|",
+        ]
         for name, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]:
             lines.append(f"| `{name}` | {ms:,.2f} | {100 * ms / total:.0f} % |")
         lines.append("")
     return lines
 
 
-def measure_rounds(spec: str, target: str, variants: dict[str, tuple[str, dict]], rounds: int, repeat: int,
-                   min_repeat_ms: int) -> dict[str, Measurement]:
+def measure_rounds(
+    spec: str, target: str, variants: dict[str, tuple[str, dict]], rounds: int, repeat: int, min_repeat_ms: int
+) -> dict[str, Measurement]:
     """Each variant (label: (pipeline, build options)) built once, then timed in ``rounds`` interleaved
     rounds (order reversed every other round) so that drift on the shared machine hits all alike."""
     problem = get_target(target).runtime_problem()
@@ -144,8 +151,9 @@ def measure_rounds(spec: str, target: str, variants: dict[str, tuple[str, dict]]
     results = {}
     for label, measured in last.items():
         q25, median, q75 = np.percentile(times[label], [25, 50, 75])
-        results[label] = dataclasses.replace(measured, latency_ms=float(median), latency_spread_ms=float(q75 - q25),
-                                             repeats_ms=times[label])
+        results[label] = dataclasses.replace(
+            measured, latency_ms=float(median), latency_spread_ms=float(q75 - q25), repeats_ms=times[label]
+        )
     return results
 
 
@@ -192,8 +200,10 @@ def main() -> None:
         f"{args.rounds} x {args.repeat} timings (each at least {args.min_repeat_ms} ms), the variants of a model "
         "built once and timed in interleaved rounds. Requested: the VM's `alloc_storage` "
         "calls in one run (outputs included); `= plan`: requested equals the plan (memplan's arena or "
-        "TVM's blocks, plus outputs); `ensure_zero_offset`: calls in one run (on OpenCL and Vulkan each one at a nonzero "
-        "offset copies a tensor outside the plan; free on the CPU). Correct: outputs against onnxruntime. Schedules: tvm_memplan's GPU rule "
+        "TVM's blocks, plus outputs); `ensure_zero_offset`: calls in one run (on OpenCL and Vulkan each one at a "
+        "nonzero "
+        "offset copies a tensor outside the plan; free on the CPU). Correct: outputs against onnxruntime. Schedules: "
+        "tvm_memplan's GPU rule "
         "for convolutions and pools ahead of dlight, dlight alone (the kernels TVM ships), or the LLVM build "
         "on the CPU with tvm_memplan's CPU schedules.",
         "",

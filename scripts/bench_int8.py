@@ -66,8 +66,9 @@ def _latency_onnxruntime(path: Path, inputs: dict[str, np.ndarray], threads: int
     return float(np.median(repeats))
 
 
-def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, order_seconds: float,
-                tvm_target: Any = None) -> dict:
+def bench_model(
+    spec: str, threads: int, samples: int, inputs_checked: int, order_seconds: float, tvm_target: Any = None
+) -> dict:
     import onnx
 
     from tvm_memplan.deploy.artifact import constant_bytes
@@ -83,8 +84,10 @@ def bench_model(spec: str, threads: int, samples: int, inputs_checked: int, orde
     with tempfile.TemporaryDirectory(prefix="bench-int8-") as tmp:
         source, target = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
         onnx.save(float_model.onnx_model, str(source))
-        calib = {name: rng.standard_normal((samples, *shape[1:])).astype(dtype)
-                 for name, shape, dtype in float_model.input_specs()}
+        calib = {
+            name: rng.standard_normal((samples, *shape[1:])).astype(dtype)
+            for name, shape, dtype in float_model.input_specs()
+        }
         report = quantize_int8(source, target, calib)
         int8 = LoadedModel(float_model.name + ".int8", onnx.load(str(target)))
         lowering = []
@@ -156,7 +159,8 @@ def table(rows: list[dict], threads: int, cpu: str, load: tuple[float, float], i
             f"| {r['model']} | {r['float_arena']:,} | {r['int8_arena']:,} | {r['int8_bound']:,} "
             f"| {r['int8_arena'] / r['float_arena']:.3f} | {r['weights_float']:,} → {r['weights_int8']:,} "
             f"| {r['built_float']:,} → {r['built_int8']:,} | {r['built_int8'] / r['built_float']:.4f} | {by_dtype} "
-            f"| {r['kept_float']} | {'yes' if r['trace_ok'] else 'NO'} | {r['ms_ours_int8']:.3f} | {r['ms_ort_int8']:.3f} "
+            f"| {r['kept_float']} | {'yes' if r['trace_ok'] else 'NO'} "
+            f"| {r['ms_ours_int8']:.3f} | {r['ms_ort_int8']:.3f} "
             f"| {r['ms_ours_float']:.3f} | {r['lsb']} ({r['spread']}) | {r['top']} |"
         )
     return header + "\n".join(lines) + "\n"
@@ -170,8 +174,11 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=20, help="random inputs compared with onnxruntime")
     parser.add_argument("--order-seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("results/bench_int8.md"))
-    parser.add_argument("--mcpu", help="build our kernels for this LLVM CPU (e.g. haswell: AVX2 on an AVX-512 "
-                                       "machine); default: this machine's CPU")
+    parser.add_argument(
+        "--mcpu",
+        help="build our kernels for this LLVM CPU (e.g. haswell: AVX2 on an AVX-512 "
+        "machine); default: this machine's CPU",
+    )
     args = parser.parse_args()
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM's thread pool starts
     from tvm_memplan.deploy.results import write_atomically
@@ -184,9 +191,11 @@ def main() -> None:
     target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu}) if args.mcpu else None
     spec_of = cpu_spec(target or tvm.target.Target.from_device("cpu"))
     mcpu = args.mcpu or str(tvm.target.Target.from_device("cpu").attrs.get("mcpu", "host"))
-    isa = (f"LLVM CPU `{mcpu}`, "
-           f"{spec_of.lanes} float32 lanes, int8 convolutions with "
-           f"{spec_of.int8_dot or 'no dot-product instruction'}")
+    isa = (
+        f"LLVM CPU `{mcpu}`, "
+        f"{spec_of.lanes} float32 lanes, int8 convolutions with "
+        f"{spec_of.int8_dot or 'no dot-product instruction'}"
+    )
     rows = []
     for spec in args.models:
         rows.append(bench_model(spec, args.threads, args.samples, args.inputs, args.order_seconds, target))

@@ -12,7 +12,7 @@ TVM's default pipeline against ``tvm_memplan.pipeline`` with and without default
 
     python scripts/bench_latency.py                                   # zoo:mobilenet_v2, zoo:mcu_cnn here
     python scripts/bench_latency.py zoo:squeezenet1_0 --rounds 5 --repeat 10
-    python scripts/bench_latency.py zoo:mcu_cnn --rpc-tracker 127.0.0.1:9190 --rpc-key arm64-emu   # no onnxruntime column
+    python scripts/bench_latency.py zoo:mcu_cnn --rpc-tracker 127.0.0.1:9190 --rpc-key arm64-emu  # no onnxruntime
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: in
         f"## onnxruntime, TVM and memplan: latency, compile time and memory ({datetime.date.today()})",
         "",
         f"Device `{device}`, target `{target}` ({tvm.target.Target.from_device('cpu')}), TVM_NUM_THREADS={threads}, "
-        f"host {cpu} with {os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats per pipeline; latency is "
+        f"host {cpu} with {os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats per pipeline; "
+        "latency is "
         "the median over all repeats (ms), spread the interquartile range. TVM = TVM 0.27's own pipeline (unscheduled "
         "CPU kernels, its planner); memplan = `tvm_memplan.pipeline` (default CPU schedules, arena). Compile = seconds "
         "of `tvm.compile` from the imported module. Produced by `scripts/bench_latency.py`.",

@@ -45,17 +45,22 @@ def table(bench: GroupBench) -> list[str]:
     lines = [
         f"### {bench.model}",
         "",
-        f"No planning (every tensor its own memory) {mib(bench.naive_bytes)} MiB; TVM default {mib(bench.tvm_default_bytes)} MiB.",
+        f"No planning (every tensor its own memory) {mib(bench.naive_bytes)} MiB; TVM default "
+        f"{mib(bench.tvm_default_bytes)} MiB.",
         "",
-        "| setting | latency ms (IQR) | arena MiB | arena without F MiB | launches (traced) | groups | layers | identical | VM = plan |",
+        "| setting | latency ms (IQR) | arena MiB | arena without F MiB | launches (traced) | groups | layers | "
+        "identical | VM = plan |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in bench.rows:
         setting = f"groups={r.groups}" if r.groups is not None else f"{r.pipeline}, ungrouped"
         lines.append(
-            f"| {setting} | {r.latency_ms:.2f} ({r.latency_spread_ms:.2f}) | {mib(r.arena_bytes)} | {mib(r.unconstrained_arena_bytes)} "
-            f"| {r.launches} | {r.group_launches if r.group_launches is not None else '-'} | {r.layers if r.layers is not None else '-'} "
-            f"| {'yes' if r.identical else 'NO'} | {'-' if r.requested_equals_plan is None else ('yes' if r.requested_equals_plan else 'NO')} |"
+            f"| {setting} | {r.latency_ms:.2f} ({r.latency_spread_ms:.2f}) | {mib(r.arena_bytes)} | "
+            f"{mib(r.unconstrained_arena_bytes)} "
+            f"| {r.launches} | {r.group_launches if r.group_launches is not None else '-'} | "
+            f"{r.layers if r.layers is not None else '-'} "
+            f"| {'yes' if r.identical else 'NO'} | "
+            f"{'-' if r.requested_equals_plan is None else ('yes' if r.requested_equals_plan else 'NO')} |"
         )
     return lines
 
@@ -65,7 +70,8 @@ def summary(benches: list[GroupBench]) -> list[str]:
     lines = [
         "### g = 1 against the unconstrained arena",
         "",
-        "| network | g=1 arena MiB | same order without F MiB | ratio | memplan ungrouped MiB | ratio | within 5 % of both |",
+        "| network | g=1 arena MiB | same order without F MiB | ratio | memplan ungrouped MiB | ratio | within 5 % of "
+        "both |",
         "|---|---|---|---|---|---|---|",
     ]
     for bench in benches:
@@ -90,7 +96,11 @@ def device_note(target: str, machine: str) -> str:
 
     name = tvm.device(get_target(target).device, 0).device_name
     software = any(word in name for word in ("llvmpipe", "pthread", "cpu"))
-    note = f"a software device: its kernels run on this machine's CPU, {machine}; latencies say nothing about a GPU" if software else machine
+    note = (
+        f"a software device: its kernels run on this machine's CPU, {machine}; latencies say nothing about a GPU"
+        if software
+        else machine
+    )
     return f"target `{target}` on {name} ({note})"
 
 
@@ -98,25 +108,43 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(SEED_NETWORKS), choices=zoo.names())
     parser.add_argument("--groups", default="seq,1,2", help="settings to compare (default seq,1,2, the seed's)")
-    parser.add_argument("--resolution", type=int, help="input size for every network (default: each one's published size)")
+    parser.add_argument(
+        "--resolution", type=int, help="input size for every network (default: each one's published size)"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="timed repeats per build and round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all builds of a network")
     parser.add_argument("--time-budget", type=float, default=2.0, help="allocator search seconds per arena")
-    parser.add_argument("--target", default="host", help="deploy target run on this machine (default host; vulkan, opencl, ...)")
+    parser.add_argument(
+        "--target", default="host", help="deploy target run on this machine (default host; vulkan, opencl, ...)"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/bench_layers.md"))
-    parser.add_argument("--append", action="store_true", help="add this run's section to --out instead of replacing the file")
+    parser.add_argument(
+        "--append", action="store_true", help="add this run's section to --out instead of replacing the file"
+    )
     args = parser.parse_args(argv)
     settings = parse_group_settings(args.groups)
     benches = []
     for name in args.models:
         print(f"{name} ...", file=sys.stderr, flush=True)
-        benches.append(bench_groups(spec(name, args.resolution), settings, target=args.target, repeat=args.repeat,
-                                    rounds=args.rounds, time_budget=args.time_budget))
+        benches.append(
+            bench_groups(
+                spec(name, args.resolution),
+                settings,
+                target=args.target,
+                repeat=args.repeat,
+                rounds=args.rounds,
+                time_budget=args.time_budget,
+            )
+        )
         print("\n".join(table(benches[-1])), file=sys.stderr)
     threads = os.environ.get("TVM_NUM_THREADS", "unset (one thread)")
     size = f"{args.resolution}x{args.resolution} inputs" if args.resolution else "published input sizes"
     machine = f"{platform.machine()} with {os.cpu_count()} cores (shared with other jobs: latencies are noisy)"
-    where = f"CPU `host`, TVM_NUM_THREADS={threads}, {machine}" if args.target == "host" else device_note(args.target, machine)
+    where = (
+        f"CPU `host`, TVM_NUM_THREADS={threads}, {machine}"
+        if args.target == "host"
+        else device_note(args.target, machine)
+    )
     lines = [
         f"## Layer grouping on seed 000's networks, {args.target} ({datetime.date.today().isoformat()})",
         "",

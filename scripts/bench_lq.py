@@ -22,6 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
+
 def _early_isa(argv: list[str]) -> str:
     """``--isa`` read before numpy loads: OpenBLAS picks its kernels once, at import."""
     parser = argparse.ArgumentParser(add_help=False)
@@ -34,6 +35,8 @@ if _early_isa(sys.argv[1:]) == "avx2":
 
 from tvm_memplan.lq import accuracy, bench  # noqa: E402
 from tvm_memplan.lq.digits import load_digits_28  # noqa: E402
+from tvm_memplan.lq.machine import ISAS, best_limits, isa_target  # noqa: E402
+from tvm_memplan.lq.timing import Timing  # noqa: E402
 
 TIMED = ("latency_us", "lq_us", "fp32_tvm_us", "fp32_numpy_us", "lq_dense_us", "lq_pack_us")
 
@@ -41,7 +44,7 @@ TIMED = ("latency_us", "lq_us", "fp32_tvm_us", "fp32_numpy_us", "lq_dense_us", "
 def best_of(runs: list[list[dict]]) -> list[dict]:
     """Row-wise minimum of the timed fields over rounds (everything else from the first round)."""
     out = []
-    for rows in zip(*runs):
+    for rows in zip(*runs, strict=True):
         merged = dict(rows[0])
         for key in TIMED:
             if key in merged:
@@ -61,14 +64,14 @@ def seed_table(seeds: int, epochs: int, cache_dir: Path | None) -> str:
         "|---:|---|---:|" + "---:|" * len(settings),
     ]
     worst: dict[bool, dict[tuple[int, int], float]] = {False: {}, True: {}}
-    quick = bench.Timing(number=1, repeat=1, min_repeat_ms=1)
+    quick = Timing(number=1, repeat=1, min_repeat_ms=1)
     for seed in range(seeds):
         mlp = bench.trained_mlp(split, seed, epochs, 512, cache_dir)
         for finetune in (False, True):
             rows = bench.accuracy_rows(split, mlp, [(32, 32), *settings], finetune=finetune, timing=quick)
             base = rows[0]["accuracy"]
             cells = []
-            for setting, row in zip(settings, rows[1:]):
+            for setting, row in zip(settings, rows[1:], strict=True):
                 delta = 100 * (row["accuracy"] - base)
                 worst[finetune][setting] = min(delta, worst[finetune].get(setting, delta))
                 cells.append(f"{delta:+.2f}")
@@ -111,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kernels", action="store_true")
     parser.add_argument("--no-accuracy", action="store_true")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "tvm_memplan")
-    parser.add_argument("--isa", choices=bench.ISAS, default="native", help="native kernels, or AVX2 ones on an AVX-512 CPU")
-    parser.add_argument("--networks", action="store_true",
-                        help="also the default quantize command on unseen scikit-learn networks (a few minutes)")
+    parser.add_argument("--isa", choices=ISAS, default="native", help="native kernels, or AVX2 ones on an AVX-512 CPU")
+    parser.add_argument(
+        "--networks",
+        action="store_true",
+        help="also the default quantize command on unseen scikit-learn networks (a few minutes)",
+    )
     args = parser.parse_args(argv)
 
     start = time.time()
@@ -124,13 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             epochs=args.epochs,
             finetune=args.finetune,
             cache_dir=args.cache_dir,
-            target=bench.isa_target(args.isa),
+            target=isa_target(args.isa),
         )
         for _ in range(max(1, args.rounds))
     ]
     result = {"rows": best_of([r["rows"] for r in runs]), "kernels": best_of([r["kernels"] for r in runs])}
     if "machine" in runs[0]:
-        result["machine"] = bench.best_limits(*(r["machine"] for r in runs))
+        result["machine"] = best_limits(*(r["machine"] for r in runs))
         bench.add_bounds(result["kernels"], result["machine"])
     parts = ["# LQ dense benchmark", ""]
     if result["rows"] or result["kernels"]:

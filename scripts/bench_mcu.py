@@ -83,20 +83,42 @@ def measure_row(spec: str, cpu: str, split_limit: int | None, int8: bool, scratc
     return emitted, measure_c(directory, f"qemu-{cpu}", timeout=3600)
 
 
-def row(spec: str, cpu: str, split_limit: int | None, int8: bool, emitted, result, float_instructions: int | None) -> str:
+def row(
+    spec: str, cpu: str, split_limit: int | None, int8: bool, emitted, result, float_instructions: int | None
+) -> str:
     io_bytes = sum(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize for t in emitted.inputs + emitted.outputs)
     without_io = result.sram_bytes - io_bytes
     name = spec.removeprefix("zoo:") if spec.startswith("zoo:") else Path(spec).name
     ratio = f"{result.instructions / float_instructions:.2f}" if int8 and float_instructions else "-"
-    agreement = "NO" if not result.correct else (
-        f"{result.max_abs_diff:.1e} (≤ {result.tolerance:.1e})" if result.tolerance else f"{result.max_abs_diff:.1e}")
+    agreement = (
+        "NO"
+        if not result.correct
+        else (
+            f"{result.max_abs_diff:.1e} (≤ {result.tolerance:.1e})"
+            if result.tolerance
+            else f"{result.max_abs_diff:.1e}"
+        )
+    )
     cells = [
-        name + (f" + split ≤ {split_limit // 1024} KiB" if split_limit else ""), "int8" if int8 else "float32", cpu,
-        kib(result.arena_bytes), "yes" if result.arena_bytes == emitted.arena_bytes else "NO", kib(emitted.tvm_default_bytes),
-        kib(emitted.naive_bytes), kib(emitted.workspace_bytes), kib(result.stack_bytes), kib(io_bytes),
-        kib(result.sram_bytes), kib(without_io), kib(result.flash_bytes), kib(emitted.weight_bytes),
-        f"{result.instructions / 1e6:,.1f}", ratio, agreement,
-        "yes" if without_io <= SRAM_LIMIT else "no", "yes" if result.flash_bytes <= FLASH_LIMIT else "no",
+        name + (f" + split ≤ {split_limit // 1024} KiB" if split_limit else ""),
+        "int8" if int8 else "float32",
+        cpu,
+        kib(result.arena_bytes),
+        "yes" if result.arena_bytes == emitted.arena_bytes else "NO",
+        kib(emitted.tvm_default_bytes),
+        kib(emitted.naive_bytes),
+        kib(emitted.workspace_bytes),
+        kib(result.stack_bytes),
+        kib(io_bytes),
+        kib(result.sram_bytes),
+        kib(without_io),
+        kib(result.flash_bytes),
+        kib(emitted.weight_bytes),
+        f"{result.instructions / 1e6:,.1f}",
+        ratio,
+        agreement,
+        "yes" if without_io <= SRAM_LIMIT else "no",
+        "yes" if result.flash_bytes <= FLASH_LIMIT else "no",
     ]
     return "| " + " | ".join(cells) + " |\n"
 
@@ -105,12 +127,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/bench_mcu.md"))
     parser.add_argument("--search-seconds", type=float, default=60.0, help="split search time limit")
-    parser.add_argument("--model", action="append", default=[], metavar="PATH",
-                        help="a float ONNX model to add as float and int8 rows on the Cortex-M7 (repeatable)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a float ONNX model to add as float and int8 rows on the Cortex-M7 (repeatable)",
+    )
     args = parser.parse_args()
     rows = ROWS + [(path, "cortex-m7", None, int8) for path in args.model for int8 in (False, True)]
     models = "".join(f" --model exports/{Path(path).name}" for path in args.model)
-    exported = " (`exports/` written by `python scripts/export_torch.py --out exports/`: random weights)" if models else ""
+    exported = (
+        " (`exports/` written by `python scripts/export_torch.py --out exports/`: random weights)" if models else ""
+    )
     header = (
         "# Whole models as standalone C on emulated Cortex-M (qemu-system-arm)\n\n"
         "KiB unless noted; batch 1; float32 rows: float32 weights and activations; int8 rows: the model quantized "
@@ -127,7 +156,8 @@ def main() -> None:
         "(int8 rows: to onnxruntime's run of the same QDQ file, with the allowed difference in brackets). "
         "`int8 / float`: the int8 row's instructions over the float row's of the same model and core.\n\n"
         f"Written by `python scripts/bench_mcu.py --out results/bench_mcu.md{models}`{exported}.\n\n"
-        "| model | dtype | core | arena | = plan | TVM default | naive | kernel scratch | stack | I/O | SRAM | SRAM - I/O "
+        "| model | dtype | core | arena | = plan | TVM default | naive | kernel scratch | stack | I/O | SRAM "
+        "| SRAM - I/O "
         "| flash | weights | instructions (M) | int8 / float | max abs diff | fits SRAM | fits flash |\n"
         "|---|---|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n"
     )

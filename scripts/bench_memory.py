@@ -137,9 +137,11 @@ def zoo_table(names: list[str], seconds: float) -> str:
             cells.append(f"{plan.arena_bytes / bound:.3f}")
         arena, lower = base.total("arena_bytes"), base.total("lower_bound_bytes")
         first.append(
-            f"| {name} | {base.total('tensors')} | {base.total('naive_bytes') / mib:.2f} | {base.tvm_default_bytes / mib:.2f} "
+            f"| {name} | {base.total('tensors')} | {base.total('naive_bytes') / mib:.2f} | "
+            f"{base.tvm_default_bytes / mib:.2f} "
             f"| {lower / mib:.2f} | {arena / mib:.2f} | {arena / lower:.3f} | {arena / base.tvm_default_bytes:.3f} | "
-            + " | ".join(cells) + f" | {base.total('plan_seconds'):.2f} |"
+            + " | ".join(cells)
+            + f" | {base.total('plan_seconds'):.2f} |"
         )
         best = plan_model(model, time_budget=seconds)
         new, new_bound = best.total("arena_bytes"), best.total("lower_bound_bytes")
@@ -200,7 +202,11 @@ def scaling_table(counts: list[int], repeats: int = 5) -> str:
             f"| {count} | {statistics.median(times):.3f} | {plan.arena_bytes / problem.lower_bound():.3f} "
             f"| {order.seconds:.2f} | {order.peak / order.program_peak:.3f} | {order.strategy} |"
         )
-        print(f"{count} operators: greedy {statistics.median(times):.3f} s, order {order.seconds:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"{count} operators: greedy {statistics.median(times):.3f} s, order {order.seconds:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -217,6 +223,7 @@ def table_rows(markdown: str, first_cells: set[str]) -> list[list[str]]:
 
 def stale_rows(document: str, generated: str, names: list[str]) -> list[str]:
     """Rows of ``generated``'s zoo tables that ``document`` does not hold (planning time aside)."""
+
     def comparable(cells: list[str]) -> tuple[str, ...]:
         first_table = len(cells) > 11  # the first table has the heap columns and the planning time
         return tuple(cells[:PLAN_SECONDS_COLUMN] if first_table else cells)
@@ -231,10 +238,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--instances", nargs="*", help="instance names to keep (e.g. A B); default all")
     parser.add_argument("--seconds", type=float, default=60.0, help="planning budget per instance")
     parser.add_argument("--zoo", nargs="*", metavar="MODEL", help="zoo models to plan (no names: all of them)")
-    parser.add_argument("--scaling", nargs="*", type=int, metavar="N", help="planning time on synthetic graphs of N operators (default 150 300 600 1200)")
+    parser.add_argument(
+        "--scaling",
+        nargs="*",
+        type=int,
+        metavar="N",
+        help="planning time on synthetic graphs of N operators (default 150 300 600 1200)",
+    )
     parser.add_argument("--out", type=Path, help="Markdown file to write (default: print)")
-    parser.add_argument("--check", type=Path, metavar="FILE",
-                        help="with --zoo: exit 1 when FILE's zoo tables differ from what the code plans now")
+    parser.add_argument(
+        "--check",
+        type=Path,
+        metavar="FILE",
+        help="with --zoo: exit 1 when FILE's zoo tables differ from what the code plans now",
+    )
     args = parser.parse_args(argv)
     if args.check is not None:
         from tvm_memplan import zoo

@@ -91,18 +91,24 @@ def markdown(rows: list[dict], budget: float) -> str:
         "of a first search (empty latency cache) / a second one (cache filled by the first). Produced by "
         "`scripts/bench_split.py`.",
         "",
-        "| model | coarse arena KiB | split arena KiB | reduction | latency before ms | after ms | overhead (search's estimate) "
-        "| onnxruntime ms | chains found / split | search s cold / warm | correct, VM = plan | smaller on the front | bottleneck now |",
+        "| model | coarse arena KiB | split arena KiB | reduction | latency before ms | after ms | overhead (search's "
+        "estimate) "
+        "| onnxruntime ms | chains found / split | search s cold / warm | correct, VM = plan | smaller on the front | "
+        "bottleneck now |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         before, after = r["before"], r["after"]
         beyond = r["beyond"]
-        front = (f"{r['coarse_arena'] / beyond.peak_bytes:.2f}x at {beyond.latency_ms / r['original_ms'] - 1:+.1%}"
-                 if beyond else "—")
+        front = (
+            f"{r['coarse_arena'] / beyond.peak_bytes:.2f}x at {beyond.latency_ms / r['original_ms'] - 1:+.1%}"
+            if beyond
+            else "—"
+        )
         lines.append(
             f"| {r['model']} | {r['coarse_arena'] / 1024:.1f} | {r['split_arena'] / 1024:.1f} | "
-            f"{r['coarse_arena'] / r['split_arena']:.2f}x | {before[0]:.3f} ({before[1]:.3f}) | {after[0]:.3f} ({after[1]:.3f}) | "
+            f"{r['coarse_arena'] / r['split_arena']:.2f}x | {before[0]:.3f} ({before[1]:.3f}) | {after[0]:.3f} "
+            f"({after[1]:.3f}) | "
             f"{after[0] / before[0] - 1:+.1%} ({r['estimate']:+.1%}) | {r['onnxruntime'][0]:.3f} | "
             f"{r['chains']} / {r['split']} | {r['search_s'][0]:.0f} / {r['search_s'][1]:.0f} | "
             f"{'yes' if r['correct'] else 'NO: ' + '; '.join(r['problems'])} | {front} | {r['bottleneck']} |"

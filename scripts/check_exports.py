@@ -34,8 +34,19 @@ so that a busy machine does not stop it short of the plan run 1 found."""
 
 
 def _plan(path: Path, extra: list[str], cache: Path, timeout: int) -> tuple[dict | None, str]:
-    command = [sys.executable, "-m", "tvm_memplan.cli.main", "plan", str(path), "--split", "acg", "--json",
-               "--split-cache", str(cache), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "tvm_memplan.cli.main",
+        "plan",
+        str(path),
+        "--split",
+        "acg",
+        "--json",
+        "--split-cache",
+        str(cache),
+        *extra,
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -59,25 +70,42 @@ def row(path: Path, budget: float, seconds: float, cache: Path, timeout: int) ->
         return f"| {name} | {_ops(path)} | failed: {error} | | | | | | |"
     coarse = kept["peak_before_bytes"]
     smallest = min(kept["pareto_front"], key=lambda p: p["peak_bytes"])
-    checked, error = (kept, "") if smallest["peak_bytes"] >= coarse else _plan(
-        path, ["--memory-limit", str(smallest["peak_bytes"]), "--search-seconds", str(RECHECK_TIME * seconds), "--verify"],
-        cache, timeout)
+    checked, error = (
+        (kept, "")
+        if smallest["peak_bytes"] >= coarse
+        else _plan(
+            path,
+            [
+                "--memory-limit",
+                str(smallest["peak_bytes"]),
+                "--search-seconds",
+                str(RECHECK_TIME * seconds),
+                "--verify",
+            ],
+            cache,
+            timeout,
+        )
+    )
     if checked is None:
         verified = f"failed: {error}"
     elif "verify" not in checked:
         verified = "nothing to split"
     else:
         v = checked["verify"]
-        verified = (f"{'yes' if v['identical_to_stock'] and not v['problems'] else 'NO'}, "
-                    f"{v['max_abs_diff_vs_onnxruntime']:.1e}, "
-                    f"{'= plan' if v['vm_storage_bytes'] == v['planned_storage_bytes'] else 'NOT = plan'} "
-                    f"({checked['peak_after_bytes'] / 1024:,.0f} KiB)")
+        verified = (
+            f"{'yes' if v['identical_to_stock'] and not v['problems'] else 'NO'}, "
+            f"{v['max_abs_diff_vs_onnxruntime']:.1e}, "
+            f"{'= plan' if v['vm_storage_bytes'] == v['planned_storage_bytes'] else 'NOT = plan'} "
+            f"({checked['peak_after_bytes'] / 1024:,.0f} KiB)"
+        )
     subgraphs = ", ".join(f"{s['chain']} x{s['parts']}" for s in kept["split_subgraphs"]) or "none"
-    return (f"| {name} | {_ops(path)} | {kept['split_candidates']} | {coarse / 1024:,.0f} "
-            f"| {kept['peak_after_bytes'] / 1024:,.0f} ({coarse / kept['peak_after_bytes']:.2f}x) "
-            f"| {kept['latency_before_ms']:.2f} / {kept['latency_after_ms']:.2f} | {subgraphs} "
-            f"| {smallest['peak_bytes'] / 1024:,.0f} ({coarse / smallest['peak_bytes']:.2f}x) at "
-            f"{smallest['latency_ms']:.2f} ms | {verified} | {time.perf_counter() - start:,.0f} |")
+    return (
+        f"| {name} | {_ops(path)} | {kept['split_candidates']} | {coarse / 1024:,.0f} "
+        f"| {kept['peak_after_bytes'] / 1024:,.0f} ({coarse / kept['peak_after_bytes']:.2f}x) "
+        f"| {kept['latency_before_ms']:.2f} / {kept['latency_after_ms']:.2f} | {subgraphs} "
+        f"| {smallest['peak_bytes'] / 1024:,.0f} ({coarse / smallest['peak_bytes']:.2f}x) at "
+        f"{smallest['latency_ms']:.2f} ms | {verified} | {time.perf_counter() - start:,.0f} |"
+    )
 
 
 def header(budget: float, seconds: float) -> list[str]:

@@ -54,10 +54,13 @@ def row(spec: str, target: str) -> str:
     seconds = time.perf_counter() - start
     stock, memplan = results["stock"], results["memplan"]
     equal = "yes" if memplan.requested_bytes == memplan.planned_bytes else "NO"
-    return (f"| {spec.removeprefix('zoo:')} | {'yes' if stock.correct else 'NO'} / {'yes' if memplan.correct else 'NO'} "
-            f"| {max(stock.max_abs_diff, memplan.max_abs_diff):.1e} | {stock.requested_bytes / 1024:,.1f} "
-            f"| {memplan.requested_bytes / 1024:,.1f} | {equal} | {memplan.zero_offset_calls} | {stock.latency_ms:,.1f} / {memplan.latency_ms:,.1f} "
-            f"| {seconds:,.0f} |")
+    return (
+        f"| {spec.removeprefix('zoo:')} | {'yes' if stock.correct else 'NO'} / {'yes' if memplan.correct else 'NO'} "
+        f"| {max(stock.max_abs_diff, memplan.max_abs_diff):.1e} | {stock.requested_bytes / 1024:,.1f} "
+        f"| {memplan.requested_bytes / 1024:,.1f} | {equal} | {memplan.zero_offset_calls} | {stock.latency_ms:,.1f} / "
+        f"{memplan.latency_ms:,.1f} "
+        f"| {seconds:,.0f} |"
+    )
 
 
 CI_OPTIONS = {"order": "program", "time_budget": 1.0}
@@ -72,9 +75,11 @@ def memplan_row(spec: str, target: str) -> str:
     except (UserError, RuntimeError, AssertionError) as exc:
         return f"| {spec.removeprefix('zoo:')} | failed: {error_line(exc)[:160]} | | | | |"
     seconds = time.perf_counter() - start
-    return (f"| {spec.removeprefix('zoo:')} | {'yes' if result.ok else 'NO: ' + '; '.join(result.problems)[:120]} "
-            f"| {result.max_abs_diff_vs_onnxruntime:.1e} | {'yes' if result.trace_matches_plan else 'NO'} "
-            f"| {result.zero_offset_calls} | {seconds:,.0f} |")
+    return (
+        f"| {spec.removeprefix('zoo:')} | {'yes' if result.ok else 'NO: ' + '; '.join(result.problems)[:120]} "
+        f"| {result.max_abs_diff_vs_onnxruntime:.1e} | {'yes' if result.trace_matches_plan else 'NO'} "
+        f"| {result.zero_offset_calls} | {seconds:,.0f} |"
+    )
 
 
 def main() -> None:
@@ -86,14 +91,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.memplan_only:
         lines = [
-            f"# Zoo models on the local {args.target} device, the CI test's way (`scripts/check_gpu_zoo.py --memplan-only`)",
+            f"# Zoo models on the local {args.target} device, the CI test's way (`scripts/check_gpu_zoo.py "
+            "--memplan-only`)",
             "",
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores shared with other jobs "
-            f"(load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the start). Each row: import, plan (program order), "
-            "build the memplan pipeline, run once on the device, compare with onnxruntime and the VM's storage requests with the "
-            "plan, as `tests/backends/test_gpu_zoo.py` does. `wall s` is all of it. PoCL and lavapipe compile each kernel "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores shared with "
+            "other jobs "
+            f"(load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the start). Each row: import, plan "
+            "(program order), "
+            "build the memplan pipeline, run once on the device, compare with onnxruntime and the VM's storage "
+            "requests with the "
+            "plan, as `tests/backends/test_gpu_zoo.py` does. `wall s` is all of it. PoCL and lavapipe compile each "
+            "kernel "
             "at its first launch and cache it on disk: MESA_SHADER_CACHE_DIR="
-            f"{os.environ.get('MESA_SHADER_CACHE_DIR', '(default)')}, POCL_CACHE_DIR={os.environ.get('POCL_CACHE_DIR', '(default)')} "
+            f"{os.environ.get('MESA_SHADER_CACHE_DIR', '(default)')}, "
+            f"POCL_CACHE_DIR={os.environ.get('POCL_CACHE_DIR', '(default)')} "
             "(an empty directory is what a fresh CI machine has).",
             "",
             "| model | correct, requests = plan | max abs diff | = plan | `ensure_zero_offset` | wall s |",
@@ -104,16 +115,20 @@ def main() -> None:
         lines = [
             f"# Zoo models on the local {args.target} device at small sizes (`scripts/check_gpu_zoo.py`)",
             "",
-            "The default GPU schedules (tvm_memplan's rule for convolutions and pools, then dlight), stock and memplan pipelines, checked against onnxruntime. "
+            "The default GPU schedules (tvm_memplan's rule for convolutions and pools, then dlight), stock and "
+            "memplan pipelines, checked against onnxruntime. "
             "Requested = what the VM's `alloc_storage` calls asked for in one run (outputs included); "
             "`= plan` says memplan's requests equal its plan. Latency is a software device on a shared "
-            "2-core CPU (median of 3): it says nothing about a GPU. In-place/concat aliasing is on; kernels read tensors "
-            "at their arena offsets (an `elem_offset` parameter); `ensure_zero_offset` counts memplan's calls in one run "
+            "2-core CPU (median of 3): it says nothing about a GPU. In-place/concat aliasing is on; kernels read "
+            "tensors "
+            "at their arena offsets (an `elem_offset` parameter); `ensure_zero_offset` counts memplan's calls in one "
+            "run "
             "(each one at a nonzero offset would copy a tensor out of the arena).",
             "",
-            "| model | correct stock / memplan | max abs diff | stock requested KiB | memplan requested KiB | = plan | `ensure_zero_offset` | latency ms stock / memplan | wall s |",
+            "| model | correct stock / memplan | max abs diff | stock requested KiB | memplan requested KiB | = plan "
+            "| `ensure_zero_offset` | latency ms stock / memplan | wall s |",
             "|---|---|---|---|---|---|---|---|---|",
-            ]
+        ]
         make_row = row
     for spec in args.models:
         lines.append(make_row(spec, args.target))

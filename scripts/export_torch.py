@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -37,6 +37,7 @@ def _torchvision(name: str, resolution: int = 224, **kwargs) -> Factory:
         import torchvision
 
         return getattr(torchvision.models, name)(weights=None, **kwargs), _image(resolution)
+
     return make
 
 
@@ -45,19 +46,33 @@ def _timm(name: str, resolution: int = 224) -> Factory:
         import timm
 
         return timm.create_model(name, pretrained=False), _image(resolution)
+
     return make
 
 
-def _bert(layers: int = 2, hidden: int = 128, heads: int = 2, sequence: int = 128, vocab: int = 30522,
-          positions: int = 512, pooled: bool = False) -> Factory:
+def _bert(
+    layers: int = 2,
+    hidden: int = 128,
+    heads: int = 2,
+    sequence: int = 128,
+    vocab: int = 30522,
+    positions: int = 512,
+    pooled: bool = False,
+) -> Factory:
     def make():
         from transformers import BertConfig, BertModel
 
-        config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                            intermediate_size=4 * hidden, vocab_size=vocab,
-                            max_position_embeddings=positions)
+        config = BertConfig(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+            vocab_size=vocab,
+            max_position_embeddings=positions,
+        )
         wrapper = _PooledEncoder if pooled else _Encoder
         return wrapper(BertModel(config, add_pooling_layer=pooled)), (torch.randint(0, vocab, (1, sequence)),)
+
     return make
 
 
@@ -117,6 +132,7 @@ def _stem(name: str, count: int, resolution: int, **kwargs) -> Factory:
 
         model = getattr(torchvision.models, name)(weights=None, **kwargs)
         return _Stem(model.features, count), _image(resolution)
+
     return make
 
 
@@ -125,6 +141,7 @@ def _shufflenet_unit() -> Factory:
         from torchvision.models.shufflenetv2 import InvertedResidual
 
         return InvertedResidual(48, 48, 1), (torch.randn(1, 48, 12, 12),)
+
     return make
 
 
@@ -137,8 +154,7 @@ FIXTURES: dict[str, Factory] = {
     # attention as transformers writes it (the dynamo exporter adds a NaN guard after the softmax)
     "transformers_bert_layer": _bert(layers=1, hidden=32, heads=2, sequence=16, vocab=64, positions=16),
     # two outputs (last_hidden_state, pooler_output), as BertModel's default export has
-    "transformers_bert_pooled": _bert(layers=1, hidden=32, heads=2, sequence=16, vocab=64, positions=16,
-                                      pooled=True),
+    "transformers_bert_pooled": _bert(layers=1, hidden=32, heads=2, sequence=16, vocab=64, positions=16, pooled=True),
 }
 
 
@@ -152,8 +168,9 @@ def export(factory: Factory, path: Path, dynamo: bool) -> None:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             if dynamo:
-                program = torch.onnx.export(model, inputs, dynamo=True, opset_version=18, external_data=False,
-                                            verbose=False)
+                program = torch.onnx.export(
+                    model, inputs, dynamo=True, opset_version=18, external_data=False, verbose=False
+                )
                 program.save(str(scratch), external_data=False)
             else:
                 torch.onnx.export(model, inputs, str(scratch), dynamo=False, opset_version=17)

@@ -33,10 +33,11 @@ def table(markdown: str, header_start: str) -> list[dict[str, str]]:
     start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
     header = [cell.strip() for cell in lines[start].strip().strip("|").split("|")]
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
-        rows.append(dict(zip(header, (cell.strip() for cell in line.strip().strip("|").split("|")))))
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        rows.append(dict(zip(header, cells, strict=True)))
     return rows
 
 
@@ -68,8 +69,9 @@ def latency_chart(bench_latency: Path, out: Path) -> Path:
     return _bars(models, series, "ms (median, 2 threads, log scale)", "Latency on the CPU", out, log=True)
 
 
-def _bars(models: list[str], series: dict[str, list[float]], ylabel: str, title: str, out: Path,
-          log: bool = False) -> Path:
+def _bars(
+    models: list[str], series: dict[str, list[float]], ylabel: str, title: str, out: Path, log: bool = False
+) -> Path:
     fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
     width = 0.8 / len(series)
     for index, (label, values) in enumerate(series.items()):
@@ -94,7 +96,9 @@ def layout_picture(model_spec: str, out: Path) -> Path:
 
     plan = plan_model(load_model(model_spec))
     problem, offsets, arena = max(plan.main.layouts(), key=lambda layout: layout[2])
-    return plot_layout(problem, offsets, out, title=f"{model_spec}: arena {arena / (1 << 20):.2f} MiB", arena_bytes=arena)
+    return plot_layout(
+        problem, offsets, out, title=f"{model_spec}: arena {arena / (1 << 20):.2f} MiB", arena_bytes=arena
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,8 +5,9 @@
 
 For each chain and number of parts: the simulated peak of the model with that chain split (nothing
 else), the chain's kernel launches after TVM's fusion, the iterations of its reduction blocks
-(multiply-adds of convolutions and matmuls, window reads of pools; row tiles recompute their halos), the chain compiled alone and timed whole and split, and the
-whole model timed unsplit and split; each pair in interleaved rounds with the default CPU schedules.
+(multiply-adds of convolutions and matmuls, window reads of pools; row tiles recompute their halos),
+the chain compiled alone and timed whole and split, and the whole model timed unsplit and split; each pair in
+interleaved rounds with the default CPU schedules.
 ``--list`` prints the model's chains instead.
 """
 
@@ -66,8 +67,12 @@ def launches(mod: tvm.IRModule, target: tvm.target.Target) -> int:
     """Kernel calls of ``main`` after TVM's legalization and fusion."""
     with target:
         fused = tvm.transform.Sequential(stage_passes(target).dataflow)(mod)
-    return sum(1 for block in fused["main"].body.blocks for b in block.bindings
-               if isinstance(b.value, relax.Call) and any(b.value.op.same_as(op) for op in _KERNEL_CALLS))
+    return sum(
+        1
+        for block in fused["main"].body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and any(b.value.op.same_as(op) for op in _KERNEL_CALLS)
+    )
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -89,8 +94,15 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int) -> list[
     for name in names:
         chain = chains[name]
         alone = chain_module(mod, chain)
-        row = {"chain": name, "kind": chain.kind, "unsplit": {
-            "peak": peak(program).bytes, "launches": launches(alone, target), "macs": reduction_steps(alone)}}
+        row = {
+            "chain": name,
+            "kind": chain.kind,
+            "unsplit": {
+                "peak": peak(program).bytes,
+                "launches": launches(alone, target),
+                "macs": reduction_steps(alone),
+            },
+        }
         for count in parts:
             choice = [SplitChoice(chain, count)]
             split_alone = split_chains(alone, choice)
@@ -115,8 +127,10 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int) -> str:
         "",
         f"Target `host`, {platform.machine()} with {os.cpu_count()} cores, TVM_NUM_THREADS={threads}. One chain split "
         "at a time (nothing else split). Peak: the simulator's, whole model. Launches: the chain's kernels after TVM's "
-        "fusion. Reduction steps: iterations of its kernels' reduction blocks (the multiply-adds of convolutions and matmuls, the window reads of pools; halos recomputed). Times: medians over "
-        f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit and split "
+        "fusion. Reduction steps: iterations of its kernels' reduction blocks (the multiply-adds of convolutions and "
+        "matmuls, the window reads of pools; halos recomputed). Times: medians over "
+        f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit and "
+        "split "
         "side by side. Produced by `scripts/profile_split.py`.",
         "",
         "| chain | parts | peak KiB | launches | reduction steps (M) | chain alone ms: unsplit / split (added µs) "
@@ -125,8 +139,10 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int) -> str:
     ]
     for row in rows:
         base = row["unsplit"]
-        lines.append(f"| {row['chain']} ({row['kind']}) | 1 | {base['peak'] / 1024:.1f} | {base['launches']} | "
-                     f"{base['macs'] / 1e6:.2f} | | |")
+        lines.append(
+            f"| {row['chain']} ({row['kind']}) | 1 | {base['peak'] / 1024:.1f} | {base['launches']} | "
+            f"{base['macs'] / 1e6:.2f} | | |"
+        )
         for count in parts:
             r = row[count]
             (cb, ca), (mb, ma) = r["chain_ms"], r["model_ms"]

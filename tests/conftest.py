@@ -16,8 +16,12 @@ import os
 
 import pytest
 
-OPT_IN = {"arm64": "TVM_MEMPLAN_RUN_ARM64", "tuning": "TVM_MEMPLAN_RUN_TUNING", "mcu": "TVM_MEMPLAN_RUN_MCU",
-          "timing": "TVM_MEMPLAN_RUN_TIMING"}
+OPT_IN = {
+    "arm64": "TVM_MEMPLAN_RUN_ARM64",
+    "tuning": "TVM_MEMPLAN_RUN_TUNING",
+    "mcu": "TVM_MEMPLAN_RUN_MCU",
+    "timing": "TVM_MEMPLAN_RUN_TIMING",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,9 +11,23 @@ RESULTS_README = ROOT / "results" / "README.md"
 def test_check_exports_splits_and_verifies_an_exported_stem(tmp_path):
     out = tmp_path / "exports.md"
     fixture = ROOT / "tests" / "fixtures" / "torchvision_mobilenet_v2_stem.torchscript.onnx"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_exports.py"), str(fixture), "--out", str(out),
-                           "--search-seconds", "5", "--cache", str(tmp_path / "cache.jsonl")],
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "check_exports.py"),
+            str(fixture),
+            "--out",
+            str(out),
+            "--search-seconds",
+            "5",
+            "--cache",
+            str(tmp_path / "cache.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = [line for line in out.read_text().splitlines() if line.startswith("| torchvision_mobilenet_v2_stem")]
     checked = row.split("|")[9]
@@ -24,9 +38,25 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
     """The profile of mcu_cnn's stem chain in 2 and 4 row tiles: launches grow with the tiles, the
     reduction steps cannot shrink (halos are recomputed), the simulated peak drops."""
     out = tmp_path / "profile.md"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_split.py"), "zoo:mcu_cnn", "--chains",
-                           "lv..lv4 (rows)", "--parts", "2,4", "--rounds", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "profile_split.py"),
+            "zoo:mcu_cnn",
+            "--chains",
+            "lv..lv4 (rows)",
+            "--parts",
+            "2,4",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
     unsplit, *tiles = rows
@@ -39,8 +69,13 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
 def test_published_memory_tables_match_what_the_script_plans_now():
     """Memory is deterministic: a change that moves a zoo model's arena, bound, in-place count or order
     must regenerate the published tables (scripts/bench_memory.py) or this fails."""
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "--check",
-                           str(RESULTS_README)], capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "--check", str(RESULTS_README)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -50,14 +85,31 @@ def test_the_readme_check_sees_a_stale_row(tmp_path):
     row = next(line for line in readme.splitlines() if line.startswith("| mlp | 0.00 | 0.00 | +0.0%"))
     stale = tmp_path / "README.md"
     stale.write_text(readme.replace(row, row.replace("| program (proved optimal) |", "| beam1 |")))
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "mlp", "--check",
-                           str(stale)], capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "mlp", "--check", str(stale)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 1 and "stale or missing row" in done.stderr and "| mlp |" in done.stderr
 
 
 def test_plot_results_draws_the_charts_from_the_tables(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_results.py"), "--out", str(tmp_path),
-                           "--layout-model", "zoo:mcu_cnn"], capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "plot_results.py"),
+            "--out",
+            str(tmp_path),
+            "--layout-model",
+            "zoo:mcu_cnn",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("memory.png", "latency.png", "memory_layout_mcu_cnn.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -69,8 +121,13 @@ def test_execute_tutorials_stores_the_outputs(tmp_path):
 
     notebook = tmp_path / "tiny.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("print(6 * 7)")]), notebook)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "execute_tutorials.py"), str(notebook)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "execute_tutorials.py"), str(notebook)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (cell,) = nbformat.read(notebook, as_version=4).cells
     assert cell.outputs[0]["text"] == "42\n"

@@ -46,8 +46,10 @@ class LoadedModel:
         for name, shape, dtype in self.input_specs():
             if not all(isinstance(d, int) and d > 0 for d in shape):
                 example = "x".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in shape)
-                raise UserError(f"input {name!r} has a dynamic shape {shape}: give --input-shapes {name}:{example} "
-                                "(or export the model with static shapes)")
+                raise UserError(
+                    f"input {name!r} has a dynamic shape {shape}: give --input-shapes {name}:{example} "
+                    "(or export the model with static shapes)"
+                )
             if np.issubdtype(dtype, np.floating):
                 inputs[name] = rng.standard_normal(shape).astype(dtype)
             else:
@@ -116,15 +118,19 @@ def bind_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
             raise UserError(f"{name}: no input {input_name!r} (inputs: {', '.join(inputs)})")
         dims = inputs[input_name].type.tensor_type.shape.dim
         if len(dims) != len(shape):
-            raise UserError(f"{name}: input {input_name!r} has {len(dims)} dimensions, "
-                            f"--input-shapes gives {len(shape)}")
+            raise UserError(
+                f"{name}: input {input_name!r} has {len(dims)} dimensions, --input-shapes gives {len(shape)}"
+            )
         for index, (dim, size) in enumerate(zip(dims, shape, strict=True)):
             if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
-                raise UserError(f"{name}: dimension {index} of input {input_name!r} is fixed at {dim.dim_value}, "
-                                f"--input-shapes gives {size}")
+                raise UserError(
+                    f"{name}: dimension {index} of input {input_name!r} is fixed at {dim.dim_value}, "
+                    f"--input-shapes gives {size}"
+                )
             if dim.HasField("dim_param") and dim.dim_param and symbols.setdefault(dim.dim_param, size) != size:
-                raise UserError(f"{name}: --input-shapes gives {dim.dim_param} both "
-                                f"{symbols[dim.dim_param]} and {size}")
+                raise UserError(
+                    f"{name}: --input-shapes gives {dim.dim_param} both {symbols[dim.dim_param]} and {size}"
+                )
             dim.dim_value = size  # replaces dim_param (one of the two)
     for value in [*graph.input, *graph.output, *graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:
@@ -159,9 +165,17 @@ def check_inputs(model: LoadedModel, given: dict[str, np.ndarray], source: str =
     names = [name for name, _, _ in specs]
     missing, unknown = [n for n in names if n not in given], [n for n in given if n not in names]
     if missing or unknown:
-        raise UserError(f"{source} must hold one array per model input ({', '.join(names)}): "
-                        + "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
-                                                      f"unknown {', '.join(unknown)}" if unknown else "") if part))
+        raise UserError(
+            f"{source} must hold one array per model input ({', '.join(names)}): "
+            + "; ".join(
+                part
+                for part in (
+                    f"missing {', '.join(missing)}" if missing else "",
+                    f"unknown {', '.join(unknown)}" if unknown else "",
+                )
+                if part
+            )
+        )
     inputs = {}
     for name, shape, dtype in specs:
         array = given[name]
@@ -188,7 +202,7 @@ def _load(spec: str) -> LoadedModel:
         from . import zoo
 
         name, params = zoo.parse_spec(spec)
-        return LoadedModel(spec[len(ZOO_PREFIX):], zoo.build(name, **params))
+        return LoadedModel(spec[len(ZOO_PREFIX) :], zoo.build(name, **params))
     path = Path(spec)
     if not path.exists():
         raise UserError(f"no such model file: {spec}")
@@ -277,5 +291,7 @@ def fold_constants(onnx_model: onnx.ModelProto) -> onnx.ModelProto:
         try:
             ort.InferenceSession(onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime's errors have no common base
-            raise UserError(f"onnxruntime could not fold the graph's shape computations: {str(exc).splitlines()[0][:200]}") from None
+            raise UserError(
+                f"onnxruntime could not fold the graph's shape computations: {str(exc).splitlines()[0][:200]}"
+            ) from None
         return onnx.load(options.optimized_model_filepath)

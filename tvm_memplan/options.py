@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import UserError
 from .planning import DEFAULT_ALIGNMENT
@@ -58,7 +59,7 @@ class MemplanOptions:
             except ValueError as exc:
                 raise UserError(str(exc)) from None
 
-    def updated(self, **changes: Any) -> "MemplanOptions":
+    def updated(self, **changes: Any) -> MemplanOptions:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import tvm
 
@@ -41,11 +42,11 @@ class ModelPlan:
     def total(self, key: str) -> Any:
         return sum(getattr(report, key) for report in self.reports)
 
-    def build(self) -> "tvm.runtime.Executable":
+    def build(self) -> tvm.runtime.Executable:
         """Compile the planned module (kernel schedules, the rest of TVM's pipeline, then codegen)."""
         return _build(self.planned, self.target, self._schedules(None) + self.finalize)
 
-    def build_stock(self, schedule: str | None = None) -> "tvm.runtime.Executable":
+    def build_stock(self, schedule: str | None = None) -> tvm.runtime.Executable:
         """Compile with TVM's own order and planner. The kernels are those of :meth:`build`
         unless ``schedule`` says otherwise (``"none"``: TVM's stock kernels too)."""
         return _build(self.stock_staged, self.target, self._schedules(schedule) + self.finalize)
@@ -54,7 +55,7 @@ class ModelPlan:
         return schedule_passes(self.target, self.options.updated(schedule=schedule))
 
 
-def _build(mod: tvm.IRModule, target: tvm.target.Target, passes: list) -> "tvm.runtime.Executable":
+def _build(mod: tvm.IRModule, target: tvm.target.Target, passes: list) -> tvm.runtime.Executable:
     with target:
         return tvm.compile(mod, target, relax_pipeline=tvm.transform.Sequential(passes))
 
@@ -65,7 +66,10 @@ def _sequential(passes: list, mod: tvm.IRModule, target: tvm.target.Target) -> t
 
 
 def plan_model(
-    model: LoadedModel, target: Any = None, prepare: Callable[[tvm.IRModule], tvm.IRModule] | None = None, **options: Any
+    model: LoadedModel,
+    target: Any = None,
+    prepare: Callable[[tvm.IRModule], tvm.IRModule] | None = None,
+    **options: Any,
 ) -> ModelPlan:
     """Import ``model``, run TVM's passes up to memory planning, reorder, and plan its arenas.
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .planning import Problem
 
@@ -25,8 +25,10 @@ def plot_layout(
     path = Path(path)
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
     cmap = plt.get_cmap("tab20")
-    scale, unit = _unit(max([o + b.size for b, o in zip(problem.buffers, offsets)] + [arena_bytes or 0, 1]))
-    for index, (buffer, offset) in enumerate(zip(problem.buffers, offsets)):
+    scale, unit = _unit(
+        max([o + b.size for b, o in zip(problem.buffers, offsets, strict=True)] + [arena_bytes or 0, 1])
+    )
+    for index, (buffer, offset) in enumerate(zip(problem.buffers, offsets, strict=True)):
         if buffer.size == 0:
             continue
         aliased = index in problem.aliases
@@ -46,7 +48,9 @@ def plot_layout(
         )
     bound = problem.lower_bound()
     horizon = max(problem.horizon(), 1)
-    ax.axhline(bound / scale, color="tab:red", linestyle="--", linewidth=1, label=f"lower bound {bound / scale:,.2f} {unit}")
+    ax.axhline(
+        bound / scale, color="tab:red", linestyle="--", linewidth=1, label=f"lower bound {bound / scale:,.2f} {unit}"
+    )
     if arena_bytes is not None:
         ax.axhline(arena_bytes / scale, color="black", linewidth=1, label=f"arena {arena_bytes / scale:,.2f} {unit}")
     ax.set_xlim(0, horizon)
@@ -55,7 +59,17 @@ def plot_layout(
     ax.set_ylabel(f"offset ({unit})")
     ax.set_title(title or "memory layout")
     if problem.aliases:
-        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor="white", edgecolor="black", hatch="///", label="shares bytes (in-place / concat slice)"))
+        ax.add_patch(
+            Rectangle(
+                (0, 0),
+                0,
+                0,
+                facecolor="white",
+                edgecolor="black",
+                hatch="///",
+                label="shares bytes (in-place / concat slice)",
+            )
+        )
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,9 @@ GPUS = {kind: tvm.target.Target({"kind": kind, "host": "llvm"}) for kind in ("op
 def _run(func: tirx.PrimFunc, target: tvm.target.Target, dev: tvm.runtime.Device) -> np.ndarray:
     lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
     rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32"), dev) for p in func.params]
+    args = [
+        tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32"), dev) for p in func.params
+    ]
     lib["main"](*args)
     return args[-1].numpy()
 
@@ -38,7 +40,10 @@ CASES = {
     "depthwise5x5": (conv_body(8, 5, padding=2, groups=8, activation="relu6"), (1, 8, 9, 9)),
     "conv3x3_stride2_stem": (conv_body(8, 3, stride=2, padding=1, activation="relu6"), (1, 3, 16, 16)),
     "conv1x1": (conv_body(12, 1, activation="relu6"), (1, 8, 7, 7)),
-    "conv3x3_batch2_partial_block": (conv_body(8, 3, padding=1, activation="relu6"), (2, 4, 7, 7)),  # 196 threads in blocks of 128
+    "conv3x3_batch2_partial_block": (
+        conv_body(8, 3, padding=1, activation="relu6"),
+        (2, 4, 7, 7),
+    ),  # 196 threads in blocks of 128
     "grouped3x3": (conv_body(8, 3, padding=1, groups=2, activation="relu6"), (1, 4, 6, 6)),
     "max_pool": (lambda bb, x: relax.op.nn.max_pool2d(x, 3, 2, 1), (1, 8, 9, 9)),
     "avg_pool": (lambda bb, x: relax.op.nn.avg_pool2d(x, 2, 2), (1, 8, 8, 8)),
@@ -64,10 +69,11 @@ def test_a_dense_layer_is_left_to_dlight():
     assert ThreadPerOutput().apply(func, OPENCL, False) is None
 
 
-
 def test_a_pool_with_a_symbolic_batch_is_declined():
     """A symbolic extent is "not applicable", not an error (only NotApplicable declines a rule)."""
-    for func in kernels_of(lambda bb, x: relax.op.nn.max_pool2d(x, 3, 2, 1), (tirx.Var("n", "int64"), 8, 9, 9)).values():
+    for func in kernels_of(
+        lambda bb, x: relax.op.nn.max_pool2d(x, 3, 2, 1), (tirx.Var("n", "int64"), 8, 9, 9)
+    ).values():
         assert ThreadPerOutput().apply(func, OPENCL, False) is None
 
 
@@ -82,8 +88,13 @@ def adaptive_avg_pool(x: np.ndarray, size: int) -> np.ndarray:
     height, width = x.shape[2:]
     rows = [(i * height // size, -(-(i + 1) * height // size)) for i in range(size)]
     cols = [(j * width // size, -(-(j + 1) * width // size)) for j in range(size)]
-    return np.array([[[[x[n, c, r0:r1, c0:c1].mean() for c0, c1 in cols] for r0, r1 in rows]
-                      for c in range(x.shape[1])] for n in range(x.shape[0])], dtype=x.dtype)
+    return np.array(
+        [
+            [[[x[n, c, r0:r1, c0:c1].mean() for c0, c1 in cols] for r0, r1 in rows] for c in range(x.shape[1])]
+            for n in range(x.shape[0])
+        ],
+        dtype=x.dtype,
+    )
 
 
 ADAPTIVE = {"2x2_of_7x7": ((1, 8, 7, 7), 2), "7x7_of_15x15": ((1, 16, 15, 15), 7)}
@@ -99,8 +110,16 @@ def test_every_rule_before_the_last_declines_an_adaptive_pool_the_last_binds_it(
     with OPENCL:
         scheduled = generic_gpu_schedule()(tvm.IRModule({"main": func}))["main"]
     bound = []
-    tvm_ffi.structural_walk(scheduled.body, [(tirx.For, lambda loop: bound.append(loop.thread_binding.thread_tag)
-                                              if loop.thread_binding is not None else None)], order="post")
+    tvm_ffi.structural_walk(
+        scheduled.body,
+        [
+            (
+                tirx.For,
+                lambda loop: bound.append(loop.thread_binding.thread_tag) if loop.thread_binding is not None else None,
+            )
+        ],
+        order="post",
+    )
     assert sorted(bound) == ["blockIdx.x", "threadIdx.x"]  # one kernel, its epilogue in the same thread
 
 

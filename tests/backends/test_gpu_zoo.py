@@ -38,9 +38,14 @@ CI_OPTIONS = {"order": "program", "time_budget": 1.0}
 """No order search (up to 10 s per function) and a short allocator search: what runs is still the plan."""
 
 
-@pytest.mark.parametrize("spec, kind", [
-    pytest.param(spec, kind, id=f"{kind}-{spec.removeprefix('zoo:')}") for spec in MODELS for kind in ("opencl", "vulkan")
-])
+@pytest.mark.parametrize(
+    "spec, kind",
+    [
+        pytest.param(spec, kind, id=f"{kind}-{spec.removeprefix('zoo:')}")
+        for spec in MODELS
+        for kind in ("opencl", "vulkan")
+    ],
+)
 def test_the_memplan_build_runs_on_the_device_correctly_and_as_planned(spec, kind):
     if not device_ready(kind):
         pytest.skip(f"no {kind} device: run tvm-memplan setup-gpu")

@@ -19,6 +19,7 @@ from tvm_memplan.relax.offsets import KernelOffsetParams
 from tvm_memplan.relax.pipeline import pipeline
 from tvm_memplan.verify import run_vm
 
+from ..deploy.conftest import over_rpc
 from ..relax.modules import chain_with_view, concat_cases, random_input, residual_block
 from .conftest import needs_device
 
@@ -61,8 +62,15 @@ def test_measure_through_a_loopback_tracker(capsys, tmp_path):
     assert main(["build", "zoo:mlp?hidden=16", "--target", "opencl", "-o", str(artifact)]) == 0
     capsys.readouterr()
     with start_farm({"gpu": 1}, lifetime=120) as farm:
-        code = main(["measure", str(artifact), "--rpc-tracker", farm.tracker, "--rpc-key", "gpu", "--json", *FAST,
-                     "--log", str(tmp_path / "log.jsonl")])
+        code = main(
+            [
+                "measure",
+                str(artifact),
+                *over_rpc(farm.tracker, "gpu", tmp_path / "log.jsonl"),
+                "--json",
+                *FAST,
+            ]
+        )
     out, err = capsys.readouterr()
     assert code == 0, err
     result = json.loads(out)["memplan"]
@@ -91,7 +99,9 @@ def test_a_depthwise_conv_with_a_1x1_output_schedules_and_runs():
     x = rng.standard_normal((1, 16, 1, 1)).astype("float32")
     w = rng.standard_normal((16, 1, 3, 3)).astype("float32")
     out = relax.VirtualMachine(executable, dev)["main"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev))
-    np.testing.assert_allclose(out.numpy(), np.maximum(x * w[:, :, 1:2, 1:2].reshape(1, 16, 1, 1), 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out.numpy(), np.maximum(x * w[:, :, 1:2, 1:2].reshape(1, 16, 1, 1), 0), rtol=1e-5, atol=1e-6
+    )
 
 
 @needs_device("opencl")

@@ -110,8 +110,10 @@ def test_up_to_date_only_when_newer_than_every_source(tmp_path, monkeypatch):
     assert not is_current(source, SIDECARS["opencl"])
 
 
-installed = pytest.mark.skipif(not all(sidecars.installed_path(s).exists() for s in SIDECARS.values()),
-                               reason="sidecars not installed: CI runs tvm-memplan setup-gpu before pytest")
+installed = pytest.mark.skipif(
+    not all(sidecars.installed_path(s).exists() for s in SIDECARS.values()),
+    reason="sidecars not installed: CI runs tvm-memplan setup-gpu before pytest",
+)
 
 
 @pytest.fixture
@@ -140,12 +142,16 @@ def test_setup_gpu_again_rebuilds_nothing_and_lists_devices(capsys, source_env):
 
 
 @installed
-@pytest.mark.parametrize("backend, variable, value, package", [
-    ("opencl", "OCL_ICD_VENDORS", "", "pocl-opencl-icd"),  # an empty vendor directory: no platform
-    ("vulkan", "VK_ICD_FILENAMES", "none.json", "mesa-vulkan-drivers"),  # no driver manifest
-])
-def test_no_driver_is_one_line_naming_the_debian_driver(capsys, tmp_path, monkeypatch, backend, variable, value,
-                                                        package, source_env):
+@pytest.mark.parametrize(
+    "backend, variable, value, package",
+    [
+        ("opencl", "OCL_ICD_VENDORS", "", "pocl-opencl-icd"),  # an empty vendor directory: no platform
+        ("vulkan", "VK_ICD_FILENAMES", "none.json", "mesa-vulkan-drivers"),  # no driver manifest
+    ],
+)
+def test_no_driver_is_one_line_naming_the_debian_driver(
+    capsys, tmp_path, monkeypatch, backend, variable, value, package, source_env
+):
     monkeypatch.setenv(variable, str(tmp_path / value))  # the device probe's fresh interpreter inherits it
     assert main(["setup-gpu", "--backend", backend]) == 2
     # (a machine with an older setup-gpu's copy in TVM's package also gets a note naming it)
@@ -153,23 +159,30 @@ def test_no_driver_is_one_line_naming_the_debian_driver(capsys, tmp_path, monkey
     assert len(errors) == 1 and f"apt-get install {package}" in errors[0]
 
 
-ENTRY_POINT = ("from importlib.metadata import EntryPoint; import tomllib; "
-               "project = tomllib.load(open('pyproject.toml', 'rb'))['project']; "
-               "value = project['entry-points']['tvm.backends']['tvm_memplan']; "
-               "EntryPoint('tvm_memplan', value, 'tvm.backends').load()()")
+ENTRY_POINT = (
+    "from importlib.metadata import EntryPoint; import tomllib; "
+    "project = tomllib.load(open('pyproject.toml', 'rb'))['project']; "
+    "value = project['entry-points']['tvm.backends']['tvm_memplan']; "
+    "EntryPoint('tvm_memplan', value, 'tvm.backends').load()()"
+)
 
 
 @installed
-@pytest.mark.parametrize("loads", [
-    "import tvm, tvm_memplan",  # tvm first: import tvm_memplan loads them
-    f"import tvm_memplan, tvm; {ENTRY_POINT}",  # tvm_memplan first: the entry point import tvm calls loads them
-])
+@pytest.mark.parametrize(
+    "loads",
+    [
+        "import tvm, tvm_memplan",  # tvm first: import tvm_memplan loads them
+        f"import tvm_memplan, tvm; {ENTRY_POINT}",  # tvm_memplan first: the entry point import tvm calls loads them
+    ],
+)
 def test_a_fresh_import_loads_the_runtimes_from_the_data_directory(loads):
     """With TVM's own loading switched off, so that no copy in TVM's package can stand in for them."""
     if sys.version_info < (3, 11):
         pytest.skip("reads pyproject.toml with tomllib")
-    probe = (f"{loads}; import tvm.base; "
-             "print(';'.join(tvm.base._LOADED_LIBS[f'tvm_runtime_{b}']._name for b in ('opencl', 'vulkan')))")
+    probe = (
+        f"{loads}; import tvm.base; "
+        "print(';'.join(tvm.base._LOADED_LIBS[f'tvm_runtime_{b}']._name for b in ('opencl', 'vulkan')))"
+    )
     env = {**os.environ, "TVM_DEVICE_BACKEND_AUTOLOAD": "0", "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr

@@ -13,8 +13,8 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -39,6 +39,7 @@ from tvm_memplan.relax.pipeline import schedule_passes
 from tvm_memplan.verify import verify_plan
 from tvm_memplan.zoo.graph import GraphBuilder
 
+from ..deploy.conftest import over_rpc
 from .conftest import needs_device
 
 FAST = ("--repeat", "1", "--min-repeat-ms", "1")
@@ -46,8 +47,10 @@ VULKAN = {"kind": "vulkan", "host": "llvm"}
 
 vulkan_codegen.register()
 ours = pytest.mark.skipif(not vulkan_codegen.is_ours(), reason="this TVM has its own Vulkan code generator")
-needs_glslang = pytest.mark.skipif(vulkan_codegen.is_ours() and shutil.which(vulkan_codegen.GLSLANG) is None,
-                                   reason="glslangValidator missing (Debian: glslang-tools)")
+needs_glslang = pytest.mark.skipif(
+    vulkan_codegen.is_ours() and shutil.which(vulkan_codegen.GLSLANG) is None,
+    reason="glslangValidator missing (Debian: glslang-tools)",
+)
 
 
 def needs_vulkan(test: Callable) -> Callable:
@@ -109,19 +112,36 @@ def gather(table, ids):
 
 
 @needs_vulkan
-@pytest.mark.parametrize("build, inputs, glsl", [
-    (elementwise, lambda: (rand(4, 33), rand(4, 33, seed=1)), ["tvm_erf(", "tanh(", "exp("]),
-    # a long reduction over few outputs stays with dlight (cross-thread: shared memory and barriers)
-    (lambda x, w, b: op.nn.relu(op.add(op.matmul(x, w), b)), lambda: (rand(1, 256), rand(256, 24), rand(24)),
-     ["shared precise float", "barrier();"]),
-    (lambda x, w: op.nn.relu(op.nn.conv2d(x, w, padding=(1, 1))), lambda: (rand(1, 3, 10, 10), rand(8, 3, 3, 3)),
-     [" ? "]),  # padding is an if_then_else
-    (lambda x, w: op.clip(op.nn.conv2d(x, w, strides=(2, 2), padding=(1, 1), groups=8), 0.0, 6.0),
-     lambda: (rand(1, 8, 9, 9), rand(8, 1, 3, 3)), ["min(", "max("]),
-    (pooling, lambda: (rand(1, 4, 9, 9),), ["max("]),
-    # cross-thread reductions: TVM lowers them through shared memory (Vulkan's thread_warp_size is 1)
-    (reductions, lambda: (rand(3, 300), rand(300), rand(300)), ["shared precise float", "barrier();", "sqrt(", "exp("]),
-], ids=["elementwise", "dense", "conv2d", "depthwise", "pooling", "softmax_layernorm_sum"])
+@pytest.mark.parametrize(
+    "build, inputs, glsl",
+    [
+        (elementwise, lambda: (rand(4, 33), rand(4, 33, seed=1)), ["tvm_erf(", "tanh(", "exp("]),
+        # a long reduction over few outputs stays with dlight (cross-thread: shared memory and barriers)
+        (
+            lambda x, w, b: op.nn.relu(op.add(op.matmul(x, w), b)),
+            lambda: (rand(1, 256), rand(256, 24), rand(24)),
+            ["shared precise float", "barrier();"],
+        ),
+        (
+            lambda x, w: op.nn.relu(op.nn.conv2d(x, w, padding=(1, 1))),
+            lambda: (rand(1, 3, 10, 10), rand(8, 3, 3, 3)),
+            [" ? "],
+        ),  # padding is an if_then_else
+        (
+            lambda x, w: op.clip(op.nn.conv2d(x, w, strides=(2, 2), padding=(1, 1), groups=8), 0.0, 6.0),
+            lambda: (rand(1, 8, 9, 9), rand(8, 1, 3, 3)),
+            ["min(", "max("],
+        ),
+        (pooling, lambda: (rand(1, 4, 9, 9),), ["max("]),
+        # cross-thread reductions: TVM lowers them through shared memory (Vulkan's thread_warp_size is 1)
+        (
+            reductions,
+            lambda: (rand(3, 300), rand(300), rand(300)),
+            ["shared precise float", "barrier();", "sqrt(", "exp("],
+        ),
+    ],
+    ids=["elementwise", "dense", "conv2d", "depthwise", "pooling", "softmax_layernorm_sum"],
+)
 def test_kernels_match_the_llvm_build(build, inputs, glsl):
     vulkan, llvm, source = run_both(build, *inputs())
     np.testing.assert_allclose(vulkan, llvm, rtol=1e-4, atol=1e-5)
@@ -201,7 +221,8 @@ def test_more_scalars_than_push_constants_hold_is_a_one_line_error_naming_the_ke
     assert error_line(raised.value).endswith(
         "Vulkan code generator: kernel scaled_prefix_kernel takes 2 scalar arguments (16 bytes), more than the 8 "
         "bytes of push constants (TVM's Vulkan runtime would pass them in a uniform buffer that launches still "
-        "queued overwrite)")
+        "queued overwrite)"
+    )
 
 
 def dense_concat(inputs: int) -> LoadedModel:
@@ -221,8 +242,9 @@ def scheduled(plan) -> tvm.IRModule:
 
 def test_a_kernel_over_the_push_constants_gets_the_arena_offsets_as_constants():
     plan = plan_model(dense_concat(20), VULKAN, order="program", time_budget=1.0)
-    kernels = {gvar.name_hint: func for gvar, func in scheduled(plan).functions.items()
-               if isinstance(func, tvm.tirx.PrimFunc)}
+    kernels = {
+        gvar.name_hint: func for gvar, func in scheduled(plan).functions.items() if isinstance(func, tvm.tirx.PrimFunc)
+    }
     assert max(scalar_params(func) for func in kernels.values()) <= 16  # 128 bytes of 8-byte slots
     concat = [func for name, func in kernels.items() if "concatenate" in name]
     assert len(concat) == 1 and len(concat[0].params) == 25  # 20 feature maps, BatchNorm's 4 constants, output
@@ -267,7 +289,9 @@ def test_import_tvm_registers_the_generator_through_the_entry_point(tmp_path):
     dist = tmp_path / "tvm_memplan_entry-0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tvm_memplan_entry\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[tvm.backends]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+    (dist / "entry_points.txt").write_text(
+        "[tvm.backends]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items())
+    )
     probe = "import tvm; print(tvm.get_global_func('target.build.vulkan', allow_missing=True) is not None)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
@@ -275,9 +299,14 @@ def test_import_tvm_registers_the_generator_through_the_entry_point(tmp_path):
 
 
 @T.prim_func
-def lowered_constructs(a: T.handle("float32", "global"), b: T.handle("int64", "global"),
-                       c: T.handle("bool", "global"), d: T.handle("int8", "global"),
-                       h: T.handle("float16", "global"), n: T.int64):
+def lowered_constructs(
+    a: T.handle("float32", "global"),
+    b: T.handle("int64", "global"),
+    c: T.handle("bool", "global"),
+    d: T.handle("int8", "global"),
+    h: T.handle("float16", "global"),
+    n: T.int64,
+):
     """A kernel as TVM's GPU lowering leaves it, with constants and types the zoo's kernels may not show."""
     A = T.decl_buffer((16,), data=a)
     B = T.decl_buffer((16,), "int64", data=b)
@@ -298,9 +327,17 @@ def lowered_constructs(a: T.handle("float32", "global"), b: T.handle("int64", "g
 @needs_glslang
 def test_lowered_constructs_print_as_glsl_that_glslang_accepts(tmp_path):
     kernel = kernel_to_glsl("lowered_constructs", lowered_constructs)
-    for fragment in ("uintBitsToFloat(0xff800000u)", "(-9223372036854775807l - 1l)", "uint8_t data[]",
-                     "int8_t(", "float16_t(exp(", "vec4(", "tvm_floordiv(", "tvm_floormod(",
-                     "layout(push_constant) uniform Args { layout(offset = 0) int64_t"):
+    for fragment in (
+        "uintBitsToFloat(0xff800000u)",
+        "(-9223372036854775807l - 1l)",
+        "uint8_t data[]",
+        "int8_t(",
+        "float16_t(exp(",
+        "vec4(",
+        "tvm_floordiv(",
+        "tvm_floormod(",
+        "layout(push_constant) uniform Args { layout(offset = 0) int64_t",
+    ):
         assert fragment in kernel.glsl, fragment
     assert kernel.arg_types == ["handle"] * 5 + ["int64"] and kernel.launch_param_tags == []
     assert len(compile_glsl(kernel, tmp_path)) > 0
@@ -310,8 +347,9 @@ def test_an_unsupported_construct_is_a_one_line_user_error():
     kernel = tvm.tirx.PrimFunc([], tvm.tirx.Evaluate(T.call_extern("float32", "my_device_helper")))
     with pytest.raises(UserError) as raised:
         kernel_to_glsl("k", kernel)
-    assert str(raised.value) == ("Vulkan code generator: kernel k uses call to my_device_helper as a statement, "
-                                 "which has no GLSL form here")
+    assert str(raised.value) == (
+        "Vulkan code generator: kernel k uses call to my_device_helper as a statement, which has no GLSL form here"
+    )
 
 
 @ours
@@ -324,13 +362,21 @@ def test_compiling_an_unsupported_construct_names_it_and_the_kernel():
 
 
 @ours
-@pytest.mark.parametrize("attribute, value, hint", [
-    ("RUNTIME_FACTORY", "ffi.Module.create.no_such_runtime", "tvm-memplan setup-gpu"),
-    # glslangValidator is looked for after the runtime: without the runtime the message is the one above
-    pytest.param("GLSLANG", "no-such-glslangValidator", "apt-get install glslang-tools",
-                 marks=pytest.mark.skipif(not runtime_loaded("vulkan"),
-                                          reason="no Vulkan runtime: run tvm-memplan setup-gpu")),
-])
+@pytest.mark.parametrize(
+    "attribute, value, hint",
+    [
+        ("RUNTIME_FACTORY", "ffi.Module.create.no_such_runtime", "tvm-memplan setup-gpu"),
+        # glslangValidator is looked for after the runtime: without the runtime the message is the one above
+        pytest.param(
+            "GLSLANG",
+            "no-such-glslangValidator",
+            "apt-get install glslang-tools",
+            marks=pytest.mark.skipif(
+                not runtime_loaded("vulkan"), reason="no Vulkan runtime: run tvm-memplan setup-gpu"
+            ),
+        ),
+    ],
+)
 def test_build_says_in_one_line_what_to_install(capsys, monkeypatch, tmp_path, attribute, value, hint):
     monkeypatch.setattr(vulkan_codegen, attribute, value)
     code = main(["build", "zoo:mlp?hidden=16", "--target", "vulkan", "-o", str(tmp_path / "v.so")])
@@ -360,8 +406,18 @@ def test_build_then_measure_matches_onnxruntime_and_the_plan(capsys, tmp_path):
 def test_measure_compare_through_a_loopback_tracker(capsys, tmp_path):
     """The exported library carries the SPIR-V in TVM's own format: the server's runtime loads it."""
     with start_farm({"gpu": 1}, lifetime=120) as farm:
-        code = main(["measure", "zoo:mlp?hidden=16", "--target", "vulkan", "--compare", "--rpc-tracker", farm.tracker,
-                     "--rpc-key", "gpu", "--json", *FAST, "--log", str(tmp_path / "log.jsonl")])
+        code = main(
+            [
+                "measure",
+                "zoo:mlp?hidden=16",
+                "--target",
+                "vulkan",
+                "--compare",
+                *over_rpc(farm.tracker, "gpu", tmp_path / "log.jsonl"),
+                "--json",
+                *FAST,
+            ]
+        )
     out, err = capsys.readouterr()
     assert code == 0, err
     for result in json.loads(out).values():

@@ -34,8 +34,14 @@ def residual_net(path, batch: int | str = 1, side: int = 16, concat: bool = True
         "residual_net",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, side, side])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
-        [init("w1", [8, 3, 3, 3]), init("b1", [8]), init("w2", [8, 8, 3, 3]), init("b2", [8]),
-         init("wf", [10, features]), init("bf", [10])],
+        [
+            init("w1", [8, 3, 3, 3]),
+            init("b1", [8]),
+            init("w2", [8, 8, 3, 3]),
+            init("b2", [8]),
+            init("wf", [10, features]),
+            init("bf", [10]),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     return _save(model, path)
@@ -56,4 +62,6 @@ def unsupported_onnx(tmp_path) -> str:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
     )
-    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "det.onnx")
+    return _save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "det.onnx"
+    )

@@ -32,8 +32,10 @@ def test_measure_writes_nothing_without_log_and_has_one_json_shape(capsys, tmp_p
 
 
 def test_the_split_latency_cache_follows_xdg_cache_home(tmp_path):
-    probe = ("from tvm_memplan.deploy.chain_latency import DEFAULT_CACHE, default_cache; "
-             "print(DEFAULT_CACHE, default_cache())")
+    probe = (
+        "from tvm_memplan.deploy.chain_latency import DEFAULT_CACHE, default_cache; "
+        "print(DEFAULT_CACHE, default_cache())"
+    )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
     printed = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
     assert printed.split() == [str(tmp_path / "tvm_memplan" / "chain_latency.jsonl")] * 2

@@ -7,9 +7,16 @@ import pytest
 from .test_plan import run_cli
 
 
-@pytest.mark.parametrize("argv", [("compare-groups", "--groups", "0"), ("compare-groups", "--groups", "x"),
-                                  ("compare-groups", "--groups", "1,,2"),
-                                  ("plan", "--groups", "0"), ("plan", "--groups", "-3")])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("compare-groups", "--groups", "0"),
+        ("compare-groups", "--groups", "x"),
+        ("compare-groups", "--groups", "1,,2"),
+        ("plan", "--groups", "0"),
+        ("plan", "--groups", "-3"),
+    ],
+)
 def test_bad_group_settings_are_one_line_and_exit_2(capsys, small_onnx, argv):
     command, *rest = argv
     code, out, err = run_cli(capsys, command, small_onnx, *rest)
@@ -32,8 +39,20 @@ def test_plan_groups_reports_layers_and_the_unconstrained_arena(capsys, small_on
 
 @pytest.mark.slow
 def test_compare_groups_json_rows(capsys, small_onnx):
-    code, out, _ = run_cli(capsys, "compare-groups", small_onnx, "--groups", "seq,1", "--repeat", "2", "--rounds", "2",
-                           "--min-repeat-ms", "1", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "compare-groups",
+        small_onnx,
+        "--groups",
+        "seq,1",
+        "--repeat",
+        "2",
+        "--rounds",
+        "2",
+        "--min-repeat-ms",
+        "1",
+        "--json",
+    )
     assert code == 0
     result = json.loads(out)
     assert [row["groups"] for row in result["rows"]] == ["seq", 1]

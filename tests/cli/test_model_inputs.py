@@ -41,8 +41,9 @@ def test_a_dynamic_batch_plans_and_verifies_with_input_shapes(capsys, dynamic_ba
     assert code == 2 and err.count("\n") == 1 and "give --input-shapes x:1x3x8x8" in err
     reports = {}
     for batch in (1, 2):
-        code, out, err = run_cli(capsys, "plan", dynamic_batch_onnx, "--input-shapes", f"x:{batch}x3x8x8", "--verify",
-                                 "--json")
+        code, out, err = run_cli(
+            capsys, "plan", dynamic_batch_onnx, "--input-shapes", f"x:{batch}x3x8x8", "--verify", "--json"
+        )
         assert code == 0, err
         reports[batch] = json.loads(out)
         assert reports[batch]["verified"] and reports[batch]["tensors"] > 0
@@ -69,35 +70,45 @@ def test_measure_and_verify_run_the_users_inputs(capsys, tmp_path, monkeypatch, 
     np.savez(tmp_path / "inputs.npz", x=data)
     seen = []
     reference = measure_module.reference_outputs
-    monkeypatch.setattr(measure_module, "reference_outputs", lambda model, inputs: seen.append(inputs) or
-                        reference(model, inputs))
+    monkeypatch.setattr(
+        measure_module, "reference_outputs", lambda model, inputs: seen.append(inputs) or reference(model, inputs)
+    )
     # without --input-shapes, the batch of 3 comes from the data
-    code, out, err = run_cli(capsys, "measure", dynamic_batch_onnx, "--inputs", str(tmp_path / "inputs.npz"), *FAST,
-                             "--json")
+    code, out, err = run_cli(
+        capsys, "measure", dynamic_batch_onnx, "--inputs", str(tmp_path / "inputs.npz"), *FAST, "--json"
+    )
     assert code == 0, err
     assert json.loads(out)["memplan"]["correct"] and np.array_equal(seen[-1]["x"], data)
     run_vm = check.run_vm
-    monkeypatch.setattr(check, "run_vm", lambda executable, inputs, *rest: seen.append(inputs) or
-                        run_vm(executable, inputs, *rest))
-    code, out, err = run_cli(capsys, "plan", dynamic_batch_onnx, "--inputs", str(tmp_path / "inputs.npz"), "--verify",
-                             "--json")
+    monkeypatch.setattr(
+        check, "run_vm", lambda executable, inputs, *rest: seen.append(inputs) or run_vm(executable, inputs, *rest)
+    )
+    code, out, err = run_cli(
+        capsys, "plan", dynamic_batch_onnx, "--inputs", str(tmp_path / "inputs.npz"), "--verify", "--json"
+    )
     assert code == 0, err
     assert json.loads(out)["verified"] and np.array_equal(seen[-1]["x"], data)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--input-shapes", "y:1x3x8x8"], "no input 'y' (inputs: x)"),
-    (["--input-shapes", "x:1x3x8"], "has 4 dimensions, --input-shapes gives 3"),
-    (["--input-shapes", "x:1x4x8x8"], "dimension 1 of input 'x' is fixed at 3"),
-    (["--inputs", "WRONG_NAME", "--verify"], "no input 'z' (inputs: x)"),
-    (["--inputs", "WRONG_NAME", "--input-shapes", "x:1x3x8x8", "--verify"], "missing x; unknown z"),
-    (["--inputs", "WRONG_SHAPE", "--input-shapes", "x:1x3x8x8", "--verify"], "x has shape (2, 3, 8, 8)"),
-    (["--inputs", "MISSING", "--verify"], "no such inputs file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--input-shapes", "y:1x3x8x8"], "no input 'y' (inputs: x)"),
+        (["--input-shapes", "x:1x3x8"], "has 4 dimensions, --input-shapes gives 3"),
+        (["--input-shapes", "x:1x4x8x8"], "dimension 1 of input 'x' is fixed at 3"),
+        (["--inputs", "WRONG_NAME", "--verify"], "no input 'z' (inputs: x)"),
+        (["--inputs", "WRONG_NAME", "--input-shapes", "x:1x3x8x8", "--verify"], "missing x; unknown z"),
+        (["--inputs", "WRONG_SHAPE", "--input-shapes", "x:1x3x8x8", "--verify"], "x has shape (2, 3, 8, 8)"),
+        (["--inputs", "MISSING", "--verify"], "no such inputs file"),
+    ],
+)
 def test_bad_shapes_and_inputs_are_one_line(capsys, tmp_path, dynamic_batch_onnx, argv, message):
     np.savez(tmp_path / "wrong_name.npz", z=np.zeros((1, 3, 8, 8), np.float32))
     np.savez(tmp_path / "wrong_shape.npz", x=np.zeros((2, 3, 8, 8), np.float32))
-    files = {"WRONG_NAME": tmp_path / "wrong_name.npz", "WRONG_SHAPE": tmp_path / "wrong_shape.npz",
-             "MISSING": tmp_path / "missing.npz"}
+    files = {
+        "WRONG_NAME": tmp_path / "wrong_name.npz",
+        "WRONG_SHAPE": tmp_path / "wrong_shape.npz",
+        "MISSING": tmp_path / "missing.npz",
+    }
     code, out, err = run_cli(capsys, "plan", dynamic_batch_onnx, *[str(files.get(a, a)) for a in argv])
     assert code == 2 and not out and err.count("\n") == 1 and message in err

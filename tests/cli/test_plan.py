@@ -21,7 +21,16 @@ def test_plan_json_has_the_documented_keys_and_reaches_the_bound(capsys, small_o
     code, out, _ = run_cli(capsys, "plan", small_onnx, "--json")
     assert code == 0
     report = json.loads(out)
-    for key in ("model", "tensors", "naive_bytes", "tvm_default_bytes", "lower_bound_bytes", "arena_bytes", "plan_seconds", "verified"):
+    for key in (
+        "model",
+        "tensors",
+        "naive_bytes",
+        "tvm_default_bytes",
+        "lower_bound_bytes",
+        "arena_bytes",
+        "plan_seconds",
+        "verified",
+    ):
         assert key in report
     assert report["verified"] is None
     assert report["lower_bound_bytes"] <= report["arena_bytes"] <= report["naive_bytes"]
@@ -99,8 +108,8 @@ def test_console_script_is_installed():
 
 def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path):
     cache = str(tmp_path / "latency.jsonl")
-    code, out, err = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K",
-                             "--split-cache", cache, "--verify", "--json", "--order-seconds", "1")
+    split_under_30k = ("plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K", "--split-cache", cache)
+    code, out, err = run_cli(capsys, *split_under_30k, "--verify", "--json", "--order-seconds", "1")
     assert code == 0, err
     summary = json.loads(out)
     assert summary["verified"] is True
@@ -115,23 +124,29 @@ def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path)
     assert any("conv2d" in d or "pool" in d for d in summary["bottleneck_described"])
     # the report (not JSON) prints the same search as tables
     plot = tmp_path / "tiles.png"
-    code, out, _ = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K",
-                           "--split-cache", cache, "--order-seconds", "1", "--plot", str(plot))
+    code, out, _ = run_cli(capsys, *split_under_30k, "--order-seconds", "1", "--plot", str(plot))
     assert code == 0 and "Pareto front" in out and "from the cache" in out
     assert plot.stat().st_size > 0  # the layout of the split plan: its tiles at their offsets
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--latency-budget", "-0.5"], "must not be negative"),
-    (["--memory-limit", "1K"], "no split plan fits"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--latency-budget", "-0.5"], "must not be negative"),
+        (["--memory-limit", "1K"], "no split plan fits"),
+    ],
+)
 def test_plan_split_bad_requests_give_one_line_and_exit_2(capsys, tmp_path, argv, message):
-    code, _, err = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), *argv)
+    code, _, err = run_cli(
+        capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), *argv
+    )
     assert code == 2 and message in err and err.count("\n") == 1
 
 
 def test_plan_split_of_a_model_without_chains_keeps_the_plan(capsys, tmp_path):
-    code, out, err = run_cli(capsys, "plan", "zoo:mlp", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), "--json")
+    code, out, err = run_cli(
+        capsys, "plan", "zoo:mlp", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), "--json"
+    )
     assert code == 0, err
     summary = json.loads(out)
     assert summary["split_subgraphs"] == [] and "no chain to split" in summary["split_reason"]
@@ -155,8 +170,10 @@ def test_an_internal_failure_is_one_line_and_exit_1(capsys, monkeypatch, small_o
     monkeypatch.delenv("TVM_MEMPLAN_TRACEBACK", raising=False)
     assert main(["plan", small_onnx]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["tvm-memplan: internal error (AssertionError): emit_te now only supports Tensor that has "
-                   "ShapeExpr shape (set TVM_MEMPLAN_TRACEBACK=1 for the traceback)"]
+    assert err == [
+        "tvm-memplan: internal error (AssertionError): emit_te now only supports Tensor that has "
+        "ShapeExpr shape (set TVM_MEMPLAN_TRACEBACK=1 for the traceback)"
+    ]
 
 
 def test_a_planned_arena_over_the_memory_limit_searches_again_then_fails_in_one_line(monkeypatch):

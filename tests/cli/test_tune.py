@@ -24,6 +24,11 @@ from ..lq.models import mlp
 KERNEL = "fused_matmul1_add1"  # zoo:mlp's 512 -> 10 layer: the smallest kernel to tune
 
 
+def _two_trials(work_dir) -> list[str]:
+    """``tune`` of zoo:mlp's smallest kernel, two trials, its database in ``work_dir``."""
+    return ["tune", "zoo:mlp", "--trials", "2", "--kernels", KERNEL, "--work-dir", str(work_dir)]
+
+
 @pytest.fixture
 def lq_files(tmp_path):
     """A one-layer ONNX model (one LQ kernel to tune) and its calibration data."""
@@ -41,8 +46,7 @@ def test_tune_runs_two_trials_to_completion(tmp_path, capsys, monkeypatch):
     unnamed = logging.NullHandler()
     monkeypatch.setattr(logging.getLogger("tvm.s_tir.meta_schedule"), "handlers", [unnamed])
     work_dir = tmp_path / "tuning"
-    code = main(["tune", "zoo:mlp", "--trials", "2", "--kernels", KERNEL, "--work-dir", str(work_dir),
-                 "--builder-timeout", "30", "--json"])
+    code = main([*_two_trials(work_dir), "--builder-timeout", "30", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
@@ -53,8 +57,7 @@ def test_tune_runs_two_trials_to_completion(tmp_path, capsys, monkeypatch):
 
 def test_tuning_goes_on_when_every_build_times_out(tmp_path, capsys):
     """A loaded machine or a slow device: builds past their limit are failed trials, not a crash."""
-    code = main(["tune", "zoo:mlp", "--trials", "2", "--kernels", KERNEL, "--work-dir", str(tmp_path / "t"),
-                 "--builder-timeout", "0.001", "--json"])
+    code = main([*_two_trials(tmp_path / "t"), "--builder-timeout", "0.001", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
@@ -75,8 +78,20 @@ def test_quantize_keeps_the_hand_schedule_when_every_run_times_out(lq_files, tmp
     monkeypatch.setattr(tune_module, "local_runner", slow_runner)
     model, calib = lq_files
     out = tmp_path / "q.so"
-    code = main(["quantize", str(model), "--calib", str(calib), "--trials", "2", "--work-dir",
-                 str(tmp_path / "lq_tuning"), "-o", str(out)])
+    code = main(
+        [
+            "quantize",
+            str(model),
+            "--calib",
+            str(calib),
+            "--trials",
+            "2",
+            "--work-dir",
+            str(tmp_path / "lq_tuning"),
+            "-o",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert out.is_file() and "it keeps the hand schedule" in captured.err
@@ -87,8 +102,9 @@ def test_quantize_with_trials_runs_to_completion(lq_files, tmp_path, capsys):
     model, calib = lq_files
     out = tmp_path / "q.so"
     tune_dir = tmp_path / "lq_tuning"
-    code = main(["quantize", str(model), "--calib", str(calib), "--trials", "2", "--work-dir", str(tune_dir),
-                 "-o", str(out)])
+    code = main(
+        ["quantize", str(model), "--calib", str(calib), "--trials", "2", "--work-dir", str(tune_dir), "-o", str(out)]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert out.is_file() and (tune_dir / "database_tuning_record.json").stat().st_size > 0

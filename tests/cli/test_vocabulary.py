@@ -27,8 +27,19 @@ def _options(command: str) -> set[str]:
 
 
 def test_every_command_takes_json_and_version():
-    assert {"plan", "solve", "build", "measure", "rpc-local", "tune", "quantize", "lq-bench", "setup-gpu",
-            "compare-groups", "bench"} <= set(COMMANDS)
+    assert {
+        "plan",
+        "solve",
+        "build",
+        "measure",
+        "rpc-local",
+        "tune",
+        "quantize",
+        "lq-bench",
+        "setup-gpu",
+        "compare-groups",
+        "bench",
+    } <= set(COMMANDS)
     for command in COMMANDS:
         assert {"--json", "--version"} <= _options(command), command
 
@@ -65,8 +76,9 @@ def test_quantize_target_names_of_before_still_work_with_a_note(capsys, old, new
 
 
 def test_old_option_spellings_still_work_with_a_note(capsys):
-    args = PARSER.parse_args(["quantize", "m.onnx", "--calib", "c.npz", "-o", "q.so", "--tune-trials", "3",
-                              "--tune-dir", "db"])
+    args = PARSER.parse_args(
+        ["quantize", "m.onnx", "--calib", "c.npz", "-o", "q.so", "--tune-trials", "3", "--tune-dir", "db"]
+    )
     assert args.trials == 3 and str(args.work_dir) == "db"
     err = capsys.readouterr().err
     assert "--tune-trials is deprecated" in err and "use --trials" in err and "use --work-dir" in err
@@ -88,8 +100,10 @@ def test_a_target_a_command_cannot_build_for_is_one_line(capsys, tmp_path, comma
 
 
 def test_tvm_targets_and_device_names_plan_alike(capsys, small_onnx):
-    reports = [json.loads(run_cli(capsys, "plan", small_onnx, "--target", target, "--order", "program", "--json")[1])
-               for target in ("llvm", "x86-64", "cortex-m7")]
+    reports = [
+        json.loads(run_cli(capsys, "plan", small_onnx, "--target", target, "--order", "program", "--json")[1])
+        for target in ("llvm", "x86-64", "cortex-m7")
+    ]
     assert [r["target"] for r in reports] == ["llvm", "llvm", "c"]
     assert len({r["arena_bytes"] for r in reports}) == 1
 
@@ -109,8 +123,14 @@ def test_the_quick_commands_print_one_json_object(capsys, tmp_path, small_onnx):
         "rpc-local": ["rpc-local", "--servers", "0", "--lifetime", "0.1", "--port", "9395"],
         "quantize": ["quantize", str(model), "--calib", str(tmp_path / "calib.npz"), "-o", str(tmp_path / "q.so")],
     }
-    expected = {"plan": "arena_bytes", "solve": "arena_bytes", "build": "artifact", "measure": "memplan",
-                "rpc-local": "tracker", "quantize": "layers"}
+    expected = {
+        "plan": "arena_bytes",
+        "solve": "arena_bytes",
+        "build": "artifact",
+        "measure": "memplan",
+        "rpc-local": "tracker",
+        "quantize": "layers",
+    }
     for command, argv in runs.items():
         code, out, err = run_cli(capsys, *argv, "--json")
         assert code == 0, (command, err)

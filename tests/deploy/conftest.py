@@ -16,14 +16,21 @@ from tvm_memplan.deploy.rpc import LocalFarm, start_farm
 
 FARM_LIFETIME_S = 3600  # the servers also exit when this test process is gone; a loaded CI run takes 25 min
 
-needs_aarch64_gxx = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
-                                       reason="aarch64-linux-gnu-g++ missing (Debian: g++-aarch64-linux-gnu)")
+needs_aarch64_gxx = pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-g++") is None,
+    reason="aarch64-linux-gnu-g++ missing (Debian: g++-aarch64-linux-gnu)",
+)
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def over_rpc(tracker: str, key: str, log) -> tuple[str, ...]:
+    """``measure``'s options for a device behind ``tracker`` under ``key``, logging to ``log``."""
+    return ("--rpc-tracker", tracker, "--rpc-key", key, "--log", str(log))
 
 
 def run_cli_json(capsys, *argv: str) -> dict:

@@ -17,7 +17,7 @@ import pytest
 from tvm_memplan import zoo
 from tvm_memplan.deploy.rpc import start_farm
 
-from .conftest import needs_aarch64_gxx, run_cli_json
+from .conftest import needs_aarch64_gxx, over_rpc, run_cli_json
 
 pytestmark = [pytest.mark.arm64, needs_aarch64_gxx]
 
@@ -36,13 +36,17 @@ def arm64_farm():
         yield farm
 
 
+def _measure_once(capsys, artifact, farm, log) -> dict:
+    """One quick timing of ``artifact`` on the emulated device: memplan's report."""
+    options = (*over_rpc(farm.tracker, "arm64-emu", log), "--repeat", "1", "--min-repeat-ms", "1")
+    return run_cli_json(capsys, "measure", str(artifact), *options)["memplan"]
+
+
 @pytest.mark.parametrize("target", ["llvm-aarch64", "c-aarch64"])
 def test_build_and_measure_on_the_emulated_arm64_device(capsys, tmp_path, arm64_farm, target):
     artifact = tmp_path / f"{target}.so"
     run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(artifact), "--target", target)
-    report = run_cli_json(capsys, "measure", str(artifact), "--rpc-tracker", arm64_farm.tracker, "--rpc-key",
-                          "arm64-emu", "--repeat", "1", "--min-repeat-ms", "1",
-                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = _measure_once(capsys, artifact, arm64_farm, tmp_path / "log.jsonl")
     assert report["correct"], report["max_abs_diff"]
     assert report["requested_bytes"] == report["planned_bytes"]
     assert report["device"] == f"rpc:arm64-emu@{arm64_farm.tracker}"
@@ -54,8 +58,6 @@ def test_default_schedules_are_correct_on_aarch64(capsys, tmp_path, arm64_farm, 
     the emulated device with onnxruntime's outputs and the planned allocations."""
     artifact = tmp_path / f"{model}.so"
     run_cli_json(capsys, "build", f"zoo:{model}", "-o", str(artifact), "--target", "llvm-aarch64")
-    report = run_cli_json(capsys, "measure", str(artifact), "--rpc-tracker", arm64_farm.tracker, "--rpc-key",
-                          "arm64-emu", "--repeat", "1", "--min-repeat-ms", "1",
-                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = _measure_once(capsys, artifact, arm64_farm, tmp_path / "log.jsonl")
     assert report["correct"], report["max_abs_diff"]
     assert report["requested_bytes"] == report["planned_bytes"]

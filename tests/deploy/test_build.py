@@ -34,7 +34,11 @@ def test_build_host_writes_library_and_manifest(capsys, tmp_path):
     assert manifest.output_bytes == 10 * 4  # one (1, 10) float32 output
     assert manifest.inputs == [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}]
     initializers = load_model("zoo:mcu_cnn").onnx_model.graph.initializer
-    assert report["constant_bytes"] == manifest.constant_bytes == sum(numpy_helper.to_array(i).nbytes for i in initializers)
+    assert (
+        report["constant_bytes"]
+        == manifest.constant_bytes
+        == sum(numpy_helper.to_array(i).nbytes for i in initializers)
+    )
 
 
 @needs_aarch64_gxx
@@ -68,8 +72,18 @@ def test_cuda_artifact_compiles_without_a_gpu(capsys, tmp_path):
 
 @pytest.mark.skipif(not tvm.cuda().exist, reason="no CUDA GPU on this machine")
 def test_cuda_runs_and_matches_the_reference(capsys, tmp_path):
-    report = run_cli_json(capsys, "measure", "zoo:mcu_cnn", "--target", "cuda", "--compare", "--repeat", "3",
-                          "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(
+        capsys,
+        "measure",
+        "zoo:mcu_cnn",
+        "--target",
+        "cuda",
+        "--compare",
+        "--repeat",
+        "3",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    )
     for pipeline in ("stock", "memplan"):
         assert report[pipeline]["correct"]
         assert report[pipeline]["requested_bytes"] == report[pipeline]["planned_bytes"]
@@ -93,16 +107,29 @@ def _make_and_run(directory, compiler: str, runner: list[str]) -> str:
 
 def test_emit_c_compiles_with_gcc_and_the_example_passes(capsys, tmp_path):
     out_dir = tmp_path / "mcu_c"
-    run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(tmp_path / "m.so"), "--target", "c", "--emit-c", str(out_dir))
-    for name in ("kernels.c", "kernels.h", "tvm_memplan_runtime.c", "example_main.c", "example_data.h", "Makefile",
-                 "README.md", "include/tvm/ffi/c_api.h", "include/dlpack/dlpack.h"):
+    run_cli_json(
+        capsys, "build", "zoo:mcu_cnn", "-o", str(tmp_path / "m.so"), "--target", "c", "--emit-c", str(out_dir)
+    )
+    for name in (
+        "kernels.c",
+        "kernels.h",
+        "tvm_memplan_runtime.c",
+        "example_main.c",
+        "example_data.h",
+        "Makefile",
+        "README.md",
+        "include/tvm/ffi/c_api.h",
+        "include/dlpack/dlpack.h",
+    ):
         assert (out_dir / name).is_file(), name
     assert "Calling convention" in (out_dir / "kernels.h").read_text()
     assert _make_and_run(out_dir, "gcc", []).startswith("PASS ")
 
 
-@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
-                    reason="aarch64-linux-gnu-gcc or qemu-aarch64 missing (Debian: gcc-aarch64-linux-gnu qemu-user)")
+@pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
+    reason="aarch64-linux-gnu-gcc or qemu-aarch64 missing (Debian: gcc-aarch64-linux-gnu qemu-user)",
+)
 def test_emit_c_cross_compiles_and_runs_under_qemu(capsys, tmp_path):
     out_dir = tmp_path / "mlp_c"
     run_cli_json(capsys, "build", "zoo:mlp?hidden=32", "-o", str(tmp_path / "m.so"), "--emit-c", str(out_dir))

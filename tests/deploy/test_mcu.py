@@ -24,7 +24,7 @@ from .conftest import run_cli, run_cli_json
 needs_arm = pytest.mark.skipif(
     shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
     reason="arm-none-eabi-gcc or qemu-system-arm missing (Debian: gcc-arm-none-eabi libnewlib-arm-none-eabi "
-           "qemu-system-arm; .ci/run installs them)",
+    "qemu-system-arm; .ci/run installs them)",
 )
 
 
@@ -67,7 +67,9 @@ def test_int8_weights_are_int8_bytes_and_the_arena_holds_int8(int8_c):
     scale = float(re.search(r"#define NET_INT8_INPUT0_SCALE (\S+)f", header).group(1))
     assert scale == pytest.approx(float(consts[quantize.input[1]]), rel=1e-7)
     assert f"#define NET_INT8_INPUT0_ZERO_POINT {int(consts[quantize.input[2]])}\n" in header
-    assert '#define NET_INT8_OUTPUT0_QUANT_DTYPE "int8"' in header and "#define NET_INT8_OUTPUT0_SHAPE {1, 10}" in header
+    assert (
+        '#define NET_INT8_OUTPUT0_QUANT_DTYPE "int8"' in header and "#define NET_INT8_OUTPUT0_SHAPE {1, 10}" in header
+    )
 
 
 def test_build_reports_each_kernel_call(capsys, int8_c, tmp_path):
@@ -92,7 +94,10 @@ def test_edge_quantization_reads_the_input_quantize_and_the_output_dequantize(ac
     producer = {out: n for n in model.graph.node for out in n.output}[model.graph.output[0].name]
     (given,), (taken,) = edge_quantization(model)
     assert (given.scale, given.zero_point, given.dtype) == (
-        pytest.approx(float(consts[quantize.input[1]])), int(consts[quantize.input[2]]), activation)
+        pytest.approx(float(consts[quantize.input[1]])),
+        int(consts[quantize.input[2]]),
+        activation,
+    )
     assert producer.op_type == "DequantizeLinear" and taken.zero_point == int(consts[producer.input[2]])
     assert edge_quantization(models.conv()) == ([None], [None])  # a float model
 
@@ -101,8 +106,9 @@ def test_edge_quantization_reads_the_input_quantize_and_the_output_dequantize(ac
 @pytest.mark.slow
 def test_int8_network_on_the_emulated_cortex_m7_agrees_with_onnxruntime(capsys, int8_c, tmp_path):
     _, directory = int8_c
-    report = run_cli_json(capsys, "measure", str(directory), "--device", "qemu-cortex-m7",
-                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = run_cli_json(
+        capsys, "measure", str(directory), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "log.jsonl")
+    )["memplan"]
     assert report["correct"] and report["error"] is None, report
     assert report["reference"] == "onnxruntime" and report["tolerance"] is not None  # the int8 LSB rule
     assert report["arena_bytes"] == ModelC.load(directory).arena_bytes
@@ -113,15 +119,56 @@ def _firmware(directories, main_source: str, work, defines=()) -> subprocess.Com
     """Link the models in ``directories`` with ``main_source`` for the emulated M7 and run it in ``work``."""
     first = directories[0]
     (work / "firmware_main.c").write_text(main_source)
-    sources = [str(d / f) for d in directories for f in ("model.c", "model_weights.c", "kernels.c", "tvm_memplan_runtime.c")]
+    sources = [
+        str(d / f) for d in directories for f in ("model.c", "model_weights.c", "kernels.c", "tvm_memplan_runtime.c")
+    ]
     sources += [str(first / "platform_semihost.c"), str(first / "startup_cortexm.c"), str(work / "firmware_main.c")]
-    subprocess.run(["arm-none-eabi-gcc", *CORTEX_M7.cpu_flags.split(), "-O2", "-ffunction-sections", "-fdata-sections",
-                    f"-I{first / 'include'}", f"-I{work}", "-nostartfiles", "--specs=nosys.specs", "-T", str(first / "cortex_m.ld"),
-                    "-Wl,--gc-sections", *defines, "-o", str(work / "firmware.elf"), *sources, "-lm"],
-                   check=True, capture_output=True, text=True)
-    return subprocess.run(["qemu-system-arm", "-M", CORTEX_M7.machine, "-nographic", "-monitor", "none", "-serial", "none",
-                           "-semihosting-config", "enable=on,target=native", "-icount", "shift=0,sleep=off",
-                           "-kernel", "firmware.elf"], cwd=work, capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [
+            "arm-none-eabi-gcc",
+            *CORTEX_M7.cpu_flags.split(),
+            "-O2",
+            "-ffunction-sections",
+            "-fdata-sections",
+            f"-I{first / 'include'}",
+            f"-I{work}",
+            "-nostartfiles",
+            "--specs=nosys.specs",
+            "-T",
+            str(first / "cortex_m.ld"),
+            "-Wl,--gc-sections",
+            *defines,
+            "-o",
+            str(work / "firmware.elf"),
+            *sources,
+            "-lm",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return subprocess.run(
+        [
+            "qemu-system-arm",
+            "-M",
+            CORTEX_M7.machine,
+            "-nographic",
+            "-monitor",
+            "none",
+            "-serial",
+            "none",
+            "-semihosting-config",
+            "enable=on,target=native",
+            "-icount",
+            "shift=0,sleep=off",
+            "-kernel",
+            "firmware.elf",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 _TAKING_TURNS = """\
@@ -137,7 +184,8 @@ static float in_b[MCU_CNN_INPUT0_SIZE], out_b[MCU_CNN_OUTPUT0_SIZE];
 static int32_t codes[10];
 
 int main(void) {
-  if (platform_read("a_input0.bin", in_a, sizeof(in_a)) || platform_read("b_input0.bin", in_b, sizeof(in_b))) return 100;
+  if (platform_read("a_input0.bin", in_a, sizeof(in_a))) return 100;
+  if (platform_read("b_input0.bin", in_b, sizeof(in_b))) return 100;
   codes[0] = net_int8_init(shared, NET_INT8_ARENA_BYTES - 1);
   codes[1] = net_int8_run(in_a, out_a);  /* nothing bound after a failed init */
   codes[2] = net_int8_init(shared + 1, sizeof(shared) - 1);
@@ -177,12 +225,16 @@ def test_two_models_take_turns_on_one_caller_arena_and_bad_arenas_get_error_code
     next(iter(int8_inputs.values())).astype(np.float32).tofile(work / "a_input0.bin")
     next(iter(float_inputs.values())).astype(np.float32).tofile(work / "b_input0.bin")
     # neither model keeps a static arena: all tensor and scratch memory is the caller's buffer
-    result = _firmware([work / "a", work / "b"], _TAKING_TURNS, work, ["-DNET_INT8_NO_STATIC_ARENA", "-DMCU_CNN_NO_STATIC_ARENA"])
+    result = _firmware(
+        [work / "a", work / "b"], _TAKING_TURNS, work, ["-DNET_INT8_NO_STATIC_ARENA", "-DMCU_CNN_NO_STATIC_ARENA"]
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     codes = np.fromfile(work / "codes.bin", dtype=np.int32).tolist()
     too_small, unbound, misaligned, null = -3, -1, -2, -1
     assert codes == [too_small, unbound, misaligned, null, 0, 0, 0, 0, 0, 0]
-    symbols = subprocess.run(["arm-none-eabi-nm", str(work / "firmware.elf")], capture_output=True, text=True, check=True).stdout
+    symbols = subprocess.run(
+        ["arm-none-eabi-nm", str(work / "firmware.elf")], capture_output=True, text=True, check=True
+    ).stdout
     assert not re.search(r" (memplan_arena\d*|memplan_workspace)$", symbols, re.M)
 
     out_a = np.fromfile(work / "a_output0.bin", dtype=np.float32).reshape(int8_reference[0][0].shape)
@@ -203,13 +255,18 @@ def test_static_arena_in_a_section_of_its_own(capsys, int8_c, tmp_path, monkeypa
     for built in directory.glob("*.elf"):
         built.unlink()
     monkeypatch.setenv("ARENA_SECTION", ".memplan_arena")  # the Makefile's variable, as `make ARENA_SECTION=...`
-    report = run_cli_json(capsys, "measure", str(directory), "--device", "qemu-cortex-m7",
-                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = run_cli_json(
+        capsys, "measure", str(directory), "--device", "qemu-cortex-m7", "--log", str(tmp_path / "log.jsonl")
+    )["memplan"]
     assert report["correct"], report
-    table = subprocess.run(["arm-none-eabi-objdump", "-t", str(directory / "model.elf")], capture_output=True, text=True,
-                           check=True).stdout
-    placed = {line.split()[-1]: line.split()[3] for line in table.splitlines() if line.split()[-1:] in (["memplan_arena"],
-                                                                                                       ["memplan_workspace"])}
+    table = subprocess.run(
+        ["arm-none-eabi-objdump", "-t", str(directory / "model.elf")], capture_output=True, text=True, check=True
+    ).stdout
+    placed = {
+        line.split()[-1]: line.split()[3]
+        for line in table.splitlines()
+        if line.split()[-1:] in (["memplan_arena"], ["memplan_workspace"])
+    }
     assert placed == {"memplan_arena": ".memplan_arena", "memplan_workspace": ".memplan_arena"}
     assert report["sections"][".memplan_arena"] >= report["arena_bytes"] + report["workspace_bytes"]
     assert report["sram_bytes"] >= report["sections"][".memplan_arena"] + report["stack_bytes"]
@@ -219,8 +276,16 @@ def test_static_arena_in_a_section_of_its_own(capsys, int8_c, tmp_path, monkeypa
 @pytest.mark.slow
 def test_per_kernel_instructions_add_up_to_the_run(capsys, int8_c, tmp_path):
     _, int8_dir = int8_c
-    report = run_cli_json(capsys, "measure", str(int8_dir), "--device", "qemu-cortex-m7", "--per-kernel",
-                          "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    report = run_cli_json(
+        capsys,
+        "measure",
+        str(int8_dir),
+        "--device",
+        "qemu-cortex-m7",
+        "--per-kernel",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    )["memplan"]
     assert report["correct"], report
     kernels = report["kernels"]
     assert [k["kernel"] for k in kernels] == ModelC.load(int8_dir).kernel_names

@@ -11,7 +11,7 @@ from tvm_memplan.deploy.results import ResultsLog
 from tvm_memplan.deploy.rpc import start_farm
 from tvm_memplan.errors import UserError
 
-from .conftest import run_cli, run_cli_json
+from .conftest import over_rpc, run_cli, run_cli_json
 
 FAST = ("--repeat", "2", "--min-repeat-ms", "1")
 PROMISED = {"latency_ms", "latency_spread_ms", "requested_bytes", "planned_bytes", "correct"}
@@ -40,8 +40,8 @@ def test_measure_table_output(capsys, tmp_path):
 def test_build_then_measure_through_rpc(capsys, tmp_path, farm, target):
     artifact = tmp_path / f"{target}.so"
     run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(artifact), "--target", target)
-    report = run_cli_json(capsys, "measure", str(artifact), "--rpc-tracker", farm.tracker, "--rpc-key", "local",
-                          *FAST, "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    log = tmp_path / "log.jsonl"
+    report = run_cli_json(capsys, "measure", str(artifact), *over_rpc(farm.tracker, "local", log), *FAST)["memplan"]
     assert report["device"] == f"rpc:local@{farm.tracker}" and report["target"] == target
     assert report["correct"] and report["requested_bytes"] == report["planned_bytes"]
     assert report["tvm_num_threads"]  # the farm's servers time with all cores
@@ -50,8 +50,8 @@ def test_build_then_measure_through_rpc(capsys, tmp_path, farm, target):
 def test_compare_an_artifact_through_rpc_rebuilds_the_stock_one(capsys, tmp_path, farm):
     artifact = tmp_path / "mlp.so"
     run_cli_json(capsys, "build", "zoo:mlp?hidden=64", "-o", str(artifact))
-    report = run_cli_json(capsys, "measure", str(artifact), "--compare", "--rpc-tracker", farm.tracker,
-                          "--rpc-key", "local", *FAST, "--log", str(tmp_path / "log.jsonl"))
+    log = tmp_path / "log.jsonl"
+    report = run_cli_json(capsys, "measure", str(artifact), "--compare", *over_rpc(farm.tracker, "local", log), *FAST)
     assert report["memplan"]["source"] == str(artifact)
     assert all(report[p]["correct"] for p in ("stock", "memplan"))
 
@@ -59,13 +59,22 @@ def test_compare_an_artifact_through_rpc_rebuilds_the_stock_one(capsys, tmp_path
 def test_losing_the_server_mid_measurement_keeps_earlier_results(tmp_path):
     log = ResultsLog(tmp_path / "log.jsonl")
     with start_farm({"local": 1}, lifetime=120) as own_farm:
+
         def progress(pipeline: str, step: str, done: int, total: int) -> None:
             if pipeline == "memplan" and step == "uploaded":
                 own_farm.kill_servers("local")  # the device disappears mid-run
 
         with pytest.raises(UserError) as failure:
-            measure("zoo:mcu_cnn", compare=True, repeat=2, tracker=own_farm.tracker, key="local", log=log,
-                    progress=progress, min_repeat_ms=1)
+            measure(
+                "zoo:mcu_cnn",
+                compare=True,
+                repeat=2,
+                tracker=own_farm.tracker,
+                key="local",
+                log=log,
+                progress=progress,
+                min_repeat_ms=1,
+            )
     message = str(failure.value)
     assert "\n" not in message and "measuring memplan" in message and "1 earlier result(s) kept" in message
     records = list(log.records())
@@ -75,12 +84,16 @@ def test_losing_the_server_mid_measurement_keeps_earlier_results(tmp_path):
 
 def test_rpc_usage_errors_are_one_line(capsys, tmp_path, farm):
     log = str(tmp_path / "log.jsonl")
-    code, _, err = run_cli(capsys, "measure", "zoo:mlp", "--rpc-tracker", farm.tracker, "--rpc-key", "nope", "--log", log)
+    code, _, err = run_cli(
+        capsys, "measure", "zoo:mlp", "--rpc-tracker", farm.tracker, "--rpc-key", "nope", "--log", log
+    )
     assert code == 2 and err.count("\n") == 1 and "no device registered under key 'nope'" in err and "local" in err
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
-    code, _, err = run_cli(capsys, "measure", "zoo:mlp", "--rpc-tracker", f"127.0.0.1:{closed}", "--rpc-key", "local", "--log", log)
+    code, _, err = run_cli(
+        capsys, "measure", "zoo:mlp", "--rpc-tracker", f"127.0.0.1:{closed}", "--rpc-key", "local", "--log", log
+    )
     assert code == 2 and err.count("\n") == 1 and "cannot reach the RPC tracker" in err
     code, _, err = run_cli(capsys, "measure", "zoo:mlp", "--rpc-tracker", farm.tracker, "--log", log)
     assert code == 2 and "go together" in err

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_cli_json
+from .conftest import over_rpc, run_cli_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FAST = ("--repeat", "2", "--min-repeat-ms", "1")
@@ -31,8 +31,8 @@ def test_measure_compare_checks_both_outputs_locally(capsys, tmp_path, pooled_be
 def test_measure_through_rpc(capsys, tmp_path, farm):
     artifact = tmp_path / "bert.so"
     run_cli_json(capsys, "build", str(FIXTURES / "transformers_bert_pooled.torchscript.onnx"), "-o", str(artifact))
-    report = run_cli_json(capsys, "measure", str(artifact), "--compare", "--rpc-tracker", farm.tracker,
-                          "--rpc-key", "local", *FAST, "--log", str(tmp_path / "log.jsonl"))
+    log = tmp_path / "log.jsonl"
+    report = run_cli_json(capsys, "measure", str(artifact), "--compare", *over_rpc(farm.tracker, "local", log), *FAST)
     for result in report.values():
         assert result["device"] == f"rpc:local@{farm.tracker}"
         assert result["correct"] and result["requested_bytes"] == result["planned_bytes"]
@@ -45,8 +45,17 @@ def test_plan_verify(capsys, pooled_bert):
 
 def test_standalone_c_writes_both_outputs(capsys, tmp_path):
     out_dir = tmp_path / "bert_c"
-    run_cli_json(capsys, "build", str(FIXTURES / "transformers_bert_pooled.torchscript.onnx"), "--target", "c",
-                 "-o", str(tmp_path / "bert.so"), "--emit-c", str(out_dir))
+    run_cli_json(
+        capsys,
+        "build",
+        str(FIXTURES / "transformers_bert_pooled.torchscript.onnx"),
+        "--target",
+        "c",
+        "-o",
+        str(tmp_path / "bert.so"),
+        "--emit-c",
+        str(out_dir),
+    )
     header = (out_dir / "model.h").read_text()
     assert "float* out0, float* out1" in header
     report = run_cli_json(capsys, "measure", str(out_dir), "--log", str(tmp_path / "log.jsonl"))["memplan"]

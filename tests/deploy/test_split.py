@@ -109,8 +109,16 @@ def test_confirmation_falls_back_to_the_channel_plan(monkeypatch):
     original = Point((), 1000, 1.0)
     spatial = [Point((SplitChoice(chain(f"s{i}"), 2),), 100 * (i + 1), 1.01) for i in range(4)]
     channel = Point((SplitChoice(chain("c"), 2),), 600, 1.02)
-    result = SearchResult(spatial[0], original, [spatial[0], spatial[1], spatial[2], spatial[3], original], 1, 1, 0.1,
-                          "done", fallback=channel)
+    result = SearchResult(
+        spatial[0],
+        original,
+        [spatial[0], spatial[1], spatial[2], spatial[3], original],
+        1,
+        1,
+        0.1,
+        "done",
+        fallback=channel,
+    )
 
     class Timer:
         tried = []

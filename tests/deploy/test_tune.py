@@ -23,12 +23,37 @@ def test_tune_locally_resume_and_apply(capsys, tmp_path):
     assert first.kernels == [KERNEL] and first.trials_run == 16 and first.records >= 16
     again = tune(MODEL, "host", 16, work_dir, kernels=KERNEL)  # resumes: nothing left to do
     assert again.trials_run == 0 and again.records == first.records
-    report = run_cli_json(capsys, "measure", MODEL, "--work-dir", str(work_dir), "--compare", "--repeat", "2",
-                          "--min-repeat-ms", "1", "--log", str(tmp_path / "log.jsonl"))
+    report = run_cli_json(
+        capsys,
+        "measure",
+        MODEL,
+        "--work-dir",
+        str(work_dir),
+        "--compare",
+        "--repeat",
+        "2",
+        "--min-repeat-ms",
+        "1",
+        "--log",
+        str(tmp_path / "log.jsonl"),
+    )
     assert report["memplan"]["correct"] and report["stock"]["correct"]
 
 
 def test_tune_through_the_tracker(capsys, tmp_path, farm):
-    report = run_cli_json(capsys, "tune", MODEL, "--trials", "8", "--kernels", KERNEL, "--work-dir",
-                          str(tmp_path / "tuning"), "--rpc-tracker", farm.tracker, "--rpc-key", "local")
+    report = run_cli_json(
+        capsys,
+        "tune",
+        MODEL,
+        "--trials",
+        "8",
+        "--kernels",
+        KERNEL,
+        "--work-dir",
+        str(tmp_path / "tuning"),
+        "--rpc-tracker",
+        farm.tracker,
+        "--rpc-key",
+        "local",
+    )
     assert report["runner"] == f"rpc:local@{farm.tracker}" and report["records"] >= 8

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -9,12 +11,14 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm_memplan.lq.quantizer import LQQuantizer
 
 
-def mlp(sizes: tuple[int, ...] = (40, 24, 6), batch: int | str = 1, seed: int = 0, relu: bool = True) -> onnx.ModelProto:
+def mlp(
+    sizes: tuple[int, ...] = (40, 24, 6), batch: int | str = 1, seed: int = 0, relu: bool = True
+) -> onnx.ModelProto:
     """Gemm/activation stack: the shape every dense test needs (bias folding, {0,1} and ±1 inputs)."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
     current = "x"
-    for index, (n, o) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for index, (n, o) in enumerate(pairwise(sizes)):
         w, b = f"w{index}", f"b{index}"
         inits += [
             numpy_helper.from_array((rng.normal(size=(n, o)) / np.sqrt(n)).astype(np.float32), w),

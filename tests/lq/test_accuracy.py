@@ -13,8 +13,10 @@ def test_single_logit_is_a_binary_decision_and_several_logits_an_argmax():
     np.testing.assert_array_equal(accuracy.predict(np.array([[0.1, 0.9, 0.0], [2.0, -1.0, 1.0]])), [1, 0])
 
 
-@pytest.mark.parametrize("name,features,classes", [("digits8", 64, 10), ("digits28", 784, 10),
-                                                   ("breast_cancer", 30, 2), ("wine", 13, 3), ("iris", 4, 3)])
+@pytest.mark.parametrize(
+    "name,features,classes",
+    [("digits8", 64, 10), ("digits28", 784, 10), ("breast_cancer", 30, 2), ("wine", 13, 3), ("iris", 4, 3)],
+)
 def test_datasets_split_and_scale(name, features, classes):
     data = accuracy.load_dataset(name)
     assert data.x_train.shape[1] == data.x_test.shape[1] == features and data.classes == classes
@@ -30,7 +32,13 @@ def test_onnx_export_matches_scikit_learn(dataset, activation):
     data = accuracy.load_dataset(dataset)
     model = accuracy.train(accuracy.Network(dataset, (16, 8), activation), data, max_iter=50)
     graph = accuracy.to_onnx(model)
-    assert [node.op_type for node in graph.graph.node] == ["Gemm", activation.title(), "Gemm", activation.title(), "Gemm"]
+    assert [node.op_type for node in graph.graph.node] == [
+        "Gemm",
+        activation.title(),
+        "Gemm",
+        activation.title(),
+        "Gemm",
+    ]
     logits = accuracy.onnx_logits(graph, data.x_test)
     assert logits.shape == (len(data.x_test), 1 if dataset == "breast_cancer" else 3)
     np.testing.assert_array_equal(accuracy.predict(logits), model.predict(data.x_test))
@@ -38,8 +46,9 @@ def test_onnx_export_matches_scikit_learn(dataset, activation):
 
 @pytest.mark.slow
 def test_evaluate_runs_the_default_quantize_command_on_a_binary_network(tmp_path):
-    row = accuracy.evaluate(accuracy.Network("breast_cancer", (32, 32), "relu"), [(2, 2)], max_iter=100,
-                            cache_dir=tmp_path)
+    row = accuracy.evaluate(
+        accuracy.Network("breast_cancer", (32, 32), "relu"), [(2, 2)], max_iter=100, cache_dir=tmp_path
+    )
     assert row["outputs"] == 1 and row["test_rows"] == 171
     entry = row["settings"]["W2A2"]
     assert [layer["status"] for layer in entry["layers"]] == ["lq", "lq", "lq"]

@@ -21,7 +21,14 @@ pytestmark = [
 
 @pytest.mark.parametrize(
     "m,n,o,kx,kw",
-    [(1, 77, 9, 1, 1), (5, 77, 37, 2, 2), (4, 130, 21, 3, 2), (8, 1000, 200, 2, 3), (3, 64, 16, 4, 4), (2, 33, 5, 1, 4)],
+    [
+        (1, 77, 9, 1, 1),
+        (5, 77, 37, 2, 2),
+        (4, 130, 21, 3, 2),
+        (8, 1000, 200, 2, 3),
+        (3, 64, 16, 4, 4),
+        (2, 33, 5, 1, 4),
+    ],
 )
 def test_neon_kernels_bit_exact_under_qemu(m, n, o, kx, kw, tmp_path):
     assert kernels.kernel_flavor(arm64_target()) == "neon"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tvm_memplan.errors import UserError
-from tvm_memplan.lq import bench
+from tvm_memplan.lq import bench, machine
+from tvm_memplan.lq.timing import Timing
 
-QUICK = bench.Timing(number=1, repeat=1, min_repeat_ms=1)
+QUICK = Timing(number=1, repeat=1, min_repeat_ms=1)
 SIZES = (16 << 10, 256 << 10, 4 << 20)
 # Timing noise allowed when a kernel runs right at its limit on a shared two-core machine; a
 # broken probe (a spilling register tile, a cold-DRAM bound for warm data) is 2-4x off.
@@ -18,7 +18,7 @@ AVX512_BLAS = ("SkylakeX", "Cooperlake", "SapphireRapids")
 
 def test_kernel_rows_have_the_issue_fields_and_bounds():
     target = bench.default_target()
-    limits = bench.machine_limits(target, QUICK, read_sizes=SIZES)
+    limits = machine.machine_limits(target, QUICK, read_sizes=SIZES)
     assert limits["popcount_steps_per_s"] > 0 and limits["fma_per_s"] > 0
     assert set(limits["read_bytes_per_s"]) == set(SIZES)
     rows = bench.kernel_rows(target, shapes=[(100, 40)], rows=[1, 4], bits=[(2, 2)], timing=QUICK, limits=limits)
@@ -27,53 +27,30 @@ def test_kernel_rows_have_the_issue_fields_and_bounds():
         for key in ("wbits", "abits", "lq_us", "fp32_tvm_us", "fp32_numpy_us", "popcount_bound_us", "read_bound_us"):
             assert key in row
         assert row["lq_weight_bytes"] * 8 <= row["fp32_weight_bytes"]
-    machine = bench.machine_info(target, limits)
-    text = bench.markdown({"rows": [], "kernels": rows, "machine": machine})
+    info = machine.machine_info(target, limits)
+    text = bench.markdown({"rows": [], "kernels": rows, "machine": info})
     assert "| 4 | 100→40 | W2A2 |" in text and "G popcount steps/s" in text
-    assert machine["isa"] in text and machine["cpu"] in text
+    assert info["isa"] in text and info["cpu"] in text
 
 
 @pytest.mark.timing
-@pytest.mark.parametrize("isa", bench.ISAS)
+@pytest.mark.parametrize("isa", machine.ISAS)
 def test_no_limit_is_slower_than_an_achieved_kernel(isa):
     """The issue's invariant on whatever machine runs it: each bound <= the best achieved time of its kind."""
     if isa == "avx2" and not bench.tvm.target.codegen.target_has_features("avx2", bench.default_target()):
         pytest.skip("no AVX2 on this machine")
-    target = bench.isa_target(isa)
-    timing = bench.Timing(number=3, repeat=3, min_repeat_ms=10)
-    before = bench.machine_limits(target, timing, read_sizes=SIZES)
+    target = machine.isa_target(isa)
+    timing = Timing(number=3, repeat=3, min_repeat_ms=10)
+    before = machine.machine_limits(target, timing, read_sizes=SIZES)
     rows = bench.kernel_rows(target, shapes=[(1024, 256)], rows=[1, 32], bits=[(2, 2), (1, 1)], timing=timing)
-    limits = bench.best_limits(before, bench.machine_limits(target, timing, read_sizes=SIZES))
+    limits = machine.best_limits(before, machine.machine_limits(target, timing, read_sizes=SIZES))
     for row in bench.add_bounds(rows, limits):
-        where = f"M={row['M']} W{row['wbits']}A{row['abits']} on {bench.isa_name(target)}"
+        where = f"M={row['M']} W{row['wbits']}A{row['abits']} on {machine.isa_name(target)}"
         lq_bound = max(row["popcount_bound_us"], row["read_bound_us"])
         assert lq_bound <= NOISE * row["lq_dense_us"], where
-        numpy_same_isa = isa == "native" or bench.blas_core() not in AVX512_BLAS
+        numpy_same_isa = isa == "native" or machine.blas_core() not in AVX512_BLAS
         fp32 = min(row["fp32_tvm_us"], row["fp32_numpy_us"]) if numpy_same_isa else row["fp32_tvm_us"]
         assert max(row["fp32_fma_bound_us"], row["fp32_read_bound_us"]) <= NOISE * fp32, where
-
-
-def test_read_bound_uses_the_working_set_level():
-    curve = {16 << 10: 200e9, 1 << 20: 100e9, 64 << 20: 20e9, 256 << 20: 25e9}
-    assert bench.read_time_bound(1 << 10, curve) == pytest.approx((1 << 10) / 200e9)
-    assert bench.read_time_bound(4 << 20, curve) == pytest.approx((4 << 20) / 100e9)
-    # noise made 256 MB faster than 64 MB: a larger working set is never faster, so 64 MB gets 25 GB/s
-    assert bench.read_time_bound(100 << 20, curve) == pytest.approx((100 << 20) / 25e9)
-
-
-def test_best_limits_keeps_the_fastest_measurement():
-    slow = {"popcount_steps_per_s": 1.0, "fma_per_s": 4.0, "read_bytes_per_s": {16: 5.0, 64: 1.0}, "cpu": "x"}
-    fast = {"popcount_steps_per_s": 2.0, "fma_per_s": 3.0, "read_bytes_per_s": {16: 4.0, 64: 2.0}, "cpu": "x"}
-    best = bench.best_limits(slow, fast)
-    assert (best["popcount_steps_per_s"], best["fma_per_s"], best["read_bytes_per_s"]) == (2.0, 4.0, {16: 5.0, 64: 2.0})
-    assert best["cpu"] == "x"
-
-
-def test_isa_names_and_a_bad_isa():
-    assert bench.isa_name(bench.default_target()) in ("AVX-512 (VPOPCNTDQ)", "AVX2", "NEON", "x86-64 (SSE)")
-    with pytest.raises(UserError, match="--isa must be one of"):
-        bench.isa_target("sse9")
-    assert bench.cpu_name()
 
 
 def test_markdown_rows_compare_with_the_float_row():

@@ -54,8 +54,13 @@ def test_probe_returns_each_layer_input():
 
 def test_quantize_module_reports_each_layer_before_fitting_it():
     calls = []
-    quantize_module(_module(), _data(), LQConfig(2, 2, finetune=False, check_layers=False), TARGET,
-                    progress=lambda *call: calls.append(call))
+    quantize_module(
+        _module(),
+        _data(),
+        LQConfig(2, 2, finetune=False, check_layers=False),
+        TARGET,
+        progress=lambda *call: calls.append(call),
+    )
     assert calls == [("dense0", 0, 3), ("dense1", 1, 3), ("dense2", 2, 3)]
 
 

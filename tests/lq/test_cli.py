@@ -29,7 +29,8 @@ def files(tmp_path):
 def test_quantize_writes_a_library_and_a_report(files, tmp_path, capsys):
     model, calib = files
     out = tmp_path / "out" / "mlp_lq"
-    assert main(["quantize", str(model), "--calib", str(calib), "--wbits", "3", "--abits", "2", "--finetune", "-o", str(out)]) == 0
+    quantize = ["quantize", str(model), "--calib", str(calib)]
+    assert main([*quantize, "--wbits", "3", "--abits", "2", "--finetune", "-o", str(out)]) == 0
     report = json.loads((tmp_path / "out" / "mlp_lq.json").read_text())
     assert [layer["status"] for layer in report["layers"]] == ["lq", "lq"]
     assert report["config"]["wbits"] == 3 and report["config"]["finetune"] is True
@@ -50,8 +51,8 @@ def test_defaults_fine_tune_and_check_each_layer(files, tmp_path):
     assert main(["quantize", str(model), "--calib", str(calib), "-o", str(tmp_path / "d.so")]) == 0
     config = json.loads((tmp_path / "d.json").read_text())["config"]
     assert config["finetune"] is True and config["check_layers"] is True and config["edge_bits"] == 4
-    assert main(["quantize", str(model), "--calib", str(calib), "--no-finetune", "--no-layer-check",
-                 "-o", str(tmp_path / "p.so")]) == 0
+    quantize = ["quantize", str(model), "--calib", str(calib)]
+    assert main([*quantize, "--no-finetune", "--no-layer-check", "-o", str(tmp_path / "p.so")]) == 0
     config = json.loads((tmp_path / "p.json").read_text())["config"]
     assert config["finetune"] is False and config["check_layers"] is False
 

@@ -8,6 +8,7 @@ import pytest
 
 from tvm_memplan.lq import bench
 from tvm_memplan.lq.digits import MLP, load_digits_28, mlp_to_onnx, train_mlp, upsample
+from tvm_memplan.lq.timing import Timing
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_small_mlp_learns_and_exports_to_onnx(split, tmp_path):
 def test_accuracy_targets_on_the_benchmark_mlp(split, tmp_path_factory):
     """W2A2 within 1 point of fp32 and W1A1 within 5 on the 784→512→10 MLP, from the compiled TVM model."""
     mlp = bench.trained_mlp(split, seed=0, epochs=60, hidden=512, cache_dir=None)
-    rows = bench.accuracy_rows(split, mlp, [(32, 32), (2, 2), (1, 1)], timing=bench.Timing(1, 1, 1))
+    rows = bench.accuracy_rows(split, mlp, [(32, 32), (2, 2), (1, 1)], timing=Timing(1, 1, 1))
     accuracy = {(r["wbits"], r["abits"]): r["accuracy"] for r in rows}
     assert accuracy[32, 32] > 0.95
     assert accuracy[2, 2] >= accuracy[32, 32] - 0.010

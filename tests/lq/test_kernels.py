@@ -102,7 +102,11 @@ def test_fp32_baseline_kernel(m, n, o):
     w = rng.normal(size=(n, o)).astype(np.float32)
     b = rng.normal(size=o).astype(np.float32)
     func = kernels.schedule_fp32_dense(kernels.fp32_dense_func(m, n, o, 32))
-    y = _run(func, NATIVE if HAS_VPOPCNTDQ else GENERIC["x86-64"], [x, kernels.pack_fp32_weight(w, 32), b, np.zeros((m, o), np.float32)])
+    y = _run(
+        func,
+        NATIVE if HAS_VPOPCNTDQ else GENERIC["x86-64"],
+        [x, kernels.pack_fp32_weight(w, 32), b, np.zeros((m, o), np.float32)],
+    )
     np.testing.assert_allclose(y[-1], x @ w + b, rtol=1e-4, atol=1e-4)
 
 

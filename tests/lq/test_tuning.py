@@ -29,7 +29,14 @@ def test_tuned_kernel_is_exact_and_the_database_is_reused(tmp_path):
     aw = rng.integers(-3, 4, (kw, o)).astype(np.float32)
     bias = rng.integers(-3, 4, o).astype(np.float32)
     dev = tvm.cpu()
-    args = [kernels.pack_rows(xbits), kernels.pack_weight_planes(wbits, lanes), ax, aw, bias, np.zeros((m, o), np.float32)]
+    args = [
+        kernels.pack_rows(xbits),
+        kernels.pack_weight_planes(wbits, lanes),
+        ax,
+        aw,
+        bias,
+        np.zeros((m, o), np.float32),
+    ]
     tensors = [tvm.runtime.tensor(a, dev) for a in args]
     tvm.tirx.build(tuned, target=target)(*tensors)
     expect = kernels.lq_dense_reference(xbits, wbits, ax, aw, bias).astype(np.float32)

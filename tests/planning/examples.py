@@ -42,7 +42,9 @@ def cut_square(pieces: int, seed: int, horizon: int = 64, height: int = 64) -> P
     rng = random.Random(seed)
     rects = [(0, horizon, 0, height)]  # (start, end, bottom, top)
     while len(rects) < pieces:
-        k = max(range(len(rects)), key=lambda i: (rects[i][1] - rects[i][0]) * (rects[i][3] - rects[i][2]) * rng.random())
+        k = max(
+            range(len(rects)), key=lambda i: (rects[i][1] - rects[i][0]) * (rects[i][3] - rects[i][2]) * rng.random()
+        )
         start, end, bottom, top = rects[k]
         if rng.random() < 0.5 and end - start > 1:
             cut = rng.randint(start + 1, end - 1)
@@ -50,7 +52,9 @@ def cut_square(pieces: int, seed: int, horizon: int = 64, height: int = 64) -> P
         elif top - bottom > 1:
             cut = rng.randint(bottom + 1, top - 1)
             rects[k : k + 1] = [(start, end, bottom, cut), (start, end, cut, top)]
-    return Problem([Buffer(i, top - bottom, start, end) for i, (start, end, bottom, top) in enumerate(rects)], alignment=1)
+    return Problem(
+        [Buffer(i, top - bottom, start, end) for i, (start, end, bottom, top) in enumerate(rects)], alignment=1
+    )
 
 
 @st.composite

@@ -62,7 +62,7 @@ def used_together(ops: list[Operator], groups: list[list[int]], names: list) -> 
     pairs = set()
     for group in groups:
         used = sorted({index[t] for op in group for t in (*ops[op].inputs, *ops[op].outputs) if t in index})
-        pairs |= {(a, b) for k, a in enumerate(used) for b in used[k + 1:]}
+        pairs |= {(a, b) for k, a in enumerate(used) for b in used[k + 1 :]}
     return pairs
 
 
@@ -161,8 +161,12 @@ def test_cost_model_groups_small_operators_and_keeps_big_ones_apart():
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10**6), count=st.integers(2, 40), groups=st.sampled_from([SEQ, 1, 2, 3, 8]),
-       from_outputs=st.booleans())
+@given(
+    seed=st.integers(0, 10**6),
+    count=st.integers(2, 40),
+    groups=st.sampled_from([SEQ, 1, 2, 3, 8]),
+    from_outputs=st.booleans(),
+)
 def test_grouped_plans_keep_the_f_predicate(seed, count, groups, from_outputs):
     ops, sizes = random_dag(seed, count)
     layering = maxdist_layers(ops, from_outputs=from_outputs)

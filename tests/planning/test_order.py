@@ -79,7 +79,12 @@ def test_branch_order_matters_and_search_finds_it():
 
 
 def test_views_extend_the_owner():
-    ops = [Operator("p", ("in",), ("t",)), Operator("view", ("t",), ("v",)), Operator("big", ("in",), ("b",)), Operator("use", ("v", "b"), ("o",))]
+    ops = [
+        Operator("p", ("in",), ("t",)),
+        Operator("view", ("t",), ("v",)),
+        Operator("big", ("in",), ("b",)),
+        Operator("use", ("v", "b"), ("o",)),
+    ]
     graph = OrderGraph.from_operators(ops, {"t": 100, "b": 1000}, aliases={"v": "t"})
     assert graph.peak([0, 1, 2, 3]) == 1100
 

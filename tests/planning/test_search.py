@@ -20,7 +20,9 @@ def cp_sat_optimum(problem: Problem) -> int:
     sizes, unit = problem.padded_sizes(), problem.alignment
     horizon = problem.naive_bytes() // unit
     slots = [model.NewIntVar(0, horizon, f"y{i}") for i in range(len(sizes))]
-    intervals = [model.NewFixedSizeIntervalVar(y, s // unit, f"i{i}") for i, (y, s) in enumerate(zip(slots, sizes))]
+    intervals = [
+        model.NewFixedSizeIntervalVar(y, s // unit, f"i{i}") for i, (y, s) in enumerate(zip(slots, sizes, strict=True))
+    ]
     top = model.NewIntVar(0, horizon, "top")
     for i in range(len(sizes)):
         model.Add(top >= slots[i] + sizes[i] // unit)

@@ -9,8 +9,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def float_model(nodes: list, inits: dict[str, np.ndarray], inputs: dict[str, list[int]],
-                outputs: dict[str, list[int] | None]) -> onnx.ModelProto:
+def float_model(
+    nodes: list, inits: dict[str, np.ndarray], inputs: dict[str, list[int]], outputs: dict[str, list[int] | None]
+) -> onnx.ModelProto:
     """A float32 opset-17 model from nodes, initializers and the static shapes of its inputs and outputs."""
     graph = helper.make_graph(
         nodes,
@@ -28,8 +29,9 @@ def float_model(nodes: list, inits: dict[str, np.ndarray], inputs: dict[str, lis
     return model
 
 
-def quantize_qdq(model: onnx.ModelProto, activation: str = "int8", per_channel: bool = True, seed: int = 0,
-                 samples: int = 8) -> onnx.ModelProto:
+def quantize_qdq(
+    model: onnx.ModelProto, activation: str = "int8", per_channel: bool = True, seed: int = 0, samples: int = 8
+) -> onnx.ModelProto:
     """``model`` quantized as a user would: onnxruntime's ``quantize_static``, QDQ format, int8
     weights (per channel), int8 or uint8 activations, MinMax calibration on normal random inputs."""
     import tempfile
@@ -44,8 +46,9 @@ def quantize_qdq(model: onnx.ModelProto, activation: str = "int8", per_channel: 
 
     rng = np.random.default_rng(seed)
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
-    batches = [{name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
-               for _ in range(samples)]
+    batches = [
+        {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()} for _ in range(samples)
+    ]
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -58,9 +61,15 @@ def quantize_qdq(model: onnx.ModelProto, activation: str = "int8", per_channel: 
     with tempfile.TemporaryDirectory() as tmp:
         source, target = Path(tmp) / "float.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, str(source))
-        quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                        activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)
+        quantize_static(
+            str(source),
+            str(target),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=per_channel,
+            activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
         return onnx.load(str(target))
 
 
@@ -68,8 +77,17 @@ def _rand(rng: np.random.Generator, *shape: int, scale: float = 0.3) -> np.ndarr
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-def conv(cin: int = 8, cout: int = 8, groups: int = 1, kernel: int = 3, stride: int = 1, pad: int = 1,
-         size: int = 9, activation: str | None = None, seed: int = 0) -> onnx.ModelProto:
+def conv(
+    cin: int = 8,
+    cout: int = 8,
+    groups: int = 1,
+    kernel: int = 3,
+    stride: int = 1,
+    pad: int = 1,
+    size: int = 9,
+    activation: str | None = None,
+    seed: int = 0,
+) -> onnx.ModelProto:
     """One Conv (regular, grouped or depthwise), optionally followed by Relu or Clip(0, 6)."""
     rng = np.random.default_rng(seed)
     inits = {"w": _rand(rng, cout, cin // groups, kernel, kernel), "b": _rand(rng, cout, scale=0.1)}
@@ -114,12 +132,18 @@ def network(seed: int = 0) -> onnx.ModelProto:
     residual Add, grouped conv, MaxPool, Concat, GlobalAveragePool, Flatten, Gemm."""
     rng = np.random.default_rng(seed)
     inits = {
-        "w1": _rand(rng, 16, 3, 3, 3), "b1": _rand(rng, 16, scale=0.1),
-        "w2": _rand(rng, 16, 1, 3, 3), "b2": _rand(rng, 16, scale=0.1),
-        "w3": _rand(rng, 16, 16, 1, 1), "b3": _rand(rng, 16, scale=0.1),
-        "w4": _rand(rng, 16, 4, 3, 3), "b4": _rand(rng, 16, scale=0.1),
-        "wf": _rand(rng, 10, 32), "bf": _rand(rng, 10, scale=0.1),
-        "lo": np.array(0.0), "hi": np.array(6.0),
+        "w1": _rand(rng, 16, 3, 3, 3),
+        "b1": _rand(rng, 16, scale=0.1),
+        "w2": _rand(rng, 16, 1, 3, 3),
+        "b2": _rand(rng, 16, scale=0.1),
+        "w3": _rand(rng, 16, 16, 1, 1),
+        "b3": _rand(rng, 16, scale=0.1),
+        "w4": _rand(rng, 16, 4, 3, 3),
+        "b4": _rand(rng, 16, scale=0.1),
+        "wf": _rand(rng, 10, 32),
+        "bf": _rand(rng, 10, scale=0.1),
+        "lo": np.array(0.0),
+        "hi": np.array(6.0),
     }
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4, strides=[2, 2]),
@@ -187,8 +211,9 @@ def qoperator(dynamic: bool = False) -> onnx.ModelProto:
         return onnx.load(str(target))
 
 
-def qdq_by_hand(zero_point: np.ndarray | None = None, elem_type: int = TensorProto.INT8, block_size: int = 0,
-                opset: int = 21) -> onnx.ModelProto:
+def qdq_by_hand(
+    zero_point: np.ndarray | None = None, elem_type: int = TensorProto.INT8, block_size: int = 0, opset: int = 21
+) -> onnx.ModelProto:
     """x → QuantizeLinear → DequantizeLinear → Relu with the given zero-point type (float8, int4, ...)
     or blocked scales (``block_size``): the QDQ encodings tvm_memplan refuses."""
     shape = [4, 8]
@@ -205,9 +230,13 @@ def qdq_by_hand(zero_point: np.ndarray | None = None, elem_type: int = TensorPro
         helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["d"], name="dequant", **attrs),
         helper.make_node("Relu", ["d"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-                              [numpy_helper.from_array(scale, "scale"), zp])
+    graph = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(scale, "scale"), zp],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     onnx.checker.check_model(model)
     return model
@@ -217,10 +246,17 @@ def between_convs(op: str) -> onnx.ModelProto:
     """Conv → ``op`` → Conv: an activation onnxruntime's quantizer leaves in float (HardSwish, Tanh)
     still sits between a DequantizeLinear and the next conv's QuantizeLinear."""
     rng = np.random.default_rng(2)
-    inits = {"w": _rand(rng, 8, 3, 3, 3), "b": _rand(rng, 8, scale=0.1), "w2": _rand(rng, 4, 8, 1, 1),
-             "b2": _rand(rng, 4, scale=0.1)}
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4), helper.make_node(op, ["c"], ["h"]),
-             helper.make_node("Conv", ["h", "w2", "b2"], ["y"])]
+    inits = {
+        "w": _rand(rng, 8, 3, 3, 3),
+        "b": _rand(rng, 8, scale=0.1),
+        "w2": _rand(rng, 4, 8, 1, 1),
+        "b2": _rand(rng, 4, scale=0.1),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4),
+        helper.make_node(op, ["c"], ["h"]),
+        helper.make_node("Conv", ["h", "w2", "b2"], ["y"]),
+    ]
     return float_model(nodes, inits, {"x": [1, 3, 8, 8]}, {"y": [1, 4, 8, 8]})
 
 
@@ -231,11 +267,14 @@ def torch_style_conv(seed: int = 0) -> onnx.ModelProto:
     w = _rand(rng, 8, 4, 3, 3)
     w_scale = (np.abs(w).reshape(8, -1).max(axis=1) / 127).astype(np.float32)
     inits = [
-        numpy_helper.from_array(w, "w"), numpy_helper.from_array(w_scale, "w_scale"),
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(w_scale, "w_scale"),
         numpy_helper.from_array(np.zeros(8, np.int8), "w_zp"),
         numpy_helper.from_array(_rand(rng, 8, scale=0.1), "b"),
-        numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"), numpy_helper.from_array(np.array(3, np.int8), "x_zp"),
-        numpy_helper.from_array(np.array(0.05, np.float32), "y_scale"), numpy_helper.from_array(np.array(-5, np.int8), "y_zp"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(3, np.int8), "x_zp"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "y_scale"),
+        numpy_helper.from_array(np.array(-5, np.int8), "y_zp"),
     ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
@@ -246,8 +285,13 @@ def torch_style_conv(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("QuantizeLinear", ["c", "y_scale", "y_zp"], ["yq"]),
         helper.make_node("DequantizeLinear", ["yq", "y_scale", "y_zp"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "torch_qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "torch_qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model)
     return model
@@ -262,12 +306,18 @@ def with_classifier(model: onnx.ModelProto, classes: int = 10, seed: int = 0) ->
     (output,) = graph.output
     features = int(np.prod([d.dim_value for d in output.type.tensor_type.shape.dim[1:]]))
     rng = np.random.default_rng(seed)
-    graph.initializer.extend([numpy_helper.from_array(_rand(rng, classes, features, scale=0.05), "head_w"),
-                              numpy_helper.from_array(_rand(rng, classes, scale=0.01), "head_b")])
-    graph.node.extend([
-        helper.make_node("Flatten", [output.name], ["head_flat"]),
-        helper.make_node("Gemm", ["head_flat", "head_w", "head_b"], ["logits"], transB=1),
-    ])
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(_rand(rng, classes, features, scale=0.05), "head_w"),
+            numpy_helper.from_array(_rand(rng, classes, scale=0.01), "head_b"),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Flatten", [output.name], ["head_flat"]),
+            helper.make_node("Gemm", ["head_flat", "head_w", "head_b"], ["logits"], transB=1),
+        ]
+    )
     graph.output.pop()
     graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes]))
     onnx.checker.check_model(model)

@@ -76,13 +76,32 @@ def test_build_and_measure_compare_an_int8_model(capsys, network_files, tmp_path
     assert main(["build", network_files["int8"], "-o", str(out), "--json", "--order-seconds", "2"]) == 0
     int8_weights = json.loads(capsys.readouterr().out)["constant_bytes"]
     assert out.exists()
-    assert main(["build", network_files["float"], "-o", str(tmp_path / "net.so"), "--json", "--order-seconds", "2"]) == 0
+    assert (
+        main(["build", network_files["float"], "-o", str(tmp_path / "net.so"), "--json", "--order-seconds", "2"]) == 0
+    )
     float_weights = json.loads(capsys.readouterr().out)["constant_bytes"]
     # int8 weights, and per output channel an int32 bias and a float32 multiplier (16 channels: a large share)
     assert 0 < int8_weights < float_weights / 2
     log = tmp_path / "log.jsonl"
-    assert main(["measure", network_files["int8"], "--compare", "--repeat", "1", "--min-repeat-ms", "1",
-                 "--order-seconds", "2", "--log", str(log), "--json"]) == 0
+    assert (
+        main(
+            [
+                "measure",
+                network_files["int8"],
+                "--compare",
+                "--repeat",
+                "1",
+                "--min-repeat-ms",
+                "1",
+                "--order-seconds",
+                "2",
+                "--log",
+                str(log),
+                "--json",
+            ]
+        )
+        == 0
+    )
     results = json.loads(capsys.readouterr().out)
     assert results["memplan"]["correct"] and results["stock"]["correct"]
     assert results["memplan"]["reference"] == "onnxruntime"
@@ -95,27 +114,46 @@ def test_quantize_int8_writes_a_qdq_model_that_plans_to_int8(capsys, network_fil
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32))
     out = tmp_path / "net.int8.onnx"
-    assert main(["quantize", network_files["float"], "--int8", "--activations", activation, "--calib", str(calib),
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                network_files["float"],
+                "--int8",
+                "--activations",
+                activation,
+                "--calib",
+                str(calib),
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out
     quantized = onnx.load(str(out))
     zero_points = [i for i in quantized.graph.initializer if i.name.endswith("_zero_point") and i.dims == []]
     expected = TensorProto.INT8 if activation == "int8" else TensorProto.UINT8
     assert zero_points and all(z.data_type == expected for z in zero_points)
     plan = _plan(capsys, str(out), "--verify")
-    assert not plan["verify"]["problems"] and plan["arena_bytes"] < _plan(capsys, network_files["float"])["arena_bytes"] / 3
+    assert not plan["verify"]["problems"]
+    assert plan["arena_bytes"] < _plan(capsys, network_files["float"])["arena_bytes"] / 3
 
 
-@pytest.mark.parametrize("arrays, message", [
-    ({"other": (4, 3, 32, 32), "more": (4, 3, 32, 32)}, "no array for input(s) x"),
-    ({"x": (4, 3, 16, 16)}, "expected (samples, 3, 32, 32)"),
-])
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ({"other": (4, 3, 32, 32), "more": (4, 3, 32, 32)}, "no array for input(s) x"),
+        ({"x": (4, 3, 16, 16)}, "expected (samples, 3, 32, 32)"),
+    ],
+)
 def test_quantize_int8_bad_calibration_is_one_line(capsys, network_files, tmp_path, arrays, message):
     import numpy as np
 
     calib = tmp_path / "calib.npz"
     np.savez(calib, **{name: np.zeros(shape, np.float32) for name, shape in arrays.items()})
-    assert main(["quantize", network_files["float"], "--int8", "--calib", str(calib), "-o", str(tmp_path / "o.onnx")]) == 2
+    out = str(tmp_path / "o.onnx")
+    assert main(["quantize", network_files["float"], "--int8", "--calib", str(calib), "-o", out]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
     assert not list(tmp_path.glob("*.onnx"))
@@ -126,7 +164,8 @@ def test_quantize_int8_refuses_a_quantized_model(capsys, network_files, tmp_path
 
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.zeros((1, 3, 32, 32), np.float32))
-    assert main(["quantize", network_files["int8"], "--int8", "--calib", str(calib), "-o", str(tmp_path / "o.onnx")]) == 2
+    out = str(tmp_path / "o.onnx")
+    assert main(["quantize", network_files["int8"], "--int8", "--calib", str(calib), "-o", out]) == 2
     assert "already quantized" in capsys.readouterr().err
 
 

@@ -21,11 +21,14 @@ from . import models
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
-@pytest.mark.parametrize("name", [
-    "torchvision_efficientnet_b0_stem.dynamo",  # SiLU (sigmoid quantized in between) and squeeze-excite
-    "torchvision_mobilenet_v2_stem.torchscript",  # one bias tensor shared by several convs
-    "torchvision_shufflenet_v2_unit.torchscript",  # channel split, shuffle (reshape/transpose), concat
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torchvision_efficientnet_b0_stem.dynamo",  # SiLU (sigmoid quantized in between) and squeeze-excite
+        "torchvision_mobilenet_v2_stem.torchscript",  # one bias tensor shared by several convs
+        "torchvision_shufflenet_v2_unit.torchscript",  # channel split, shuffle (reshape/transpose), concat
+    ],
+)
 def test_quantized_export_is_lowered_and_verified(name):
     float_model = onnx.load(str(FIXTURES / f"{name}.onnx"))
     qmodel = models.quantize_qdq(float_model, samples=2)
@@ -40,10 +43,13 @@ def test_quantized_export_is_lowered_and_verified(name):
     assert result.max_lsb_diff_vs_onnxruntime <= result.tolerance_lsb
 
 
-@pytest.mark.parametrize("name", [
-    "torchvision_mobilenet_v2_stem.torchscript",
-    "torchvision_shufflenet_v2_unit.torchscript",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torchvision_mobilenet_v2_stem.torchscript",
+        "torchvision_shufflenet_v2_unit.torchscript",
+    ],
+)
 def test_top_class_agrees_with_onnxruntime_at_least_as_often_as_its_unoptimized_run(name):
     """The issue's rule on 20 random inputs, on a torchvision stem with a 10-class head."""
     float_model = models.with_classifier(onnx.load(str(FIXTURES / f"{name}.onnx")))

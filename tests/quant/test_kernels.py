@@ -142,7 +142,10 @@ def test_dilated_strided_asymmetric_conv_is_identical_to_onnxruntime():
     rng = np.random.default_rng(0)
     model = models.float_model(
         [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[0, 1, 2, 1], dilations=[2, 2], strides=[1, 2])],
-        {"w": rng.standard_normal((6, 4, 3, 3)) * 0.3, "b": np.zeros(6)}, {"x": [1, 4, 10, 10]}, {"y": None})
+        {"w": rng.standard_normal((6, 4, 3, 3)) * 0.3, "b": np.zeros(6)},
+        {"x": [1, 4, 10, 10]},
+        {"y": None},
+    )
     diff, lowered = compare(models.quantize_qdq(model))
     assert diff == 0 and lowered.get("conv2d") == 1
 
@@ -150,8 +153,12 @@ def test_dilated_strided_asymmetric_conv_is_identical_to_onnxruntime():
 def test_batched_matmul_is_identical_to_onnxruntime():
     from onnx import helper
 
-    model = models.float_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
-                               {"w": np.random.default_rng(1).standard_normal((16, 8)) * 0.3}, {"x": [2, 5, 16]}, {"y": None})
+    model = models.float_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        {"w": np.random.default_rng(1).standard_normal((16, 8)) * 0.3},
+        {"x": [2, 5, 16]},
+        {"y": None},
+    )
     diff, lowered = compare(models.quantize_qdq(model))
     assert diff == 0 and lowered.get("dense") == 1
 

@@ -29,8 +29,17 @@ def _ops(mod) -> list[str]:
 def test_network_becomes_integer_kernels_with_int8_weights():
     mod, report = _lower(models.quantize_qdq(models.network()))
     assert not report.kept_float
-    assert report.lowered == {"quantize+conv2d": 1, "conv2d": 1, "depthwise_conv2d": 1, "conv2d+add": 1, "max_pool2d": 2,
-                              "concat": 1, "mean": 1, "reshape": 1, "dense": 1}
+    assert report.lowered == {
+        "quantize+conv2d": 1,
+        "conv2d": 1,
+        "depthwise_conv2d": 1,
+        "conv2d+add": 1,
+        "max_pool2d": 2,
+        "concat": 1,
+        "mean": 1,
+        "reshape": 1,
+        "dense": 1,
+    }
     ops = _ops(mod)
     assert ops.count("relax.dequantize") == 1  # only the output's
     assert "relax.nn.conv2d" not in ops and "relax.quantize" not in ops
@@ -132,7 +141,9 @@ def test_every_integer_kernel_gets_a_default_cpu_schedule():
         DefaultCPUSchedule(plan.target, reports.append)(plan.planned)
     rules = reports[0].rules
     assert not reports[0].unscheduled
-    assert any(name.startswith(("fused_qconv2d", "qconv2d")) and rule == "tiled_reduction" for name, rule in rules.items())
+    assert any(
+        name.startswith(("fused_qconv2d", "qconv2d")) and rule == "tiled_reduction" for name, rule in rules.items()
+    )
     assert all(rule == "tiled_reduction" for name, rule in rules.items() if "qconv2d" in name)
     assert any("qdense" in name for name in rules)  # a 1-row dense: the generic rule, as the float one
 
@@ -146,10 +157,17 @@ def test_concat_of_another_scale_requantizes_in_the_producing_conv():
     from tvm_memplan.planner import plan_model
 
     rng = np.random.default_rng(4)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4), helper.make_node("Conv", ["x", "w2"], ["b"]),
-             helper.make_node("Concat", ["a", "b"], ["cat"], axis=1), helper.make_node("Conv", ["cat", "w3"], ["y"])]
-    weights = {"w1": rng.standard_normal((4, 3, 3, 3)), "w2": rng.standard_normal((4, 3, 1, 1)) * 3,
-               "w3": rng.standard_normal((2, 8, 1, 1))}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4),
+        helper.make_node("Conv", ["x", "w2"], ["b"]),
+        helper.make_node("Concat", ["a", "b"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", "w3"], ["y"]),
+    ]
+    weights = {
+        "w1": rng.standard_normal((4, 3, 3, 3)),
+        "w2": rng.standard_normal((4, 3, 1, 1)) * 3,
+        "w3": rng.standard_normal((2, 8, 1, 1)),
+    }
     qmodel = models.quantize_qdq(models.float_model(nodes, weights, {"x": [1, 3, 8, 8]}, {"y": [1, 2, 8, 8]}))
     mod, report = _lower(qmodel)
     assert report.lowered.get("conv2d") == 3 and report.lowered.get("concat") == 1
@@ -165,7 +183,8 @@ def test_the_first_conv_quantizes_the_network_input_itself(pads):
     """ShuffleNetV2 and MobileNetV3 peak at their stem: the quantized input (1 byte per element)
     and the first conv's output were live together, which the float build does not have (its float
     input is a parameter, outside the arena): 0.30x of the float arena instead of 0.25x. The first
-    conv now quantizes its float input as it pads it: the arena is the conv's output only, with the same integers as onnxruntime's QuantizeLinear + QLinearConv."""
+    conv now quantizes its float input as it pads it: the arena is the conv's output only, with the
+    same integers as onnxruntime's QuantizeLinear + QLinearConv."""
     from onnx import helper
 
     from tvm_memplan.planner import plan_model
@@ -173,11 +192,16 @@ def test_the_first_conv_quantizes_the_network_input_itself(pads):
     from .test_kernels import compare
 
     rng = np.random.default_rng(6)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[pads] * 4, strides=[2, 2]),
-             helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[pads] * 4, strides=[2, 2]),
+        helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
+    ]
     size = 32 + 2 * (1 - pads)
-    qmodel = models.quantize_qdq(models.float_model(nodes, {"w": rng.standard_normal((8, 3, 3, 3))},
-                                                    {"x": [1, 3, size, size]}, {"y": [1, 8, 8, 8]}))
+    qmodel = models.quantize_qdq(
+        models.float_model(
+            nodes, {"w": rng.standard_normal((8, 3, 3, 3))}, {"x": [1, 3, size, size]}, {"y": [1, 8, 8, 8]}
+        )
+    )
     mod, report = _lower(qmodel)
     assert report.lowered == {"quantize+conv2d": 1, "max_pool2d": 1}
     assert "relax.quantize" not in _ops(mod) and not [g for g in mod.functions if g.name_hint == "quantize_linear"]

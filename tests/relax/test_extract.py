@@ -8,7 +8,7 @@ def test_view_extends_lifetime_of_its_storage(target):
     mod = staged(chain_with_view(), target)
     plan_input = extract_plan_input(mod["main"], mod)
     (arena,) = plan_input.arenas
-    by_shape = {site.shape: buffer for site, buffer in zip(arena.sites, arena.problem.buffers)}
+    by_shape = {site.shape: buffer for site, buffer in zip(arena.sites, arena.problem.buffers, strict=True)}
     column = by_shape[(64, 1)]
     big = by_shape[(64, 64)]
     # The column is read through its reshape view after ``big`` exists: they must overlap in time.

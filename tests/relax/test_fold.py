@@ -27,10 +27,18 @@ def _conv_clip_gemm(path) -> str:
         helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
     ]
     graph = helper.make_graph(
-        nodes, "conv_clip_gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        nodes,
+        "conv_clip_gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
-        [init("w", [4, 3, 3, 3]), init("b", [4]), numpy_helper.from_array(np.array(0, np.float32), "lo"),
-         numpy_helper.from_array(np.array(6, np.float32), "hi"), init("wf", [5, 64]), init("bf", [5])],
+        [
+            init("w", [4, 3, 3, 3]),
+            init("b", [4]),
+            numpy_helper.from_array(np.array(0, np.float32), "lo"),
+            numpy_helper.from_array(np.array(6, np.float32), "hi"),
+            init("wf", [5, 64]),
+            init("bf", [5]),
+        ],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return str(path)
@@ -38,10 +46,17 @@ def _conv_clip_gemm(path) -> str:
 
 def _calls(mod: tvm.IRModule, constant_only: bool) -> list[str]:
     """The FOLDS ops main calls (with only constant operands, or all of them)."""
-    return [binding.value.op.name for block in mod["main"].body.blocks for binding in block.bindings
-            if isinstance(binding.value, relax.Call) and isinstance(binding.value.op, tvm.ir.Op)
-            and binding.value.op.name in FOLDS and (not constant_only or all(
-                isinstance(a, (tvm.ir.GenericConst, relax.ShapeExpr)) for a in binding.value.args))]
+    return [
+        binding.value.op.name
+        for block in mod["main"].body.blocks
+        for binding in block.bindings
+        if isinstance(binding.value, relax.Call)
+        and isinstance(binding.value.op, tvm.ir.Op)
+        and binding.value.op.name in FOLDS
+        and (
+            not constant_only or all(isinstance(a, (tvm.ir.GenericConst, relax.ShapeExpr)) for a in binding.value.args)
+        )
+    ]
 
 
 def test_the_frontends_constant_only_ops_fold_to_what_fold_constant_makes(tmp_path):
@@ -58,5 +73,6 @@ def test_the_frontends_constant_only_ops_fold_to_what_fold_constant_makes(tmp_pa
     # only the int8 lowering (nothing to do on a float model) comes before the numpy folding
     assert names[:fold] == ["tvm_memplan.LowerQDQ"]
     with target:  # the rest of the stage, TVM's passes, with and without the numpy folding first
-        tvm.ir.assert_structural_equal(tvm.transform.Sequential(passes[fold + 1:])(folded),
-                                       tvm.transform.Sequential(passes[fold + 1:])(imported))
+        tvm.ir.assert_structural_equal(
+            tvm.transform.Sequential(passes[fold + 1 :])(folded), tvm.transform.Sequential(passes[fold + 1 :])(imported)
+        )

@@ -20,8 +20,14 @@ from ..backends.conftest import device_ready
 from .modules import random_input, tensor
 
 GPUS = [
-    pytest.param("vulkan", marks=pytest.mark.skipif(not device_ready("vulkan"), reason="no Vulkan device (tvm-memplan setup-gpu)")),
-    pytest.param("opencl", marks=pytest.mark.skipif(not device_ready("opencl"), reason="no OpenCL device (tvm-memplan setup-gpu)")),
+    pytest.param(
+        "vulkan",
+        marks=pytest.mark.skipif(not device_ready("vulkan"), reason="no Vulkan device (tvm-memplan setup-gpu)"),
+    ),
+    pytest.param(
+        "opencl",
+        marks=pytest.mark.skipif(not device_ready("opencl"), reason="no OpenCL device (tvm-memplan setup-gpu)"),
+    ),
 ]
 
 
@@ -29,10 +35,19 @@ def inception(channels: int = 8, size: int = 8) -> tvm.IRModule:
     """An inception block: four branches of different depths from one input, concatenated."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", tensor((1, channels, size, size)))
-    weights = {name: relax.const(random_input(shape, seed=i)) for i, (name, shape) in enumerate({
-        "b1": (channels, channels, 1, 1), "b2a": (channels, channels, 1, 1), "b2b": (channels, channels, 3, 3),
-        "b3a": (channels, channels, 1, 1), "b3b": (channels, channels, 5, 5), "b4": (channels, channels, 1, 1),
-    }.items())}
+    weights = {
+        name: relax.const(random_input(shape, seed=i))
+        for i, (name, shape) in enumerate(
+            {
+                "b1": (channels, channels, 1, 1),
+                "b2a": (channels, channels, 1, 1),
+                "b2b": (channels, channels, 3, 3),
+                "b3a": (channels, channels, 1, 1),
+                "b3b": (channels, channels, 5, 5),
+                "b4": (channels, channels, 1, 1),
+            }.items()
+        )
+    }
     conv = relax.op.nn.conv2d
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -72,9 +87,17 @@ def reductions_on_one_pixel(channels: int = 256) -> tvm.IRModule:
     has both, which share a launch of a split shape (lavapipe: 32x2, PoCL: 64x4)."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", tensor((1, channels, 1, 1)))
-    weights = {name: relax.const(random_input(shape, seed=i)) for i, (name, shape) in enumerate({
-        "a": (64, channels, 1, 1), "b": (32, channels, 1, 1), "c": (32, 64, 3, 3), "d": (16, channels, 1, 1),
-    }.items())}
+    weights = {
+        name: relax.const(random_input(shape, seed=i))
+        for i, (name, shape) in enumerate(
+            {
+                "a": (64, channels, 1, 1),
+                "b": (32, channels, 1, 1),
+                "c": (32, 64, 3, 3),
+                "d": (16, channels, 1, 1),
+            }.items()
+        )
+    }
     conv = relax.op.nn.conv2d
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -126,7 +149,9 @@ def run(mod: tvm.IRModule, kind: str, groups, x: np.ndarray, **options):
     target = get_target(kind).tvm_target()  # what the command line builds with (registers the Vulkan generator)
     dev = tvm.device(kind, 0)
     reports = []
-    exe = tvm.compile(mod, target, relax_pipeline=tvm_memplan.pipeline(target, groups=groups, on_report=reports.append, **options))
+    exe = tvm.compile(
+        mod, target, relax_pipeline=tvm_memplan.pipeline(target, groups=groups, on_report=reports.append, **options)
+    )
     kernels = kernel_counter(exe.mod)
     storage, launches = [], []
 
@@ -200,8 +225,10 @@ def test_a_kernel_no_fused_launch_can_take_runs_on_its_own(kind):
 
 
 SEED_NETWORKS = {
-    "googlenet": "zoo:googlenet?resolution=31", "resnext50_32x4d": "zoo:resnext50_32x4d?resolution=16",
-    "mobilenet_v2": "zoo:mobilenet_v2?width=0.35&resolution=32", "xception": "zoo:xception?resolution=16",
+    "googlenet": "zoo:googlenet?resolution=31",
+    "resnext50_32x4d": "zoo:resnext50_32x4d?resolution=16",
+    "mobilenet_v2": "zoo:mobilenet_v2?width=0.35&resolution=32",
+    "xception": "zoo:xception?resolution=16",
     "inception_v3": "zoo:inception_v3?resolution=75",
 }
 """Seed 000's networks at the smallest input each builds at. Their four Vulkan builds took 46, 22, 26,
@@ -218,17 +245,32 @@ def test_seed_networks_on_vulkan_identical_for_every_setting_and_one_launch_per_
     assert launches == report.kernels
     for groups in ("seq", 1, 2):
         got, storage, launches, report = run(mod, "vulkan", groups, x, time_budget=1.0)
-        for a, b in zip(got, expected):
+        for a, b in zip(got, expected, strict=True):
             np.testing.assert_array_equal(a, b)
         assert sorted(storage) == sorted([report.arena_bytes, *(a.nbytes for a in got)])  # the VM allocates the plan
         assert launches == report.groups
 
 
-def nest(threads: dict[str, int], blocks: int = 1, uniform: bool = False, across: bool = False,
-         index: str = "int32", reduced: tuple[str, ...] = ("threadIdx.x",)) -> KernelNest:
+def nest(
+    threads: dict[str, int],
+    blocks: int = 1,
+    uniform: bool = False,
+    across: bool = False,
+    index: str = "int32",
+    reduced: tuple[str, ...] = ("threadIdx.x",),
+) -> KernelNest:
     var = tvm.tirx.Var("v", index)
-    return KernelNest(None, {"blockIdx.x": (var, blocks)}, {t: (var, n) for t, n in threads.items()}, None, [],
-                      uniform or across, across, () if across else tuple(threads), reduced if across else ())
+    return KernelNest(
+        None,
+        {"blockIdx.x": (var, blocks)},
+        {t: (var, n) for t, n in threads.items()},
+        None,
+        [],
+        uniform or across,
+        across,
+        () if across else tuple(threads),
+        reduced if across else (),
+    )
 
 
 def test_a_launch_runs_at_the_thread_count_of_its_synchronising_members():
@@ -258,8 +300,14 @@ def test_reductions_across_threads_share_a_launch_their_thread_loops_split_into(
     assert select_members([row, gemv, spatial128, gemv]) == [0, 1, 2, 3]
     assert launch_shape([row, gemv]) == (("threadIdx.x", 32), ("threadIdx.y", 2))
     # 256 lanes split into 64x4; a 64-lane reduction with one row per block packs four blocks
-    wide, narrow = nest({"threadIdx.x": 256}, across=True), nest({"threadIdx.x": 64, "threadIdx.y": 1}, blocks=8, across=True)
-    assert select_members([wide, narrow]) == [0, 1] and launch_shape([wide, narrow]) == (("threadIdx.x", 64), ("threadIdx.y", 4))
+    wide, narrow = (
+        nest({"threadIdx.x": 256}, across=True),
+        nest({"threadIdx.x": 64, "threadIdx.y": 1}, blocks=8, across=True),
+    )
+    assert select_members([wide, narrow]) == [0, 1] and launch_shape([wide, narrow]) == (
+        ("threadIdx.x", 64),
+        ("threadIdx.y", 4),
+    )
     # ... not where its blocks do not divide into fours
     assert select_members([wide, nest({"threadIdx.x": 64, "threadIdx.y": 1}, blocks=6, across=True)]) == [0]
     # rows do not split where the rows are reduced across too, or do not divide

@@ -1,5 +1,7 @@
 """Layer grouping through the Relax pipeline: same outputs for every g, plans keep the F-predicate."""
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import tvm
@@ -68,11 +70,11 @@ def test_one_group_keeps_a_layers_tensors_apart(target):
     """The first layer's four kernels run together: none of their outputs may share bytes."""
     _, report = compile_grouped(branches(), target, 1)
     (arena,) = report.arenas
-    (first, *_), = [arena["concurrent"][:1]]
+    ((first, *_),) = [arena["concurrent"][:1]]
     inside = [t for t in arena["tensors"] if t["start"] < first[1] and first[0] < t["end"]]
     assert len(inside) >= 4
     spans = sorted((t["offset"], t["offset"] + t["bytes"]) for t in inside)
-    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert all(end <= start for (_, end), (start, _) in pairwise(spans))
 
 
 @needs_device("opencl")
@@ -106,7 +108,7 @@ def test_squeezenet_outputs_identical_for_every_setting_and_vm_allocates_the_pla
     for groups in (1, 2):
         plan = plan_model(model, groups=groups, time_budget=1)
         outputs, trace = run_vm(plan.build(), inputs)
-        for got, want in zip(outputs, expected):
+        for got, want in zip(outputs, expected, strict=True):
             np.testing.assert_array_equal(got, want)
         output_bytes = sum(a.nbytes for a in outputs)
         assert sorted(trace.storage_bytes) == sorted([plan.main.arena_bytes, output_bytes])

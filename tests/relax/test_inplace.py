@@ -1,12 +1,11 @@
 """Concat elimination and in-place kernels: decided right, and the programs still compute the same."""
 
 import numpy as np
-import pytest
 import tvm
 from tvm import relax
 
 import tvm_memplan
-from tvm_memplan.relax.inplace import concat_layout, inplace_safe
+from tvm_memplan.relax.inplace import inplace_safe
 from tvm_memplan.verify import run_vm
 
 from .modules import concat_cases, random_input, residual_block, staged
@@ -61,18 +60,6 @@ def test_inplace_safety_is_proven_from_the_primfunc(target):
     assert not inplace_safe(func, 0, len(names) - 1)
 
 
-@pytest.mark.parametrize(
-    "shapes, out, expected",
-    [
-        ([(1, 2, 4), (1, 3, 4)], (1, 5, 4), [0, 32]),
-        ([(2, 4), (2, 4)], (2, 8), None),  # inner axis: rows interleave
-        ([(1, 1, 4), (1, 1, 4)], (1, 1, 8), [0, 16]),  # outermost non-unit axis is the last
-    ],
-)
-def test_concat_layout(shapes, out, expected):
-    assert concat_layout(shapes, out, 4) == expected
-
-
 def test_an_input_copied_into_a_reduction_is_never_overwritten(target):
     """A 1x1 conv reads its input through an identity copy (``pad_temp``) of the output's shape.
     Read elementwise before any output write in program order, but a schedule interleaves conv
@@ -95,7 +82,11 @@ def test_kernels_called_in_place_keep_noalias_and_compute_the_same(target):
     assert report.inplace_ops >= 1
     with target:
         mod = tvm.transform.Sequential([tvm_memplan.relax.ArenaPlanBlockMemory()])(staged(residual_block(), target))
-    noalias = {gv.name_hint: bool(f.attrs["tirx.noalias"]) for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    noalias = {
+        gv.name_hint: bool(f.attrs["tirx.noalias"])
+        for gv, f in mod.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    }
     assert all(noalias.values()), noalias
     inputs = [random_input((64, 64))]
     np.testing.assert_allclose(run_vm(planned, inputs)[0][0], run_vm(stock, inputs)[0][0], rtol=1e-5, atol=1e-6)

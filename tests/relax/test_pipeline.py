@@ -66,7 +66,8 @@ def test_scoped_config_reaches_the_pass(target):
 def test_disabled_pass_falls_back_to_stock_planning(target):
     reports = []
     with tvm.transform.PassContext(disabled_pass=[ARENA_PASS_NAME, REORDER_PASS_NAME]):
-        exe = tvm.compile(two_functions(), target, relax_pipeline=tvm_memplan.pipeline(target, on_report=reports.append))
+        pipeline = tvm_memplan.pipeline(target, on_report=reports.append)
+        exe = tvm.compile(two_functions(), target, relax_pipeline=pipeline)
     assert reports == []
     out, _ = run_vm(exe, [random_input((4, 32))])
     assert out[0].shape == (4,)

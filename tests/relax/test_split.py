@@ -81,8 +81,10 @@ def test_importer_clip_kernels_are_raised_to_operators():
     assert any(c.tail is not None and len(c.branches[0].mids) >= 5 for c in chains)
 
 
-@pytest.mark.parametrize("spec, shape", [("zoo:squeezenet1_0?resolution=64", (1, 3, 64, 64)),
-                                         ("zoo:googlenet?resolution=64", (1, 3, 64, 64))])
+@pytest.mark.parametrize(
+    "spec, shape",
+    [("zoo:squeezenet1_0?resolution=64", (1, 3, 64, 64)), ("zoo:googlenet?resolution=64", (1, 3, 64, 64))],
+)
 def test_concat_branches_split_together(spec, shape):
     """Fire and inception modules: branches meeting in a concat, pooled, reduced by the next conv."""
     mod = normalize(to_relax(load_model(spec)))
@@ -126,8 +128,9 @@ def test_simulated_peak_matches_the_planned_arena():
     mod = normalize(to_relax(model))
     chosen = [SplitChoice(c, min(4, c.units)) for c in _disjoint_chains(find_chains(mod))]
     simulated = peak(split_program(program_of(mod), chosen)).bytes
-    planned = plan_model(model, "llvm", prepare=lambda m: split_chains(normalize(m), chosen), order="program",
-                         inplace=True).total("arena_bytes")
+    planned = plan_model(
+        model, "llvm", prepare=lambda m: split_chains(normalize(m), chosen), order="program", inplace=True
+    ).total("arena_bytes")
     unsplit = plan_model(model, "llvm", order="program").total("arena_bytes")
     assert planned < unsplit
     assert peak(program_of(mod)).bytes == unsplit
@@ -209,8 +212,12 @@ def _exported_block(path) -> str:
         return numpy_helper.from_array((offset + scale * rng.standard_normal(shape)).astype(np.float32), name)
 
     def batch_norm(name, source, out, channels):
-        inits = [array(f"{name}_s", channels, 0.1, 1.0), array(f"{name}_b", channels, 0.1),
-                 array(f"{name}_m", channels, 0.1), numpy_helper.from_array((1 + 0.1 * rng.random(channels)).astype(np.float32), f"{name}_v")]
+        inits = [
+            array(f"{name}_s", channels, 0.1, 1.0),
+            array(f"{name}_b", channels, 0.1),
+            array(f"{name}_m", channels, 0.1),
+            numpy_helper.from_array((1 + 0.1 * rng.random(channels)).astype(np.float32), f"{name}_v"),
+        ]
         return helper.make_node("BatchNormalization", [source] + [i.name for i in inits], [out]), inits
 
     bn1, inits1 = batch_norm("bn1", "c1", "n1", 96)
@@ -218,14 +225,22 @@ def _exported_block(path) -> str:
     nodes = [
         helper.make_node("Constant", [], ["lo"], value=numpy_helper.from_array(np.array(0.0, np.float32))),
         helper.make_node("Constant", [], ["hi"], value=numpy_helper.from_array(np.array(6.0, np.float32))),
-        helper.make_node("Conv", ["x", "w1"], ["c1"]), bn1, helper.make_node("Clip", ["n1", "lo", "hi"], ["r1"]),
-        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], group=96, strides=[2, 2]), bn2,
+        helper.make_node("Conv", ["x", "w1"], ["c1"]),
+        bn1,
+        helper.make_node("Clip", ["n1", "lo", "hi"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], group=96, strides=[2, 2]),
+        bn2,
         helper.make_node("Clip", ["n2", "lo", "hi"], ["r2"]),
         helper.make_node("Conv", ["r2", "w3", "b3"], ["y"]),
     ]
     inits = [array("w1", (96, 16, 1, 1)), array("w2", (96, 1, 3, 3)), array("w3", (24, 96, 1, 1)), array("b3", (24,))]
-    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 14, 14])], inits + inits1 + inits2)
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 14, 14])],
+        inits + inits1 + inits2,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.save(model, str(path))
     return str(path)
@@ -254,7 +269,9 @@ def test_a_chain_whose_pool_shrinks_it_is_also_offered_without_partial_sums(mcu)
     whole_tail = next(c for c in variants if c.tail is None)
     assert whole_tail.bindings == tuple(n for n in next(c for c in variants if c.tail).bindings[:-1])
     x = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype("float32")
-    np.testing.assert_allclose(_run(split_chains(mcu, [SplitChoice(whole_tail, 4)]), x), _run(mcu, x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        _run(split_chains(mcu, [SplitChoice(whole_tail, 4)]), x), _run(mcu, x), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_reshapes_are_views_in_the_simulator():
@@ -262,8 +279,14 @@ def test_reshapes_are_views_in_the_simulator():
     to its input, whatever its shape."""
     mod = normalize(to_relax(load_model("zoo:bert_tiny?resolution=16")))
     program = program_of(mod)
-    reshapes = [b for block in mod["main"].body.blocks for b in block.bindings
-                if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.reshape"
-                and isinstance(b.value.args[0], relax.Var) and b.value.args[0].name in program.sizes]
+    reshapes = [
+        b
+        for block in mod["main"].body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call)
+        and getattr(b.value.op, "name", "") == "relax.reshape"
+        and isinstance(b.value.args[0], relax.Var)
+        and b.value.args[0].name in program.sizes
+    ]
     assert reshapes
     assert all(program.tensor(b.var.name) == program.tensor(b.value.args[0].name) for b in reshapes)

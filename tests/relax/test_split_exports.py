@@ -49,8 +49,10 @@ def test_exported_stems_split_and_match_onnxruntime(network, mids, exporter):
     onnxruntime computes on the exporter's file."""
     model = _fixture(network, exporter)
     mod = normalize(to_relax(model))
-    first = min(find_chains(mod), key=lambda c: [b.var.name for blk in mod["main"].body.blocks
-                                                  for b in blk.bindings].index(c.head))
+    first = min(
+        find_chains(mod),
+        key=lambda c: [b.var.name for blk in mod["main"].body.blocks for b in blk.bindings].index(c.head),
+    )
     assert len(first.branches[0].mids) >= mids, first
     choices = _all_chains_split(mod, 4)
     x = np.random.default_rng(0).standard_normal((1, 3, 48, 48)).astype("float32")
@@ -85,9 +87,14 @@ def test_squeeze_excitation_scaling_is_simulated_as_a_tensor_of_its_own():
     peaks against the planner)."""
     mod = normalize(to_relax(_fixture("efficientnet_b0", "dynamo")))
     program = program_of(mod)
-    scaled = [b for blk in mod["main"].body.blocks for b in blk.bindings
-              if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.multiply"
-              and [len(a.ty.shape) and int(a.ty.shape[2]) for a in b.value.args][0] == 1]
+    scaled = [
+        b
+        for blk in mod["main"].body.blocks
+        for b in blk.bindings
+        if isinstance(b.value, relax.Call)
+        and getattr(b.value.op, "name", "") == "relax.multiply"
+        and [len(a.ty.shape) and int(a.ty.shape[2]) for a in b.value.args][0] == 1
+    ]
     assert scaled
     for binding in scaled:
         written = program.tensor(binding.var.name)

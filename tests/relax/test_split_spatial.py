@@ -55,8 +55,11 @@ def stem():
 
 def _longest(mod, windows: int = 4, gathered: bool = False):
     """The longest spatial chain with ``windows`` convolutions and pools."""
-    chains = [c for c in find_chains(mod)
-              if sum(op.window is not None for op in c.spatial) == windows and c.gathered == gathered]
+    chains = [
+        c
+        for c in find_chains(mod)
+        if sum(op.window is not None for op in c.spatial) == windows and c.gathered == gathered
+    ]
     return max(chains, key=lambda c: len(c.spatial))
 
 
@@ -113,8 +116,10 @@ def test_mobilenet_stem_and_first_block_split_spatially_verify():
 
     def best(mod):
         program = program_of(mod)
-        return min((SplitChoice(c, 4) for c in find_chains(mod) if c.spatial),
-                   key=lambda choice: peak(split_program(program, [choice])).bytes)
+        return min(
+            (SplitChoice(c, 4) for c in find_chains(mod) if c.spatial),
+            key=lambda choice: peak(split_program(program, [choice])).bytes,
+        )
 
     def prepare(mod):
         mod = normalize(mod)

@@ -34,8 +34,11 @@ def test_a_tile_that_is_not_plain_rows_keeps_its_copy():
 
 
 def _copies(mod: tvm.IRModule) -> int:
-    return sum(1 for f in mod.functions.values()
-               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ROW_OFFSET_ATTR in f.attrs)
+    return sum(
+        1
+        for f in mod.functions.values()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ROW_OFFSET_ATTR in f.attrs
+    )
 
 
 def test_split_spatial_chain_runs_without_copy_kernels():
@@ -44,8 +47,14 @@ def test_split_spatial_chain_runs_without_copy_kernels():
     assert _copies(split) == 3
     with TARGET:
         lowered = tvm.transform.Sequential(
-            [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
-             relax.transform.FuseTIR(), WriteTilesInPlace()])(split)
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                WriteTilesInPlace(),
+            ]
+        )(split)
     assert _copies(lowered) == 0
     x = np.random.default_rng(4).standard_normal(SHAPE).astype("float32")
     with TARGET:

@@ -46,8 +46,12 @@ def reference(x, w, bias, multiplier, stride, dilation, padding, zx, zy, low, hi
     acc = np.zeros((1, o, oh, ow), np.int64)
     for ry in range(kh):
         for rx in range(kw):
-            window = xp[:, :, ry * dilation: ry * dilation + stride * (oh - 1) + 1: stride,
-                        rx * dilation: rx * dilation + stride * (ow - 1) + 1: stride]
+            window = xp[
+                :,
+                :,
+                ry * dilation : ry * dilation + stride * (oh - 1) + 1 : stride,
+                rx * dilation : rx * dilation + stride * (ow - 1) + 1 : stride,
+            ]
             acc += np.einsum("nchw,oc->nohw", window, w[:, :, ry, rx].astype(np.int64))
     total = (acc + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32)
     scaled = total * multiplier.reshape(1, -1, 1, 1)
@@ -78,9 +82,21 @@ def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, target_name):
     tw = te.placeholder(packed.shape, "int8", "w")
     tb = te.placeholder(folded.shape, "int32", "b")
     tm = te.placeholder(multiplier.shape, "float32", "m")
-    out = kernels.conv2d_dot(tx, tw, tb, tm, out_channels=o, strides=[stride] * 2, padding=padding,
-                             dilation=[dilation] * 2, x_zero_point=zx, y_zero_point=zy, low=low, high=high,
-                             out_dtype="int8")
+    out = kernels.conv2d_dot(
+        tx,
+        tw,
+        tb,
+        tm,
+        out_channels=o,
+        strides=[stride] * 2,
+        padding=padding,
+        dilation=[dilation] * 2,
+        x_zero_point=zx,
+        y_zero_point=zy,
+        low=low,
+        high=high,
+        out_dtype="int8",
+    )
     func = te.create_prim_func([tx, tw, tb, tm, out])
     scheduled = schedule_function(func, spec, rules=[Int8DotProduct()])
     assert scheduled is not None, "the int8_dot rule must schedule conv2d_dot"
@@ -127,9 +143,22 @@ def test_dot_conv_quantizes_a_float_input_as_it_packs(target_name):
     tw = te.placeholder(packed.shape, "int8", "w")
     tb = te.placeholder(folded.shape, "int32", "b")
     tm = te.placeholder(multiplier.shape, "float32", "m")
-    out = kernels.conv2d_dot(tx, tw, tb, tm, out_channels=8, strides=[2, 2], padding=[1, 1, 1, 1], dilation=[1, 1],
-                             x_zero_point=zx, y_zero_point=0, low=0, high=127, out_dtype="int8",
-                             quantize_input=(scale, "int8"))
+    out = kernels.conv2d_dot(
+        tx,
+        tw,
+        tb,
+        tm,
+        out_channels=8,
+        strides=[2, 2],
+        padding=[1, 1, 1, 1],
+        dilation=[1, 1],
+        x_zero_point=zx,
+        y_zero_point=0,
+        low=0,
+        high=127,
+        out_dtype="int8",
+        quantize_input=(scale, "int8"),
+    )
     spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
     scheduled = schedule_function(te.create_prim_func([tx, tw, tb, tm, out]), spec, rules=[Int8DotProduct()])
     library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target)

@@ -43,7 +43,9 @@ CASES = {
     "avg_pool": (lambda bb, x: relax.op.nn.avg_pool2d(x, 2, 2), (1, 8, 16, 16), None),
     "global_avg_pool": (lambda bb, x: relax.op.mean(x, axis=[2, 3], keepdims=True), (1, 32, 7, 7), "generic"),
     "dense": (
-        lambda bb, x: relax.op.matmul(x, relax.const(np.random.default_rng(2).standard_normal((64, 100)).astype("float32"))),
+        lambda bb, x: relax.op.matmul(
+            x, relax.const(np.random.default_rng(2).standard_normal((64, 100)).astype("float32"))
+        ),
         (3, 64),
         "tiled_reduction",
     ),
@@ -93,8 +95,12 @@ def test_c_target_gets_unrolled_not_vectorized_loops(tmp_path) -> None:
     np.testing.assert_allclose(_run(new_func, c, tmp_path), _run(func, c, tmp_path), rtol=1e-4, atol=1e-4)
     # the tile's accumulators are a C array on the stack (registers after the C compiler's scalar
     # replacement), not workspace memory the compiler must store every multiply-add back to
-    source = tvm.tirx.build(tvm.IRModule({"main": new_func.with_attr("global_symbol", "main")}), target=c).inspect_source()
-    assert re.search(r"^  float \w+\[\d+\];$", source, re.M) and source.count("TVMBackendAllocWorkspace(") == 1  # the padding
+    source = tvm.tirx.build(
+        tvm.IRModule({"main": new_func.with_attr("global_symbol", "main")}), target=c
+    ).inspect_source()
+    assert (
+        re.search(r"^  float \w+\[\d+\];$", source, re.M) and source.count("TVMBackendAllocWorkspace(") == 1
+    )  # the padding
 
 
 @pytest.mark.parametrize(
@@ -185,7 +191,20 @@ def test_stride_two_stage_tvm_cannot_deinterleave_keeps_its_layout():
     w = te.placeholder((128, 128, 3, 3), "int8", "w")
     b = te.placeholder((128,), "int32", "b")
     m = te.placeholder((128,), "float32", "m")
-    out = kernels.conv2d(x, w, b, m, strides=[2, 2], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1,
-                         x_zero_point=3, y_zero_point=0, low=-128, high=127, out_dtype="int8")
+    out = kernels.conv2d(
+        x,
+        w,
+        b,
+        m,
+        strides=[2, 2],
+        padding=[1, 1, 1, 1],
+        dilation=[1, 1],
+        groups=1,
+        x_zero_point=3,
+        y_zero_point=0,
+        low=-128,
+        high=127,
+        out_dtype="int8",
+    )
     spec = cpu_spec(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))
     assert TiledReduction().schedule(te.create_prim_func([x, w, b, m, out]), spec) is not None

@@ -21,8 +21,12 @@ def _matmul(name, a, b, c, m, k, n):
 
 
 def _relu(name, x, y, m, n):
-    block = Block("relu", (LoopAxis("i", S, m), LoopAxis("j", S, n)), Access("Y", (Affine.of(i=1), Affine.of(j=1))),
-                  (Access("X", (Affine.of(i=1), Affine.of(j=1))),))
+    block = Block(
+        "relu",
+        (LoopAxis("i", S, m), LoopAxis("j", S, n)),
+        Access("Y", (Affine.of(i=1), Affine.of(j=1))),
+        (Access("X", (Affine.of(i=1), Affine.of(j=1))),),
+    )
     return Kernel(name, "relu", ("X", "Y"), (x, y), {"X": (m, n), "Y": (m, n)}, (block,))
 
 
@@ -41,8 +45,12 @@ def test_matmul_axes_follow_the_seed():
 
 
 def test_a_chain_is_a_candidate_and_constants_join_nothing():
-    tensors = {"x": _tensor("x", (4, 5), TensorRole.INPUT), "w": _tensor("w", (5, 6), TensorRole.CONSTANT),
-               "h": _tensor("h", (4, 6)), "y": _tensor("y", (4, 6), TensorRole.OUTPUT)}
+    tensors = {
+        "x": _tensor("x", (4, 5), TensorRole.INPUT),
+        "w": _tensor("w", (5, 6), TensorRole.CONSTANT),
+        "h": _tensor("h", (4, 6)),
+        "y": _tensor("y", (4, 6), TensorRole.OUTPUT),
+    }
     graph = Graph(tensors, [_matmul("mm", "x", "w", "h", 4, 5, 6), _relu("act", "h", "y", 4, 6)])
     acg = build_acg(graph)
     rows = acg.component_of("h", 0)
@@ -54,14 +62,20 @@ def test_a_chain_is_a_candidate_and_constants_join_nothing():
 
 def test_sliding_window_axes():
     """A 1-D convolution ``y[o] = sum_k x[2*o + k] * w[k]`` slides along o."""
-    block = Block("conv", (LoopAxis("o", S, 8), LoopAxis("k", R, 3)), Access("Y", (Affine.of(o=1),)),
-                  (Access("X", (Affine.of(o=2, k=1),)), Access("W", (Affine.of(k=1),))))
+    block = Block(
+        "conv",
+        (LoopAxis("o", S, 8), LoopAxis("k", R, 3)),
+        Access("Y", (Affine.of(o=1),)),
+        (Access("X", (Affine.of(o=2, k=1),)), Access("W", (Affine.of(k=1),))),
+    )
     kernel = Kernel("conv", "conv", ("X", "W", "Y"), ("x", "w", "y"), {"X": (17,), "W": (3,), "Y": (8,)}, (block,))
     window = block.windows()["o"]
     assert (window.kernel, window.stride, window.halo) == (3, 2, 2)
     # output rows 2..4 need input rows 4..10: stride 2 per row plus a halo of kernel - 1
     assert kernel.input_boxes(((2, 5),))[0] == ((4, 11),)
-    graph = Graph({"x": _tensor("x", (17,)), "w": _tensor("w", (3,), TensorRole.CONSTANT), "y": _tensor("y", (8,))}, [kernel])
+    graph = Graph(
+        {"x": _tensor("x", (17,)), "w": _tensor("w", (3,), TensorRole.CONSTANT), "y": _tensor("y", (8,))}, [kernel]
+    )
     # the window's reduction axis indexes the same input axis: one component, sliding + reduction
     nodes = build_acg(graph).component_of("y", 0).nodes
     assert {(n.axis, n.kind) for n in nodes} == {("o", "sliding"), ("k", "reduction")}

@@ -1,5 +1,7 @@
 """The split search on hand-built programs with made-up latencies (no TVM)."""
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,13 +13,18 @@ from .programs import inverted_residual
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 12), st.integers(1, 16), st.integers(1, 64), st.lists(st.floats(-0.05, 1.0), min_size=6, max_size=6),
-       st.floats(0.0, 0.3))
+@given(
+    st.integers(1, 12),
+    st.integers(1, 16),
+    st.integers(1, 64),
+    st.lists(st.floats(-0.05, 1.0), min_size=6, max_size=6),
+    st.floats(0.0, 0.3),
+)
 def test_search_never_raises_the_peak_nor_breaks_the_budget(expand, width, rows, costs, budget):
     """Splitting can raise a peak (the chain's input stays live across its tiles); the search
     keeps only moves that lower it, within the budget."""
     program, chain = inverted_residual(expand, width, rows)
-    cost = dict(zip(chain.parts_ladder(), costs))
+    cost = dict(zip(chain.parts_ladder(), costs, strict=False))  # at most 6 rungs: the first costs
     result = search(program, [chain], 1.0, lambda c, n: cost[n], budget=budget)
     assert result.best.peak_bytes <= result.original.peak_bytes
     assert result.best.latency_ms <= 1.0 * (1 + budget) + 1e-9
@@ -36,7 +43,7 @@ def test_search_keeps_the_budget_and_reports_a_front():
     assert result.best.latency_ms <= 1.05
     assert result.best.peak_bytes < result.original.peak_bytes
     front = result.front
-    assert all(a.peak_bytes < b.peak_bytes and a.latency_ms > b.latency_ms for a, b in zip(front, front[1:]))
+    assert all(a.peak_bytes < b.peak_bytes and a.latency_ms > b.latency_ms for a, b in pairwise(front))
     assert result.original in front
 
 

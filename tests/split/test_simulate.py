@@ -34,8 +34,15 @@ def test_branches_joined_by_a_concat_never_materialize_it():
     """Two branches (a, b) concatenated into c (concat elimination: one tensor), pooled into p,
     reduced by the next convolution into y: split, c exists one branch tile at a time."""
     sizes = {"x": 100, "c": 1600, "p": 400, "y": 100}
-    steps = [Step("x", "x", ()), Step("a", "c", ("x",)), Step("b", "c", ("x",)), Step("cat", "c", ()),
-             Step("p", "p", ("c",)), Step("y", "y", ("p",)), Step("out", "out", ("y",))]
+    steps = [
+        Step("x", "x", ()),
+        Step("a", "c", ("x",)),
+        Step("b", "c", ("x",)),
+        Step("cat", "c", ()),
+        Step("p", "p", ("c",)),
+        Step("y", "y", ("p",)),
+        Step("out", "out", ("y",)),
+    ]
     program = Program(steps, sizes, {"a": "c", "b": "c", "cat": "c"})
     chain = Chain((Branch("a", (), 8, 8), Branch("b", (), 24, 24)), "cat", ("p",), "y", 2000)
     assert peak(program).bytes == 1600 + 400  # c and p
@@ -50,8 +57,14 @@ def test_an_anchored_chain_runs_after_its_anchor():
     """Attention: the query projection q heads a row chain whose scores read the keys k, computed
     after q; the tiles run once k exists (the chain's anchor), q never exists whole."""
     sizes = {"x": 100, "q": 100, "k": 100, "s": 400, "o": 100}
-    steps = [Step("x", "x", ()), Step("q", "q", ("x",)), Step("k", "k", ("x",)), Step("s", "s", ("q", "k")),
-             Step("o", "o", ("s", "x")), Step("out", "out", ("o",))]
+    steps = [
+        Step("x", "x", ()),
+        Step("q", "q", ("x",)),
+        Step("k", "k", ("x",)),
+        Step("s", "s", ("q", "k")),
+        Step("o", "o", ("s", "x")),
+        Step("out", "out", ("o",)),
+    ]
     program = Program(steps, sizes)
     chain = Chain((Branch("q", ("s", "o"), 4, 4),), None, (), None, 500, rows=True, anchor="k")
     split = split_program(program, [SplitChoice(chain, 4)])
@@ -65,8 +78,15 @@ def test_an_anchored_chain_runs_after_its_anchor():
 
 def test_an_anchor_inside_another_chain_places_the_tiles_after_that_chain():
     sizes = {"x": 100, "q": 100, "k": 200, "kt": 100, "s": 400, "o": 100}
-    steps = [Step("x", "x", ()), Step("q", "q", ("x",)), Step("k", "k", ("x",)), Step("kt", "kt", ("k",)),
-             Step("s", "s", ("q", "kt")), Step("o", "o", ("s", "x")), Step("out", "out", ("o",))]
+    steps = [
+        Step("x", "x", ()),
+        Step("q", "q", ("x",)),
+        Step("k", "k", ("x",)),
+        Step("kt", "kt", ("k",)),
+        Step("s", "s", ("q", "kt")),
+        Step("o", "o", ("s", "x")),
+        Step("out", "out", ("o",)),
+    ]
     program = Program(steps, sizes)
     keys = Chain((Branch("k", ("kt",), 4, 4),), None, (), None, 200, rows=True)
     queries = Chain((Branch("q", ("s", "o"), 4, 4),), None, (), None, 500, rows=True, anchor="kt")

@@ -20,9 +20,18 @@ def _window_rows(x: np.ndarray, kernel: int, stride: int, top: int, bottom: int,
 
 
 @settings(max_examples=200, deadline=None)
-@given(kernel=st.integers(1, 7), stride=st.integers(1, 3), dilation=st.integers(1, 2), rows_in=st.integers(1, 40),
-       pad=st.integers(0, 3), bottom_extra=st.integers(0, 2), data=st.data())
-def test_input_rows_with_border_padding_reproduce_the_output_rows(kernel, stride, dilation, rows_in, pad, bottom_extra, data):
+@given(
+    kernel=st.integers(1, 7),
+    stride=st.integers(1, 3),
+    dilation=st.integers(1, 2),
+    rows_in=st.integers(1, 40),
+    pad=st.integers(0, 3),
+    bottom_extra=st.integers(0, 2),
+    data=st.data(),
+)
+def test_input_rows_with_border_padding_reproduce_the_output_rows(
+    kernel, stride, dilation, rows_in, pad, bottom_extra, data
+):
     reach = dilation * (kernel - 1) + 1
     if rows_in + 2 * pad + bottom_extra < reach or pad + bottom_extra >= reach:
         return  # no output row, or one that reads only padding (the chain finder refuses those)
@@ -96,8 +105,9 @@ def test_phased_search_under_a_memory_limit_keeps_the_fastest_fitting_plan():
     limit = peak(split_program(program, [SplitChoice(channel, 2)])).bytes
     assert min(peak(split_program(program, [SplitChoice(spatial, n)])).bytes for n in (2, 4)) <= limit
     plain = search(program, [channel], 1.0, lambda c, n: cost[n], memory_limit=limit)
-    phased = search_phased(program, [channel, spatial], 1.0, lambda c, n: cost[n] if c is channel else 0.01,
-                           memory_limit=limit)
+    phased = search_phased(
+        program, [channel, spatial], 1.0, lambda c, n: cost[n] if c is channel else 0.01, memory_limit=limit
+    )
     assert plain.best.peak_bytes <= limit and phased.best.peak_bytes <= limit
     assert phased.best.latency_ms < plain.best.latency_ms
 

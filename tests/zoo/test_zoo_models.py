@@ -35,13 +35,30 @@ PUBLISHED = {
 # Reduced resolutions for onnxruntime runs (odd sizes exercise ceil-mode pools and NASNet's
 # asymmetric SAME padding; 75 is Inception v3's minimum, as torchvision documents).
 SMALL = {
-    "resnext50_32x4d": 32, "googlenet": 40, "mobilenet_v2": 33, "xception": 41,
-    "inception_v3": 75, "densenet121": 35, "squeezenet1_0": 47, "nasnet_a_mobile": 33,
-    "mcu_cnn": 32, "mlp": 28,
+    "resnext50_32x4d": 32,
+    "googlenet": 40,
+    "mobilenet_v2": 33,
+    "xception": 41,
+    "inception_v3": 75,
+    "densenet121": 35,
+    "squeezenet1_0": 47,
+    "nasnet_a_mobile": 33,
+    "mcu_cnn": 32,
+    "mlp": 28,
 }
 
-EXPECTED = {"resnext50_32x4d", "googlenet", "mobilenet_v2", "xception", "inception_v3",
-            "densenet121", "squeezenet1_0", "nasnet_a_mobile", "mcu_cnn", "mlp"}
+EXPECTED = {
+    "resnext50_32x4d",
+    "googlenet",
+    "mobilenet_v2",
+    "xception",
+    "inception_v3",
+    "densenet121",
+    "squeezenet1_0",
+    "nasnet_a_mobile",
+    "mcu_cnn",
+    "mlp",
+}
 
 
 def _run_ort(model: onnx.ModelProto, seed: int = 1) -> np.ndarray:
@@ -114,8 +131,7 @@ def test_mobilenet_v2_width(width, params_m, macs_m):
 
 
 def test_mobilenet_v2_channel_rounding():
-    assert [zoo.make_divisible(c * 0.35) for c in (32, 16, 24, 32, 64, 96, 160, 320)] == \
-        [16, 8, 8, 16, 24, 32, 56, 112]
+    assert [zoo.make_divisible(c * 0.35) for c in (32, 16, 24, 32, 64, 96, 160, 320)] == [16, 8, 8, 16, 24, 32, 56, 112]
     model = zoo.build("mobilenet_v2", width=0.35, resolution=144)
     convs = [n for n in model.graph.node if n.op_type == "Conv"]
     inits = {t.name: t.dims for t in model.graph.initializer}
@@ -145,10 +161,18 @@ def test_runs_in_onnxruntime_full_resolution(name, full_models):
     assert 1e-3 < float(np.abs(y).max()) < 1e3
 
 
-@pytest.mark.parametrize("name,too_small", [
-    ("inception_v3", 74), ("googlenet", 30), ("densenet121", 28), ("squeezenet1_0", 28),
-    ("xception", 6), ("nasnet_a_mobile", 2), ("mcu_cnn", 3),
-])
+@pytest.mark.parametrize(
+    "name,too_small",
+    [
+        ("inception_v3", 74),
+        ("googlenet", 30),
+        ("densenet121", 28),
+        ("squeezenet1_0", 28),
+        ("xception", 6),
+        ("nasnet_a_mobile", 2),
+        ("mcu_cnn", 3),
+    ],
+)
 def test_resolution_too_small(name, too_small):
     with pytest.raises(ValueError, match="too small") as info:
         zoo.build(name, resolution=too_small)
@@ -161,16 +185,30 @@ def test_mcu_cnn_is_mcu_sized():
     model = zoo.build("mcu_cnn")
     assert zoo.input_shape(model) == (1, 3, 32, 32)
     inferred = onnx.shape_inference.infer_shapes(model)
-    sizes = [4 * int(np.prod([d.dim_value for d in vi.type.tensor_type.shape.dim]))
-             for vi in inferred.graph.value_info]
+    sizes = [4 * int(np.prod([d.dim_value for d in vi.type.tensor_type.shape.dim])) for vi in inferred.graph.value_info]
     assert 8 * 1024 <= max(sizes) <= 64 * 1024  # largest activation: tens of KB
     assert zoo.num_params(model) < 20_000
     assert zoo.input_shape(zoo.build("mcu_cnn", in_channels=1)) == (1, 1, 32, 32)
 
 
 def test_ops_are_the_supported_set():
-    allowed = {"Conv", "Relu", "Clip", "MaxPool", "AveragePool", "GlobalAveragePool", "Concat",
-               "Add", "BatchNormalization", "Pad", "Slice", "Flatten", "Gemm", "MatMul", "Identity"}
+    allowed = {
+        "Conv",
+        "Relu",
+        "Clip",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "Concat",
+        "Add",
+        "BatchNormalization",
+        "Pad",
+        "Slice",
+        "Flatten",
+        "Gemm",
+        "MatMul",
+        "Identity",
+    }
     for name in sorted(EXPECTED):
         kw = {} if name == "mlp" else {"resolution": SMALL[name]}
         ops = {n.op_type for n in zoo.build(name, **kw).graph.node}
@@ -180,8 +218,9 @@ def test_ops_are_the_supported_set():
     # DenseNet: layers 2..n of a block concat their inputs, plus one concat per block output
     assert ops("densenet121", resolution=32).count("Concat") == 6 + 12 + 24 + 16
     assert "Clip" in ops("mobilenet_v2", resolution=32)
-    grouped = [a.i for n in zoo.build("resnext50_32x4d", resolution=32).graph.node
-               for a in n.attribute if a.name == "group"]
+    grouped = [
+        a.i for n in zoo.build("resnext50_32x4d", resolution=32).graph.node for a in n.attribute if a.name == "group"
+    ]
     assert grouped and set(grouped) == {32}
     assert ops("mlp", matmul=1).count("MatMul") == 2
 
@@ -198,8 +237,7 @@ def test_nasnet_cell_structure():
     # final feature map of the default model: 1056 channels at 7x7
     full = zoo.build("nasnet_a_mobile")
     inferred = onnx.shape_inference.infer_shapes(full)
-    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
-              for vi in inferred.graph.value_info}
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in inferred.graph.value_info}
     gap = next(n for n in full.graph.node if n.op_type == "GlobalAveragePool")
     assert shapes[gap.input[0]] == [1, 1056, 7, 7]
 

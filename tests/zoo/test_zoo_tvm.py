@@ -41,22 +41,28 @@ def _check(spec: str, target) -> None:
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * scale)
 
 
-@pytest.mark.parametrize("spec", [
-    "zoo:mlp",
-    "zoo:mlp?matmul=1",
-    "zoo:mcu_cnn",
-    "zoo:mcu_cnn?in_channels=1&resolution=28",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "zoo:mlp",
+        "zoo:mlp?matmul=1",
+        "zoo:mcu_cnn",
+        "zoo:mcu_cnn?in_channels=1&resolution=28",
+    ],
+)
 def test_tvm_matches_onnxruntime(spec, target):
     _check(spec, target)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", [
-    "zoo:squeezenet1_0?resolution=32",
-    "zoo:mobilenet_v2?width=0.35&resolution=32",
-    # odd size: Pad + strided Slice of the factorized reductions, asymmetric SAME pads
-    "zoo:nasnet_a_mobile?resolution=33",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "zoo:squeezenet1_0?resolution=32",
+        "zoo:mobilenet_v2?width=0.35&resolution=32",
+        # odd size: Pad + strided Slice of the factorized reductions, asymmetric SAME pads
+        "zoo:nasnet_a_mobile?resolution=33",
+    ],
+)
 def test_tvm_matches_onnxruntime_slow(spec, target):
     _check(spec, target)

@@ -34,10 +34,10 @@ class DeclineOnError(ScheduleRule):
 def generic_gpu_schedule(schedule: str = "default") -> tvm.transform.Pass:
     """The rules of ``relax.backend.gpu_generic.legalize_passes``, in its order, each declining on
     error (tvm_memplan's own rules are not wrapped: they decline with ``NotApplicable``, and any
-    other exception of theirs is a bug); with ``schedule="default"`` tvm_memplan's :class:`~tvm_memplan.schedule.gpu.ThreadPerOutput`
-    (convolutions, pools) goes first, ``"none"`` keeps TVM's rules alone (for comparison). Either way
-    :class:`~tvm_memplan.schedule.gpu.ThreadPerLoopNest` comes last: a kernel every rule declines
-    would otherwise stay host code, which does not run on the GPU."""
+    other exception of theirs is a bug); with ``schedule="default"`` tvm_memplan's
+    :class:`~tvm_memplan.schedule.gpu.ThreadPerOutput` (convolutions, pools) goes first, ``"none"`` keeps TVM's
+    rules alone (for comparison). Either way :class:`~tvm_memplan.schedule.gpu.ThreadPerLoopNest` comes last: a
+    kernel every rule declines would otherwise stay host code, which does not run on the GPU."""
     dlight_rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
     rules = (*(DeclineOnError(rule) for rule in dlight_rules), ThreadPerLoopNest())
     if schedule == "default":

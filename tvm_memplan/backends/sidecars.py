@@ -17,10 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import tvm
 import tvm_ffi
@@ -30,8 +30,9 @@ from . import runtimes
 
 SOURCE_ENV = "TVM_MEMPLAN_TVM_SRC"
 """Environment variable naming the source tree when ``--tvm-src`` is not given."""
-HOW_TO_GET_SOURCE = ("git clone --depth 1 --branch v0.27.0 https://github.com/apache/tvm, then pass --tvm-src "
-                     f"DIR or set {SOURCE_ENV}")
+HOW_TO_GET_SOURCE = (
+    f"git clone --depth 1 --branch v0.27.0 https://github.com/apache/tvm, then pass --tvm-src DIR or set {SOURCE_ENV}"
+)
 CXXFLAGS = ["-O2", "-fPIC", "-std=c++20", "-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=1"]
 CXX = "g++"
 
@@ -64,10 +65,26 @@ class Sidecar:
 SIDECARS: dict[str, Sidecar] = {
     s.name: s
     for s in (
-        Sidecar("opencl", "OpenCL", "CL/cl.h", "opencl-headers", "libOpenCL.so", "ocl-icd-opencl-dev",
-                "pocl-opencl-icd", "PoCL, OpenCL on the CPU"),
-        Sidecar("vulkan", "Vulkan", "vulkan/vulkan.h", "libvulkan-dev", "libvulkan.so", "libvulkan-dev",
-                "mesa-vulkan-drivers", "lavapipe, Vulkan on the CPU"),
+        Sidecar(
+            "opencl",
+            "OpenCL",
+            "CL/cl.h",
+            "opencl-headers",
+            "libOpenCL.so",
+            "ocl-icd-opencl-dev",
+            "pocl-opencl-icd",
+            "PoCL, OpenCL on the CPU",
+        ),
+        Sidecar(
+            "vulkan",
+            "Vulkan",
+            "vulkan/vulkan.h",
+            "libvulkan-dev",
+            "libvulkan.so",
+            "libvulkan-dev",
+            "mesa-vulkan-drivers",
+            "lavapipe, Vulkan on the CPU",
+        ),
     )
 }
 
@@ -121,8 +138,14 @@ def installed_path(sidecar: Sidecar) -> Path:
 def _inputs(source: Path, sidecar: Sidecar) -> list[Path]:
     """Every file the build reads: the sources, the wheel's headers and the libraries linked against."""
     tvm_dir, ffi_dir = wheel_dirs()
-    trees = [runtime_dir(source, sidecar), source / "src" / "support", source / "include" / "tvm" / "support",
-             tvm_dir / "include", tvm_dir / "src" / "runtime", ffi_dir / "include"]
+    trees = [
+        runtime_dir(source, sidecar),
+        source / "src" / "support",
+        source / "include" / "tvm" / "support",
+        tvm_dir / "include",
+        tvm_dir / "src" / "runtime",
+        ffi_dir / "include",
+    ]
     files = [p for tree in trees if tree.is_dir() for p in tree.rglob("*") if p.is_file()]
     return files + [tvm_dir / "lib" / "libtvm_runtime.so", *ffi_dir.glob("lib/libtvm_ffi.so")]
 
@@ -140,15 +163,23 @@ def check_toolchain(sidecar: Sidecar) -> None:
     """Raise a one-line UserError naming the Debian package that the build is missing."""
     if shutil.which(CXX) is None:
         raise UserError(f"building the {sidecar.title} runtime needs {CXX} (Debian: apt-get install g++)")
-    probe = subprocess.run([CXX, "-E", "-x", "c++", "-", "-o", os.devnull], input=f"#include <{sidecar.header}>\n",
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [CXX, "-E", "-x", "c++", "-", "-o", os.devnull],
+        input=f"#include <{sidecar.header}>\n",
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
-        raise UserError(f"building the {sidecar.title} runtime needs <{sidecar.header}> "
-                        f"(Debian: apt-get install {sidecar.header_package})")
+        raise UserError(
+            f"building the {sidecar.title} runtime needs <{sidecar.header}> "
+            f"(Debian: apt-get install {sidecar.header_package})"
+        )
     found = subprocess.run([CXX, f"-print-file-name={sidecar.library}"], capture_output=True, text=True).stdout.strip()
     if "/" not in found:  # g++ echoes the bare name when no library directory holds it
-        raise UserError(f"building the {sidecar.title} runtime needs {sidecar.library} "
-                        f"(Debian: apt-get install {sidecar.library_package})")
+        raise UserError(
+            f"building the {sidecar.title} runtime needs {sidecar.library} "
+            f"(Debian: apt-get install {sidecar.library_package})"
+        )
 
 
 def _build_tree(source: Path, sidecar: Sidecar, tree: Path) -> None:
@@ -172,8 +203,9 @@ def _compile(command: list[str]) -> str | None:
     return next((line for line in lines if "error" in line), lines[-1] if lines else f"exit {result.returncode}")
 
 
-def build_sidecar(source: Path, sidecar: Sidecar, jobs: int,
-                  progress: Callable[[int, int], None] | None = None) -> Path:
+def build_sidecar(
+    source: Path, sidecar: Sidecar, jobs: int, progress: Callable[[int, int], None] | None = None
+) -> Path:
     """Compile the runtime and install it atomically (linked to a temporary name, then renamed);
     ``progress(steps done, steps)`` after each source file and the link."""
     check_toolchain(sidecar)
@@ -187,22 +219,38 @@ def build_sidecar(source: Path, sidecar: Sidecar, jobs: int,
         tree = Path(scratch) / "tree"
         _build_tree(source, sidecar, tree)
         # -ffile-prefix-map: TVM's log lines name source files, as in TVM's own build, not the scratch tree
-        flags = [*CXXFLAGS, f"-ffile-prefix-map={tree}/=", f"-I{tree / 'include'}", f"-I{tree / 'src'}",
-                 f"-I{ffi_dir / 'include'}"]
+        flags = [
+            *CXXFLAGS,
+            f"-ffile-prefix-map={tree}/=",
+            f"-I{tree / 'include'}",
+            f"-I{tree / 'src'}",
+            f"-I{ffi_dir / 'include'}",
+        ]
         sources = sorted(runtime_dir(tree, sidecar).glob("*.cc"))
         objects = [Path(scratch) / f"{cc.stem}.o" for cc in sources]
-        commands = [[CXX, *flags, "-c", str(cc), "-o", str(obj)] for cc, obj in zip(sources, objects)]
+        commands = [[CXX, *flags, "-c", str(cc), "-o", str(obj)] for cc, obj in zip(sources, objects, strict=True)]
         step = progress or (lambda done, total: None)
         step(0, len(sources) + 1)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for done, (cc, error) in enumerate(zip(sources, pool.map(_compile, commands)), 1):
+            for done, (cc, error) in enumerate(zip(sources, pool.map(_compile, commands), strict=True), 1):
                 if error is not None:
                     raise UserError(f"compiling {cc.name} for the {sidecar.title} runtime failed: {error}")
                 step(done, len(sources) + 1)
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-        link = [CXX, "-shared", "-o", str(partial), *map(str, objects),
-                f"-L{tvm_dir / 'lib'}", f"-L{ffi_dir / 'lib'}", "-ltvm_runtime", "-ltvm_ffi", sidecar.link_flag,
-                f"-Wl,-rpath,{tvm_dir / 'lib'}", f"-Wl,-rpath,{ffi_dir / 'lib'}"]
+        link = [
+            CXX,
+            "-shared",
+            "-o",
+            str(partial),
+            *map(str, objects),
+            f"-L{tvm_dir / 'lib'}",
+            f"-L{ffi_dir / 'lib'}",
+            "-ltvm_runtime",
+            "-ltvm_ffi",
+            sidecar.link_flag,
+            f"-Wl,-rpath,{tvm_dir / 'lib'}",
+            f"-Wl,-rpath,{ffi_dir / 'lib'}",
+        ]
         try:
             error = _compile(link)
             if error is not None:
@@ -255,12 +303,19 @@ def probe_devices(names: list[str]) -> dict[str, dict]:
     result = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines()
-        raise UserError(f"probing GPU devices crashed a fresh 'import tvm': {lines[-1] if lines else result.returncode}")
+        raise UserError(
+            f"probing GPU devices crashed a fresh 'import tvm': {lines[-1] if lines else result.returncode}"
+        )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def setup_gpu(backends: list[str] | None = None, tvm_src: str | Path | None = None, jobs: int | None = None,
-              force: bool = False, progress: Callable[[str, int, int], None] | None = None) -> list[SidecarReport]:
+def setup_gpu(
+    backends: list[str] | None = None,
+    tvm_src: str | Path | None = None,
+    jobs: int | None = None,
+    force: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[SidecarReport]:
     """Build (when out of date) and install each backend's sidecar, then report the devices found;
     ``progress(backend, steps done, steps)`` follows each build."""
     names = backends or list(SIDECARS)
@@ -284,8 +339,10 @@ def setup_gpu(backends: list[str] | None = None, tvm_src: str | Path | None = No
             report.problem = f"import tvm did not load {report.path}: {info.get('load_error', 'unknown reason')}"
         elif not report.devices:
             why = f" ({info['device_error']})" if "device_error" in info else ""
-            report.problem = (f"no {sidecar.title} device{why}: apt-get install {sidecar.driver_package} "
-                              f"({sidecar.driver_what}) or a GPU's driver")
+            report.problem = (
+                f"no {sidecar.title} device{why}: apt-get install {sidecar.driver_package} "
+                f"({sidecar.driver_what}) or a GPU's driver"
+            )
     return reports
 
 

@@ -7,15 +7,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from rich.table import Table
 
 from ..errors import UserError
 from .format import console, human_bytes, key_value_table, print_json, progress_display, split_search_progress
-from .plan import model_planner_kwargs, model_planner_options, parse_bytes
+from .plan import model_planner_kwargs, model_planner_options, parse_bytes, split_search_options
 from .vocabulary import add_json, add_model_inputs, add_target, model_spec_and_inputs
 
 
@@ -25,69 +25,119 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target_help = "; ".join(f"{name}: {t.what}" for name, t in TARGETS.items())
 
     build = subparsers.add_parser(
-        "build", help="build a model into a shared library for a device (memplan pipeline)",
-        description=f"Compile MODEL for --target and write OUT.so plus OUT.so.json (its manifest). Targets: {target_help}.",
+        "build",
+        help="build a model into a shared library for a device (memplan pipeline)",
+        description=(
+            f"Compile MODEL for --target and write OUT.so plus OUT.so.json (its manifest). Targets: {target_help}."
+        ),
     )
     build.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
-    build.add_argument("-o", "--output", metavar="OUT.so", help="the VM library (not for cortex-m* targets, which take --emit-c only)")
+    build.add_argument(
+        "-o", "--output", metavar="OUT.so", help="the VM library (not for cortex-m* targets, which take --emit-c only)"
+    )
     add_target(build)
     add_model_inputs(build, inputs=False)
-    build.add_argument("--pipeline", default="memplan", choices=["memplan", "stock"], help="memplan (default) or TVM's stock planner")
+    build.add_argument(
+        "--pipeline", default="memplan", choices=["memplan", "stock"], help="memplan (default) or TVM's stock planner"
+    )
     build.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
-    build.add_argument("--emit-c", metavar="DIR", help="write the whole model as standalone C (model.c on one static arena, "
-                       "Makefile for this machine and Cortex-M)")
-    build.add_argument("--sram-limit", type=parse_bytes, metavar="BYTES", help="with --emit-c: fail when arena + kernel scratch exceed this (e.g. 512K)")
-    build.add_argument("--flash-limit", type=parse_bytes, metavar="BYTES", help="with --emit-c: fail when the weights exceed this (e.g. 2M)")
-    build.add_argument("--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)")
+    build.add_argument(
+        "--emit-c",
+        metavar="DIR",
+        help="write the whole model as standalone C (model.c on one static arena, "
+        "Makefile for this machine and Cortex-M)",
+    )
+    build.add_argument(
+        "--sram-limit",
+        type=parse_bytes,
+        metavar="BYTES",
+        help="with --emit-c: fail when arena + kernel scratch exceed this (e.g. 512K)",
+    )
+    build.add_argument(
+        "--flash-limit",
+        type=parse_bytes,
+        metavar="BYTES",
+        help="with --emit-c: fail when the weights exceed this (e.g. 2M)",
+    )
+    build.add_argument(
+        "--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)"
+    )
     add_json(build)
-    split = build.add_argument_group("fine-grained splitting (as plan --split)")
-    split.add_argument("--split", choices=["none", "acg"], default="none",
-                       help="acg: split channel chains into tiles before planning (latencies measured on this machine)")
-    split.add_argument("--memory-limit", type=parse_bytes, metavar="BYTES", help="with --split acg: the fastest split plan whose peak fits")
-    split.add_argument("--latency-budget", type=float, default=0.05, metavar="F", help="with --split acg: allowed slowdown (default 0.05)")
-    split.add_argument("--search-seconds", type=float, default=60.0, metavar="S", help="with --split acg: search time limit (default 60)")
+    split_search_options(
+        build.add_argument_group("fine-grained splitting (as plan --split)"),
+        "acg: split channel chains into tiles before planning (latencies measured on this machine)",
+    )
     model_planner_options(build)
     build.set_defaults(func=run_build)
 
     measure = subparsers.add_parser(
-        "measure", help="latency, requested memory and correctness of a model or an artifact, here or over RPC",
+        "measure",
+        help="latency, requested memory and correctness of a model or an artifact, here or over RPC",
         description="Measure MODEL (built here for --target) or OUT.so (built by 'tvm-memplan build'); "
         "with --log, results are also appended to a JSON-lines log.",
     )
-    measure.add_argument("source", metavar="MODEL|OUT.so|DIR", help="a model, a built library, or a directory written by build --emit-c")
-    measure.add_argument("--device", metavar="DEVICE", help="for DIR: host (default; this machine's C compiler), "
-                         "qemu-cortex-m7, qemu-cortex-m4 or qemu-cortex-m55 (emulated, needs arm-none-eabi-gcc and qemu-system-arm)")
-    measure.add_argument("--per-kernel", action="store_true", help="for DIR on an emulated device: also each kernel call's "
-                         "instructions (a build that reads the cycle counter after every kernel)")
+    measure.add_argument(
+        "source", metavar="MODEL|OUT.so|DIR", help="a model, a built library, or a directory written by build --emit-c"
+    )
+    measure.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="for DIR: host (default; this machine's C compiler), "
+        "qemu-cortex-m7, qemu-cortex-m4 or qemu-cortex-m55 (emulated, needs arm-none-eabi-gcc and qemu-system-arm)",
+    )
+    measure.add_argument(
+        "--per-kernel",
+        action="store_true",
+        help="for DIR on an emulated device: also each kernel call's "
+        "instructions (a build that reads the cycle counter after every kernel)",
+    )
     add_target(measure, note="MODEL is built for it")
     add_model_inputs(measure)
     measure.add_argument("--rpc-tracker", metavar="HOST:PORT", help="RPC tracker to get the device from")
     measure.add_argument("--rpc-key", metavar="KEY", help="device key at the tracker")
     measure.add_argument("--repeat", type=int, default=10, metavar="N", help="timed repeats (default 10)")
-    measure.add_argument("--min-repeat-ms", type=int, default=50, metavar="MS", help="each repeat runs the model for at least this long (default 50)")
+    measure.add_argument(
+        "--min-repeat-ms",
+        type=int,
+        default=50,
+        metavar="MS",
+        help="each repeat runs the model for at least this long (default 50)",
+    )
     measure.add_argument("--compare", action="store_true", help="measure TVM's stock pipeline and memplan side by side")
     measure.add_argument("--work-dir", metavar="DIR", help="apply kernels tuned by 'tvm-memplan tune' in DIR")
-    measure.add_argument("--cross-compiler", metavar="CXX", help="link MODEL's build with CXX instead of the target's compiler")
-    measure.add_argument("--log", metavar="FILE.jsonl", help="append each result to this JSON-lines log (atomic writes)")
-    measure.add_argument("--json", action="store_true", help="print one JSON object: each pipeline's result under its name "
-                         "(memplan, or the artifact's; with --compare stock and memplan)")
+    measure.add_argument(
+        "--cross-compiler", metavar="CXX", help="link MODEL's build with CXX instead of the target's compiler"
+    )
+    measure.add_argument(
+        "--log", metavar="FILE.jsonl", help="append each result to this JSON-lines log (atomic writes)"
+    )
+    measure.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: each pipeline's result under its name "
+        "(memplan, or the artifact's; with --compare stock and memplan)",
+    )
     model_planner_options(measure)
     measure.set_defaults(func=run_measure)
 
     farm = subparsers.add_parser(
-        "rpc-local", help="run an RPC tracker and servers on 127.0.0.1 until Ctrl-C",
+        "rpc-local",
+        help="run an RPC tracker and servers on 127.0.0.1 until Ctrl-C",
         description="Start a tracker and servers on 127.0.0.1 (first free ports from 9190 / 9090); "
         "Ctrl-C, SIGTERM or --lifetime stops them all.",
     )
     farm.add_argument("--port", type=int, default=9190, help="first tracker port to try (default 9190)")
     farm.add_argument("--key", default="local", help="device key of the servers (default local)")
-    farm.add_argument("--servers", type=int, default=1, help="number of servers (default 1; 0: only the tracker, e.g. for a phone)")
+    farm.add_argument(
+        "--servers", type=int, default=1, help="number of servers (default 1; 0: only the tracker, e.g. for a phone)"
+    )
     farm.add_argument("--lifetime", type=float, default=3600.0, metavar="S", help="stop after S seconds (default 3600)")
     add_json(farm, "print the tracker's address as one JSON object when it is up (nothing more on stdout)")
     farm.set_defaults(func=run_rpc_local)
 
     tune = subparsers.add_parser(
-        "tune", help="tune the model's kernels with MetaSchedule (XGBoost cost model), resumable",
+        "tune",
+        help="tune the model's kernels with MetaSchedule (XGBoost cost model), resumable",
         description="Tune MODEL's kernels into the database in --work-dir; a second run continues up to "
         "--trials in total. build/measure --work-dir apply it.",
     )
@@ -98,8 +148,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--kernels", metavar="REGEX", help="tune only kernels whose name matches")
     tune.add_argument("--rpc-tracker", metavar="HOST:PORT")
     tune.add_argument("--rpc-key", metavar="KEY")
-    tune.add_argument("--builder-timeout", type=float, default=120.0, metavar="S",
-                      help="give up on a candidate whose build takes longer (default 120)")
+    tune.add_argument(
+        "--builder-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="give up on a candidate whose build takes longer (default 120)",
+    )
     add_json(tune)
     tune.set_defaults(func=run_tune)
 
@@ -114,7 +169,9 @@ def run_build(args: argparse.Namespace) -> int:
     if limits and not args.emit_c:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
     if args.output is None and args.emit_c is None:
-        raise UserError(f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else ""))
+        raise UserError(
+            f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else "")
+        )
     args.model, _ = model_spec_and_inputs(args.model, args.input_shapes, None)
     started = time.monotonic()
     options = model_planner_kwargs(args)
@@ -125,12 +182,20 @@ def run_build(args: argparse.Namespace) -> int:
         # microcontroller targets cannot run here: their latencies are those of the same C on this machine
         latency_target = "c" if get_target(args.target).is_mcu else args.target
         with split_search_progress(args.search_seconds) as progress:
-            options["prepare"] = search_split(load_model(args.model), latency_target, budget=args.latency_budget,
-                                              seconds=args.search_seconds, memory_limit=args.memory_limit,
-                                              schedule=args.schedule, progress=progress).prepare()
+            options["prepare"] = search_split(
+                load_model(args.model),
+                latency_target,
+                budget=args.latency_budget,
+                seconds=args.search_seconds,
+                memory_limit=args.memory_limit,
+                schedule=args.schedule,
+                progress=progress,
+            ).prepare()
     output = emitted = None
     if args.output is not None:
-        output = build(args.model, args.target, args.output, args.pipeline, args.work_dir, args.cross_compiler, **options)
+        output = build(
+            args.model, args.target, args.output, args.pipeline, args.work_dir, args.cross_compiler, **options
+        )
     if args.emit_c is not None:
         emitted = emit_c(args.model, args.emit_c, args.target, **options)
     if emitted is not None:
@@ -150,10 +215,17 @@ def run_build(args: argparse.Namespace) -> int:
     }
     if emitted is not None:
         model_c = emitted.model
-        summary |= {"arena_bytes": model_c.arena_bytes, "workspace_bytes": model_c.workspace_bytes,
-                    "weight_bytes": model_c.weight_bytes, "tvm_default_bytes": model_c.tvm_default_bytes,
-                    "naive_bytes": model_c.naive_bytes, "kernel_calls": model_c.kernel_calls, "split": model_c.split,
-                    "peak_tensors": model_c.peak_tensors, "steps": model_c.steps}
+        summary |= {
+            "arena_bytes": model_c.arena_bytes,
+            "workspace_bytes": model_c.workspace_bytes,
+            "weight_bytes": model_c.weight_bytes,
+            "tvm_default_bytes": model_c.tvm_default_bytes,
+            "naive_bytes": model_c.naive_bytes,
+            "kernel_calls": model_c.kernel_calls,
+            "split": model_c.split,
+            "peak_tensors": model_c.peak_tensors,
+            "steps": model_c.steps,
+        }
     if args.json:
         print_json(summary)
         return 0
@@ -162,7 +234,10 @@ def run_build(args: argparse.Namespace) -> int:
         rows += [
             ("artifact", summary["artifact"]),
             ("target", f"{manifest.target}  {manifest.tvm_target}"),
-            ("pipeline", manifest.pipeline + (f" (tuned kernels from {manifest.tuning_dir})" if manifest.tuning_dir else "")),
+            (
+                "pipeline",
+                manifest.pipeline + (f" (tuned kernels from {manifest.tuning_dir})" if manifest.tuning_dir else ""),
+            ),
             ("planned storage", human_bytes(manifest.storage_bytes)),
             ("VM should request", f"{human_bytes(manifest.planned_bytes)} (storage + outputs)"),
             ("weights (const)", f"{human_bytes(manifest.constant_bytes)} (the executable's constant pool)"),
@@ -171,8 +246,11 @@ def run_build(args: argparse.Namespace) -> int:
         model_c = emitted.model
         rows += [
             ("standalone C", f"{args.emit_c} for {model_c.target} (see its README.md)"),
-            ("static arena", f"{human_bytes(model_c.arena_bytes)} (TVM's default plan {human_bytes(model_c.tvm_default_bytes)}, "
-                             f"naive sum {human_bytes(model_c.naive_bytes)})"),
+            (
+                "static arena",
+                f"{human_bytes(model_c.arena_bytes)} (TVM's default plan {human_bytes(model_c.tvm_default_bytes)}, "
+                f"naive sum {human_bytes(model_c.naive_bytes)})",
+            ),
             ("kernel scratch", human_bytes(model_c.workspace_bytes)),
             ("weights (const)", human_bytes(model_c.weight_bytes)),
         ]
@@ -186,13 +264,23 @@ def run_build(args: argparse.Namespace) -> int:
 def _steps_table(model_c) -> Table:
     """X-CUBE-AI's per-layer report for the standalone C: one row per kernel call."""
     peak = max(step["live_arena_bytes"] for step in model_c.steps)
-    table = Table(title=f"per kernel call (peak {human_bytes(peak)} live, marked *; at the plan's peak: "
-                        + ", ".join(name for name, _ in model_c.peak_tensors) + ")", title_justify="left")
+    table = Table(
+        title=f"per kernel call (peak {human_bytes(peak)} live, marked *; at the plan's peak: "
+        + ", ".join(name for name, _ in model_c.peak_tensors)
+        + ")",
+        title_justify="left",
+    )
     for column in ("step", "kernel", "FLOPs", "weights", "arena live", ""):
         table.add_column(column, justify="left" if column in ("kernel", "") else "right")
     for step in model_c.steps:
-        table.add_row(str(step["step"]), step["kernel"], f"{step['flops']:,}", human_bytes(step["weight_bytes"]),
-                      human_bytes(step["live_arena_bytes"]), "*" if step["live_arena_bytes"] == peak else "")
+        table.add_row(
+            str(step["step"]),
+            step["kernel"],
+            f"{step['flops']:,}",
+            human_bytes(step["weight_bytes"]),
+            human_bytes(step["live_arena_bytes"]),
+            "*" if step["live_arena_bytes"] == peak else "",
+        )
     return table
 
 
@@ -206,8 +294,10 @@ def run_measure(args: argparse.Namespace) -> int:
             raise UserError("the standalone C runs the inputs it was built with: drop --input-shapes and --inputs")
         return _measure_c(args, log)
     if args.device or args.per_kernel:
-        raise UserError(f"{'--device' if args.device else '--per-kernel'} runs the standalone C: give the directory "
-                        "written by build --emit-c DIR")
+        raise UserError(
+            f"{'--device' if args.device else '--per-kernel'} runs the standalone C: give the directory "
+            "written by build --emit-c DIR"
+        )
     source, inputs = args.source, None
     if source.endswith(".so"):
         if args.input_shapes:
@@ -231,9 +321,19 @@ def run_measure(args: argparse.Namespace) -> int:
             bar.update(tasks[pipeline], completed=done, description=f"{pipeline}: {step}")
 
         results = measure(
-            source, target=args.target, inputs=inputs, compare=args.compare, repeat=args.repeat,
-            tracker=args.rpc_tracker, key=args.rpc_key, log=log, tuning_dir=args.work_dir,
-            progress=progress, min_repeat_ms=args.min_repeat_ms, cross_compiler=args.cross_compiler, **model_planner_kwargs(args),
+            source,
+            target=args.target,
+            inputs=inputs,
+            compare=args.compare,
+            repeat=args.repeat,
+            tracker=args.rpc_tracker,
+            key=args.rpc_key,
+            log=log,
+            tuning_dir=args.work_dir,
+            progress=progress,
+            min_repeat_ms=args.min_repeat_ms,
+            cross_compiler=args.cross_compiler,
+            **model_planner_kwargs(args),
         )
     if args.json:
         print_json({pipeline: m.summary() for pipeline, m in results.items()})
@@ -254,15 +354,29 @@ def _measure_c(args: argparse.Namespace, log) -> int:
     rows = [
         ("model", f"{result.model} on {result.device} ({result.kernel_calls} kernel calls)"),
         ("correct", "yes" if result.correct else f"NO: {result.error or f'max |diff| {result.max_abs_diff:.3g}'}"),
-        ("max |diff|", f"{result.max_abs_diff:.3g} against {result.reference}"
-                       + (f" (int8 LSB rule: {result.tolerance:.3g} allowed)" if result.tolerance else "")),
-        ("arena in binary", f"{human_bytes(result.arena_bytes)} ({'= plan' if result.arena_bytes == result.planned_arena_bytes else 'NOT the plan'}; "
-                            f"TVM's default plan {human_bytes(result.tvm_default_bytes)}, naive sum {human_bytes(result.naive_bytes)})"),
+        (
+            "max |diff|",
+            f"{result.max_abs_diff:.3g} against {result.reference}"
+            + (f" (int8 LSB rule: {result.tolerance:.3g} allowed)" if result.tolerance else ""),
+        ),
+        (
+            "arena in binary",
+            f"{human_bytes(result.arena_bytes)} "
+            f"({'= plan' if result.arena_bytes == result.planned_arena_bytes else 'NOT the plan'}; "
+            f"TVM's default plan {human_bytes(result.tvm_default_bytes)}, naive sum {human_bytes(result.naive_bytes)})",
+        ),
     ]
     if result.sram_bytes is not None:
         rows += [
-            ("SRAM", f"{human_bytes(result.sram_bytes)} (.data + .bss + stack high-water {human_bytes(result.stack_bytes)})"),
-            ("flash", f"{human_bytes(result.flash_bytes)} (.text + .rodata + .data image; weights {human_bytes(result.weight_bytes)})"),
+            (
+                "SRAM",
+                f"{human_bytes(result.sram_bytes)} (.data + .bss + stack high-water {human_bytes(result.stack_bytes)})",
+            ),
+            (
+                "flash",
+                f"{human_bytes(result.flash_bytes)} (.text + .rodata + .data image; weights "
+                f"{human_bytes(result.weight_bytes)})",
+            ),
             ("instructions", f"{result.instructions:,} (qemu -icount)"),
         ]
     console().print(key_value_table("tvm-memplan measure (standalone C)", rows))
@@ -272,7 +386,9 @@ def _measure_c(args: argparse.Namespace, log) -> int:
             table.add_column(column, justify="left" if column == "kernel" else "right")
         total = sum(k["instructions"] for k in result.kernels) or 1
         for k in result.kernels:
-            table.add_row(str(k["step"]), k["kernel"], f"{k['instructions']:,}", f"{100 * k['instructions'] / total:.1f} %")
+            table.add_row(
+                str(k["step"]), k["kernel"], f"{k['instructions']:,}", f"{100 * k['instructions'] / total:.1f} %"
+            )
         console().print(table)
     if log is not None:
         console().print(f"result appended to {log.path}")
@@ -288,7 +404,9 @@ def _print_measurements(results: dict, log_path) -> None:
     for m in results.values():
         requested = m.requested_bytes
         table.add_row(
-            m.pipeline, f"{m.latency_ms:.3f} ms", f"{m.latency_spread_ms:.3f} ms",
+            m.pipeline,
+            f"{m.latency_ms:.3f} ms",
+            f"{m.latency_spread_ms:.3f} ms",
             human_bytes(requested) if requested is not None else "unknown",
             human_bytes(m.planned_bytes),
             "-" if requested is None else ("yes" if requested == m.planned_bytes else "NO"),
@@ -300,10 +418,15 @@ def _print_measurements(results: dict, log_path) -> None:
         stock, memplan = results["stock"], results["memplan"]
         if stock.requested_bytes and memplan.requested_bytes is not None:
             out.print(f"memplan requests {memplan.requested_bytes / stock.requested_bytes:.3f}x stock's memory")
-        out.print(f"memplan latency is {memplan.latency_ms / stock.latency_ms:.3f}x stock's "
-                  f"(spreads {stock.latency_spread_ms:.3f} / {memplan.latency_spread_ms:.3f} ms)")
+        out.print(
+            f"memplan latency is {memplan.latency_ms / stock.latency_ms:.3f}x stock's "
+            f"(spreads {stock.latency_spread_ms:.3f} / {memplan.latency_spread_ms:.3f} ms)"
+        )
     if first.requested_bytes is None:
-        out.print("requested bytes unknown: the server has no tvm_memplan.vm_alloc_trace (start it with tvm-memplan rpc-local)")
+        out.print(
+            "requested bytes unknown: the server has no tvm_memplan.vm_alloc_trace (start it with tvm-memplan "
+            "rpc-local)"
+        )
     logged = f"; results appended to {log_path}" if log_path is not None else ""
     out.print(f"TVM_NUM_THREADS on the device: {first.tvm_num_threads or 'unset'}{logged}")
 
@@ -323,10 +446,14 @@ def run_rpc_local(args: argparse.Namespace) -> int:
         if args.json:
             print_json({"tracker": farm.tracker, "key": args.key, "servers": args.servers, "lifetime_s": args.lifetime})
         else:
-            out.print(f"tracker {farm.tracker}; {args.servers} server(s) under key {args.key!r}; "
-                      f"stops in {args.lifetime:.0f} s or on Ctrl-C")
+            out.print(
+                f"tracker {farm.tracker}; {args.servers} server(s) under key {args.key!r}; "
+                f"stops in {args.lifetime:.0f} s or on Ctrl-C"
+            )
             out.print(f"  tvm-memplan measure MODEL --rpc-tracker {farm.tracker} --rpc-key {args.key}")
-            out.print(f"  python -m tvm.exec.rpc_server --tracker {farm.tracker} --key KEY   # on a phone or board: add it")
+            out.print(
+                f"  python -m tvm.exec.rpc_server --tracker {farm.tracker} --key KEY   # on a phone or board: add it"
+            )
         sys.stdout.flush()
         try:
             time.sleep(args.lifetime)
@@ -371,13 +498,21 @@ def run_tune(args: argparse.Namespace) -> int:
     from ..deploy.tune import tune
 
     if get_target(args.target).kind != "llvm" or get_target(args.target).device != "cpu":
-        raise UserError(f"tune: target {args.target} is not a CPU target compiled by LLVM "
-                        "(host, x86-64, llvm-aarch64, android-arm64, llvm)")
+        raise UserError(
+            f"tune: target {args.target} is not a CPU target compiled by LLVM "
+            "(host, x86-64, llvm-aarch64, android-arm64, llvm)"
+        )
 
     with _tuning_progress(Path(args.work_dir), args.trials):
         result = tune(
-            args.model, args.target, args.trials, args.work_dir, kernels=args.kernels,
-            tracker=args.rpc_tracker, key=args.rpc_key, builder_timeout=args.builder_timeout,
+            args.model,
+            args.target,
+            args.trials,
+            args.work_dir,
+            kernels=args.kernels,
+            tracker=args.rpc_tracker,
+            key=args.rpc_key,
+            builder_timeout=args.builder_timeout,
         )
     if args.json:
         print_json(result.summary())

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from time import monotonic
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,13 +31,17 @@ def console() -> Console:
     return Console(file=sys.stdout, highlight=False, soft_wrap=True)
 
 
-def progress_display(counted: bool = True) -> ContextManager[Progress | None]:
+def progress_display(counted: bool = True) -> AbstractContextManager[Progress | None]:
     """A rich progress display on stderr while a long command works, only when stderr is a terminal
     (None otherwise: logs and pipes stay clean). ``counted``: show done/total."""
     if not sys.stderr.isatty():
         return nullcontext(None)
-    columns = [TextColumn("{task.description}"), BarColumn(), *([MofNCompleteColumn()] if counted else []),
-               TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        *([MofNCompleteColumn()] if counted else []),
+        TimeElapsedColumn(),
+    ]
     return Progress(*columns, console=Console(file=sys.stderr), transient=True)
 
 
@@ -51,8 +56,11 @@ def split_search_progress(seconds: float) -> Iterator[Callable[[int, int], None]
         started = monotonic()
 
         def progress(timed: int, peak_bytes: int) -> None:
-            bar.update(task, completed=min(monotonic() - started, seconds),
-                       description=f"split search: {timed} candidates timed, lowest peak {human_bytes(peak_bytes)}")
+            bar.update(
+                task,
+                completed=min(monotonic() - started, seconds),
+                description=f"split search: {timed} candidates timed, lowest peak {human_bytes(peak_bytes)}",
+            )
 
         yield progress
 
@@ -73,7 +81,7 @@ def memory_profile(problem: Problem, arena_bytes: int, width: int = 60, height: 
         return ""
     columns = min(width, horizon)
     events: dict[int, int] = {}
-    for buffer, size in zip(problem.buffers, problem.padded_sizes()):
+    for buffer, size in zip(problem.buffers, problem.padded_sizes(), strict=True):
         events[buffer.start] = events.get(buffer.start, 0) + size
         events[buffer.end] = events.get(buffer.end, 0) - size
     peaks = [0] * columns

@@ -15,17 +15,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ..backends.sidecars import HOW_TO_GET_SOURCE, SIDECARS, SOURCE_ENV
 
     setup = subparsers.add_parser(
-        "setup-gpu", help="build TVM's OpenCL and Vulkan runtimes for the installed TVM and list the devices",
+        "setup-gpu",
+        help="build TVM's OpenCL and Vulkan runtimes for the installed TVM and list the devices",
         description="Compile TVM's OpenCL and Vulkan runtimes (which the apache-tvm wheel ships without) from "
         "TVM v0.27's source against the installed wheel, into your data directory (~/.local/share/tvm_memplan "
         "on Linux), where 'import tvm' loads them; skipped when already up to date. "
         "Needs Debian g++, opencl-headers, ocl-icd-opencl-dev, libvulkan-dev; a device needs a driver "
         "(pocl-opencl-icd and mesa-vulkan-drivers run on the CPU).",
     )
-    setup.add_argument("--tvm-src", metavar="DIR", help=f"TVM v0.27 source tree (default ${SOURCE_ENV}); to get one: "
-                       f"{HOW_TO_GET_SOURCE.split(', then')[0]}")
-    setup.add_argument("--backend", action="append", choices=list(SIDECARS),
-                       help="only this runtime (repeatable; default all)")
+    setup.add_argument(
+        "--tvm-src",
+        metavar="DIR",
+        help=f"TVM v0.27 source tree (default ${SOURCE_ENV}); to get one: {HOW_TO_GET_SOURCE.split(', then')[0]}",
+    )
+    setup.add_argument(
+        "--backend", action="append", choices=list(SIDECARS), help="only this runtime (repeatable; default all)"
+    )
     setup.add_argument("--jobs", type=int, metavar="N", help="parallel compiler processes (default: CPU count)")
     setup.add_argument("--force", action="store_true", help="rebuild even when the installed runtime is up to date")
     setup.add_argument("--json", action="store_true", help="print one JSON object")
@@ -55,11 +60,17 @@ def run_setup_gpu(args: argparse.Namespace) -> int:
             how = f"built in {r.build_seconds:.1f} s" if r.built else "up to date"
             out.print(f"[bold]{r.backend}[/bold]: {r.path} ({how})")
             for dev in r.devices:
-                out.print(f"  {r.backend}({dev['index']}): {dev['name']} (max {dev['max_threads_per_block']} threads per block)")
+                out.print(
+                    f"  {r.backend}({dev['index']}): {dev['name']} (max {dev['max_threads_per_block']} threads per "
+                    "block)"
+                )
     for r in reports:
         if r.loaded_from and Path(r.loaded_from).resolve() != Path(r.path).resolve():
-            print(f"tvm-memplan: note: TVM loads its {r.backend} runtime from {r.loaded_from}, not {r.path} "
-                  "(delete that file if an older setup-gpu put it there)", file=sys.stderr)
+            print(
+                f"tvm-memplan: note: TVM loads its {r.backend} runtime from {r.loaded_from}, not {r.path} "
+                "(delete that file if an older setup-gpu put it there)",
+                file=sys.stderr,
+            )
     problems = [r.problem for r in reports if r.problem]
     if problems:
         print(f"tvm-memplan: error: {'; '.join(problems)}", file=sys.stderr)

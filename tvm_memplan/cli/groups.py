@@ -18,20 +18,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ..deploy.groups import DEFAULT_SETTINGS
 
     bench = subparsers.add_parser(
-        "compare-groups", aliases=["bench"],
+        "compare-groups",
+        aliases=["bench"],
         help="layer-grouping settings side by side: latency, arena and launches per setting ('bench' is deprecated)",
         description="Plan, build, check and time MODEL ungrouped (TVM's planner, memplan) and with each "
         "layer-grouping setting, on this machine or a device from an RPC tracker, in one run.",
     )
     bench.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
-    bench.add_argument("--groups", dest="group_settings", default=DEFAULT_SETTINGS, metavar="LIST",
-                       help=f"comma-separated settings: seq, group counts, auto (default {DEFAULT_SETTINGS})")
+    bench.add_argument(
+        "--groups",
+        dest="group_settings",
+        default=DEFAULT_SETTINGS,
+        metavar="LIST",
+        help=f"comma-separated settings: seq, group counts, auto (default {DEFAULT_SETTINGS})",
+    )
     add_target(bench)
     bench.add_argument("--rpc-tracker", metavar="HOST:PORT")
     bench.add_argument("--rpc-key", metavar="KEY")
     bench.add_argument("--repeat", type=int, default=10, help="timed repeats per setting and round (default 10)")
     bench.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all builds (default 1)")
-    bench.add_argument("--min-repeat-ms", type=int, default=50, metavar="MS", help="minimum time of one repeat (default 50)")
+    bench.add_argument(
+        "--min-repeat-ms", type=int, default=50, metavar="MS", help="minimum time of one repeat (default 50)"
+    )
     add_json(bench, 'print {"rows": [...], ...} instead of the table')
     model_planner_options(bench, groups=False)
     bench.set_defaults(func=run_bench)
@@ -55,8 +63,18 @@ def run_bench(args: argparse.Namespace) -> int:
                 current["task"] = bar.add_task(pipeline, total=total)
             bar.update(current["task"], completed=done, description=f"{pipeline}: {step}")
 
-        result = bench_groups(args.model, settings, args.target, args.rpc_tracker, args.rpc_key, args.repeat,
-                              args.min_repeat_ms, progress, args.rounds, **options)
+        result = bench_groups(
+            args.model,
+            settings,
+            args.target,
+            args.rpc_tracker,
+            args.rpc_key,
+            args.repeat,
+            args.min_repeat_ms,
+            progress,
+            args.rounds,
+            **options,
+        )
     if args.json:
         print_json(result.summary())
     else:
@@ -67,22 +85,42 @@ def run_bench(args: argparse.Namespace) -> int:
 def _print_bench(result) -> None:
     threads = f", TVM_NUM_THREADS={result.tvm_num_threads}" if result.tvm_num_threads else ""
     table = Table(title=f"{result.model} on {result.device} ({result.target}{threads})", title_justify="left")
-    for column in ("setting", "latency", "IQR", "arena", "no F-predicate", "launches", "fused launches", "layers",
-                   "identical", "VM = plan"):
+    for column in (
+        "setting",
+        "latency",
+        "IQR",
+        "arena",
+        "no F-predicate",
+        "launches",
+        "fused launches",
+        "layers",
+        "identical",
+        "VM = plan",
+    ):
         table.add_column(column, justify="left" if column == "setting" else "right")
     for r in result.rows:
         setting = f"groups={r.groups}" if r.groups is not None else f"{r.pipeline} (ungrouped)"
         table.add_row(
-            setting, f"{r.latency_ms:.3f} ms", f"{r.latency_spread_ms:.3f} ms", human_bytes(r.arena_bytes),
+            setting,
+            f"{r.latency_ms:.3f} ms",
+            f"{r.latency_spread_ms:.3f} ms",
+            human_bytes(r.arena_bytes),
             human_bytes(r.unconstrained_arena_bytes) if r.unconstrained_arena_bytes is not None else "-",
-            str(r.launches), str(r.group_launches) if r.group_launches is not None else "-",
+            str(r.launches),
+            str(r.group_launches) if r.group_launches is not None else "-",
             str(r.layers) if r.layers is not None else "-",
-            "yes" if r.identical else "NO", "-" if r.requested_equals_plan is None else ("yes" if r.requested_equals_plan else "NO"),
+            "yes" if r.identical else "NO",
+            "-" if r.requested_equals_plan is None else ("yes" if r.requested_equals_plan else "NO"),
         )
     out = console()
     out.print(table)
-    out.print(f"no planning (every tensor its own memory): {human_bytes(result.naive_bytes)}; "
-              f"TVM default: {human_bytes(result.tvm_default_bytes)}")
+    out.print(
+        f"no planning (every tensor its own memory): {human_bytes(result.naive_bytes)}; "
+        f"TVM default: {human_bytes(result.tvm_default_bytes)}"
+    )
     choice = result.choice()
-    out.print(f"measured choice: groups={choice}" if choice is not None else
-              "measured choice: ungrouped (no setting beat it by more than the spreads)")
+    out.print(
+        f"measured choice: groups={choice}"
+        if choice is not None
+        else "measured choice: ungrouped (no setting beat it by more than the spreads)"
+    )

@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "each layer's bits, error and reason.",
     )
     quantize.add_argument("model", type=Path, help="ONNX model")
-    quantize.add_argument("--calib", type=Path, required=True, help=".npz with one (samples, ...) array per model input")
+    quantize.add_argument(
+        "--calib", type=Path, required=True, help=".npz with one (samples, ...) array per model input"
+    )
     quantize.add_argument("--wbits", type=int, default=2, help="weight bits, 1-4 (default 2)")
     quantize.add_argument("--abits", type=int, default=2, help="activation bits, 1-4 (default 2)")
     quantize.add_argument(
@@ -46,7 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--layer-check",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="give a layer whose output error exceeds its limit one more bit, up to 4, else leave it in float (default on)",
+        help=(
+            "give a layer whose output error exceeds its limit one more bit, up to 4, else leave it in float "
+            "(default on)"
+        ),
     )
     quantize.add_argument(
         "--act-codes",
@@ -54,7 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="activation codes: {0,1} for non-negative inputs and ±1 otherwise (auto, default), or forced",
     )
-    quantize.add_argument("--keep-first-last", action="store_true", help="leave the first and last dense layer in float")
+    quantize.add_argument(
+        "--keep-first-last", action="store_true", help="leave the first and last dense layer in float"
+    )
     quantize.add_argument(
         "--edge-bits",
         type=int,
@@ -65,19 +72,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     quantize.add_argument("--batch", type=int, default=1, help="batch size for a dynamic batch dimension (default 1)")
     add_target(quantize, note=f"quantize builds for {', '.join(TARGETS)} (cross-compiled)")
-    quantize.add_argument("--trials", type=int, default=0, metavar="N",
-                          help="MetaSchedule trials per LQ kernel (default 0: the hand schedule)")
+    quantize.add_argument(
+        "--trials",
+        type=int,
+        default=0,
+        metavar="N",
+        help="MetaSchedule trials per LQ kernel (default 0: the hand schedule)",
+    )
     add_deprecated_alias(quantize, "--tune-trials", "--trials", dest="trials", convert=int)
-    quantize.add_argument("--work-dir", type=Path, default=Path("lq_tuning"), metavar="DIR",
-                          help="MetaSchedule database and tuning logs, with --trials (default lq_tuning)")
+    quantize.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("lq_tuning"),
+        metavar="DIR",
+        help="MetaSchedule database and tuning logs, with --trials (default lq_tuning)",
+    )
     add_deprecated_alias(quantize, "--tune-dir", "--work-dir", dest="work_dir", convert=Path)
-    quantize.add_argument("-o", "--output", type=Path, required=True, help="library to write (.so); the report goes next to it (.json)")
+    quantize.add_argument(
+        "-o", "--output", type=Path, required=True, help="library to write (.so); the report goes next to it (.json)"
+    )
     add_json(quantize, "print the report (the JSON written next to the library) instead of the layer summary")
     int8 = quantize.add_argument_group("int8 (QDQ) instead of LQ low-bit codes")
-    int8.add_argument("--int8", action="store_true", help="write OUTPUT.onnx quantized by onnxruntime's quantize_static (QDQ, "
-                      "int8 weights per channel, MinMax on --calib) for plan/build/measure; the LQ options are ignored")
-    int8.add_argument("--activations", choices=("int8", "uint8"), default="int8", help="with --int8: activation type (default int8)")
-    int8.add_argument("--per-tensor", action="store_true", help="with --int8: one weight scale per tensor, not per channel")
+    int8.add_argument(
+        "--int8",
+        action="store_true",
+        help="write OUTPUT.onnx quantized by onnxruntime's quantize_static (QDQ, "
+        "int8 weights per channel, MinMax on --calib) for plan/build/measure; the LQ options are ignored",
+    )
+    int8.add_argument(
+        "--activations", choices=("int8", "uint8"), default="int8", help="with --int8: activation type (default int8)"
+    )
+    int8.add_argument(
+        "--per-tensor", action="store_true", help="with --int8: one weight scale per tensor, not per channel"
+    )
     quantize.set_defaults(func=run_quantize)
 
     bench = subparsers.add_parser(
@@ -91,7 +118,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--finetune", action="store_true", help="use the fine-tuning calibration mode")
     bench.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     bench.add_argument("--epochs", type=int, default=60, help="training epochs (default 60)")
-    bench.add_argument("--hidden", type=int, default=512, help="hidden units of the MLP (default 512, as in the quantizer thesis)")
+    bench.add_argument(
+        "--hidden", type=int, default=512, help="hidden units of the MLP (default 512, as in the quantizer thesis)"
+    )
     bench.add_argument(
         "--settings",
         default="32/32,4/4,3/3,2/2,1/1,1/2,2/1",
@@ -115,7 +144,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.set_defaults(func=run_bench)
 
 
-def _target(name: str) -> "tvm.target.Target":
+def _target(name: str) -> tvm.target.Target:
     import tvm
 
     from ..lq.calibrate import default_target
@@ -130,7 +159,7 @@ def _target(name: str) -> "tvm.target.Target":
     raise UserError(f"quantize: target {name} is not one of {', '.join(TARGETS)}")
 
 
-def load_onnx_module(path: Path, batch: int) -> "tvm.IRModule":
+def load_onnx_module(path: Path, batch: int) -> tvm.IRModule:
     """ONNX file → Relax module with a static batch; malformed files become one-line errors."""
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
@@ -143,7 +172,9 @@ def load_onnx_module(path: Path, batch: int) -> "tvm.IRModule":
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as exc:  # onnx raises several unrelated exception types
-        raise UserError(f"cannot read ONNX model {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        raise UserError(
+            f"cannot read ONNX model {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
     initializers = {init.name for init in model.graph.initializer}
     shapes = {}
     for value in model.graph.input:
@@ -173,8 +204,10 @@ def _run_int8(args: argparse.Namespace, arrays: dict) -> int:
     if args.json:
         print(json.dumps({"output": str(output), **dataclasses.asdict(report)}, indent=2))
         return 0
-    print(f"wrote {output}: {report.quantized_nodes} QuantizeLinear nodes, calibrated on {report.samples} sample(s); "
-          f"weights {report.weight_bytes_float:,} -> {report.weight_bytes_int8:,} bytes")
+    print(
+        f"wrote {output}: {report.quantized_nodes} QuantizeLinear nodes, calibrated on {report.samples} sample(s); "
+        f"weights {report.weight_bytes_float:,} -> {report.weight_bytes_int8:,} bytes"
+    )
     return 0
 
 
@@ -223,8 +256,13 @@ def run_quantize(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.update(task, description=f"quantize: {description}", completed=done, total=layers + 2)
 
-        result = quantize_module(mod, calib, config, fit_target,
-                                 progress=lambda name, done, layers: step(f"calibrating {name}", done, layers))
+        result = quantize_module(
+            mod,
+            calib,
+            config,
+            fit_target,
+            progress=lambda name, done, layers: step(f"calibrating {name}", done, layers),
+        )
         step("compiling", fitted["layers"], fitted["layers"])
         if args.target != "host":
             from ..lq.calibrate import apply_layers
@@ -253,7 +291,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def layer_summary(report: "list[LayerReport]", wbits: int, abits: int, float_bytes: int, lq_bytes: int) -> str:
+def layer_summary(report: list[LayerReport], wbits: int, abits: int, float_bytes: int, lq_bytes: int) -> str:
     """Each dense layer's bits, calibration output error against its limit, and why it is in float or wider."""
     converted = sum(1 for layer in report if layer.status == "lq")
     lines = [
@@ -272,7 +310,7 @@ def layer_summary(report: "list[LayerReport]", wbits: int, abits: int, float_byt
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:
-    """"32/32,2/2,1/1" → [(32, 32), (2, 2), (1, 1)]; 32/32 is float, other widths must be 1-4."""
+    """ "32/32,2/2,1/1" → [(32, 32), (2, 2), (1, 1)]; 32/32 is float, other widths must be 1-4."""
     from ..lq.quantizer import check_bits
 
     settings = []
@@ -293,9 +331,11 @@ def run_bench(args: argparse.Namespace) -> int:
     # TVM's pool runs one thread unless told otherwise.
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     from ..lq import bench
+    from ..lq.machine import isa_target
+    from ..lq.timing import Timing
     from ..paths import cache_dir
 
-    timing = bench.Timing(number=3, repeat=3, min_repeat_ms=20) if args.quick else bench.Timing()
+    timing = Timing(number=3, repeat=3, min_repeat_ms=20) if args.quick else Timing()
     if args.epochs < 1 or args.hidden < 1:
         raise UserError("--epochs and --hidden must be at least 1")
     settings = parse_settings(args.settings)
@@ -316,7 +356,7 @@ def run_bench(args: argparse.Namespace) -> int:
             settings=settings,
             cache_dir=args.cache_dir or cache_dir(),
             timing=timing,
-            target=bench.isa_target(args.isa),
+            target=isa_target(args.isa),
             progress=progress,
         )
     if args.json:

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import UserError
 
@@ -63,8 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("TVM_MEMPLAN_TRACEBACK"):
             raise
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        print(f"tvm-memplan: internal error ({type(exc).__name__}): {lines[-1] if lines else 'no message'} "
-              "(set TVM_MEMPLAN_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        print(
+            f"tvm-memplan: internal error ({type(exc).__name__}): {lines[-1] if lines else 'no message'} "
+            "(set TVM_MEMPLAN_TRACEBACK=1 for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -20,24 +20,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Plan MODEL (an ONNX file or zoo:NAME[?k=v&...]) and report naive, TVM default, "
         "lower-bound and arena bytes.",
     )
-    plan.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME, e.g. zoo:mobilenet_v2?width=0.35&resolution=144")
+    plan.add_argument(
+        "model", metavar="MODEL", help="ONNX file or zoo:NAME, e.g. zoo:mobilenet_v2?width=0.35&resolution=144"
+    )
     add_target(plan)
-    plan.add_argument("--verify", action="store_true", help="build and run: compare with stock TVM and onnxruntime, trace the VM's allocations")
+    plan.add_argument(
+        "--verify",
+        action="store_true",
+        help="build and run: compare with stock TVM and onnxruntime, trace the VM's allocations",
+    )
     add_model_inputs(plan)
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
     add_json(plan)
     model_planner_options(plan)
-    split = plan.add_argument_group("fine-grained splitting")
-    split.add_argument("--split", choices=["none", "acg"], default="none",
-                       help="acg: split channel chains found by the axis connection graph into tiles (default none)")
-    split.add_argument("--latency-budget", type=float, default=0.05, metavar="F",
-                       help="allowed slowdown as a fraction of the measured latency (default 0.05)")
-    split.add_argument("--search-seconds", type=float, default=60.0, metavar="S", help="time limit of the split search (default 60)")
-    split.add_argument("--memory-limit", type=parse_bytes, metavar="BYTES",
-                       help="the fastest split plan that fits, e.g. 512K or 1.5M (latency budget ignored)")
-    split.add_argument("--split-cache", metavar="FILE", help="latency measurements to reuse and extend "
-                       "(default chain_latency.jsonl in the user cache: $XDG_CACHE_HOME/tvm_memplan, else ~/.cache/tvm_memplan)")
-    split.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure chain latencies on a device from this tracker")
+    split = split_search_options(
+        plan.add_argument_group("fine-grained splitting"),
+        "acg: split channel chains found by the axis connection graph into tiles (default none)",
+    )
+    split.add_argument(
+        "--split-cache",
+        metavar="FILE",
+        help="latency measurements to reuse and extend "
+        "(default chain_latency.jsonl in the user cache: $XDG_CACHE_HOME/tvm_memplan, else ~/.cache/tvm_memplan)",
+    )
+    split.add_argument(
+        "--rpc-tracker", metavar="HOST:PORT", help="measure chain latencies on a device from this tracker"
+    )
     split.add_argument("--rpc-key", metavar="KEY")
     plan.set_defaults(func=run_plan)
 
@@ -55,25 +63,80 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     solve.set_defaults(func=run_solve)
 
 
+def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> argparse._ArgumentGroup:
+    """The split search's options (``plan`` and ``build`` take them alike); returns ``group``."""
+    group.add_argument("--split", choices=["none", "acg"], default="none", help=split_help)
+    group.add_argument(
+        "--memory-limit",
+        type=parse_bytes,
+        metavar="BYTES",
+        help="with --split acg: the fastest split plan that fits, e.g. 512K or 1.5M (latency budget ignored)",
+    )
+    group.add_argument(
+        "--latency-budget",
+        type=float,
+        default=0.05,
+        metavar="F",
+        help="with --split acg: allowed slowdown as a fraction of the measured latency (default 0.05)",
+    )
+    group.add_argument(
+        "--search-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --split acg: search time limit (default 60)",
+    )
+    return group
+
+
 def _planner_options(parser: argparse.ArgumentParser, default_alignment: int = 64) -> None:
-    parser.add_argument("--alignment", type=int, default=default_alignment, help=f"offset alignment in bytes (default {default_alignment})")
-    parser.add_argument("--time-budget", type=float, default=10.0, metavar="S", help="seconds the search may spend once the greedy orderings miss the lower bound (default 10)")
+    parser.add_argument(
+        "--alignment",
+        type=int,
+        default=default_alignment,
+        help=f"offset alignment in bytes (default {default_alignment})",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds the search may spend once the greedy orderings miss the lower bound (default 10)",
+    )
 
 
 def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) -> None:
     """Options of every command that plans a model (plan, build, measure; bench takes its own ``--groups``)."""
     _planner_options(parser)
     if groups:
-        parser.add_argument("--groups", metavar="G", help="layer grouping: seq, a group count per layer, "
-                            "or auto; tensors a group uses never share memory (default: off)")
-    parser.add_argument("--inplace", action=argparse.BooleanOptionalAction, default=None,
-                        help="in-place kernels and concat elimination (default on)")
-    parser.add_argument("--order", choices=["program", "dfs", "bfs", "search"], default="search",
-                        help="execution order: as imported, TVM's depth-/breadth-first TopologicalSort, or searched (default)")
-    parser.add_argument("--order-seconds", type=float, default=10.0, metavar="S", help="time budget of the order search (default 10)")
-    parser.add_argument("--schedule", choices=list(SCHEDULES), default="default",
-                        help="kernel schedules: tvm_memplan's defaults (CPU: every kernel; GPU: convolutions and pools, "
-                        "the rest dlight's), or none (TVM's own: plain loops on CPU, dlight on GPU; for comparison)")
+        parser.add_argument(
+            "--groups",
+            metavar="G",
+            help="layer grouping: seq, a group count per layer, "
+            "or auto; tensors a group uses never share memory (default: off)",
+        )
+    parser.add_argument(
+        "--inplace",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="in-place kernels and concat elimination (default on)",
+    )
+    parser.add_argument(
+        "--order",
+        choices=["program", "dfs", "bfs", "search"],
+        default="search",
+        help="execution order: as imported, TVM's depth-/breadth-first TopologicalSort, or searched (default)",
+    )
+    parser.add_argument(
+        "--order-seconds", type=float, default=10.0, metavar="S", help="time budget of the order search (default 10)"
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=list(SCHEDULES),
+        default="default",
+        help="kernel schedules: tvm_memplan's defaults (CPU: every kernel; GPU: convolutions and pools, "
+        "the rest dlight's), or none (TVM's own: plain loops on CPU, dlight on GPU; for comparison)",
+    )
 
 
 def model_planner_kwargs(args: argparse.Namespace) -> dict:
@@ -90,10 +153,21 @@ def model_planner_kwargs(args: argparse.Namespace) -> dict:
 
 def parse_bytes(text: str) -> int:
     """``524288``, ``512K``, ``1.5M``, ``2MiB`` → bytes (K = 1024)."""
-    units = {"": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+    units = {
+        "": 1,
+        "K": 1 << 10,
+        "KB": 1 << 10,
+        "KIB": 1 << 10,
+        "M": 1 << 20,
+        "MB": 1 << 20,
+        "MIB": 1 << 20,
+        "G": 1 << 30,
+        "GB": 1 << 30,
+        "GIB": 1 << 30,
+    }
     stripped = text.strip().upper()
     number = stripped.rstrip("KMGIB")
-    unit = stripped[len(number):]
+    unit = stripped[len(number) :]
     try:
         value = float(number) * units[unit]
     except (ValueError, KeyError):
@@ -123,7 +197,9 @@ def run_plan(args: argparse.Namespace) -> int:
     spec, inputs = model_spec_and_inputs(args.model, args.input_shapes, args.inputs)
     model = load_model(spec)
     split = _search_split(args, model, args.memory_limit) if args.split == "acg" else None
-    plan = plan_model(model, _target_arg(args.target), prepare=split.prepare() if split else None, **model_planner_kwargs(args))
+    plan = plan_model(
+        model, _target_arg(args.target), prepare=split.prepare() if split else None, **model_planner_kwargs(args)
+    )
     if split is not None and args.memory_limit is not None:
         plan, split = _fit_planned_arena(args, model, plan, split)
     verified = None
@@ -208,8 +284,10 @@ def _fit_planned_arena(args: argparse.Namespace, model, plan, split, attempts: i
         plan = plan_model(model, _target_arg(args.target), prepare=split.prepare(), **model_planner_kwargs(args))
     arena = plan.total("arena_bytes")
     if arena > args.memory_limit:
-        raise UserError(f"{model.name}: the split plan's simulated peak fits {args.memory_limit:,} bytes but the planned "
-                        f"arena is {arena:,} bytes; nothing found fits in the planner")
+        raise UserError(
+            f"{model.name}: the split plan's simulated peak fits {args.memory_limit:,} bytes but the planned "
+            f"arena is {arena:,} bytes; nothing found fits in the planner"
+        )
     return plan, split
 
 
@@ -220,9 +298,17 @@ def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
 
     device = Device(args.rpc_tracker, args.rpc_key)
     with split_search_progress(args.search_seconds) as progress:
-        return search_split(model, args.target, device, budget=args.latency_budget, seconds=args.search_seconds,
-                            memory_limit=memory_limit, schedule=args.schedule, progress=progress,
-                            cache=Path(args.split_cache) if args.split_cache else default_cache())
+        return search_split(
+            model,
+            args.target,
+            device,
+            budget=args.latency_budget,
+            seconds=args.search_seconds,
+            memory_limit=memory_limit,
+            schedule=args.schedule,
+            progress=progress,
+            cache=Path(args.split_cache) if args.split_cache else default_cache(),
+        )
 
 
 def _split_summary(split, arena: int) -> dict:
@@ -230,8 +316,10 @@ def _split_summary(split, arena: int) -> dict:
     return {
         "split": "acg",
         "split_candidates": len(split.chains),
-        "split_subgraphs": [{"chain": c.chain.name, "bindings": list(c.chain.bindings), "parts": c.parts,
-                             "kind": c.chain.kind} for c in split.choices],
+        "split_subgraphs": [
+            {"chain": c.chain.name, "bindings": list(c.chain.bindings), "parts": c.parts, "kind": c.chain.kind}
+            for c in split.choices
+        ],
         "split_reason": result.stopped if split.chains else "no chain to split in the model: plan unchanged",
         "peak_before_bytes": result.original.peak_bytes,
         "peak_after_bytes": result.best.peak_bytes,
@@ -240,8 +328,14 @@ def _split_summary(split, arena: int) -> dict:
         "latency_estimated_ms": round(result.best.latency_ms, 4),
         "bottleneck": list(result.bottleneck.live[:6]),
         "bottleneck_described": split.bottleneck,
-        "pareto_front": [{"peak_bytes": p.peak_bytes, "latency_ms": round(p.latency_ms, 4),
-                          "parts": {c.chain.name: c.parts for c in p.choices}} for p in result.front],
+        "pareto_front": [
+            {
+                "peak_bytes": p.peak_bytes,
+                "latency_ms": round(p.latency_ms, 4),
+                "parts": {c.chain.name: c.parts for c in p.choices},
+            }
+            for p in result.front
+        ],
         "search_seconds": round(result.seconds, 2),
         "plans_simulated": result.evaluated,
         "latency_cache_hits": split.cache_hits,
@@ -261,22 +355,39 @@ def _print_plan_report(summary: dict, layouts) -> None:
         ("naive (no reuse)", human_bytes(summary["naive_bytes"])),
         ("TVM default (StaticPlanBlockMemory)", human_bytes(default)),
         ("lower bound, program order", human_bytes(summary["program_order_lower_bound_bytes"])),
-        ("lower bound, order used", human_bytes(bound) + f"  (order {summary['order']}"
-         + (f": {summary['order_strategy']}" if summary["order_strategy"] else "")
-         + (", proved optimal" if summary["order_optimal"] else "") + ")"),
+        (
+            "lower bound, order used",
+            human_bytes(bound)
+            + f"  (order {summary['order']}"
+            + (f": {summary['order_strategy']}" if summary["order_strategy"] else "")
+            + (", proved optimal" if summary["order_optimal"] else "")
+            + ")",
+        ),
         ("memplan arena", human_bytes(arena)),
         ("arena / lower bound", f"{summary['arena_over_bound']:.3f}" + ("  (optimal)" if summary["optimal"] else "")),
         ("arena / TVM default", f"{arena / default:.3f}" if default else "-"),
-        ("aliasing", f"{summary['inplace_ops']} in-place kernels, {summary['concats_removed']} concats removed, "
-         f"{summary['removable_ops']} views" if summary["inplace"] else "off"),
+        (
+            "aliasing",
+            f"{summary['inplace_ops']} in-place kernels, {summary['concats_removed']} concats removed, "
+            f"{summary['removable_ops']} views"
+            if summary["inplace"]
+            else "off",
+        ),
         ("planning time", f"{summary['plan_seconds'] * 1000:,.1f} ms  ({', '.join(summary['allocators'])})"),
     ]
     if summary["verified"] is not None:
         verify = summary["verify"]
         status = "PASS" if summary["verified"] else "FAIL"
         diff = verify["max_abs_diff_vs_onnxruntime"]
-        rows.append(("verified", f"{status} on {verify['device']}: identical to stock TVM={verify['identical_to_stock']}, "
-                     f"max |diff| vs onnxruntime={diff:.2g}" if diff is not None else f"{status} on {verify['device']}"))
+        rows.append(
+            (
+                "verified",
+                f"{status} on {verify['device']}: identical to stock TVM={verify['identical_to_stock']}, "
+                f"max |diff| vs onnxruntime={diff:.2g}"
+                if diff is not None
+                else f"{status} on {verify['device']}",
+            )
+        )
         rows.append(("VM storage requests", ", ".join(human_bytes(b) for b in verify["vm_storage_bytes"])))
     if "groups" in summary:
         rows += _groups_rows(summary)
@@ -317,9 +428,15 @@ def _groups_summary(plan) -> dict:
 
 def _groups_rows(summary: dict) -> list[tuple[str, str]]:
     return [
-        ("layer grouping", f"groups={summary['groups']}: {summary['layers']} layers, {summary['group_count']} groups, "
-         f"{summary['kernels']} kernels"),
-        ("arena without the F-predicate", human_bytes(summary["unconstrained_arena_bytes"]) + "  (same layer-wise order)"),
+        (
+            "layer grouping",
+            f"groups={summary['groups']}: {summary['layers']} layers, {summary['group_count']} groups, "
+            f"{summary['kernels']} kernels",
+        ),
+        (
+            "arena without the F-predicate",
+            human_bytes(summary["unconstrained_arena_bytes"]) + "  (same layer-wise order)",
+        ),
         ("arena / unconstrained", f"{summary['arena_over_unconstrained']:.3f}"),
     ]
 
@@ -330,11 +447,17 @@ def _split_rows(summary: dict) -> list[tuple[str, str]]:
     return [
         ("split (axis connection graph)", f"{summary['split_candidates']} candidate chains; split: {chosen}"),
         ("simulated peak", f"{human_bytes(before)} -> {human_bytes(after)}  ({before / after:.2f}x)" if after else "-"),
-        ("latency (measured)", f"{summary['latency_before_ms']:.3f} ms -> {summary['latency_after_ms']:.3f} ms  "
-         f"({summary['latency_after_ms'] / summary['latency_before_ms'] - 1:+.1%})"),
-        ("split search", f"{summary['search_seconds']:.1f} s, {summary['plans_simulated']:,} plans simulated, "
-         f"{summary['latency_measurements']} latencies measured, {summary['latency_cache_hits']} from the cache; "
-         f"stopped: {summary['split_reason']}"),
+        (
+            "latency (measured)",
+            f"{summary['latency_before_ms']:.3f} ms -> {summary['latency_after_ms']:.3f} ms  "
+            f"({summary['latency_after_ms'] / summary['latency_before_ms'] - 1:+.1%})",
+        ),
+        (
+            "split search",
+            f"{summary['search_seconds']:.1f} s, {summary['plans_simulated']:,} plans simulated, "
+            f"{summary['latency_measurements']} latencies measured, {summary['latency_cache_hits']} from the cache; "
+            f"stopped: {summary['split_reason']}",
+        ),
         ("bottleneck now", "; ".join(summary["bottleneck_described"]) or "-"),
     ]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 OLD_TARGET_NAMES = {"native": "host", "aarch64": "llvm-aarch64"}
 """quantize's former target names and the device names that replace them."""
@@ -35,15 +36,22 @@ def parse_target(text: str) -> str:
 def target_help() -> str:
     from ..deploy.targets import TARGETS
 
-    return (f"a device name: {', '.join(TARGETS)} (default host; 'tvm-memplan build --help' says what each is), "
-            "or a TVM target: a kind (llvm, c, cuda, vulkan, opencl) or a JSON dict such as "
-            '{"kind": "llvm", "mcpu": "skylake"}')
+    return (
+        f"a device name: {', '.join(TARGETS)} (default host; 'tvm-memplan build --help' says what each is), "
+        "or a TVM target: a kind (llvm, c, cuda, vulkan, opencl) or a JSON dict such as "
+        '{"kind": "llvm", "mcpu": "skylake"}'
+    )
 
 
 def add_target(parser: argparse.ArgumentParser, note: str = "") -> None:
     """``--target``, with the same names and TVM targets on every command."""
-    parser.add_argument("--target", default="host", type=parse_target, metavar="TARGET",
-                        help=target_help() + (f"; {note}" if note else ""))
+    parser.add_argument(
+        "--target",
+        default="host",
+        type=parse_target,
+        metavar="TARGET",
+        help=target_help() + (f"; {note}" if note else ""),
+    )
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "print one JSON object instead of the report") -> None:
@@ -53,19 +61,31 @@ def add_json(parser: argparse.ArgumentParser, what: str = "print one JSON object
 class _Deprecated(argparse.Action):
     """An old option spelling: stores into the new option's ``dest`` and says which spelling to use."""
 
-    def __init__(self, option_strings: list[str], dest: str, new: str = "", convert: Callable[[str], Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        option_strings: list[str],
+        dest: str,
+        new: str = "",
+        convert: Callable[[str], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(option_strings, dest, **kwargs)
         self.new, self.convert = new, convert
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         deprecation_note(option_string or self.option_strings[0], self.new)
         setattr(namespace, self.dest, self.convert(values) if self.convert else values)
 
 
-def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, dest: str,
-                         convert: Callable[[str], Any] | None = None) -> None:
+def add_deprecated_alias(
+    parser: argparse.ArgumentParser, old: str, new: str, dest: str, convert: Callable[[str], Any] | None = None
+) -> None:
     """Accept ``old`` for ``new`` (hidden from --help), with a note on stderr when used."""
     parser.add_argument(old, dest=dest, action=_Deprecated, new=new, convert=convert, help=argparse.SUPPRESS)
 
@@ -82,12 +102,19 @@ def _input_shapes(text: str) -> str:
 
 def add_model_inputs(parser: argparse.ArgumentParser, inputs: bool = True) -> None:
     """``--input-shapes`` (dynamic dimensions bound at compile time) and ``--inputs`` (the user's data)."""
-    parser.add_argument("--input-shapes", type=_input_shapes, metavar="NAME:1x3x224x224[,...]",
-                        help="static shapes for the model's inputs: binds dynamic dimensions (batch, sequence) "
-                        "at compile time")
+    parser.add_argument(
+        "--input-shapes",
+        type=_input_shapes,
+        metavar="NAME:1x3x224x224[,...]",
+        help="static shapes for the model's inputs: binds dynamic dimensions (batch, sequence) at compile time",
+    )
     if inputs:
-        parser.add_argument("--inputs", metavar="FILE.npz", help="run on these arrays (one per model input, by name) "
-                            "instead of random data; their shapes bind dynamic dimensions unless --input-shapes does")
+        parser.add_argument(
+            "--inputs",
+            metavar="FILE.npz",
+            help="run on these arrays (one per model input, by name) "
+            "instead of random data; their shapes bind dynamic dimensions unless --input-shapes does",
+        )
 
 
 def model_spec_and_inputs(model: str, input_shapes: str | None, inputs_file: str | None):

@@ -63,7 +63,7 @@ def parse_constants(serialized: bytes) -> list[PooledConstant]:
     return constants
 
 
-def executable_constants(executable: "tvm.runtime.Executable") -> list[PooledConstant]:
+def executable_constants(executable: tvm.runtime.Executable) -> list[PooledConstant]:
     """The constant pool of a Relax VM executable (what ``tvm.compile`` returns)."""
     with tempfile.TemporaryDirectory(prefix="tvm-memplan-exe-") as tmp:
         path = Path(tmp) / "executable.bin"
@@ -85,11 +85,13 @@ class ConstantBytes:
     by_dtype: dict[str, int]
 
     def __str__(self) -> str:
-        parts = " + ".join(f"{nbytes:,} {dtype}" for dtype, nbytes in sorted(self.by_dtype.items(), key=lambda i: -i[1]))
+        parts = " + ".join(
+            f"{nbytes:,} {dtype}" for dtype, nbytes in sorted(self.by_dtype.items(), key=lambda i: -i[1])
+        )
         return f"{self.total:,} ({parts})" if len(self.by_dtype) > 1 else f"{self.total:,}"
 
 
-def constant_bytes(constants: "tvm.runtime.Executable | list[PooledConstant]") -> ConstantBytes:
+def constant_bytes(constants: tvm.runtime.Executable | list[PooledConstant]) -> ConstantBytes:
     """Bytes of the tensors a built executable (or a parsed constant pool) holds: the weights as shipped."""
     if not isinstance(constants, list):
         constants = executable_constants(constants)

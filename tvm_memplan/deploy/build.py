@@ -64,7 +64,7 @@ class Manifest:
         manifest_path(artifact).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
 
     @classmethod
-    def load(cls, artifact: Path) -> "Manifest":
+    def load(cls, artifact: Path) -> Manifest:
         path = manifest_path(artifact)
         if not path.exists():
             raise UserError(f"{artifact} has no manifest {path.name}: build it with tvm-memplan build")
@@ -90,8 +90,10 @@ def output_bytes(model: onnx.ModelProto) -> int:
         tensor_type = value.type.tensor_type
         dims = [d.dim_value for d in tensor_type.shape.dim]
         if not all(dims):
-            raise UserError(f"output {value.name!r} has a dynamic shape: bind the inputs' dynamic dimensions with "
-                            "--input-shapes NAME:1x3x224x224 (or export the model with static shapes)")
+            raise UserError(
+                f"output {value.name!r} has a dynamic shape: bind the inputs' dynamic dimensions with "
+                "--input-shapes NAME:1x3x224x224 (or export the model with static shapes)"
+            )
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).itemsize
         total += int(np.prod(dims)) * itemsize
     return total
@@ -103,7 +105,7 @@ def plan_for(model: LoadedModel, target: DeployTarget, tuning_dir: str | None = 
     return apply_tuning(plan, tuning_dir) if tuning_dir else plan
 
 
-def compile_plan(plan: ModelPlan, pipeline: str) -> "tvm.runtime.Executable":
+def compile_plan(plan: ModelPlan, pipeline: str) -> tvm.runtime.Executable:
     if pipeline not in (*PIPELINES, TVM_STOCK):
         raise UserError(f"unknown pipeline {pipeline!r}; known: {', '.join((*PIPELINES, TVM_STOCK))}")
     try:
@@ -111,11 +113,14 @@ def compile_plan(plan: ModelPlan, pipeline: str) -> "tvm.runtime.Executable":
             return plan.build_stock(schedule="none")
         return plan.build() if pipeline == "memplan" else plan.build_stock()
     except (RuntimeError, ValueError) as exc:
-        raise UserError(f"{plan.model.name}: TVM could not compile for {plan.target.kind.name}: {error_line(exc)}") from None
+        raise UserError(
+            f"{plan.model.name}: TVM could not compile for {plan.target.kind.name}: {error_line(exc)}"
+        ) from None
 
 
-def manifest_for(plan: ModelPlan, spec: str, target: DeployTarget, pipeline: str, tuning_dir: str | None,
-                 cross_compiler: str | None) -> Manifest:
+def manifest_for(
+    plan: ModelPlan, spec: str, target: DeployTarget, pipeline: str, tuning_dir: str | None, cross_compiler: str | None
+) -> Manifest:
     storage = plan.total("arena_bytes") if pipeline == "memplan" else plan.tvm_default_bytes
     return Manifest(
         model=model_reference(spec),
@@ -131,7 +136,7 @@ def manifest_for(plan: ModelPlan, spec: str, target: DeployTarget, pipeline: str
     )
 
 
-def export(executable: "tvm.runtime.Executable", target: DeployTarget, manifest: Manifest, output: Path) -> Path:
+def export(executable: tvm.runtime.Executable, target: DeployTarget, manifest: Manifest, output: Path) -> Path:
     """Write the library and its manifest; the library goes to a temporary name first."""
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.name}.partial.so")

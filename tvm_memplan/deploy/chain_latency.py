@@ -91,7 +91,7 @@ class ChainLatency:
         timers = [self.timer(first), self.timer(second)]
         samples: list[list[float]] = [[], []]
         for _ in range(rounds):
-            for timer, into in zip(timers, samples):
+            for timer, into in zip(timers, samples, strict=True):
                 into.extend(timer())
         return samples[0], samples[1]
 
@@ -100,7 +100,9 @@ class ChainLatency:
 
         target = self.target.tvm_target()
         with target:
-            executable = tvm.compile(mod, target, relax_pipeline=pipeline(target, order="program", schedule=self.schedule))
+            executable = tvm.compile(
+                mod, target, relax_pipeline=pipeline(target, order="program", schedule=self.schedule)
+            )
         session = self.device.session
         with tempfile.TemporaryDirectory() as scratch:
             path = Path(scratch) / "chain.so"

@@ -27,9 +27,17 @@ from .build import compile_plan, plan_for
 from .mcu import ModelC, c_identifier, emit_model_c, kernel_symbol, prefix_kernel_symbols
 from .targets import get_target
 
-_DEFINITION = re.compile(r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M)
+_DEFINITION = re.compile(
+    r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M
+)
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
-_DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1), "int8": ("int8_t", 0)}
+_DTYPES = {
+    "float32": ("float", 2),
+    "int32": ("int32_t", 0),
+    "int64": ("int64_t", 0),
+    "uint8": ("uint8_t", 1),
+    "int8": ("int8_t", 0),
+}
 """numpy dtype -> (C type, DLDataTypeCode)."""
 
 
@@ -110,10 +118,11 @@ def _example_data(name: str, func: tvm.tirx.PrimFunc, params: list[Param]) -> st
 
     text = [f"/* Example data for {name}: inputs from numpy (seed 0), expected output from TVM's LLVM build. */\n"]
     text.append("#include <stdint.h>\n")
-    for index, (p, array) in enumerate(zip(params, arrays)):
+    for index, (p, array) in enumerate(zip(params, arrays, strict=True)):
         ctype, code = _DTYPES[p.dtype]
         text.append(_c_array(f"arg{index}_data", array, ctype))
-        text.append(f"static int64_t arg{index}_shape[{max(len(p.shape), 1)}] = {{{', '.join(map(str, p.shape)) or '1'}}};\n")
+        dims = ", ".join(map(str, p.shape)) or "1"
+        text.append(f"static int64_t arg{index}_shape[{max(len(p.shape), 1)}] = {{{dims}}};\n")
     ctype, _ = _DTYPES[params[-1].dtype]
     text.append(_c_array("expected_output", expected, ctype))
     text.append(f"#define EXAMPLE_NUM_ARGS {len(params)}\n#define EXAMPLE_OUTPUT_SIZE {expected.size}\n")
@@ -121,7 +130,10 @@ def _example_data(name: str, func: tvm.tirx.PrimFunc, params: list[Param]) -> st
     for index, p in enumerate(params):
         ctype, code = _DTYPES[p.dtype]
         bits = np.dtype(p.dtype).itemsize * 8
-        text.append(f"  {{arg{index}_data, {{kDLCPU, 0}}, {len(p.shape)}, {{{code}, {bits}, 1}}, arg{index}_shape, NULL, 0}},  /* {p.name}: {p.dtype}{list(p.shape)} */\n")
+        text.append(
+            f"  {{arg{index}_data, {{kDLCPU, 0}}, {len(p.shape)}, {{{code}, {bits}, 1}}, "
+            f"arg{index}_shape, NULL, 0}},  /* {p.name}: {p.dtype}{list(p.shape)} */\n"
+        )
     text.append("};\n")
     return "".join(text)
 
@@ -215,11 +227,11 @@ three runtime symbols they call (kernel scratch memory is a static pool).
 
 | file | what |
 |---|---|
-| `model.h`, `model.c` | `{name}_init(arena, size)` (optional: caller memory) and `{name}_run(...)`: the {calls} kernel calls in the planned order on `memplan_arena[{arena}]` ({arena} bytes, exactly the plan) |
+| `model.h`, `model.c` | `{name}_init(arena, size)`, `{name}_run(...)`: {calls} kernel calls on a {arena}-byte arena |
 | `model_weights.c` | the weights as `const` arrays ({weights} bytes) |
-| `kernels.c` | the {count} kernels, TVM's output with its `__tvm_ffi_<kernel>` symbols renamed `{name}_kernel_<kernel>` |
+| `kernels.c` | the {count} kernels (TVM's output, symbols renamed `{name}_kernel_<kernel>`) |
 | `kernels.h` | calling convention, one prototype per kernel with its tensor parameters |
-| `tvm_memplan_runtime.c` | error message buffer and the kernel scratch allocator ({workspace} bytes at the end of the arena); weak, the same for every model |
+| `tvm_memplan_runtime.c` | error buffer and scratch allocator ({workspace} bytes after the tensors); weak |
 | `main.c`, `platform_*.c` | a harness: reads `input0.bin`..., runs the model, writes `output0.bin`... |
 | `startup_cortexm.c`, `cortex_m.ld` | Cortex-M startup (stack painting) and the linker script for the emulated board |
 | `example_main.c`, `example_data.h` | runs `{example}` alone on fixed inputs and checks TVM's LLVM output |
@@ -255,7 +267,9 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     if not runnable:
         raise UserError(f"{model.name}: no kernel with static tensor parameters to run in the example")
     # The smallest kernel that computes something from weights (3+ tensors), not a plain copy.
-    example = min(runnable, key=lambda name: (len(signatures[name]) < 3, sum(int(np.prod(p.shape)) for p in signatures[name])))
+    example = min(
+        runnable, key=lambda name: (len(signatures[name]) < 3, sum(int(np.prod(p.shape)) for p in signatures[name]))
+    )
 
     directory.mkdir(parents=True, exist_ok=True)
     headers = _copy_headers(source, directory / "include")
@@ -266,18 +280,32 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     for kernel in kernels:
         params = signatures[kernel]
         described = ", ".join(f"{p.name}: {p.dtype}{list(p.shape)}" for p in params) if params else "see kernels.c"
-        declarations.append(f"/* {kernel}({described}) */\nint32_t {kernel_symbol(name, kernel)}(void* self, void* args, "
-                            "int32_t num_args, void* result);\n")
+        declarations.append(
+            f"/* {kernel}({described}) */\nint32_t {kernel_symbol(name, kernel)}(void* self, void* args, "
+            "int32_t num_args, void* result);\n"
+        )
     (directory / "kernels.c").write_text(prefix_kernel_symbols(source, name))
     fields = {"model": model.name, "count": len(kernels), "version": tvm.__version__, "example": example}
-    (directory / "kernels.h").write_text(_HEADER.format(declarations="\n".join(declarations),
-                                                         prefix=kernel_symbol(name, ""), **fields))
+    (directory / "kernels.h").write_text(
+        _HEADER.format(declarations="\n".join(declarations), prefix=kernel_symbol(name, ""), **fields)
+    )
     (directory / "example_data.h").write_text(_example_data(example, functions[example], signatures[example]))
     emitted = emit_model_c(plan, spec, source, directory, target, split=options.get("prepare") is not None)
     ctype = _DTYPES[signatures[example][-1].dtype][0]
-    (directory / "example_main.c").write_text(_MAIN.format(kernel=example, symbol=kernel_symbol(name, example), ctype=ctype,
-                                                           workspace=max(emitted.workspace_bytes, 1)))
-    (directory / "README.md").write_text(_README.format(
-        target=target.name, name=emitted.name, calls=emitted.kernel_calls, arena=emitted.arena_bytes,
-        weights=emitted.weight_bytes, workspace=emitted.workspace_bytes, **fields))
+    (directory / "example_main.c").write_text(
+        _MAIN.format(
+            kernel=example, symbol=kernel_symbol(name, example), ctype=ctype, workspace=max(emitted.workspace_bytes, 1)
+        )
+    )
+    (directory / "README.md").write_text(
+        _README.format(
+            target=target.name,
+            name=emitted.name,
+            calls=emitted.kernel_calls,
+            arena=emitted.arena_bytes,
+            weights=emitted.weight_bytes,
+            workspace=emitted.workspace_bytes,
+            **fields,
+        )
+    )
     return EmittedC(directory, kernels, example, emitted)

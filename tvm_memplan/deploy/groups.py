@@ -1,4 +1,5 @@
-"""Layer grouping side by side (table 1 of Oplachko's thesis, docs/design.md): latency, arena and launches per group setting.
+"""Layer grouping side by side (table 1 of Oplachko's thesis, docs/design.md): latency, arena and launches per
+group setting.
 
 Every setting is planned, built, checked against the ungrouped memplan build's outputs (they
 must be bit-identical: the kernels are the same) and timed on one device in one run, beside the
@@ -10,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -99,7 +101,9 @@ class GroupBench:
         }
 
 
-def _row(groups: GroupSetting | None, pipeline: str, m: Measurement, report_plan, identical: bool, correct: bool) -> GroupRow:
+def _row(
+    groups: GroupSetting | None, pipeline: str, m: Measurement, report_plan, identical: bool, correct: bool
+) -> GroupRow:
     grouped = groups is not None
     return GroupRow(
         groups=groups,
@@ -107,9 +111,10 @@ def _row(groups: GroupSetting | None, pipeline: str, m: Measurement, report_plan
         latency_ms=m.latency_ms,
         latency_spread_ms=m.latency_spread_ms,
         arena_bytes=int(report_plan.total("arena_bytes") if pipeline != "stock" else report_plan.tvm_default_bytes),
-        launches=m.launches if m.launches is not None else
+        launches=m.launches
+        if m.launches is not None
         # TVM's planner keeps the concats memplan writes in place: one more kernel each
-        int(report_plan.total("kernels") + (report_plan.total("concats_removed") if pipeline == "stock" else 0)),
+        else int(report_plan.total("kernels") + (report_plan.total("concats_removed") if pipeline == "stock" else 0)),
         group_launches=int(report_plan.total("groups")) if grouped else None,
         layers=int(report_plan.total("layers")) if grouped else None,
         unconstrained_arena_bytes=int(report_plan.total("unconstrained_arena_bytes")) if grouped else None,
@@ -152,7 +157,11 @@ def bench_groups(
     bench: GroupBench | None = None
     with tempfile.TemporaryDirectory(prefix="tvm-memplan-groups-") as scratch:
         # ungrouped memplan first: its outputs become the reference every other build must equal
-        runs: list[tuple[GroupSetting | None, str]] = [(None, "memplan"), (None, "stock"), *((g, "memplan") for g in settings)]
+        runs: list[tuple[GroupSetting | None, str]] = [
+            (None, "memplan"),
+            (None, "stock"),
+            *((g, "memplan") for g in settings),
+        ]
         built = []
         for groups, pipeline in runs:
             plan = plan_for(model, deploy_target, **options, groups=groups)
@@ -164,14 +173,22 @@ def bench_groups(
             if bench is None:
                 correct, identical = measured.correct, True
                 reference = (_outputs(device, artifact, inputs, deploy_target), "memplan ungrouped")
-                bench = GroupBench(model.name, deploy_target.name, device.name, _threads(measured),
-                                   int(plan.total("naive_bytes")), int(plan.tvm_default_bytes))
+                bench = GroupBench(
+                    model.name,
+                    deploy_target.name,
+                    device.name,
+                    _threads(measured),
+                    int(plan.total("naive_bytes")),
+                    int(plan.tvm_default_bytes),
+                )
             else:
                 correct, identical = measured.correct, measured.max_abs_diff == 0.0
             built.append((groups, pipeline, plan, artifact, [measured], identical, correct))
         for round_index in range(1, rounds):
-            for _, _, _, artifact, measurements, _, _ in (built[::-1] if round_index % 2 else built):
-                measurements.append(measure_artifact(device, artifact, inputs, reference, repeat, min_repeat_ms, progress, spec))
+            for _, _, _, artifact, measurements, _, _ in built[::-1] if round_index % 2 else built:
+                measurements.append(
+                    measure_artifact(device, artifact, inputs, reference, repeat, min_repeat_ms, progress, spec)
+                )
         for groups, pipeline, plan, _, measurements, identical, correct in built:
             bench.rows.append(_row(groups, pipeline, _pooled(measurements), plan, identical, correct))
     assert bench is not None
@@ -182,8 +199,12 @@ def _pooled(measurements: list[Measurement]) -> Measurement:
     """One measurement from several rounds: median and interquartile range over all repeats."""
     repeats = [ms for m in measurements for ms in m.repeats_ms]
     q25, median, q75 = np.percentile(repeats, [25, 50, 75])
-    return dataclasses.replace(measurements[0], latency_ms=round(float(median), 4),
-                               latency_spread_ms=round(float(q75 - q25), 4), repeats_ms=repeats)
+    return dataclasses.replace(
+        measurements[0],
+        latency_ms=round(float(median), 4),
+        latency_spread_ms=round(float(q75 - q25), 4),
+        repeats_ms=repeats,
+    )
 
 
 def _threads(m: Measurement) -> str | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,22 @@ from ..planner import ModelPlan
 from ..relax.ir_utils import static_shape
 from . import mcu_files
 
-_DTYPES = {"float32": ("float", 2), "int32": ("int32_t", 0), "int64": ("int64_t", 0), "uint8": ("uint8_t", 1), "int8": ("int8_t", 0)}
+_DTYPES = {
+    "float32": ("float", 2),
+    "int32": ("int32_t", 0),
+    "int64": ("int64_t", 0),
+    "uint8": ("uint8_t", 1),
+    "int8": ("int8_t", 0),
+}
 """numpy dtype -> (C type, DLDataTypeCode)."""
 _ALIGN = 64
 _ARENA_ALIGNMENT = 8
 """What ``<name>_init`` requires of caller memory: the widest scalar a kernel loads (int64, double)."""
 _WORKSPACE = re.compile(r"TVMBackendAllocWorkspace\(\s*\d+\s*,\s*\w+\s*,\s*\(uint64_t\)\s*(\d+)(?:ULL)?\s*,")
 _ANY_WORKSPACE = re.compile(r"TVMBackendAllocWorkspace\(")
-_DEFINITION = re.compile(r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M)
+_DEFINITION = re.compile(
+    r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M
+)
 MANIFEST = "memplan_c.json"
 """What ``measure DIR`` reads: the model, the plan's figures, inputs and outputs."""
 
@@ -146,7 +155,11 @@ def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
                 if str(array.dtype) not in _DTYPES:
                     raise UserError(f"a constant of dtype {array.dtype} is not supported by the standalone C")
                 c_name = f"{prefix}_weight{len(weights)}"
-                weights[key] = (c_name, array, TensorRef(Storage("weight", c_name), 0, array.shape, str(array.dtype), c_name))
+                weights[key] = (
+                    c_name,
+                    array,
+                    TensorRef(Storage("weight", c_name), 0, array.shape, str(array.dtype), c_name),
+                )
             return weights[key][2]
         raise UserError(f"kernel argument {expr} is neither a placed tensor nor a constant")
 
@@ -191,8 +204,10 @@ def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
                 shape, dtype = _tensor_type(var, "tensor")
                 env[var] = TensorRef(source.storage, source.offset, shape, dtype, var.name)
             else:
-                raise UserError(f"the standalone C cannot express {name} (binding {var.name}); only kernel calls, "
-                                "arena tensors and reshapes are supported")
+                raise UserError(
+                    f"the standalone C cannot express {name} (binding {var.name}); only kernel calls, "
+                    "arena tensors and reshapes are supported"
+                )
 
     result = func.body.body
     if isinstance(result, relax.Tuple):
@@ -213,7 +228,9 @@ def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
     for step in steps:
         for arg in step.args:
             if arg.storage.kind == "unplanned":
-                raise UserError(f"kernel {step.kernel} uses {arg.name}, which the plan did not place (a symbolic shape?)")
+                raise UserError(
+                    f"kernel {step.kernel} uses {arg.name}, which the plan did not place (a symbolic shape?)"
+                )
     return CProgram(inputs, outputs, arena_sizes, [(n, a) for n, a, _ in weights.values()], steps, copies)
 
 
@@ -221,15 +238,17 @@ def workspace_bytes(source: str, kernels: set[str]) -> int:
     """The static kernel-scratch pool: the largest sum of one kernel's workspaces, 64-byte rounded."""
     bodies = {}
     matches = list(_DEFINITION.finditer(source))
-    for match, following in zip(matches, matches[1:] + [None]):
-        bodies[match.group(1)] = source[match.end(): following.start() if following else len(source)]
+    for match, following in pairwise([*matches, None]):
+        bodies[match.group(1)] = source[match.end() : following.start() if following else len(source)]
     largest = 0
     for kernel in kernels:
         body = bodies.get(kernel, "")
         sizes = [int(s) for s in _WORKSPACE.findall(body)]
         if len(sizes) != len(_ANY_WORKSPACE.findall(body)):
-            raise UserError(f"kernel {kernel} allocates scratch memory of a size known only at run time; "
-                            "the standalone C needs static sizes")
+            raise UserError(
+                f"kernel {kernel} allocates scratch memory of a size known only at run time; "
+                "the standalone C needs static sizes"
+            )
         largest = max(largest, sum((s + _ALIGN - 1) // _ALIGN * _ALIGN for s in sizes))
     return largest
 
@@ -242,7 +261,7 @@ def _c_values(array: np.ndarray) -> str:
         text = [f"{v:.9g}" for v in flat.tolist()]
     else:
         text = [str(v) for v in flat.tolist()]
-    lines = [", ".join(text[i:i + 16]) for i in range(0, len(text), 16)]
+    lines = [", ".join(text[i : i + 16]) for i in range(0, len(text), 16)]
     return ",\n  ".join(lines)
 
 
@@ -250,8 +269,11 @@ def _weights_c(model: str, program: CProgram) -> str:
     parts = [f"/* {model}: the weights, as const arrays (flash on a microcontroller). */\n#include <stdint.h>\n\n"]
     for c_name, array in program.weights:
         ctype = _DTYPES[str(array.dtype)][0]
-        parts.append(f"/* {list(array.shape)} */\nconst {ctype} {c_name}[{max(array.size, 1)}] __attribute__((aligned(64))) = {{\n  "
-                     f"{_c_values(array) or '0'}\n}};\n\n")
+        parts.append(
+            f"/* {list(array.shape)} */\n"
+            f"const {ctype} {c_name}[{max(array.size, 1)}] __attribute__((aligned(64))) = {{\n  "
+            f"{_c_values(array) or '0'}\n}};\n\n"
+        )
     return "".join(parts)
 
 
@@ -305,7 +327,9 @@ def edge_quantization(model: onnx.ModelProto) -> tuple[list[EdgeQuantization | N
         return node
 
     initializers = set(constants)
-    inputs = [quantization(only_reader(v.name), "QuantizeLinear") for v in model.graph.input if v.name not in initializers]
+    inputs = [
+        quantization(only_reader(v.name), "QuantizeLinear") for v in model.graph.input if v.name not in initializers
+    ]
     outputs = [quantization(writer(v.name), "DequantizeLinear") for v in model.graph.output]
     return inputs, outputs
 
@@ -345,56 +369,71 @@ def _c_float(value: float) -> str:
 
 def _io_lines(upper: str, kind: str, index: int, ref: TensorRef, quantized: EdgeQuantization | None) -> list[str]:
     prefix = f"#define {upper}_{kind}{index}"
-    lines = [f"{prefix}_SIZE {int(np.prod(ref.shape, dtype=np.int64))}\n",
-             f"{prefix}_NDIM {len(ref.shape)}\n",
-             f"{prefix}_SHAPE {{{', '.join(map(str, ref.shape))}}}\n",
-             f"{prefix}_DTYPE \"{ref.dtype}\"\n"]
+    lines = [
+        f"{prefix}_SIZE {int(np.prod(ref.shape, dtype=np.int64))}\n",
+        f"{prefix}_NDIM {len(ref.shape)}\n",
+        f"{prefix}_SHAPE {{{', '.join(map(str, ref.shape))}}}\n",
+        f'{prefix}_DTYPE "{ref.dtype}"\n',
+    ]
     if quantized is not None:
-        lines += [f"{prefix}_QUANT_DTYPE \"{quantized.dtype}\"\n",
-                  f"{prefix}_SCALE {_c_float(quantized.scale)}\n",
-                  f"{prefix}_ZERO_POINT {quantized.zero_point}\n"]
+        lines += [
+            f'{prefix}_QUANT_DTYPE "{quantized.dtype}"\n',
+            f"{prefix}_SCALE {_c_float(quantized.scale)}\n",
+            f"{prefix}_ZERO_POINT {quantized.zero_point}\n",
+        ]
     return lines
 
 
-def _model_h(name: str, model: str, program: CProgram, workspace: int,
-             edges: tuple[list[EdgeQuantization | None], list[EdgeQuantization | None]]) -> str:
+def _model_h(
+    name: str,
+    model: str,
+    program: CProgram,
+    workspace: int,
+    edges: tuple[list[EdgeQuantization | None], list[EdgeQuantization | None]],
+) -> str:
     guard = f"{name.upper()}_MODEL_H_"
     upper = name.upper()
     _, _, total = arena_layout(program, workspace)
     tensors = sum(size for _, size in program.arenas)
-    lines = [f"/* {model} as standalone C (tvm-memplan build --emit-c): the whole network on one arena.\n *\n",
-             f" * int {name}_init(void* arena, size_t size);\n",
-             f" *   runs the model on caller memory from now on: {upper}_ARENA_BYTES bytes aligned to\n",
-             f" *   {upper}_ARENA_ALIGNMENT (the tensors and the kernels' scratch). Returns 0, or\n",
-             f" *   {upper}_ERROR_NO_ARENA (NULL), {upper}_ERROR_ALIGNMENT or {upper}_ERROR_ARENA_TOO_SMALL, and then\n",
-             f" *   binds nothing ({name}_run returns {upper}_ERROR_NO_ARENA until an init succeeds).\n",
-             " *   Without it the model runs on its static arena; compile with\n",
-             f" *   -D{upper}_NO_STATIC_ARENA to leave that out, and with -DMEMPLAN_ARENA_SECTION='__attribute__((\n",
-             " *   section(\".dtcm\")))' to place it in a linker section of your own. Models that take turns\n",
-             " *   on one buffer call their init before their run: nothing persists in the arena between runs.\n",
-             f" * {_signature(name, program)};\n",
-             " *   runs every kernel in the planned order; returns 0, a negative error above, or the 1-based\n",
-             " *   number of the kernel that failed (tvm_memplan_last_error() says why). Not reentrant.\n",
-             " * Inputs and outputs are dense row-major arrays (a QDQ model quantizes its float inputs and\n",
-             " * dequantizes its outputs itself, with the scales and zero points below):\n"]
-    for ref, quantized in zip(program.inputs, _padded(edges[0], len(program.inputs))):
+    lines = [
+        f"/* {model} as standalone C (tvm-memplan build --emit-c): the whole network on one arena.\n *\n",
+        f" * int {name}_init(void* arena, size_t size);\n",
+        f" *   runs the model on caller memory from now on: {upper}_ARENA_BYTES bytes aligned to\n",
+        f" *   {upper}_ARENA_ALIGNMENT (the tensors and the kernels' scratch). Returns 0, or\n",
+        f" *   {upper}_ERROR_NO_ARENA (NULL), {upper}_ERROR_ALIGNMENT or {upper}_ERROR_ARENA_TOO_SMALL, and then\n",
+        f" *   binds nothing ({name}_run returns {upper}_ERROR_NO_ARENA until an init succeeds).\n",
+        " *   Without it the model runs on its static arena; compile with\n",
+        f" *   -D{upper}_NO_STATIC_ARENA to leave that out, and with -DMEMPLAN_ARENA_SECTION='__attribute__((\n",
+        ' *   section(".dtcm")))\' to place it in a linker section of your own. Models that take turns\n',
+        " *   on one buffer call their init before their run: nothing persists in the arena between runs.\n",
+        f" * {_signature(name, program)};\n",
+        " *   runs every kernel in the planned order; returns 0, a negative error above, or the 1-based\n",
+        " *   number of the kernel that failed (tvm_memplan_last_error() says why). Not reentrant.\n",
+        " * Inputs and outputs are dense row-major arrays (a QDQ model quantizes its float inputs and\n",
+        " * dequantizes its outputs itself, with the scales and zero points below):\n",
+    ]
+    for ref, quantized in zip(program.inputs, _padded(edges[0], len(program.inputs)), strict=True):
         extra = f", quantized to {quantized.dtype} inside" if quantized else ""
         lines.append(f" *   {ref.storage.c_name}: input {ref.name!r} {ref.dtype}{list(ref.shape)}{extra}\n")
-    for ref, quantized in zip(program.outputs, _padded(edges[1], len(program.outputs))):
+    for ref, quantized in zip(program.outputs, _padded(edges[1], len(program.outputs)), strict=True):
         extra = f", dequantized from {quantized.dtype}" if quantized else ""
         lines.append(f" *   {ref.storage.c_name}: output {ref.dtype}{list(ref.shape)}{extra}\n")
     lines.append(" */\n")
-    lines.append(f"#ifndef {guard}\n#define {guard}\n#include <stddef.h>\n#include <stdint.h>\n\n"
-                 "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n")
+    lines.append(
+        f"#ifndef {guard}\n#define {guard}\n#include <stddef.h>\n#include <stdint.h>\n\n"
+        '#ifdef __cplusplus\nextern "C" {\n#endif\n\n'
+    )
     lines.append(f"#define {upper}_ARENA_BYTES {total}  /* what {name}_init needs: tensors and scratch */\n")
     lines.append(f"#define {upper}_ARENA_ALIGNMENT {_ARENA_ALIGNMENT}\n")
     lines.append(f"#define {upper}_TENSOR_BYTES {tensors}  /* the planned arena */\n")
     lines.append(f"#define {upper}_WORKSPACE_BYTES {workspace}  /* the kernels' scratch */\n")
-    lines.append(f"#define {upper}_ERROR_NO_ARENA (-1)\n#define {upper}_ERROR_ALIGNMENT (-2)\n"
-                 f"#define {upper}_ERROR_ARENA_TOO_SMALL (-3)\n")
+    lines.append(
+        f"#define {upper}_ERROR_NO_ARENA (-1)\n#define {upper}_ERROR_ALIGNMENT (-2)\n"
+        f"#define {upper}_ERROR_ARENA_TOO_SMALL (-3)\n"
+    )
     for kind, refs, quantizations in (("INPUT", program.inputs, edges[0]), ("OUTPUT", program.outputs, edges[1])):
         lines.append(f"#define {upper}_NUM_{kind}S {len(refs)}\n")
-        for index, (ref, quantized) in enumerate(zip(refs, _padded(quantizations, len(refs)))):
+        for index, (ref, quantized) in enumerate(zip(refs, _padded(quantizations, len(refs)), strict=True)):
             lines += _io_lines(upper, kind, index, ref, quantized)
     lines.append(f"\nint {name}_init(void* arena, size_t size);\n")
     lines.append(f"{_signature(name, program)};\n")
@@ -416,35 +455,46 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan, workspac
         for arg in step.args:
             _, code = _DTYPES[arg.dtype]
             bits = np.dtype(arg.dtype).itemsize * 8
-            tensors.append(f"      MEMPLAN_TENSOR({arg.pointer()}, {len(arg.shape)}, {code}, {bits}, {shape_name(arg.shape)}),"
-                           f"  /* {arg.name} */\n")
-        body.append(f"  {{  /* {number}: {step.kernel} */\n    DLTensor t[{len(step.args)}] = {{\n{''.join(tensors)}    }};\n"
-                    f"    if (memplan_call({kernel_symbol(name, step.kernel)}, t, {len(step.args)}) != 0) return {number};\n"
-                    f"    MEMPLAN_AFTER_KERNEL({number});\n  }}\n")
+            tensors.append(
+                f"      MEMPLAN_TENSOR({arg.pointer()}, {len(arg.shape)}, {code}, {bits}, {shape_name(arg.shape)}),"
+                f"  /* {arg.name} */\n"
+            )
+        body.append(
+            f"  {{  /* {number}: {step.kernel} */\n    DLTensor t[{len(step.args)}] = {{\n{''.join(tensors)}    }};\n"
+            f"    if (memplan_call({kernel_symbol(name, step.kernel)}, t, {len(step.args)}) != 0) return {number};\n"
+            f"    MEMPLAN_AFTER_KERNEL({number});\n  }}\n"
+        )
     for output, source in program.copies:
         body.append(f"  memcpy({output.pointer()}, {source.pointer()}, {source.nbytes});\n")
     max_args = max((len(s.args) for s in program.steps), default=1)
     offsets, scratch_at, total = arena_layout(program, workspace)
     parts = len(program.arenas) + 1
-    static = "".join(f"static uint8_t {c_name}[{max(size, 1)}] MEMPLAN_ARENA_SECTION __attribute__((aligned(64)));\n"
-                     for c_name, size in program.arenas)
-    static += f"static uint8_t memplan_workspace[{max(workspace, 1)}] MEMPLAN_ARENA_SECTION __attribute__((aligned(64)));\n"
+    static = "".join(
+        f"static uint8_t {c_name}[{max(size, 1)}] MEMPLAN_ARENA_SECTION __attribute__((aligned(64)));\n"
+        for c_name, size in program.arenas
+    )
+    static += (
+        f"static uint8_t memplan_workspace[{max(workspace, 1)}] MEMPLAN_ARENA_SECTION __attribute__((aligned(64)));\n"
+    )
     static_parts = ", ".join([c_name for c_name, _ in program.arenas] + ["memplan_workspace"])
     bind = "".join(f"  memplan_parts[{k}] = base + {offset};\n" for k, offset in enumerate(offsets))
     bind += f"  memplan_parts[{parts - 1}] = base + {scratch_at};\n"
     locals_ = "".join(f"  uint8_t* const arena{k} = memplan_parts[{k}];\n" for k in range(len(program.arenas)))
     externs = "".join(f"extern const {_DTYPES[str(a.dtype)][0]} {c}[{max(a.size, 1)}];\n" for c, a in program.weights)
     shape_lines = "".join(
-        f"static const int64_t {n}[{max(len(s), 1)}] = {{{', '.join(map(str, s)) or '1'}}};\n" for s, n in shapes.items()
+        f"static const int64_t {n}[{max(len(s), 1)}] = {{{', '.join(map(str, s)) or '1'}}};\n"
+        for s, n in shapes.items()
     )
     report = plan.main
     return (
-        f"/* {model}: {len(program.steps)} kernel calls in the planned order (tvm-memplan, TVM {tvm.__version__} C kernels).\n"
+        f"/* {model}: {len(program.steps)} kernel calls in the planned order (tvm-memplan, TVM {tvm.__version__} C "
+        "kernels).\n"
         f" * Arena: {report.arena_bytes} bytes planned (naive sum {report.naive_bytes}, TVM's default plan "
-        f"{plan.tvm_default_bytes}, lower bound {report.lower_bound_bytes}), then {workspace} bytes of kernel scratch.\n"
+        f"{plan.tvm_default_bytes}, lower bound {report.lower_bound_bytes}), "
+        f"then {workspace} bytes of kernel scratch.\n"
         f" * In-place kernels and eliminated concatenations are offsets of the plan: tensors that share bytes\n"
         f" * get the same pointers. */\n"
-        f"#include <stddef.h>\n#include <stdint.h>\n#include <string.h>\n#include \"kernels.h\"\n#include \"model.h\"\n\n"
+        f'#include <stddef.h>\n#include <stdint.h>\n#include <string.h>\n#include "kernels.h"\n#include "model.h"\n\n'
         "#ifndef MEMPLAN_ARENA_SECTION\n#define MEMPLAN_ARENA_SECTION\n#endif\n"
         "#ifdef MEMPLAN_PROFILE  /* a hook after every kernel: the harness reads its cycle counter there */\n"
         "void memplan_after_kernel(int number);\n#define MEMPLAN_AFTER_KERNEL(number) memplan_after_kernel(number)\n"
@@ -515,10 +565,16 @@ def step_table(program: CProgram, functions: dict[str, tvm.tirx.PrimFunc]) -> li
             arena, start, stop = ranges[name]
             by_arena.setdefault(arena, []).append((start, stop))
         weights = {arg.storage.c_name: arg.nbytes for arg in step.args if arg.storage.kind == "weight"}
-        rows.append({"step": number, "kernel": step.kernel, "flops": int(flops[step.kernel]),
-                     "weight_bytes": sum(weights.values()),
-                     "live_arena_bytes": sum(_union_bytes(r) for r in by_arena.values()),
-                     "tensors": [arg.name for arg in step.args if arg.storage.kind == "arena"]})
+        rows.append(
+            {
+                "step": number,
+                "kernel": step.kernel,
+                "flops": int(flops[step.kernel]),
+                "weight_bytes": sum(weights.values()),
+                "live_arena_bytes": sum(_union_bytes(r) for r in by_arena.values()),
+                "tensors": [arg.name for arg in step.args if arg.storage.kind == "arena"],
+            }
+        )
     return rows
 
 
@@ -528,16 +584,24 @@ def _harness(name: str, program: CProgram) -> str:
         ctype = _DTYPES[ref.dtype][0]
         size = int(np.prod(ref.shape, dtype=np.int64))
         buffers.append(f"static {ctype} input{index}[{size}] __attribute__((aligned(64)));\n")
-        reads.append(f"  if (platform_read(\"input{index}.bin\", input{index}, sizeof(input{index})) != 0) return 100;\n")
+        reads.append(f'  if (platform_read("input{index}.bin", input{index}, sizeof(input{index})) != 0) return 100;\n')
         call.append(f"input{index}")
     for index, ref in enumerate(program.outputs):
         ctype = _DTYPES[ref.dtype][0]
         size = int(np.prod(ref.shape, dtype=np.int64))
         buffers.append(f"static {ctype} output{index}[{size}] __attribute__((aligned(64)));\n")
-        writes.append(f"  if (platform_write(\"output{index}.bin\", output{index}, sizeof(output{index})) != 0) return 101;\n")
+        writes.append(
+            f'  if (platform_write("output{index}.bin", output{index}, sizeof(output{index})) != 0) return 101;\n'
+        )
         call.append(f"output{index}")
-    return mcu_files.HARNESS.format(name=name, buffers="".join(buffers), reads="".join(reads),
-                                    writes="".join(writes), call_args=", ".join(call), calls=max(len(program.steps), 1))
+    return mcu_files.HARNESS.format(
+        name=name,
+        buffers="".join(buffers),
+        reads="".join(reads),
+        writes="".join(writes),
+        call_args=", ".join(call),
+        calls=max(len(program.steps), 1),
+    )
 
 
 def _writers(func: relax.Function) -> dict[str, str]:
@@ -568,8 +632,10 @@ def peak_tensors(plan: ModelPlan, limit: int = 4) -> tuple[int, list[tuple[str, 
                     best_bytes, best = total, live
     writers = _writers(plan.planned["main"])
     best = sorted(best, key=lambda t: -t["bytes"])[:limit]
-    return best_bytes, [(f"{t['name']} ({writers.get(t['name'], 'assembled in place')} {t['dtype']}{t['shape']})", t["bytes"])
-                        for t in best]
+    return best_bytes, [
+        (f"{t['name']} ({writers.get(t['name'], 'assembled in place')} {t['dtype']}{t['shape']})", t["bytes"])
+        for t in best
+    ]
 
 
 @dataclass
@@ -601,7 +667,7 @@ class ModelC:
         (directory / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
-    def load(cls, directory: Path) -> "ModelC":
+    def load(cls, directory: Path) -> ModelC:
         path = Path(directory) / MANIFEST
         if not path.is_file():
             raise UserError(f"{directory} has no {MANIFEST}: write it with tvm-memplan build --emit-c DIR")
@@ -618,8 +684,10 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
     name = c_identifier(plan.model.name)
     program = extract_program(plan.planned["main"], prefix=name)
     if sum(size for _, size in program.arenas) != plan.main.arena_bytes:
-        raise UserError(f"{plan.model.name}: the program's arena ({program.arenas}) is not the planned "
-                        f"{plan.main.arena_bytes} bytes")
+        raise UserError(
+            f"{plan.model.name}: the program's arena ({program.arenas}) is not the planned "
+            f"{plan.main.arena_bytes} bytes"
+        )
     defined = set(_DEFINITION.findall(source))
     missing = sorted({s.kernel for s in program.steps} - defined)
     if missing:
@@ -638,28 +706,55 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
         "startup_cortexm.c": mcu_files.STARTUP,
         "cortex_m.ld": mcu_files.LINKER_SCRIPT.format(**asdict(board)),
         "tvm_memplan_runtime.c": mcu_files.RUNTIME,
-        "Makefile": mcu_files.MAKEFILE.format(model=plan.model.name, cpu=board.cpu, board=board.board,
-                                              cpu_flags=board.cpu_flags, machine=board.machine,
-                                              stack_size=board.stack_size),
+        "Makefile": mcu_files.MAKEFILE.format(
+            model=plan.model.name,
+            cpu=board.cpu,
+            board=board.board,
+            cpu_flags=board.cpu_flags,
+            machine=board.machine,
+            stack_size=board.stack_size,
+        ),
     }
     for file_name, text in files.items():
         (directory / file_name).write_text(text)
     peak_bytes, peak = peak_tensors(plan)
     emitted = ModelC(
-        model=spec, name=name, target=target.name,
-        arena_bytes=plan.main.arena_bytes, naive_bytes=plan.main.naive_bytes,
-        tvm_default_bytes=int(plan.tvm_default_bytes), lower_bound_bytes=plan.main.lower_bound_bytes,
+        model=spec,
+        name=name,
+        target=target.name,
+        arena_bytes=plan.main.arena_bytes,
+        naive_bytes=plan.main.naive_bytes,
+        tvm_default_bytes=int(plan.tvm_default_bytes),
+        lower_bound_bytes=plan.main.lower_bound_bytes,
         workspace_bytes=workspace,
         weight_bytes=int(sum(a.nbytes for _, a in program.weights)),
         kernel_calls=len(program.steps),
-        inputs=[{"name": r.name, "shape": list(r.shape), "dtype": r.dtype, "file": f"input{i}.bin",
-                 "quantization": asdict(q) if q else None}
-                for i, (r, q) in enumerate(zip(program.inputs, _padded(edges[0], len(program.inputs))))],
-        outputs=[{"shape": list(r.shape), "dtype": r.dtype, "file": f"output{i}.bin", "quantization": asdict(q) if q else None}
-                 for i, (r, q) in enumerate(zip(program.outputs, _padded(edges[1], len(program.outputs))))],
-        peak_live_bytes=peak_bytes, peak_tensors=peak, split=split, kernel_names=[step.kernel for step in program.steps],
-        steps=step_table(program, {gv.name_hint: f for gv, f in plan.planned.functions.items()
-                                   if isinstance(f, tvm.tirx.PrimFunc)}),
+        inputs=[
+            {
+                "name": r.name,
+                "shape": list(r.shape),
+                "dtype": r.dtype,
+                "file": f"input{i}.bin",
+                "quantization": asdict(q) if q else None,
+            }
+            for i, (r, q) in enumerate(zip(program.inputs, _padded(edges[0], len(program.inputs)), strict=True))
+        ],
+        outputs=[
+            {
+                "shape": list(r.shape),
+                "dtype": r.dtype,
+                "file": f"output{i}.bin",
+                "quantization": asdict(q) if q else None,
+            }
+            for i, (r, q) in enumerate(zip(program.outputs, _padded(edges[1], len(program.outputs)), strict=True))
+        ],
+        peak_live_bytes=peak_bytes,
+        peak_tensors=peak,
+        split=split,
+        kernel_names=[step.kernel for step in program.steps],
+        steps=step_table(
+            program, {gv.name_hint: f for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+        ),
     )
     emitted.save(directory)
     return emitted
@@ -674,11 +769,15 @@ def check_limits(model_c: ModelC, sram_limit: int | None = None, flash_limit: in
     sram = model_c.arena_bytes + model_c.workspace_bytes
     if sram_limit is not None and sram > sram_limit:
         peak = ", ".join(f"{name} {size:,}" for name, size in model_c.peak_tensors)
-        problems.append(f"SRAM misses the {sram_limit:,}-byte limit by {sram - sram_limit:,} bytes (arena "
-                        f"{model_c.arena_bytes:,} + kernel scratch {model_c.workspace_bytes:,}; at the peak "
-                        f"{model_c.peak_live_bytes:,} bytes live: {peak})")
+        problems.append(
+            f"SRAM misses the {sram_limit:,}-byte limit by {sram - sram_limit:,} bytes (arena "
+            f"{model_c.arena_bytes:,} + kernel scratch {model_c.workspace_bytes:,}; at the peak "
+            f"{model_c.peak_live_bytes:,} bytes live: {peak})"
+        )
     if flash_limit is not None and model_c.weight_bytes > flash_limit:
-        problems.append(f"flash misses the {flash_limit:,}-byte limit by {model_c.weight_bytes - flash_limit:,} bytes "
-                        f"(weights alone: {model_c.weight_bytes:,} bytes)")
+        problems.append(
+            f"flash misses the {flash_limit:,}-byte limit by {model_c.weight_bytes - flash_limit:,} bytes "
+            f"(weights alone: {model_c.weight_bytes:,} bytes)"
+        )
     if problems:
         raise UserError(f"{model_c.model} does not fit: " + "; ".join(problems))

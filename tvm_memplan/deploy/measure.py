@@ -17,9 +17,10 @@ import logging
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import tvm
@@ -71,7 +72,9 @@ class Measurement:
     Vulkan each one at a nonzero offset copies a tensor out of the plan."""
     launches: int | None = None
     """Kernel launches in one call, traced on the device (None when the server cannot trace)."""
-    time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    time: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    )
 
     def summary(self) -> dict[str, Any]:
         """The keys ``measure --json`` promises, first, then the rest."""
@@ -94,8 +97,9 @@ def reference_outputs(model: LoadedModel, inputs: dict[str, np.ndarray]) -> tupl
     return session.run(None, inputs), "onnxruntime"
 
 
-def int8_tolerances(model: LoadedModel, inputs: dict[str, np.ndarray],
-                     reference: tuple[list[np.ndarray], str]) -> list[float] | None:
+def int8_tolerances(
+    model: LoadedModel, inputs: dict[str, np.ndarray], reference: tuple[list[np.ndarray], str]
+) -> list[float] | None:
     """For a QDQ model checked against onnxruntime: per output, onnxruntime's own optimized vs
     unoptimized spread in LSB (at least 2) as an absolute tolerance; None otherwise."""
     from ..quant.reference import is_quantized, tolerances
@@ -106,13 +110,14 @@ def int8_tolerances(model: LoadedModel, inputs: dict[str, np.ndarray],
     return None if any(t is None for t in allowed) else [t.atol for t in allowed]
 
 
-def compare_outputs(outputs: list[np.ndarray], reference: list[np.ndarray],
-             atols: list[float] | None = None) -> tuple[bool, float]:
+def compare_outputs(
+    outputs: list[np.ndarray], reference: list[np.ndarray], atols: list[float] | None = None
+) -> tuple[bool, float]:
     """``atols``: per output, an absolute tolerance instead of RTOL/ATOL (an int8 model's LSB tolerance)."""
     if len(outputs) != len(reference):
         return False, float("inf")
     correct, worst = True, 0.0
-    for index, (out, ref) in enumerate(zip(outputs, reference)):
+    for index, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
         if out.shape != ref.shape:
             return False, float("inf")
         if not out.size:
@@ -257,8 +262,15 @@ def measure(
             except (RuntimeError, OSError) as exc:  # TVM raises RuntimeError subclasses
                 reason = error_line(exc)
                 if log is not None:
-                    log.append({"model": first.model, "target": first.target, "pipeline": pipeline,
-                                "device": device.name, "error": reason})
+                    log.append(
+                        {
+                            "model": first.model,
+                            "target": first.target,
+                            "pipeline": pipeline,
+                            "device": device.name,
+                            "error": reason,
+                        }
+                    )
                 kept = f"; {len(results)} earlier result(s) kept in {log.path}" if log is not None else ""
                 raise UserError(f"measuring {pipeline} on {device.name} failed: {reason}{kept}") from None
             if log is not None:
@@ -275,8 +287,16 @@ def _given_artifact(source: str) -> Manifest | None:
     return Manifest.load(Path(source))
 
 
-def _artifacts(source: str, given: Manifest | None, target: str, compare: bool, scratch: Path,
-               tuning_dir: str | None, cross_compiler: str | None, options: dict[str, Any]) -> dict[str, Path]:
+def _artifacts(
+    source: str,
+    given: Manifest | None,
+    target: str,
+    compare: bool,
+    scratch: Path,
+    tuning_dir: str | None,
+    cross_compiler: str | None,
+    options: dict[str, Any],
+) -> dict[str, Path]:
     """``{pipeline: artifact}`` in measuring order: the given artifact, plus what ``compare`` adds."""
     if given is None:
         outputs = {p: scratch / f"{p}.so" for p in (PIPELINES if compare else ("memplan",))}
@@ -284,6 +304,12 @@ def _artifacts(source: str, given: Manifest | None, target: str, compare: bool, 
     if not compare:
         return {given.pipeline: Path(source)}
     other = next(p for p in PIPELINES if p != given.pipeline)
-    built = build_artifacts(given.model, given.target, {other: scratch / f"{other}.so"},
-                            given.tuning_dir, given.cross_compiler, **given.options)
+    built = build_artifacts(
+        given.model,
+        given.target,
+        {other: scratch / f"{other}.so"},
+        given.tuning_dir,
+        given.cross_compiler,
+        **given.options,
+    )
     return {p: built[p] if p == other else Path(source) for p in PIPELINES}

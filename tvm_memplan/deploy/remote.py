@@ -85,8 +85,14 @@ def register_trace_function() -> None:
 
     def trace(mod, dev, *inputs) -> str:
         storage, zero_offset_calls, launches = alloc_trace(mod, dev, *inputs)
-        return json.dumps({"storage": storage, "zero_offset_calls": zero_offset_calls, "launches": launches,
-                           "tvm_num_threads": os.environ.get("TVM_NUM_THREADS")})
+        return json.dumps(
+            {
+                "storage": storage,
+                "zero_offset_calls": zero_offset_calls,
+                "launches": launches,
+                "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
+            }
+        )
 
     tvm.register_global_func(TRACE_FUNCTION, trace, override=True)
 
@@ -112,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role", choices=["tracker", "server"])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9190, help="first port to try (default 9190; the farm starts servers at 9090)")
+    parser.add_argument(
+        "--port", type=int, default=9190, help="first port to try (default 9190; the farm starts servers at 9090)"
+    )
     parser.add_argument("--tracker", help="HOST:PORT of the tracker to register with (server)")
     parser.add_argument("--key", default="local", help="device key the server registers under")
     parser.add_argument("--lifetime", type=float, default=3600.0, help="exit after this many seconds")
@@ -130,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("server needs --tracker HOST:PORT")
         host, port = args.tracker.rsplit(":", 1)
         process = rpc.Server(
-            args.host, port=args.port, port_end=args.port + 200, tracker_addr=(host, int(port)),
-            key=args.key, silent=True, server_init_callback=register_trace_function,
+            args.host,
+            port=args.port,
+            port_end=args.port + 200,
+            tracker_addr=(host, int(port)),
+            key=args.key,
+            silent=True,
+            server_init_callback=register_trace_function,
         )
         print(f"server {args.host}:{process.port} key={args.key}", flush=True)
     try:

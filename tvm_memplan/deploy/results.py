@@ -11,8 +11,9 @@ import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 DEFAULT_LOG = Path("results") / "measurements.jsonl"
 

@@ -52,7 +52,6 @@ def connect(tracker: str, key: str, timeout: float = 60.0, session_timeout: floa
         raise UserError(f"no free device with key {key!r} at {host}:{port}: {error_line(exc)}") from None
 
 
-
 @dataclass
 class LocalFarm:
     """A tracker and servers on loopback; use as a context manager or call :meth:`stop`."""
@@ -106,7 +105,7 @@ class LocalFarm:
         for key in reversed(list(self.processes)):  # the tracker was started first
             self.kill_servers(key)
 
-    def __enter__(self) -> "LocalFarm":
+    def __enter__(self) -> LocalFarm:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -133,15 +132,25 @@ def start_farm(servers: dict[str, int] | None = None, lifetime: float = 900.0, p
 
 
 def _remote_command(arguments: list[str], lifetime: float) -> list[str]:
-    return [sys.executable, str(REMOTE_SCRIPT), *arguments, "--host", LOOPBACK,
-            "--lifetime", str(lifetime), "--parent-pid", str(os.getpid())]
+    return [
+        sys.executable,
+        str(REMOTE_SCRIPT),
+        *arguments,
+        "--host",
+        LOOPBACK,
+        "--lifetime",
+        str(lifetime),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
 
 
 def _spawn(command: list[str]) -> subprocess.Popen:
     # TVM's thread pool runs one thread unless told: time with all cores.
     env = {**os.environ, "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))}
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True, env=env)
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True, env=env
+    )
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -3,9 +3,9 @@ measured latencies, and hand the chosen rewrite to the planner."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import tvm
@@ -91,16 +91,29 @@ def search_split(
         )
     before, after, result = _confirm(mod, result, measurer, budget if memory_limit is None else None)
     result.bottleneck = peak(split_program(program, list(result.best.choices)))
-    return SplitOutcome(model.name, chains, result, float(np.median(before)), float(np.median(after)), before, after,
-                        measurer.hits, measurer.misses, describe_tensors(mod, list(result.bottleneck.live[:6])))
+    return SplitOutcome(
+        model.name,
+        chains,
+        result,
+        float(np.median(before)),
+        float(np.median(after)),
+        before,
+        after,
+        measurer.hits,
+        measurer.misses,
+        describe_tensors(mod, list(result.bottleneck.live[:6])),
+    )
 
 
-def _confirm(mod: tvm.IRModule, result: SearchResult, measurer: ChainLatency, budget: float | None,
-             attempts: int = 3) -> tuple[list[float], list[float], SearchResult]:
+def _confirm(
+    mod: tvm.IRModule, result: SearchResult, measurer: ChainLatency, budget: float | None, attempts: int = 3
+) -> tuple[list[float], list[float], SearchResult]:
     """Time the whole model with and without the kept split, side by side. The search's latency
     is a sum of chains timed alone; when the model as a whole misses the budget, fall back along
     the Pareto front to the next smaller saving, then to the channel phase's plan."""
-    candidates = ([result.best] + [p for p in result.front if p.choices and p.peak_bytes > result.best.peak_bytes])[:attempts]
+    candidates = ([result.best] + [p for p in result.front if p.choices and p.peak_bytes > result.best.peak_bytes])[
+        :attempts
+    ]
     if result.fallback is not None and result.fallback.choices and result.fallback not in candidates:
         candidates.append(result.fallback)
     before: list[float] = []
@@ -111,15 +124,27 @@ def _confirm(mod: tvm.IRModule, result: SearchResult, measurer: ChainLatency, bu
         before, after = measurer.compare(mod, split_chains(mod, list(point.choices)))
         if budget is None or np.median(after) <= np.median(before) * (1 + budget):
             if point is result.fallback and point is not result.best:
-                result = replace(result, best=point, stopped=f"{result.stopped}; the whole model missed the budget "
-                                 "with the points of the front tried, kept the channel chains' plan")
+                result = replace(
+                    result,
+                    best=point,
+                    stopped=f"{result.stopped}; the whole model missed the budget "
+                    "with the points of the front tried, kept the channel chains' plan",
+                )
             elif point is not result.best:
-                result = replace(result, best=point, stopped=f"{result.stopped}; the whole model missed the budget "
-                                 "with the smaller plans, kept the next point of the front")
+                result = replace(
+                    result,
+                    best=point,
+                    stopped=f"{result.stopped}; the whole model missed the budget "
+                    "with the smaller plans, kept the next point of the front",
+                )
             return before, after, result
     original = result.original
     if result.best.choices:
-        result = replace(result, best=original, stopped=f"{result.stopped}; every split plan tried made the whole "
-                         f"model slower than the budget (last: {np.median(after) / np.median(before) - 1:+.1%}), kept unsplit")
+        result = replace(
+            result,
+            best=original,
+            stopped=f"{result.stopped}; every split plan tried made the whole "
+            f"model slower than the budget (last: {np.median(after) / np.median(before) - 1:+.1%}), kept unsplit",
+        )
     before = before or [measurer.time_ms(mod, "model")]
     return before, before, result

@@ -30,7 +30,10 @@ DEVICES = {"host": None, "qemu-cortex-m7": "cortex-m7", "qemu-cortex-m4": "corte
 """Device name -> the target whose board it emulates (None: this machine)."""
 FLASH_SECTIONS = (".vectors", ".text", ".ARM.exidx", ".rodata", ".data")
 SRAM_SECTIONS = (".data", ".bss", ".memplan_arena")
-_LINE = re.compile(r"^MEMPLAN status=(\d+) ticks=(\d+) calib_ticks=(\d+) calib_instructions=(\d+) stack_used=(\d+) stack_size=(\d+)", re.M)
+_LINE = re.compile(
+    r"^MEMPLAN status=(\d+) ticks=(\d+) calib_ticks=(\d+) calib_instructions=(\d+) stack_used=(\d+) stack_size=(\d+)",
+    re.M,
+)
 _ARM_PACKAGES = "Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 
 
@@ -63,7 +66,9 @@ class CMeasurement:
     kernels: list[dict[str, Any]] | None = None
     """With ``per_kernel``: per call of ``<name>_run``, its step, kernel and instructions (from the
     profiling build, which reads the counter after every kernel; every figure above is that build's)."""
-    time: str = field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    time: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    )
 
     def summary(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,8 +88,10 @@ def _board_for(device: str, model_c: ModelC) -> McuBoard | None:
     board = get_target(DEVICES[device]).board
     written = get_target(model_c.target).board
     if written is None or written.cpu != board.cpu:
-        raise UserError(f"the C in this directory was written for {model_c.target}; write it again with "
-                        f"build --target {DEVICES[device]} --emit-c DIR to run it on {device}")
+        raise UserError(
+            f"the C in this directory was written for {model_c.target}; write it again with "
+            f"build --target {DEVICES[device]} --emit-c DIR to run it on {device}"
+        )
     return board
 
 
@@ -120,7 +127,9 @@ def symbol_size(binary: Path, nm_tool: str, symbol: str) -> int:
     return 0
 
 
-def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.0, per_kernel: bool = False) -> CMeasurement:
+def measure_c(
+    directory: str | Path, device: str = "host", timeout: float = 600.0, per_kernel: bool = False
+) -> CMeasurement:
     """Build the C in ``directory`` for ``device``, run it once on the model's seeded inputs, and
     check and measure it (see the module docstring). ``per_kernel``: build ``model_profile.elf``,
     which also reads the counter after every kernel, and give each kernel's instructions."""
@@ -130,22 +139,27 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
     model_c = ModelC.load(directory)
     board = _board_for(device, model_c)
     if per_kernel and (board is None or not model_c.kernel_names):
-        raise UserError("per-kernel instructions need an emulated device (--device qemu-cortex-m7, ...) and C "
-                        "written by this version of build --emit-c")
+        raise UserError(
+            "per-kernel instructions need an emulated device (--device qemu-cortex-m7, ...) and C "
+            "written by this version of build --emit-c"
+        )
     if board is None:
         _require(["make", "cc", "size", "nm"], "install make and a C compiler (Debian: build-essential)")
         binary, tools = directory / "model_host", ("size", "nm")
         build_cmd = ["make", "-s", "model_host"]
     else:
         _require(["make", "arm-none-eabi-gcc", "qemu-system-arm"], _ARM_PACKAGES)
-        binary, tools = directory / ("model_profile.elf" if per_kernel else "model.elf"), ("arm-none-eabi-size", "arm-none-eabi-nm")
+        binary, tools = (
+            directory / ("model_profile.elf" if per_kernel else "model.elf"),
+            ("arm-none-eabi-size", "arm-none-eabi-nm"),
+        )
         build_cmd = ["make", "-s", binary.name]
         (directory / "profile.bin").unlink(missing_ok=True)
     model = load_model(model_c.model)
     inputs = model.random_inputs(0)
     if len(inputs) != len(model_c.inputs):
         raise UserError(f"{model_c.model} has {len(inputs)} inputs but the C takes {len(model_c.inputs)}")
-    for spec, array in zip(model_c.inputs, inputs.values()):
+    for spec, array in zip(model_c.inputs, inputs.values(), strict=True):
         np.ascontiguousarray(array, dtype=spec["dtype"]).tofile(directory / spec["file"])
     for spec in model_c.outputs:
         (directory / spec["file"]).unlink(missing_ok=True)
@@ -153,28 +167,53 @@ def measure_c(directory: str | Path, device: str = "host", timeout: float = 600.
     if board is None:
         run_cmd = [str(binary.resolve())]
     else:
-        run_cmd = ["qemu-system-arm", "-M", board.machine, "-nographic", "-monitor", "none", "-serial", "none",
-                   "-semihosting-config", "enable=on,target=native", "-icount", "shift=0,sleep=off", "-kernel", binary.name]
+        run_cmd = [
+            "qemu-system-arm",
+            "-M",
+            board.machine,
+            "-nographic",
+            "-monitor",
+            "none",
+            "-serial",
+            "none",
+            "-semihosting-config",
+            "enable=on,target=native",
+            "-icount",
+            "shift=0,sleep=off",
+            "-kernel",
+            binary.name,
+        ]
     result = _run(run_cmd, directory, timeout, f"running {binary.name} on {device}")
     printed = result.stdout + result.stderr  # qemu writes semihosting text to stderr
     found = _LINE.search(printed)
     if found is None:
         lines = (result.stderr + result.stdout).strip().splitlines()
-        raise UserError(f"{binary.name} on {device} printed no result (exit {result.returncode}): {(lines or ['no output'])[-1]}")
+        raise UserError(
+            f"{binary.name} on {device} printed no result (exit {result.returncode}): {(lines or ['no output'])[-1]}"
+        )
     status, ticks, calib_ticks, calib_instructions, stack_used, _ = (int(v) for v in found.groups())
-    error = next((line[len("MEMPLAN error: "):] for line in printed.splitlines() if line.startswith("MEMPLAN error: ")), None)
+    error = next(
+        (line.removeprefix("MEMPLAN error: ") for line in printed.splitlines() if line.startswith("MEMPLAN error: ")),
+        None,
+    )
     reference, reference_name = reference_outputs(model, inputs)
     atols = int8_tolerances(model, inputs, (reference, reference_name))
     if status == 0:
-        outputs = [np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"]) for spec in model_c.outputs]
+        outputs = [
+            np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"])
+            for spec in model_c.outputs
+        ]
         correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference], atols)
     else:
         correct, worst = False, float("inf")
         error = error or f"{model_c.name}_run returned {status}"
     sections = section_sizes(binary, tools[0])
     embedded = board is not None
-    kernels = _kernel_instructions(directory / "profile.bin", model_c, calib_instructions / calib_ticks) \
-        if per_kernel and status == 0 and calib_ticks else None
+    kernels = (
+        _kernel_instructions(directory / "profile.bin", model_c, calib_instructions / calib_ticks)
+        if per_kernel and status == 0 and calib_ticks
+        else None
+    )
     return CMeasurement(
         correct=correct,
         max_abs_diff=worst,
@@ -205,5 +244,7 @@ def _kernel_instructions(profile: Path, model_c: ModelC, per_tick: float) -> lis
     if after.size != len(model_c.kernel_names):
         raise UserError(f"{profile} holds {after.size} counter values for {len(model_c.kernel_names)} kernel calls")
     ticks = np.diff(after, prepend=0)
-    return [{"step": step, "kernel": kernel, "instructions": round(int(t) * per_tick)}
-            for step, (kernel, t) in enumerate(zip(model_c.kernel_names, ticks), 1)]
+    return [
+        {"step": step, "kernel": kernel, "instructions": round(int(t) * per_tick)}
+        for step, (kernel, t) in enumerate(zip(model_c.kernel_names, ticks, strict=True), 1)
+    ]

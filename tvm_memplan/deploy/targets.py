@@ -53,12 +53,48 @@ _MIB = 1 << 20
 # qemu-system-arm 7.2 memory maps ('info mtree'): MPS2 boards have 4 MiB SSRAM1 at 0 (code),
 # 4 MiB SSRAM2/3 at 0x20000000 (RAM) and 16 MiB more RAM (0x60000000 on AN500, 0x21000000 on AN386)
 # that holds the weights; AN547 (SSE-300) has 512 KiB ITCM at 0, 512 KiB DTCM at 0x20000000 and DDR.
-CORTEX_M7 = McuBoard("cortex-m7", "-mcpu=cortex-m7 -mthumb -mfpu=fpv5-d16 -mfloat-abi=hard", "MPS2 AN500",
-                     "mps2-an500", 0, 4 * _MIB, "PSRAM", 0x60000000, 16 * _MIB, "SSRAM2/3", 0x20000000, 4 * _MIB)
-CORTEX_M4 = McuBoard("cortex-m4", "-mcpu=cortex-m4 -mthumb -mfpu=fpv4-sp-d16 -mfloat-abi=hard", "MPS2 AN386",
-                     "mps2-an386", 0, 4 * _MIB, "PSRAM", 0x21000000, 16 * _MIB, "SSRAM2/3", 0x20000000, 4 * _MIB)
-CORTEX_M55 = McuBoard("cortex-m55", "-mcpu=cortex-m55 -mthumb -mfloat-abi=hard", "MPS3 AN547",
-                      "mps3-an547", 0, 512 * 1024, "DDR", 0x70000000, 256 * _MIB, "ISRAM", 0x31000000, 4 * _MIB)
+CORTEX_M7 = McuBoard(
+    "cortex-m7",
+    "-mcpu=cortex-m7 -mthumb -mfpu=fpv5-d16 -mfloat-abi=hard",
+    "MPS2 AN500",
+    "mps2-an500",
+    0,
+    4 * _MIB,
+    "PSRAM",
+    0x60000000,
+    16 * _MIB,
+    "SSRAM2/3",
+    0x20000000,
+    4 * _MIB,
+)
+CORTEX_M4 = McuBoard(
+    "cortex-m4",
+    "-mcpu=cortex-m4 -mthumb -mfpu=fpv4-sp-d16 -mfloat-abi=hard",
+    "MPS2 AN386",
+    "mps2-an386",
+    0,
+    4 * _MIB,
+    "PSRAM",
+    0x21000000,
+    16 * _MIB,
+    "SSRAM2/3",
+    0x20000000,
+    4 * _MIB,
+)
+CORTEX_M55 = McuBoard(
+    "cortex-m55",
+    "-mcpu=cortex-m55 -mthumb -mfloat-abi=hard",
+    "MPS3 AN547",
+    "mps3-an547",
+    0,
+    512 * 1024,
+    "DDR",
+    0x70000000,
+    256 * _MIB,
+    "ISRAM",
+    0x31000000,
+    4 * _MIB,
+)
 
 
 @dataclass(frozen=True)
@@ -115,37 +151,53 @@ class DeployTarget:
                 f"({builder} missing; it was built with {flag}=OFF): install a TVM built with {flag}=ON"
             )
         if self.cross_compiler and shutil.which(self.cross_compiler) is None:
-            hint = ("put the Android NDK's toolchains/llvm/prebuilt/linux-x86_64/bin on PATH"
-                    if "android" in self.cross_compiler else "Debian: apt-get install g++-aarch64-linux-gnu")
-            raise UserError(f"target {self.name}: cross compiler {self.cross_compiler} not found ({hint}), "
-                            "or name another with --cross-compiler")
+            hint = (
+                "put the Android NDK's toolchains/llvm/prebuilt/linux-x86_64/bin on PATH"
+                if "android" in self.cross_compiler
+                else "Debian: apt-get install g++-aarch64-linux-gnu"
+            )
+            raise UserError(
+                f"target {self.name}: cross compiler {self.cross_compiler} not found ({hint}), "
+                "or name another with --cross-compiler"
+            )
         if self.kind == "cuda" and shutil.which("nvcc") is None:
-            raise UserError(f"target {self.name}: nvcc not found: TVM compiles CUDA kernels with the CUDA toolkit's nvcc")
+            raise UserError(
+                f"target {self.name}: nvcc not found: TVM compiles CUDA kernels with the CUDA toolkit's nvcc"
+            )
 
     def runtime_problem(self) -> str | None:
         """Why this machine cannot run the artifact, or None when it can."""
         if self.is_mcu:
-            return (f"target {self.name} has no VM: write the C with build --emit-c DIR, then run it with "
-                    f"tvm-memplan measure DIR --device qemu-{self.name}")
+            return (
+                f"target {self.name} has no VM: write the C with build --emit-c DIR, then run it with "
+                f"tvm-memplan measure DIR --device qemu-{self.name}"
+            )
         if self.device in SIDECARS and not runtime_loaded(self.device):
-            return (f"target {self.name}: the installed TVM has no {SIDECARS[self.device].title} runtime: "
-                    "build it with tvm-memplan setup-gpu, or run the artifact through --rpc-tracker/--rpc-key")
+            return (
+                f"target {self.name}: the installed TVM has no {SIDECARS[self.device].title} runtime: "
+                "build it with tvm-memplan setup-gpu, or run the artifact through --rpc-tracker/--rpc-key"
+            )
         if self.device != "cpu" and not device_exists(self.device):
-            return (f"target {self.name}: no {self.device} device on this machine (the installed TVM has no "
-                    f"{self.device} runtime or no driver loads it): run the artifact through --rpc-tracker/--rpc-key")
+            return (
+                f"target {self.name}: no {self.device} device on this machine (the installed TVM has no "
+                f"{self.device} runtime or no driver loads it): run the artifact through --rpc-tracker/--rpc-key"
+            )
         if self.cross_compiler:
-            return (f"target {self.name} is linked by {self.cross_compiler} for another machine: "
-                    "run it there through --rpc-tracker/--rpc-key")
+            return (
+                f"target {self.name} is linked by {self.cross_compiler} for another machine: "
+                "run it there through --rpc-tracker/--rpc-key"
+            )
         return None
 
-    def export(self, executable: "tvm.runtime.Executable", path: str) -> None:
+    def export(self, executable: tvm.runtime.Executable, path: str) -> None:
         """Link ``executable`` into a shared library at ``path``."""
         options = ["-O2"] if self.is_c else None  # the C target compiles at -O0 without it
         fcompile = None
         if self.cross_compiler:
             # C sources carry no triple: export_library asks the compiler (-dumpmachine) instead.
             fcompile = tvm.support.cc.cross_compiler(
-                self.cross_compiler, output_format="so",
+                self.cross_compiler,
+                output_format="so",
                 get_target_triple=tvm.support.cc.get_target_by_dump_machine(self.cross_compiler),
             )
         executable.export_library(path, fcompile=fcompile, options=options)
@@ -162,24 +214,70 @@ TARGETS: dict[str, DeployTarget] = {
     t.name: t
     for t in (
         DeployTarget("host", None, "cpu", what="this machine's CPU (LLVM, Target.from_device)"),
-        DeployTarget("x86-64", {"kind": "llvm", "mcpu": "x86-64"}, "cpu",
-                     what="any x86-64 CPU (LLVM, baseline instructions only)"),
+        DeployTarget(
+            "x86-64",
+            {"kind": "llvm", "mcpu": "x86-64"},
+            "cpu",
+            what="any x86-64 CPU (LLVM, baseline instructions only)",
+        ),
         DeployTarget("llvm-aarch64", _AARCH64_LLVM, "cpu", _AARCH64_CXX, "arm64 Linux CPU (LLVM + NEON), cross-linked"),
-        DeployTarget("android-arm64", _ANDROID_LLVM, "cpu", _ANDROID_CXX, "Android phone CPU (LLVM + NEON), linked by the NDK"),
+        DeployTarget(
+            "android-arm64", _ANDROID_LLVM, "cpu", _ANDROID_CXX, "Android phone CPU (LLVM + NEON), linked by the NDK"
+        ),
         DeployTarget("c", {"kind": "c"}, "cpu", what="C source compiled with -O2 on this machine, bytecode VM"),
         DeployTarget("c-aarch64", {"kind": "c"}, "cpu", _AARCH64_CXX, "C source cross-compiled -O2 for arm64 Linux"),
-        DeployTarget("c-standalone", {"kind": "c"}, "cpu", what="the whole model as standalone C (--emit-c), built for this machine", board=CORTEX_M7),
-        DeployTarget("cortex-m7", {"kind": "c", "mcpu": "cortex-m7"}, "mcu", what="Cortex-M7 standalone C (--emit-c; qemu mps2-an500)", board=CORTEX_M7),
-        DeployTarget("cortex-m4", {"kind": "c", "mcpu": "cortex-m4"}, "mcu", what="Cortex-M4 standalone C (--emit-c; qemu mps2-an386)", board=CORTEX_M4),
-        DeployTarget("cortex-m55", {"kind": "c", "mcpu": "cortex-m55"}, "mcu", what="Cortex-M55 standalone C (--emit-c; qemu mps3-an547)", board=CORTEX_M55),
+        DeployTarget(
+            "c-standalone",
+            {"kind": "c"},
+            "cpu",
+            what="the whole model as standalone C (--emit-c), built for this machine",
+            board=CORTEX_M7,
+        ),
+        DeployTarget(
+            "cortex-m7",
+            {"kind": "c", "mcpu": "cortex-m7"},
+            "mcu",
+            what="Cortex-M7 standalone C (--emit-c; qemu mps2-an500)",
+            board=CORTEX_M7,
+        ),
+        DeployTarget(
+            "cortex-m4",
+            {"kind": "c", "mcpu": "cortex-m4"},
+            "mcu",
+            what="Cortex-M4 standalone C (--emit-c; qemu mps2-an386)",
+            board=CORTEX_M4,
+        ),
+        DeployTarget(
+            "cortex-m55",
+            {"kind": "c", "mcpu": "cortex-m55"},
+            "mcu",
+            what="Cortex-M55 standalone C (--emit-c; qemu mps3-an547)",
+            board=CORTEX_M55,
+        ),
         DeployTarget("cuda", {"kind": "cuda", "host": "llvm"}, "cuda", what="NVIDIA GPU (CUDA, needs nvcc to build)"),
-        DeployTarget("vulkan", {"kind": "vulkan", "host": "llvm"}, "vulkan", what="Vulkan device on this machine (lavapipe runs it on the CPU; tvm-memplan setup-gpu, glslang-tools)"),
-        DeployTarget("vulkan-arm64", {"kind": "vulkan", "host": _AARCH64_LLVM}, "vulkan", _AARCH64_CXX,
-                     "Vulkan GPU on an arm64 phone or board (Mali, Adreno); the NDK's clang with --cross-compiler"),
-        DeployTarget("opencl", {"kind": "opencl", "host": "llvm"}, "opencl",
-                     what="OpenCL device on this machine (PoCL runs it on the CPU; tvm-memplan setup-gpu)"),
+        DeployTarget(
+            "vulkan",
+            {"kind": "vulkan", "host": "llvm"},
+            "vulkan",
+            what="Vulkan device on this machine (lavapipe runs it on the CPU; tvm-memplan setup-gpu, glslang-tools)",
+        ),
+        DeployTarget(
+            "vulkan-arm64",
+            {"kind": "vulkan", "host": _AARCH64_LLVM},
+            "vulkan",
+            _AARCH64_CXX,
+            "Vulkan GPU on an arm64 phone or board (Mali, Adreno); the NDK's clang with --cross-compiler",
+        ),
+        DeployTarget(
+            "opencl",
+            {"kind": "opencl", "host": "llvm"},
+            "opencl",
+            what="OpenCL device on this machine (PoCL runs it on the CPU; tvm-memplan setup-gpu)",
+        ),
         DeployTarget("opencl-mali", _opencl("mali"), "opencl", _AARCH64_CXX, "Arm Mali GPU on an arm64 phone (OpenCL)"),
-        DeployTarget("opencl-adreno", _opencl("adreno"), "opencl", _AARCH64_CXX, "Qualcomm Adreno GPU on an arm64 phone (OpenCL)"),
+        DeployTarget(
+            "opencl-adreno", _opencl("adreno"), "opencl", _AARCH64_CXX, "Qualcomm Adreno GPU on an arm64 phone (OpenCL)"
+        ),
     )
 }
 
@@ -201,8 +299,9 @@ def _from_tvm_target(text: str) -> DeployTarget:
         kind = tvm.target.Target(config).kind.name
     except Exception as exc:  # noqa: BLE001 - json and TVM raise several types for a bad target
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"unknown target {text!r}: not one of {', '.join(TARGETS)}, "
-                        f"nor a TVM target ({reason})") from None
+        raise UserError(
+            f"unknown target {text!r}: not one of {', '.join(TARGETS)}, nor a TVM target ({reason})"
+        ) from None
     if kind not in _DEVICE_OF_KIND:
         raise UserError(f"target {text!r}: kind {kind} is not supported (supported: {', '.join(_DEVICE_OF_KIND)})")
     return DeployTarget(text, config, _DEVICE_OF_KIND[kind], what=f"TVM target {text}")

@@ -15,9 +15,10 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import tvm
@@ -75,7 +76,7 @@ def require_cost_model() -> None:
         ) from None
 
 
-def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict | None) -> "tvm.runtime.Module":
+def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict | None) -> tvm.runtime.Module:
     """MetaSchedule's default build without its ``import tvm.s_tir.tensor_intrin``.
 
     That import registers every tensor intrinsic (CUDA, ROCm, Hexagon ...) and takes ~14 s in
@@ -134,8 +135,11 @@ def meta_schedule_logging() -> Iterator[None]:
 
 def warn_no_trial_succeeded(what: str) -> None:
     """One line on stderr: every trial failed (builds or runs timed out, or errors)."""
-    print(f"tvm-memplan: warning: no tuning trial of {what} succeeded (builds or runs failed or timed out; "
-          f"see the logs in the work directory, or raise --builder-timeout)", file=sys.stderr)
+    print(
+        f"tvm-memplan: warning: no tuning trial of {what} succeeded (builds or runs failed or timed out; "
+        f"see the logs in the work directory, or raise --builder-timeout)",
+        file=sys.stderr,
+    )
 
 
 def run_tuning(run: Callable[[], T]) -> T:
@@ -147,10 +151,12 @@ def run_tuning(run: Callable[[], T]) -> T:
         if "xgb" not in text.lower():
             raise
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        raise UserError(f"MetaSchedule's XGBoost cost model failed: {lines[-1] if lines else type(exc).__name__}") from None
+        raise UserError(
+            f"MetaSchedule's XGBoost cost model failed: {lines[-1] if lines else type(exc).__name__}"
+        ) from None
 
 
-def _export_cross(compiler: str, mod: "tvm.runtime.Module") -> str:
+def _export_cross(compiler: str, mod: tvm.runtime.Module) -> str:
     """MetaSchedule builder export with a cross compiler (module-level: builder workers unpickle it)."""
     import os
     import tempfile
@@ -187,8 +193,9 @@ def _runner(target: DeployTarget, tracker: str | None, key: str | None):
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False)
     if tracker:
         host, port = parse_tracker(tracker)
-        config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
-                                     session_priority=1, session_timeout_sec=120)
+        config = ms.runner.RPCConfig(
+            tracker_host=host, tracker_port=port, tracker_key=key, session_priority=1, session_timeout_sec=120
+        )
         return ms.runner.RPCRunner(config, evaluator_config=evaluator, max_workers=1), f"rpc:{key}@{tracker}"
     if target.cross_compiler:
         raise UserError(f"target {target.name} cannot run here: tune it through --rpc-tracker/--rpc-key")
@@ -233,11 +240,19 @@ def tune(
         with meta_schedule_logging():
             contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
             builder = local_builder(builder_timeout, target.cross_compiler)
-            run_tuning(lambda: ms.tune.tune_tasks(
-                tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=missing,
-                num_trials_per_iter=min(missing, 16), builder=builder, runner=runner, database=database,
-                cost_model="xgb",
-            ))
+            run_tuning(
+                lambda: ms.tune.tune_tasks(
+                    tasks=contexts,
+                    task_weights=weights,
+                    work_dir=work_dir,
+                    max_trials_global=missing,
+                    num_trials_per_iter=min(missing, 16),
+                    builder=builder,
+                    runner=runner,
+                    database=database,
+                    cost_model="xgb",
+                )
+            )
     found = records()
     if found == 0:
         warn_no_trial_succeeded(f"{len(tasks)} kernel(s)")

@@ -13,9 +13,9 @@ import contextlib
 import io
 import json
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -137,7 +137,7 @@ def to_onnx(model, name: str = "mlp") -> onnx.ModelProto:
     act = {"relu": "Relu", "tanh": "Tanh"}[model.activation]
     nodes, inits = [], []
     current = "x"
-    layers = list(zip(model.coefs_, model.intercepts_))
+    layers = list(zip(model.coefs_, model.intercepts_, strict=True))
     for index, (weight, bias) in enumerate(layers):
         inits += [
             numpy_helper.from_array(np.asarray(weight, np.float32), f"w{index}"),
@@ -195,8 +195,20 @@ def quantize_cli(model_path: Path, calib: Path, wbits: int, abits: int, out: Pat
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main(["quantize", str(model_path), "--calib", str(calib), "--wbits", str(wbits), "--abits", str(abits),
-                     "-o", str(out)])
+        code = main(
+            [
+                "quantize",
+                str(model_path),
+                "--calib",
+                str(calib),
+                "--wbits",
+                str(wbits),
+                "--abits",
+                str(abits),
+                "-o",
+                str(out),
+            ]
+        )
     if code != 0:
         raise RuntimeError(f"quantize exited with {code}")
     return json.loads(out.with_suffix(".json").read_text()), printed.getvalue()
@@ -252,7 +264,9 @@ def markdown(rows: Sequence[dict], settings: Sequence[tuple[int, int]] = SETTING
     """One line per network: float accuracy, then each setting's accuracy, change in points and size."""
     names = [f"W{w}A{a}" for w, a in settings]
     lines = [
-        "| network | in→out | test rows | float | " + " | ".join(f"{n} (Δ, size)" for n in names) + " | layers kept in float or widened |",
+        "| network | in→out | test rows | float | "
+        + " | ".join(f"{n} (Δ, size)" for n in names)
+        + " | layers kept in float or widened |",
         "|---|---|---:|---:|" + "---:|" * len(names) + "---|",
     ]
     for row in rows:
@@ -262,15 +276,15 @@ def markdown(rows: Sequence[dict], settings: Sequence[tuple[int, int]] = SETTING
             delta = 100 * (entry["accuracy"] - row["float"])
             cells.append(f"{100 * entry['accuracy']:.2f} % ({delta:+.2f}, {entry['size_ratio']:.3f})")
             changed = [
-                f"L{i}:{'float' if layer['status'] != 'lq' else 'W' + str(int(layer['wbits'])) + 'A' + str(int(layer['abits']))}"
+                f"L{i}:" + ("float" if layer["status"] != "lq" else f"W{int(layer['wbits'])}A{int(layer['abits'])}")
                 for i, layer in enumerate(entry["layers"])
-                if layer["status"] != "lq" or (layer.get("wbits"), layer.get("abits")) != tuple(int(c) for c in name[1:].split("A"))
+                if layer["status"] != "lq"
+                or (layer.get("wbits"), layer.get("abits")) != tuple(int(c) for c in name[1:].split("A"))
             ]
             if changed:
                 notes.append(f"{name}: {' '.join(changed)}")
         lines.append(
-            f"| {row['network']} | {row['inputs']}→{row['outputs']} | {row['test_rows']} | {100 * row['float']:.2f} % | "
-            + " | ".join(cells)
-            + f" | {'; '.join(notes) or '-'} |"
+            f"| {row['network']} | {row['inputs']}→{row['outputs']} | {row['test_rows']} | {100 * row['float']:.2f} % "
+            "| " + " | ".join(cells) + f" | {'; '.join(notes) or '-'} |"
         )
     return "\n".join(lines)

@@ -22,9 +22,9 @@ Gaussian data. The first and last dense layer get at least 4 bits (LQ-Nets keeps
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 import numpy as np
 import tvm
@@ -112,7 +112,6 @@ class LayerReport:
     """Each bit width tried, with its checked error (the per-layer check)."""
 
 
-
 @dataclass
 class LQResult:
     module: tvm.IRModule
@@ -175,7 +174,9 @@ def batches(mod: tvm.IRModule, calib: Mapping[str, np.ndarray]) -> list[list[np.
             raise UserError(f"calibration data has no array named {name!r} (has: {', '.join(calib)})")
         array = np.asarray(calib[name])
         if array.ndim != len(shape) or tuple(array.shape[1:]) != shape[1:]:
-            raise UserError(f"calibration array {name!r} has shape {array.shape}, expected (n, {', '.join(map(str, shape[1:]))})")
+            raise UserError(
+                f"calibration array {name!r} has shape {array.shape}, expected (n, {', '.join(map(str, shape[1:]))})"
+            )
         counts.append(array.shape[0] // shape[0])
     count = min(counts)
     if count == 0:
@@ -184,7 +185,9 @@ def batches(mod: tvm.IRModule, calib: Mapping[str, np.ndarray]) -> list[list[np.
     for index in range(count):
         out.append(
             [
-                np.ascontiguousarray(np.asarray(calib[name])[index * shape[0] : (index + 1) * shape[0]], dtype=np.float32)
+                np.ascontiguousarray(
+                    np.asarray(calib[name])[index * shape[0] : (index + 1) * shape[0]], dtype=np.float32
+                )
                 for name, shape in shapes.items()
             ]
         )
@@ -222,7 +225,7 @@ def probe_inputs(
     collected: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for inputs in data:
         outs = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs])
-        for name, value in zip(names, outs):
+        for name, value in zip(names, outs, strict=True):
             collected[name].append(value.numpy())
     return {name: np.concatenate(parts) for name, parts in collected.items()}
 
@@ -332,7 +335,9 @@ def _fit_checked(
             explode = float(np.hypot(error_limit(wbits, abits, FLOAT_SCALE), report.upstream_rel_error))
             if error > explode:
                 report.status = "float"
-                report.reason = f"output error {error:.3f} at W4A4 exceeds {explode:.3f} (twice a Gaussian-ideal 4-bit layer)"
+                report.reason = (
+                    f"output error {error:.3f} at W4A4 exceeds {explode:.3f} (twice a Gaussian-ideal 4-bit layer)"
+                )
                 return None, report
             ok = True  # over the accuracy limit but not exploded: the widest codes it is
             notes.append(f"output error {error:.3f} over its limit {report.error_limit:.3f} even at W4A4, not exploded")

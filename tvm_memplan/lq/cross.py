@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import tvm
@@ -53,7 +53,9 @@ void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int
   for (int32_t i = 0; i < n; ++i) fprintf(stderr, " %s", parts[i]);
   fprintf(stderr, "\n");
 }
-void* TVMBackendAllocWorkspace(int t, int id, uint64_t n, int c, int b) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+void* TVMBackendAllocWorkspace(int t, int id, uint64_t n, int c, int b) {
+  return aligned_alloc(64, (n + 63) / 64 * 64);
+}
 int TVMBackendFreeWorkspace(int t, int id, void* p) { free(p); return 0; }
 typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
 typedef int (*FTVMParallelLambda)(int, TVMParallelGroupEnv*, void*);

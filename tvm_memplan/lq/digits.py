@@ -79,7 +79,7 @@ class MLP:
         np.savez(path, w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2)
 
     @classmethod
-    def load(cls, path: Path) -> "MLP":
+    def load(cls, path: Path) -> MLP:
         with np.load(path) as data:
             return cls(data["w1"], data["b1"], data["w2"], data["b2"])
 
@@ -118,7 +118,7 @@ def train_mlp(
             d_hidden = (d_logits @ w2.T) * (1.0 - hidden * hidden)
             grads = [x[idx].T @ d_hidden + l2 * w1, d_hidden.sum(0), hidden.T @ d_logits + l2 * w2, d_logits.sum(0)]
             step += 1
-            for p, g, (m, v) in zip(params, grads, moments):
+            for p, g, (m, v) in zip(params, grads, moments, strict=True):
                 m *= beta1
                 m += (1 - beta1) * g
                 v *= beta2

@@ -135,7 +135,9 @@ class ConvGeometry:
         cols = np.empty((x.shape[0], oh, ow, self.channels, kh, kw), dtype=x.dtype)
         for i in range(kh):
             for j in range(kw):
-                window = padded[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+                window = padded[
+                    :, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw
+                ]
                 cols[:, :, :, :, i, j] = window.transpose(0, 2, 3, 1)
         return cols.reshape(-1, self.depth)
 
@@ -242,9 +244,7 @@ def lq_dense_func(m: int, n: int, o: int, kx: int, kw: int, lanes: int) -> tirx.
     j = te.reduce_axis((0, kw), name="j")
     scaled = te.compute(
         (m, o),
-        lambda row, c: te.sum(
-            ax[i] * aw[j, c] * (n - 2 * partial[row, i, j, c]).astype("float32"), axis=[i, j]
-        ),
+        lambda row, c: te.sum(ax[i] * aw[j, c] * (n - 2 * partial[row, i, j, c]).astype("float32"), axis=[i, j]),
         name="scaled",
     )
     y = te.compute((m, o), lambda row, c: scaled[row, c] + bias[c], name="y")

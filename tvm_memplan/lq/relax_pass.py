@@ -10,8 +10,8 @@ are listed with the reason and stay in float.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import tvm

@@ -1,14 +1,14 @@
 """Optional MetaSchedule tuning of the LQ dense kernels (XGBoost cost model, database on disk).
 
 Tuning is slow (≈5 s a trial on two cores, plus a 14 s import of the tensor intrinsics when the
-first tuning context is made), so it is opt-in (``--tune-trials N``). The JSON database in ``work_dir`` is reused: a kernel whose
-workload already has records is compiled from them without new trials.
+first tuning context is made), so it is opt-in (``--tune-trials N``). The JSON database in ``work_dir`` is
+reused: a kernel whose workload already has records is compiled from them without new trials.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import tvm
 from tvm import tirx

@@ -1,8 +1,8 @@
 """Alias groups: buffers pinned inside other buffers are planned as one block.
 
 In-place outputs share their input's bytes and concat inputs are slices of the concat output
-(docs/design.md, "In-place kernels and concat elimination"). Such a group is coalesced into one buffer — its lifetime the hull of the members',
-its size the furthest member end — planned by any allocator, then expanded back.
+(docs/design.md, "In-place kernels and concat elimination"). Such a group is coalesced into one buffer — its
+lifetime the hull of the members', its size the furthest member end — planned by any allocator, then expanded back.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def coalesce(problem: Problem) -> tuple[Problem, list[tuple[int, int]]]:
     placement: list[tuple[int, int]] = [(0, 0)] * len(problem.buffers)
     buffers = []
     for g, group in enumerate(groups):
-        for member, delta in zip(group.members, group.deltas):
+        for member, delta in zip(group.members, group.deltas, strict=True):
             placement[member] = (g, delta)
         first = group.members[group.deltas.index(min(group.deltas))]
         buffers.append(Buffer(problem.buffers[first].name, group.size, group.start, group.end))

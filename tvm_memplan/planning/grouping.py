@@ -8,8 +8,8 @@ express once a group's operators are consecutive in the execution order built he
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, Sequence
 
 from .lifetimes import Operator, problem_from_graph
 from .problem import DEFAULT_ALIGNMENT, Problem
@@ -105,7 +105,7 @@ def split_layer(layer: Sequence[int], groups: GroupSetting) -> list[list[int]]:
     if not isinstance(groups, int) or groups < 1:
         raise ValueError(f"split_layer needs 'seq' or a positive count, got {groups!r}")
     size = -(-len(layer) // groups)
-    return [list(layer[i:i + size]) for i in range(0, len(layer), size)]
+    return [list(layer[i : i + size]) for i in range(0, len(layer), size)]
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def cost_aware_groups(
                 best[end], cut[end] = cost, begin
     groups, end = [], len(ops)
     while end:
-        groups.append(sorted(ops[cut[end]:end]))
+        groups.append(sorted(ops[cut[end] : end]))
         end = cut[end]
     return groups[::-1]
 

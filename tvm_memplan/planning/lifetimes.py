@@ -1,9 +1,13 @@
-"""Tensor lifetimes from an operator DAG and an execution order (Pisarchyk & Lee 2020; docs/design.md, "Offset arena")."""
+"""Tensor lifetimes from an operator DAG and an execution order.
+
+Pisarchyk & Lee 2020; docs/design.md, "Offset arena".
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, Sequence
+from typing import Protocol
 
 from .problem import DEFAULT_ALIGNMENT, Buffer, Problem
 
@@ -15,6 +19,17 @@ class Operator:
     name: Hashable
     inputs: tuple[Hashable, ...]
     outputs: tuple[Hashable, ...]
+
+
+class TensorUse(Protocol):
+    """What lifetimes are computed from: an :class:`Operator`, or the splitter's simulated kernel
+    (:class:`~tvm_memplan.split.simulate.Step`), so both count a tensor live the same way."""
+
+    @property
+    def inputs(self) -> tuple[Hashable, ...]: ...
+
+    @property
+    def outputs(self) -> tuple[Hashable, ...]: ...
 
 
 def resolve_alias(tensor: Hashable, aliases: Mapping[Hashable, Hashable]) -> Hashable:
@@ -29,7 +44,7 @@ def resolve_alias(tensor: Hashable, aliases: Mapping[Hashable, Hashable]) -> Has
 
 
 def tensor_lifetimes(
-    operators: Sequence[Operator],
+    operators: Sequence[TensorUse],
     order: Sequence[int] | None = None,
     aliases: Mapping[Hashable, Hashable] | None = None,
 ) -> dict[Hashable, tuple[int, int]]:
@@ -46,7 +61,7 @@ def tensor_lifetimes(
     for step, op_index in enumerate(order):
         op = operators[op_index]
         for tensor in (*op.inputs, *op.outputs):
-            owner = resolve_alias(tensor, aliases)
+            owner = resolve_alias(tensor, aliases) if aliases else tensor
             first.setdefault(owner, step)
             last[owner] = step
     return {t: (first[t], last[t] + 1) for t in first}

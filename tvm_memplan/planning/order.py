@@ -10,16 +10,16 @@ so the result is never worse than it):
   graphs, with memoisation and pruning by the best known peak; it says when it proved optimality;
 - beam search over partial orders for large graphs (a memory-aware list scheduler at width 1),
   then the exact search on a window of operators around the peak, repeated while it improves;
-- branch grouping (the execution strategy patent, docs/design.md): at each branch node, run whole branch groups one after another in
-  the best permutation, top-down then bottom-up.
+- branch grouping (the execution strategy patent, docs/design.md): at each branch node, run whole branch groups
+  one after another in the best permutation, top-down then bottom-up.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Mapping, Sequence
 
 from .lifetimes import Operator, resolve_alias
 
@@ -47,7 +47,7 @@ class OrderGraph:
         sizes: Mapping[Hashable, int],
         aliases: Mapping[Hashable, Hashable | tuple] | None = None,
         inplace: Mapping[int, Sequence[Hashable]] | None = None,
-    ) -> "OrderGraph":
+    ) -> OrderGraph:
         """Build from operators; tensors without a size (inputs, constants, outputs) cost nothing.
 
         ``aliases`` maps a view to the tensor it views, or to a tuple of tensors (an eliminated
@@ -75,8 +75,11 @@ class OrderGraph:
             for x in op.outputs:
                 definer.setdefault(x, index)
             # A view "produces" its owner again: only the first producer allocates it.
-            produced = tuple(t for t in dict.fromkeys(tensor_id(x) for x in op.outputs) if producer.setdefault(t, index) == index)
+            produced = tuple(
+                t for t in dict.fromkeys(tensor_id(x) for x in op.outputs) if producer.setdefault(t, index) == index
+            )
             outputs.append(produced)
+
         def read_ids(tensor: Hashable) -> list[int]:
             if tensor in multi:
                 return [i for owner in multi[tensor] for i in read_ids(owner)]
@@ -88,7 +91,7 @@ class OrderGraph:
         consumers = [0] * len(tensor_sizes)
         predecessors = [0] * len(operators)
         successor_sets: list[set[int]] = [set() for _ in operators]
-        for index, (op, read) in enumerate(zip(operators, inputs)):
+        for index, (op, read) in enumerate(zip(operators, inputs, strict=True)):
             for t in read:
                 consumers[t] |= 1 << index
             # Dependencies follow the tensors as named (a view's reader waits for the view).
@@ -342,7 +345,9 @@ def _reachability(graph: OrderGraph) -> list[int]:
     return reach
 
 
-def branch_grouping_order(graph: OrderGraph, order: list[int], deadline: float, max_permutations: int = 120) -> list[int]:
+def branch_grouping_order(
+    graph: OrderGraph, order: list[int], deadline: float, max_permutations: int = 120
+) -> list[int]:
     """Seed 004: at each branch node run its branch groups contiguously in the best permutation.
 
     Branch nodes are visited top-down, then bottom-up; an improvement is kept at once.
@@ -372,7 +377,7 @@ def branch_grouping_order(graph: OrderGraph, order: list[int], deadline: float, 
             for perm in itertools.islice(permutations, max_permutations):
                 placed = [v for index in perm for v in sequences[index]]
                 candidate = list(best)
-                for position, v in zip(positions, placed):
+                for position, v in zip(positions, placed, strict=True):
                     candidate[position] = v
                 if candidate == best or not graph.is_topological(candidate):
                     continue

@@ -6,9 +6,10 @@ This module is TVM-free on purpose: everything here runs and tests in millisecon
 from __future__ import annotations
 
 import csv
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
-from typing import Hashable, Iterable, Sequence
 
 DEFAULT_ALIGNMENT = 64
 
@@ -33,7 +34,7 @@ class Buffer:
         if self.end <= self.start:
             raise ValueError(f"buffer {self.name!r}: empty lifetime [{self.start}, {self.end})")
 
-    def lives_with(self, other: "Buffer") -> bool:
+    def lives_with(self, other: Buffer) -> bool:
         """True when the two half-open lifetimes intersect."""
         return self.start < other.end and other.start < self.end
 
@@ -75,7 +76,7 @@ class Problem:
             raise ValueError(f"alignment must be positive, got {self.alignment}")
         n = len(self.buffers)
         self.concurrent = tuple(sorted((int(lo), int(hi)) for lo, hi in self.concurrent))
-        for (lo, hi), following in zip(self.concurrent, (*self.concurrent[1:], None)):
+        for (lo, hi), following in pairwise((*self.concurrent, None)):
             if hi <= lo or (following is not None and following[0] < hi):
                 raise ValueError(f"concurrent step ranges must be non-empty and disjoint, got {self.concurrent}")
         normalised = set(self._concurrent_pairs())
@@ -88,7 +89,9 @@ class Problem:
             if not (0 <= i < n and 0 <= j < n) or i == j:
                 raise ValueError(f"alias ({i} -> {j}) does not name two buffers")
             if delta < 0 or delta % self.alignment:
-                raise ValueError(f"alias offset {delta} of buffer {i} is not a non-negative multiple of {self.alignment}")
+                raise ValueError(
+                    f"alias offset {delta} of buffer {i} is not a non-negative multiple of {self.alignment}"
+                )
 
     def _concurrent_pairs(self) -> list[tuple[int, int]]:
         """Pairs alive in one concurrent range whose own lifetimes are disjoint.
@@ -103,7 +106,7 @@ class Problem:
         for lo, hi in self.concurrent:
             inside = [i for i, b in enumerate(self.buffers) if b.start < hi and lo < b.end]
             for a, i in enumerate(inside):
-                for j in inside[a + 1:]:
+                for j in inside[a + 1 :]:
                     if root[i] != root[j] and not self.buffers[i].lives_with(self.buffers[j]):
                         pairs.append((i, j))
         return pairs
@@ -195,7 +198,7 @@ class Problem:
         cls,
         rows: Iterable[tuple[Hashable, int, int, int]],
         alignment: int = DEFAULT_ALIGNMENT,
-    ) -> "Problem":
+    ) -> Problem:
         """Build from ``(name, start, end, size)`` rows."""
         return cls([Buffer(name, size, start, end) for name, start, end, size in rows], alignment=alignment)
 
@@ -240,6 +243,6 @@ def read_minimalloc_csv(path: str | Path, alignment: int = DEFAULT_ALIGNMENT) ->
 def write_offsets_csv(path: str | Path, problem: Problem, offsets: Sequence[int]) -> None:
     """Write MiniMalloc's solution format: ``id,lower,upper,size,offset``."""
     lines = ["id,lower,upper,size,offset"]
-    for b, offset in zip(problem.buffers, offsets):
+    for b, offset in zip(problem.buffers, offsets, strict=True):
         lines.append(f"{b.name},{b.start},{b.end},{b.size},{offset}")
     Path(path).write_text("\n".join(lines) + "\n")

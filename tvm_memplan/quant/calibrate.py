@@ -44,18 +44,22 @@ def calibration_batches(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -
     for value in inputs:
         dims = [d.dim_value if d.HasField("dim_value") else 0 for d in value.type.tensor_type.shape.dim]
         if not dims or not all(d > 0 for d in dims):
-            raise UserError(f"input {value.name!r} has a dynamic shape; export the model with static shapes to quantize it")
+            raise UserError(
+                f"input {value.name!r} has a dynamic shape; export the model with static shapes to quantize it"
+            )
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         array = np.asarray(arrays[value.name])
         if tuple(array.shape) == tuple(dims):
             array = array[None]
         if tuple(array.shape[1:]) == tuple(dims[1:]) and dims[0] == 1:
-            samples = [array[i:i + 1] for i in range(array.shape[0])]
+            samples = [array[i : i + 1] for i in range(array.shape[0])]
         elif tuple(array.shape[1:]) == tuple(dims):
             samples = list(array)
         else:
-            raise UserError(f"calibration array for {value.name!r} has shape {array.shape}; "
-                            f"expected (samples, {', '.join(map(str, dims[1:] if dims[0] == 1 else dims))})")
+            raise UserError(
+                f"calibration array for {value.name!r} has shape {array.shape}; "
+                f"expected (samples, {', '.join(map(str, dims[1:] if dims[0] == 1 else dims))})"
+            )
         feeds[value.name] = [s.astype(dtype) for s in samples]
     counts = {len(v) for v in feeds.values()}
     if len(counts) != 1:
@@ -65,12 +69,15 @@ def calibration_batches(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
-    return sum(int(np.prod(init.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
-               for init in model.graph.initializer)
+    return sum(
+        int(np.prod(init.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        for init in model.graph.initializer
+    )
 
 
-def quantize_int8(source: Path, output: Path, arrays: dict[str, np.ndarray], activation: str = "int8",
-                  per_channel: bool = True) -> Int8Report:
+def quantize_int8(
+    source: Path, output: Path, arrays: dict[str, np.ndarray], activation: str = "int8", per_channel: bool = True
+) -> Int8Report:
     """Quantize the float model ``source`` to ``output`` (QDQ, written atomically)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -79,8 +86,9 @@ def quantize_int8(source: Path, output: Path, arrays: dict[str, np.ndarray], act
     from .validate import unlowerable_quantization
 
     model = load_model(str(source)).onnx_model
-    if any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in model.graph.node) or \
-            unlowerable_quantization(model):
+    if any(
+        node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in model.graph.node
+    ) or unlowerable_quantization(model):
         raise UserError(f"{source} is already quantized; --int8 takes a float model")
     batches = calibration_batches(model, arrays)
 
@@ -104,17 +112,23 @@ def quantize_int8(source: Path, output: Path, arrays: dict[str, np.ndarray], act
                 onnx.save(model, str(prepared))
             partial = output.with_name(f".{output.name}.{os.getpid()}.tmp")
             try:
-                quantize_static(str(prepared), str(partial), Reader(), quant_format=QuantFormat.QDQ,
-                                per_channel=per_channel,
-                                activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
-                                weight_type=QuantType.QInt8)
+                quantize_static(
+                    str(prepared),
+                    str(partial),
+                    Reader(),
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=per_channel,
+                    activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                )
                 quantized = onnx.load(str(partial))
                 os.replace(partial, output)
             except UserError:
                 raise
             except Exception as exc:  # noqa: BLE001 - onnxruntime's quantizer raises many types
                 lines = [line for line in str(exc).splitlines() if line.strip()]
-                raise UserError(f"onnxruntime's quantizer failed: {lines[-1] if lines else type(exc).__name__}") from None
+                last = lines[-1] if lines else type(exc).__name__
+                raise UserError(f"onnxruntime's quantizer failed: {last}") from None
             finally:
                 partial.unlink(missing_ok=True)
     finally:

@@ -27,19 +27,28 @@ from tvm import te, tirx
 INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
-def requantize(value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int, low: int, high: int,
-               dtype: str) -> tirx.PrimExpr:
+def requantize(
+    value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int, low: int, high: int, dtype: str
+) -> tirx.PrimExpr:
     """MLAS requantization of an int32 (or float32) ``value``: scale, clamp, round half to even, add
     the zero point. ``low``/``high`` are the output's quantized bounds (the type's range narrowed by a
     folded Relu or Clip)."""
     scaled = value.astype("float32") * multiplier
-    clamped = tirx.min(tirx.max(scaled, tirx.const(float(low - zero_point), "float32")),
-                       tirx.const(float(high - zero_point), "float32"))
+    clamped = tirx.min(
+        tirx.max(scaled, tirx.const(float(low - zero_point), "float32")),
+        tirx.const(float(high - zero_point), "float32"),
+    )
     return (tirx.nearbyint(clamped).astype("int32") + zero_point).astype(dtype)
 
 
-def _through(table: te.Tensor | None, code: tirx.PrimExpr, dtype: str, residual: te.Tensor | None = None,
-             residual_add: dict | None = None, index: Sequence = ()) -> tirx.PrimExpr:
+def _through(
+    table: te.Tensor | None,
+    code: tirx.PrimExpr,
+    dtype: str,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
+    index: Sequence = (),
+) -> tirx.PrimExpr:
     """The epilogue after requantization: ``table[code]`` (a requantization to a consumer's scale, see
     :func:`lookup`), or the QLinearAdd of ``code`` and ``residual[index]`` (``residual_add``: the
     :func:`add_parameters`, the add's bounds and type, and whether ``code`` is the add's first
@@ -49,8 +58,16 @@ def _through(table: te.Tensor | None, code: tirx.PrimExpr, dtype: str, residual:
     if residual is not None:
         other = residual[tuple(index)]
         first, second = (code, other) if residual_add["code_first"] else (other, code)
-        return add_codes(first, second, residual_add["ratio_a"], residual_add["ratio_b"], residual_add["constant"],
-                         residual_add["low"], residual_add["high"], residual_add["out_dtype"])
+        return add_codes(
+            first,
+            second,
+            residual_add["ratio_a"],
+            residual_add["ratio_b"],
+            residual_add["constant"],
+            residual_add["low"],
+            residual_add["high"],
+            residual_add["out_dtype"],
+        )
     return code
 
 
@@ -82,7 +99,9 @@ def quantize_value(value: tirx.PrimExpr, scale: float, zero_point: int, dtype: s
     return requantize(value / tirx.const(scale, "float32"), tirx.const(1.0, "float32"), zero_point, low, high, dtype)
 
 
-def _pad(x: te.Tensor, padding: Sequence[int], value: int, quantize_input: tuple[float, str] | None = None) -> te.Tensor:
+def _pad(
+    x: te.Tensor, padding: Sequence[int], value: int, quantize_input: tuple[float, str] | None = None
+) -> te.Tensor:
     """``x`` (NCHW) padded with ``value`` (the zero point: a real zero) by (top, left, bottom, right).
     ``quantize_input`` (scale, type): ``x`` is float32 and quantized here with zero point ``value``
     (the network input's QuantizeLinear fused into its first conv, see :func:`conv2d`)."""
@@ -160,9 +179,16 @@ def conv2d(
     acc = te.compute((n, o, oh, ow), accumulate_products, name="conv2d_acc")
     return te.compute(
         acc.shape,
-        lambda b, oc, y, xx: _through(table, requantize(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc],
-                                                        y_zero_point, low, high, out_dtype), out_dtype,
-                                      residual, residual_add, (b, oc, y, xx)),
+        lambda b, oc, y, xx: _through(
+            table,
+            requantize(
+                acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], y_zero_point, low, high, out_dtype
+            ),
+            out_dtype,
+            residual,
+            residual_add,
+            (b, oc, y, xx),
+        ),
         name="requantize",
     )
 
@@ -249,14 +275,23 @@ def conv2d_dot(
         (n, blocks, oh, ow, lanes),
         lambda b, ob, y, xx, lane: te.sum(
             packed[b, rc, y * sh + ry * dh, xx * sw + rx * dw, rk].astype("int32")
-            * weight[ob, rc, ry, rx, lane, rk].astype("int32"), axis=[rc, ry, rx, rk]),
+            * weight[ob, rc, ry, rx, lane, rk].astype("int32"),
+            axis=[rc, ry, rx, rk],
+        ),
         name="dot_acc",
     )
     return te.compute(
         (n, out_channels, oh, ow),
-        lambda b, oc, y, xx: _through(table, requantize(acc[b, oc // lanes, y, xx, oc % lanes] + bias[oc],
-                                                        multiplier[oc], y_zero_point, low, high, out_dtype),
-                                      out_dtype, residual, residual_add, (b, oc, y, xx)),
+        lambda b, oc, y, xx: _through(
+            table,
+            requantize(
+                acc[b, oc // lanes, y, xx, oc % lanes] + bias[oc], multiplier[oc], y_zero_point, low, high, out_dtype
+            ),
+            out_dtype,
+            residual,
+            residual_add,
+            (b, oc, y, xx),
+        ),
         name="requantize",
     )
 
@@ -291,8 +326,14 @@ def dense(
     acc = te.compute((*lead, n), accumulate_products, name="dense_acc")
     return te.compute(
         acc.shape,
-        lambda *i: _through(table, requantize(acc[i].astype("int32") + bias[i[-1]], multiplier[i[-1]], y_zero_point,
-                                              low, high, out_dtype), out_dtype, residual, residual_add, i),
+        lambda *i: _through(
+            table,
+            requantize(acc[i].astype("int32") + bias[i[-1]], multiplier[i[-1]], y_zero_point, low, high, out_dtype),
+            out_dtype,
+            residual,
+            residual_add,
+            i,
+        ),
         name="requantize",
     )
 
@@ -300,8 +341,8 @@ def dense(
 def _broadcast_index(tensor: te.Tensor, index: Sequence[tirx.PrimExpr]) -> list:
     """numpy broadcasting: ``index`` into the output, read from ``tensor`` (right-aligned, size-1 axes fixed at 0)."""
     rank = len(tensor.shape)
-    tail = index[len(index) - rank:]
-    return [0 if int(d) == 1 else i for d, i in zip(tensor.shape, tail)]
+    tail = index[len(index) - rank :]
+    return [0 if int(d) == 1 else i for d, i in zip(tensor.shape, tail, strict=True)]
 
 
 def _fma(a: tirx.PrimExpr, b: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -309,8 +350,9 @@ def _fma(a: tirx.PrimExpr, b: tirx.PrimExpr, c: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.call_pure_extern("float32", "fmaf", a, b, c)
 
 
-def add_parameters(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point: int, y_scale: float,
-                   y_zero_point: int) -> tuple[float, float, float]:
+def add_parameters(
+    a_scale: float, a_zero_point: int, b_scale: float, b_zero_point: int, y_scale: float, y_zero_point: int
+) -> tuple[float, float, float]:
     """MLAS's x86 QLinearAdd constants: ``sa/sy``, ``sb/sy`` and ``zy - (ra za + rb zb)``, in float32."""
     ratio_a = np.float32(a_scale) / np.float32(y_scale)
     ratio_b = np.float32(b_scale) / np.float32(y_scale)
@@ -318,17 +360,40 @@ def add_parameters(a_scale: float, a_zero_point: int, b_scale: float, b_zero_poi
     return float(ratio_a), float(ratio_b), float(constant)
 
 
-def add_codes(a: tirx.PrimExpr, b: tirx.PrimExpr, ratio_a: float, ratio_b: float, constant: float, low: int, high: int,
-              out_dtype: str) -> tirx.PrimExpr:
+def add_codes(
+    a: tirx.PrimExpr,
+    b: tirx.PrimExpr,
+    ratio_a: float,
+    ratio_b: float,
+    constant: float,
+    low: int,
+    high: int,
+    out_dtype: str,
+) -> tirx.PrimExpr:
     """``fma(a, ra, fma(b, rb, constant))`` of two int8/uint8 codes, rounded half to even, saturated."""
-    value = _fma(a.astype("int32").astype("float32"), tirx.const(ratio_a, "float32"),
-                 _fma(b.astype("int32").astype("float32"), tirx.const(ratio_b, "float32"),
-                      tirx.const(constant, "float32")))
+    value = _fma(
+        a.astype("int32").astype("float32"),
+        tirx.const(ratio_a, "float32"),
+        _fma(b.astype("int32").astype("float32"), tirx.const(ratio_b, "float32"), tirx.const(constant, "float32")),
+    )
     return _saturate(tirx.nearbyint(value), low, high).astype(out_dtype)
 
 
-def add(a: te.Tensor, b: te.Tensor, *, out_shape: Sequence[int], a_scale: float, a_zero_point: int, b_scale: float,
-        b_zero_point: int, y_scale: float, y_zero_point: int, low: int, high: int, out_dtype: str) -> te.Tensor:
+def add(
+    a: te.Tensor,
+    b: te.Tensor,
+    *,
+    out_shape: Sequence[int],
+    a_scale: float,
+    a_zero_point: int,
+    b_scale: float,
+    b_zero_point: int,
+    y_scale: float,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+) -> te.Tensor:
     """QLinearAdd as onnxruntime computes it on x86 (MLAS's AVX2 "XNNFloatMultiply" kernel, its
     default): ratios ``sa/sy`` and ``sb/sy`` and a constant ``zy - (ra za + rb zb)`` in float32, then
     ``fma(a, ra, fma(b, rb, constant))`` rounded half to even and saturated. The constant is computed
@@ -336,14 +401,35 @@ def add(a: te.Tensor, b: te.Tensor, *, out_shape: Sequence[int], a_scale: float,
     ratio_a, ratio_b, constant = add_parameters(a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point)
 
     def body(*index):
-        return add_codes(a[tuple(_broadcast_index(a, index))], b[tuple(_broadcast_index(b, index))], ratio_a, ratio_b,
-                         constant, low, high, out_dtype)
+        return add_codes(
+            a[tuple(_broadcast_index(a, index))],
+            b[tuple(_broadcast_index(b, index))],
+            ratio_a,
+            ratio_b,
+            constant,
+            low,
+            high,
+            out_dtype,
+        )
 
     return te.compute(tuple(int(d) for d in out_shape), body, name="qadd")
 
 
-def multiply(a: te.Tensor, b: te.Tensor, *, out_shape: Sequence[int], a_scale: float, a_zero_point: int, b_scale: float,
-             b_zero_point: int, y_scale: float, y_zero_point: int, low: int, high: int, out_dtype: str) -> te.Tensor:
+def multiply(
+    a: te.Tensor,
+    b: te.Tensor,
+    *,
+    out_shape: Sequence[int],
+    a_scale: float,
+    a_zero_point: int,
+    b_scale: float,
+    b_zero_point: int,
+    y_scale: float,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+) -> te.Tensor:
     """QLinearMul in float32: ``(a - za)(b - zb)`` exactly in int32, times ``sa sb / sy``, rounded
     half to even (onnxruntime's kernel computes the same product in float: within 1 LSB)."""
     multiplier = np.float32(a_scale) * np.float32(b_scale) / np.float32(y_scale)
@@ -356,8 +442,18 @@ def multiply(a: te.Tensor, b: te.Tensor, *, out_shape: Sequence[int], a_scale: f
     return te.compute(tuple(int(d) for d in out_shape), body, name="qmul")
 
 
-def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float, x_zero_point: int,
-         y_zero_point: int, low: int, high: int, out_dtype: str) -> te.Tensor:
+def mean(
+    x: te.Tensor,
+    *,
+    axes: Sequence[int],
+    keepdims: bool,
+    multiplier: float,
+    x_zero_point: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+) -> te.Tensor:
     """QLinearGlobalAveragePool (a mean over ``axes``): int32 sum of ``x - zx``, times
     ``x_scale / (count * y_scale)``."""
     axes = sorted(int(a) % len(x.shape) for a in axes)
@@ -370,19 +466,31 @@ def mean(x: te.Tensor, *, axes: Sequence[int], keepdims: bool, multiplier: float
 
     def accumulate(*index):
         full, it = [], iter(reduce)
-        positions = dict(zip(kept, index if not keepdims else [index[a] for a in kept]))
+        positions = dict(zip(kept, index if not keepdims else [index[a] for a in kept], strict=True))
         for a in range(len(x.shape)):
             full.append(next(it) if a in axes else positions[a])
         return te.sum(x[tuple(full)].astype("int32") - x_zero_point, axis=reduce)
 
     acc = te.compute(tuple(out_shape), accumulate, name="sum_int32")
     scale = tirx.const(multiplier, "float32")
-    return te.compute(acc.shape, lambda *i: requantize(acc[i], scale, y_zero_point, low, high, out_dtype), name="requantize")
+    return te.compute(
+        acc.shape, lambda *i: requantize(acc[i], scale, y_zero_point, low, high, out_dtype), name="requantize"
+    )
 
 
-def avg_pool2d(x: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int], padding: Sequence[int],
-               count_include_pad: bool, x_scale: float, x_zero_point: int, y_scale: float, y_zero_point: int,
-               out_dtype: str) -> te.Tensor:
+def avg_pool2d(
+    x: te.Tensor,
+    *,
+    pool_size: Sequence[int],
+    strides: Sequence[int],
+    padding: Sequence[int],
+    count_include_pad: bool,
+    x_scale: float,
+    x_zero_point: int,
+    y_scale: float,
+    y_zero_point: int,
+    out_dtype: str,
+) -> te.Tensor:
     """QLinearAveragePool (NCHW) computed as onnxruntime does: each input dequantized to float32
     (``x_scale * (x - zx)``), summed row by row over the window (padding adds 0.0: no change),
     divided by the window count (padding excluded unless counted), then ``y / y_scale + zy``
@@ -397,9 +505,14 @@ def avg_pool2d(x: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int]
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     scale = tirx.const(x_scale, "float32")
-    acc = te.compute((n, c, oh, ow), lambda b, ch, y, xx: te.sum(
-        (padded[b, ch, y * sh + ry, xx * sw + rx].astype("int32") - x_zero_point).astype("float32") * scale,
-        axis=[ry, rx]), name="pool_sum")
+    acc = te.compute(
+        (n, c, oh, ow),
+        lambda b, ch, y, xx: te.sum(
+            (padded[b, ch, y * sh + ry, xx * sw + rx].astype("int32") - x_zero_point).astype("float32") * scale,
+            axis=[ry, rx],
+        ),
+        name="pool_sum",
+    )
     low, high = INT_RANGE[out_dtype]
 
     def count(y, xx):
@@ -411,7 +524,8 @@ def avg_pool2d(x: te.Tensor, *, pool_size: Sequence[int], strides: Sequence[int]
 
     def body(b, ch, y, xx):
         value = acc[b, ch, y, xx] / count(y, xx) / tirx.const(y_scale, "float32")
-        return _saturate(tirx.nearbyint(value + tirx.const(float(y_zero_point), "float32")), low, high).astype(out_dtype)
+        rounded = tirx.nearbyint(value + tirx.const(float(y_zero_point), "float32"))
+        return _saturate(rounded, low, high).astype(out_dtype)
 
     return te.compute(acc.shape, body, name="requantize")
 

@@ -289,8 +289,14 @@ class _Lowerer(PyExprMutator):
             return None
         # the network input, or the result of an op kept in float: QuantizeLinear as MLAS computes it
         # (TVM's legalization rounds with ``round``, half away from zero in C)
-        return self._call_te(kernels.quantize, self.visit_expr(data), scale=out.scale, zero_point=out.zero_point,
-                             out_dtype=out.dtype, name="quantize_linear"), "quantize"
+        return self._call_te(
+            kernels.quantize,
+            self.visit_expr(data),
+            scale=out.scale,
+            zero_point=out.zero_point,
+            out_dtype=out.dtype,
+            name="quantize_linear",
+        ), "quantize"
 
     def _is_float_input(self, data: relax.Expr) -> bool:
         """A float tensor that no op produces inside this function's QDQ graph: a function parameter."""
@@ -367,8 +373,9 @@ class _Lowerer(PyExprMutator):
             bounds = [int(v) for v in sections]
         edges = [0, *bounds, shape[axis]]
         index = int(item.index)
-        sliced = relax.op.strided_slice(self.visit_expr(source[0]), axes=[axis], begin=[edges[index]],
-                                        end=[edges[index + 1]])
+        sliced = relax.op.strided_slice(
+            self.visit_expr(source[0]), axes=[axis], begin=[edges[index]], end=[edges[index + 1]]
+        )
         return sliced, "strided_slice"
 
     def _conv_or_dense(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
@@ -446,8 +453,12 @@ class _Lowerer(PyExprMutator):
             groups = int(attrs.groups)
             kind = "depthwise_conv2d" if groups == channels and groups > 1 else "conv2d"
             float_input = self._fusable_quantize(x, call.args[0], xq)
-            geometry = {"strides": [int(v) for v in attrs.strides], "padding": [int(v) for v in attrs.padding],
-                        "dilation": [int(v) for v in attrs.dilation], "x_zero_point": xq.zero_point}
+            geometry = {
+                "strides": [int(v) for v in attrs.strides],
+                "padding": [int(v) for v in attrs.padding],
+                "dilation": [int(v) for v in attrs.dilation],
+                "x_zero_point": xq.zero_point,
+            }
             if self.int8_dot and groups == 1:
                 # the dot-product kernel: uint8 input, packed weights, bias folded for the uint8
                 # zero point
@@ -469,8 +480,11 @@ class _Lowerer(PyExprMutator):
             bias_int = kernels.fold_zero_point(bias_int, w_shifted, zero_point)
         except OverflowError:
             return None
-        consts = [relax.const(stored.astype(np.int8)), relax.const(bias_int),
-                  relax.const(multiplier.astype(np.float32))]
+        consts = [
+            relax.const(stored.astype(np.int8)),
+            relax.const(bias_int),
+            relax.const(multiplier.astype(np.float32)),
+        ]
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
         self._recipe = (func, [x_new, *consts], kwargs, kernel_name, kind)
@@ -487,8 +501,14 @@ class _Lowerer(PyExprMutator):
             return None
         source = call.args[0]
         scale, zero_point = _const(call.args[1]), _const(call.args[2])
-        if (scale is None or zero_point is None or scale.size != 1 or zero_point.size != 1
-                or not self._is_float_input(source) or len(_static_shape(source) or ()) != 4):
+        if (
+            scale is None
+            or zero_point is None
+            or scale.size != 1
+            or zero_point.size != 1
+            or not self._is_float_input(source)
+            or len(_static_shape(source) or ()) != 4
+        ):
             return None
         if QParams(float(scale.reshape(())), int(zero_point.reshape(())), str(call.attrs.out_dtype)) != xq:
             return None
@@ -512,29 +532,61 @@ class _Lowerer(PyExprMutator):
             if fused is not None:
                 return fused
         kernel = kernels.add if op == "add" else kernels.multiply
-        return self._call_te(kernel, self.visit_expr(a[0]), self.visit_expr(b[0]), out_shape=shape,
-                             a_scale=a[1].scale, a_zero_point=a[1].zero_point, b_scale=b[1].scale,
-                             b_zero_point=b[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
-                             low=low, high=high, out_dtype=out.dtype, name=f"q{op}"), op
+        return self._call_te(
+            kernel,
+            self.visit_expr(a[0]),
+            self.visit_expr(b[0]),
+            out_shape=shape,
+            a_scale=a[1].scale,
+            a_zero_point=a[1].zero_point,
+            b_scale=b[1].scale,
+            b_zero_point=b[1].zero_point,
+            y_scale=out.scale,
+            y_zero_point=out.zero_point,
+            low=low,
+            high=high,
+            out_dtype=out.dtype,
+            name=f"q{op}",
+        ), op
 
-    def _add_into_producer(self, call: relax.Call, a: tuple, b: tuple, shape: tuple[int, ...], out: QParams,
-                           low: int, high: int) -> tuple[relax.Expr, str] | None:
+    def _add_into_producer(
+        self, call: relax.Call, a: tuple, b: tuple, shape: tuple[int, ...], out: QParams, low: int, high: int
+    ) -> tuple[relax.Expr, str] | None:
         """A residual add whose operand comes only from a lowered conv/dense: that kernel re-emitted
         with the add in its epilogue (the conv's own rounding, then MLAS's add: the same integers as
         two kernels, one pass and one tensor fewer, as the float build's fused conv + add)."""
         g = self.graph
-        ratio_a, ratio_b, constant = kernels.add_parameters(a[1].scale, a[1].zero_point, b[1].scale, b[1].zero_point,
-                                                            out.scale, out.zero_point)
+        ratio_a, ratio_b, constant = kernels.add_parameters(
+            a[1].scale, a[1].zero_point, b[1].scale, b[1].zero_point, out.scale, out.zero_point
+        )
         for position, (mine, other) in enumerate(((a, b), (b, a))):
             recipe = self.recipes.get(mine[0])
-            if (recipe is None or not g.single_use(mine[0]) or not g.single_use(call.args[position])
-                    or _static_shape(mine[0]) != shape or _static_shape(other[0]) != shape):
+            if (
+                recipe is None
+                or not g.single_use(mine[0])
+                or not g.single_use(call.args[position])
+                or _static_shape(mine[0]) != shape
+                or _static_shape(other[0]) != shape
+            ):
                 continue
             func, args, kwargs, kernel_name, kind = recipe
-            residual_add = {"ratio_a": ratio_a, "ratio_b": ratio_b, "constant": constant, "low": low, "high": high,
-                            "out_dtype": out.dtype, "code_first": position == 0}
-            fused = self._call_te(func, *args, residual=self.visit_expr(other[0]), residual_add=residual_add,
-                                  name=f"{kernel_name}_add", **kwargs)
+            residual_add = {
+                "ratio_a": ratio_a,
+                "ratio_b": ratio_b,
+                "constant": constant,
+                "low": low,
+                "high": high,
+                "out_dtype": out.dtype,
+                "code_first": position == 0,
+            }
+            fused = self._call_te(
+                func,
+                *args,
+                residual=self.visit_expr(other[0]),
+                residual_add=residual_add,
+                name=f"{kernel_name}_add",
+                **kwargs,
+            )
             return fused, f"{kind}+add"
         return None
 
@@ -552,9 +604,19 @@ class _Lowerer(PyExprMutator):
         # onnxruntime's QLinearGlobalAveragePool: x_scale / (count * y_scale) in float32
         multiplier = float(np.float32(source[1].scale) / (np.float32(count) * np.float32(out.scale)))
         low, high = INT_RANGE[out.dtype]
-        return self._call_te(kernels.mean, self.visit_expr(source[0]), axes=axes, keepdims=bool(call.attrs.keepdims),
-                             multiplier=multiplier, x_zero_point=source[1].zero_point, y_zero_point=out.zero_point,
-                             low=low, high=high, out_dtype=out.dtype, name="qmean"), "mean"
+        return self._call_te(
+            kernels.mean,
+            self.visit_expr(source[0]),
+            axes=axes,
+            keepdims=bool(call.attrs.keepdims),
+            multiplier=multiplier,
+            x_zero_point=source[1].zero_point,
+            y_zero_point=out.zero_point,
+            low=low,
+            high=high,
+            out_dtype=out.dtype,
+            name="qmean",
+        ), "mean"
 
     def _avg_pool(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         call = self.graph.value(data)
@@ -562,15 +624,28 @@ class _Lowerer(PyExprMutator):
             return None
         attrs = call.attrs
         source = self.graph.activation(call.args[0])
-        if (source is None or str(attrs.layout) != "NCHW" or bool(attrs.ceil_mode)
-                or any(int(d) != 1 for d in attrs.dilation) or source[1].dtype != out.dtype):
+        if (
+            source is None
+            or str(attrs.layout) != "NCHW"
+            or bool(attrs.ceil_mode)
+            or any(int(d) != 1 for d in attrs.dilation)
+            or source[1].dtype != out.dtype
+        ):
             return None
-        return self._call_te(kernels.avg_pool2d, self.visit_expr(source[0]),
-                             pool_size=[int(v) for v in attrs.pool_size],
-                             strides=[int(v) for v in attrs.strides], padding=[int(v) for v in attrs.padding],
-                             count_include_pad=bool(attrs.count_include_pad), x_scale=source[1].scale,
-                             x_zero_point=source[1].zero_point, y_scale=out.scale, y_zero_point=out.zero_point,
-                             out_dtype=out.dtype, name="qavg_pool2d"), "avg_pool2d"
+        return self._call_te(
+            kernels.avg_pool2d,
+            self.visit_expr(source[0]),
+            pool_size=[int(v) for v in attrs.pool_size],
+            strides=[int(v) for v in attrs.strides],
+            padding=[int(v) for v in attrs.padding],
+            count_include_pad=bool(attrs.count_include_pad),
+            x_scale=source[1].scale,
+            x_zero_point=source[1].zero_point,
+            y_scale=out.scale,
+            y_zero_point=out.zero_point,
+            out_dtype=out.dtype,
+            name="qavg_pool2d",
+        ), "avg_pool2d"
 
     def _table(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         """An elementwise float function of one dequantized input, tabulated over its 256 values."""
@@ -679,8 +754,9 @@ ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
 onnxruntime's float kernels; exp, tanh and sigmoid may differ in the last float bit)."""
 
 
-def lower_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar,
-                   int8_dot: str | None = None) -> tuple[tvm.IRModule, LoweringReport]:
+def lower_function(
+    mod: tvm.IRModule, gv: tvm.ir.GlobalVar, int8_dot: str | None = None
+) -> tuple[tvm.IRModule, LoweringReport]:
     """``mod`` with function ``gv`` lowered and its integer kernels added (regular convolutions in
     the layout of the dot-product instruction ``int8_dot``, when given)."""
     report = LoweringReport({}, [])
@@ -719,8 +795,9 @@ def has_qdq(func: relax.Function) -> bool:
     return any(_op_name(binding.value) == "relax.quantize" for block in func.body.blocks for binding in block.bindings)
 
 
-def LowerQDQ(on_report: Callable[[LoweringReport], None] | None = None,
-             target: tvm.target.Target | None = None) -> tvm.transform.Pass:
+def LowerQDQ(
+    on_report: Callable[[LoweringReport], None] | None = None, target: tvm.target.Target | None = None
+) -> tvm.transform.Pass:
     """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring).
     Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2), regular
     convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`); the schedule

@@ -83,13 +83,14 @@ class Tolerance:
         return self.lsb * self.scale * (1 + 1e-6)
 
 
-def tolerances(model: onnx.ModelProto, inputs: dict[str, np.ndarray],
-               reference: list[np.ndarray]) -> list[Tolerance | None]:
+def tolerances(
+    model: onnx.ModelProto, inputs: dict[str, np.ndarray], reference: list[np.ndarray]
+) -> list[Tolerance | None]:
     """Per output of a QDQ model, the LSB tolerance against ``reference`` (onnxruntime's default
     run on ``inputs``); None for an output that is not dequantized per tensor."""
     unoptimized = run_onnxruntime(model, inputs, optimized=False)
     result: list[Tolerance | None] = []
-    for scale, fused, plain in zip(output_scales(model), reference, unoptimized):
+    for scale, fused, plain in zip(output_scales(model), reference, unoptimized, strict=True):
         if scale is None:
             result.append(None)
             continue
@@ -117,8 +118,9 @@ class TopClassAgreement:
         return f"{self.ours}/{self.unoptimized} of {self.inputs}"
 
 
-def top_class_agreement(ours: Sequence[np.ndarray], default: Sequence[np.ndarray],
-                        unoptimized: Sequence[np.ndarray]) -> TopClassAgreement:
+def top_class_agreement(
+    ours: Sequence[np.ndarray], default: Sequence[np.ndarray], unoptimized: Sequence[np.ndarray]
+) -> TopClassAgreement:
     """Count top-class agreements with onnxruntime's ``default`` run, one first output per input
     (batch 1: the argmax of the whole output)."""
     if not len(ours) == len(default) == len(unoptimized):
@@ -129,6 +131,6 @@ def top_class_agreement(ours: Sequence[np.ndarray], default: Sequence[np.ndarray
 
     return TopClassAgreement(
         inputs=len(default),
-        ours=sum(top(a) == top(r) for a, r in zip(ours, default)),
-        unoptimized=sum(top(u) == top(r) for u, r in zip(unoptimized, default)),
+        ours=sum(top(a) == top(r) for a, r in zip(ours, default, strict=True)),
+        unoptimized=sum(top(u) == top(r) for u, r in zip(unoptimized, default, strict=True)),
     )

@@ -17,16 +17,35 @@ import onnx
 
 from ..errors import UserError
 
-REEXPORT = ("re-export it in the QDQ format with int8/uint8 per-tensor or per-channel scales: "
-            "onnxruntime.quantization.quantize_static(..., quant_format=QuantFormat.QDQ) "
-            "or tvm-memplan quantize MODEL.onnx --int8")
+REEXPORT = (
+    "re-export it in the QDQ format with int8/uint8 per-tensor or per-channel scales: "
+    "onnxruntime.quantization.quantize_static(..., quant_format=QuantFormat.QDQ) "
+    "or tvm-memplan quantize MODEL.onnx --int8"
+)
 
 QOPERATOR_OPS = {
-    "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear",
+    "QLinearConv",
+    "QLinearMatMul",
+    "ConvInteger",
+    "MatMulInteger",
+    "DynamicQuantizeLinear",
     # onnxruntime's contrib (com.microsoft) QOperator kernels
-    "QGemm", "QLinearAdd", "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearConcat",
-    "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere", "QAttention",
-    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearConvTranspose", "MatMulInteger16",
+    "QGemm",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearAveragePool",
+    "QLinearGlobalAveragePool",
+    "QLinearConcat",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearSoftmax",
+    "QLinearReduceMean",
+    "QLinearWhere",
+    "QAttention",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+    "QLinearConvTranspose",
+    "MatMulInteger16",
 }
 
 _SUPPORTED_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT32}

@@ -68,15 +68,25 @@ def kernel_model(name: str, func: tirx.PrimFunc, args: tuple[str, ...]) -> Kerne
             continue
         names = {iv.var.name for iv in block.iter_vars}
         axes = tuple(
-            LoopAxis(iv.var.name, AxisKind.SPATIAL if int(iv.iter_type) == 0 else AxisKind.REDUCTION, int(iv.dom.extent))
+            LoopAxis(
+                iv.var.name, AxisKind.SPATIAL if int(iv.iter_type) == 0 else AxisKind.REDUCTION, int(iv.dom.extent)
+            )
             for iv in block.iter_vars
         )
-        blocks.append(Block(block.name_hint, axes, _access(block.writes[0], names), tuple(_access(r, names) for r in block.reads)))
+        blocks.append(
+            Block(block.name_hint, axes, _access(block.writes[0], names), tuple(_access(r, names) for r in block.reads))
+        )
     for block in _blocks(sch, sch.get_sblock("root")):
         for region in (*block.reads, *block.writes):
             buffers.setdefault(region.source.name, tuple(int(d) for d in region.source.shape))
-    return Kernel(name, str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else name,
-                  tuple(p.name for p in func.params), args, buffers, tuple(blocks))
+    return Kernel(
+        name,
+        str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else name,
+        tuple(p.name for p in func.params),
+        args,
+        buffers,
+        tuple(blocks),
+    )
 
 
 def graph_model(mod: tvm.IRModule, function: str = "main") -> Graph:
@@ -147,6 +157,7 @@ def _returned(func: relax.Function) -> set:
 
 def _same_axes(source: tuple[int, ...], view: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """Axes a reshape keeps: same extent with the same number of elements before it."""
+
     def prefixes(shape):
         out, acc = [], 1
         for d in shape:
@@ -156,5 +167,8 @@ def _same_axes(source: tuple[int, ...], view: tuple[int, ...]) -> tuple[tuple[in
 
     ps, pv = prefixes(source), prefixes(view)
     return tuple(
-        (i, j) for i, (ds, a) in enumerate(zip(source, ps)) for j, (dv, b) in enumerate(zip(view, pv)) if ds == dv > 1 and a == b
+        (i, j)
+        for i, (ds, a) in enumerate(zip(source, ps, strict=True))
+        for j, (dv, b) in enumerate(zip(view, pv, strict=True))
+        if ds == dv > 1 and a == b
     )

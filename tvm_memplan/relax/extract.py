@@ -7,8 +7,8 @@ destination-passing call that writes it. Each top-level binding is one step of e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import tvm
 from tvm import relax, tirx
@@ -201,6 +201,4 @@ def extract_plan_input(
         }
         problem = Problem(buffers, alignment=alignment, aliases=aliases)
         arenas.append(ArenaProblem(device_index, scope, [sites[var] for var in members], problem))
-    return FunctionPlanInput(
-        arenas=arenas, unplanned=unplanned, decisions=decisions, removable_ops=removable_ops
-    )
+    return FunctionPlanInput(arenas=arenas, unplanned=unplanned, decisions=decisions, removable_ops=removable_ops)

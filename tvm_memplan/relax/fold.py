@@ -10,7 +10,7 @@ exactly what the kernels would; anything else is left to ``FoldConstant``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import tvm

@@ -33,8 +33,8 @@ grid past :data:`MAX_BLOCKS`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import tvm
 import tvm_ffi
@@ -56,8 +56,13 @@ _SYNC_OPS = ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce", "tirx.tvm_war
 _COMM_REDUCE = 2
 _MOVABLE_OPS = tuple(
     tvm.ir.Op.get(name)
-    for name in ("relax.memory.alloc_tensor", "relax.builtin.alloc_tensor", "relax.memory.ensure_zero_offset",
-                 "relax.reshape", "relax.memory.view")
+    for name in (
+        "relax.memory.alloc_tensor",
+        "relax.builtin.alloc_tensor",
+        "relax.memory.ensure_zero_offset",
+        "relax.reshape",
+        "relax.memory.view",
+    )
 )
 """Bindings a fused call may move past: they launch nothing and read no tensor's bytes."""
 
@@ -115,11 +120,16 @@ def _walk(node: object, on_node) -> None:
 
 def _uses(expr: object, variables: Sequence[tvm.ir.Var]) -> bool:
     hits = []
-    _walk(expr, lambda n: hits.append(True) if isinstance(n, tvm.ir.Var) and any(n.same_as(v) for v in variables) else None)
+    _walk(
+        expr,
+        lambda n: hits.append(True) if isinstance(n, tvm.ir.Var) and any(n.same_as(v) for v in variables) else None,
+    )
     return bool(hits)
 
 
-def _synchronisation(body: tirx.Stmt, alloc_buffers: Sequence, threads: dict[str, tuple[tvm.ir.Var, int]]) -> tuple[bool, tuple[str, ...]]:
+def _synchronisation(
+    body: tirx.Stmt, alloc_buffers: Sequence, threads: dict[str, tuple[tvm.ir.Var, int]]
+) -> tuple[bool, tuple[str, ...]]:
     """(threads synchronise: shared memory, a barrier or a reduction across threads; the thread
     tags reductions run across)."""
     shared = [any(str(b.ty.storage_scope).startswith("shared") for b in alloc_buffers)]
@@ -129,7 +139,7 @@ def _synchronisation(body: tirx.Stmt, alloc_buffers: Sequence, threads: dict[str
         if isinstance(node, s_tir.SBlock):
             shared[0] |= any(str(b.ty.storage_scope).startswith("shared") for b in node.alloc_buffers)
         elif isinstance(node, s_tir.SBlockRealize):
-            for iv, value in zip(node.block.iter_vars, node.iter_values):
+            for iv, value in zip(node.block.iter_vars, node.iter_values, strict=True):
                 if int(iv.iter_type) == _COMM_REDUCE:
                     reduced.update(tag for tag, (var, _) in threads.items() if _uses(value, [var]))
         elif isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op):
@@ -270,7 +280,12 @@ def _candidates(nests: Sequence[KernelNest]) -> list[ThreadShape]:
     across = [n for n in nests if n.reduces_across_threads]
     shapes = {n.thread_shape for n in across}
     lanes = {_lanes_rows(n)[0] for n in across}
-    shapes |= {((THREAD_TAGS[0], x), (THREAD_TAGS[1], wide // x)) for x in lanes for wide in lanes if wide > x and wide % x == 0}
+    shapes |= {
+        ((THREAD_TAGS[0], x), (THREAD_TAGS[1], wide // x))
+        for x in lanes
+        for wide in lanes
+        if wide > x and wide % x == 0
+    }
     shapes |= {((THREAD_TAGS[0], n.thread_count),) for n in nests if n.uniform or n.thread_count == largest}
     return sorted(shapes, key=lambda shape: (-math.prod(extent for _, extent in shape), shape))
 
@@ -327,7 +342,9 @@ def _flat_index(flat: tirx.Expr, axes: dict[str, tuple[tvm.ir.Var, int]], tags: 
     return mapping
 
 
-def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]) -> tuple[tirx.PrimFunc, list[relax.Expr]]:
+def fuse_nests(
+    nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
+) -> tuple[tirx.PrimFunc, list[relax.Expr]]:
     """One PrimFunc running every nest in its own range of blocks, and the arguments to call it with.
 
     Parameters are the union of the members'; a Relax variable two members take through buffers of
@@ -351,12 +368,15 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
     branches: list[tuple[int, tirx.Stmt]] = []
     alloc_buffers: list = []
     start = 0
-    for nest, member_args in zip(nests, args):
+    for nest, member_args in zip(nests, args, strict=True):
         mapping: dict = {}
-        for param, arg in zip(nest.func.params, member_args):
+        for param, arg in zip(nest.func.params, member_args, strict=True):
             shared = next(
-                (p for p, a in zip(params, call_args)
-                 if a.same_as(arg) and tvm_ffi.structural_equal(p.ty, param.ty, map_free_vars=True)),
+                (
+                    p
+                    for p, a in zip(params, call_args, strict=True)
+                    if a.same_as(arg) and tvm_ffi.structural_equal(p.ty, param.ty, map_free_vars=True)
+                ),
                 None,
             )
             if shared is None:
@@ -371,7 +391,9 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
             local = local * tirx.const(rows, dtype) + thread_vars[THREAD_TAGS[1]]
         mapping.update(_flat_index(local, nest.blocks, BLOCK_TAGS, nest.block_count))
         if placement is not None:  # its own thread loops, reshaped, nest in the launch's
-            mapping.update({nest.threads[tag][0]: _as(nest.threads[tag][0].ty, thread_vars[tag]) for tag in nest.bound_above})
+            mapping.update(
+                {nest.threads[tag][0]: _as(nest.threads[tag][0].ty, thread_vars[tag]) for tag in nest.bound_above}
+            )
             body = _reshape_threads(_substitute(nest.body, mapping), placement, shape)
         else:
             body = _thread_range(nest, mapping, flat, threads)
@@ -390,7 +412,7 @@ def fuse_nests(nests: Sequence[KernelNest], args: Sequence[Sequence[relax.Expr]]
         conditions.append(tirx.op.tvm_thread_invariant(inside))
         begin = end
     dispatch = tirx.IfThenElse(conditions[-1], branches[-1][1], None)
-    for condition, (_, body) in reversed(list(zip(conditions, branches))[:-1]):
+    for condition, (_, body) in reversed(list(zip(conditions, branches, strict=True))[:-1]):
         dispatch = tirx.IfThenElse(condition, body, dispatch)
     for tag, extent in shape:  # x innermost
         dispatch = _thread_loop(thread_vars[tag], tag, extent, dispatch)
@@ -421,8 +443,13 @@ def _reshape_threads(body: tirx.Stmt, placement: str, shape: ThreadShape) -> tir
         if placement == "rows" and tag == THREAD_TAGS[1]:
             row, step = tirx.Var(f"{var.name}_y", dtype), tirx.Var(f"{var.name}_round", dtype)
             inner = _substitute(loop.body, {var: row + step * tirx.const(y, dtype)})
-            return tirx.For(step, tirx.const(0, dtype), tirx.const(extent // y, dtype), tirx.ForKind.SERIAL,
-                            _thread_loop(row, THREAD_TAGS[1], y, inner))
+            return tirx.For(
+                step,
+                tirx.const(0, dtype),
+                tirx.const(extent // y, dtype),
+                tirx.ForKind.SERIAL,
+                _thread_loop(row, THREAD_TAGS[1], y, inner),
+            )
         return loop
 
     return tvm_ffi.structural_map(body, [(tirx.For, reshape)])
@@ -470,12 +497,16 @@ def _fuse_function(func: relax.Function, mod: tvm.IRModule, group_of: Sequence[i
     """``func`` with each fusable group's calls replaced by one call of a fused PrimFunc (``add``
     puts it into the module and returns its GlobalVar)."""
     blocks = list(func.body.blocks)
-    calls = [(b, i, binding) for b, block in enumerate(blocks) for i, binding in enumerate(block.bindings)
-             if prim_func_of(binding.value, mod) is not None]
+    calls = [
+        (b, i, binding)
+        for b, block in enumerate(blocks)
+        for i, binding in enumerate(block.bindings)
+        if prim_func_of(binding.value, mod) is not None
+    ]
     if len(calls) != len(group_of):
         return func  # not the function the planner saw
     members: dict[int, list[_Member]] = {}
-    for (b, i, binding), group in zip(calls, group_of):
+    for (b, i, binding), group in zip(calls, group_of, strict=True):
         members.setdefault(group, []).append(_Member(b, i, binding, None))
     removed: dict[int, set[int]] = {}
     placed: dict[tuple[int, int], relax.VarBinding] = {}
@@ -542,7 +573,9 @@ def FuseGroupKernels() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's p
             new_func = _fuse_function(func, mod, [int(g) for g in attrs[GROUPS_ATTR]], add)
             if not new_func.same_as(func):
                 functions[gvar] = new_func
-                replaced |= {b.value.op.name_hint for b in top_level_bindings(func) if prim_func_of(b.value, mod) is not None}
+                replaced |= {
+                    b.value.op.name_hint for b in top_level_bindings(func) if prim_func_of(b.value, mod) is not None
+                }
         if not replaced:
             return mod
         new_mod = tvm.IRModule(functions, attrs=mod.attrs)

@@ -9,8 +9,8 @@ step ranges each group occupies, which the arena planner turns into the F-predic
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Sequence
 
 import tvm
 from tvm import relax
@@ -52,8 +52,10 @@ def _is_dataflow_view(value: relax.Expr) -> bool:
 
 
 def _view_source(value: relax.Expr) -> relax.Var | None:
-    source = value if isinstance(value, relax.Var) else (
-        value.tuple_value if isinstance(value, relax.TupleGetItem) else getattr(value, "args", [None])[0]
+    source = (
+        value
+        if isinstance(value, relax.Var)
+        else (value.tuple_value if isinstance(value, relax.TupleGetItem) else getattr(value, "args", [None])[0])
     )
     return source if isinstance(source, relax.Var) else None
 
@@ -66,7 +68,9 @@ def _splitter(setting: GroupSetting, touched_bytes: Mapping[int, int], out_bytes
     return lambda layer: cost_aware_groups(layer, seconds, out_bytes, AUTO_COST_MODEL)
 
 
-def _block_costs(block: relax.DataflowBlock, escaping: set[relax.Var], mod: tvm.IRModule, inplace: bool, setting: GroupSetting):
+def _block_costs(
+    block: relax.DataflowBlock, escaping: set[relax.Var], mod: tvm.IRModule, inplace: bool, setting: GroupSetting
+):
     """Per layering direction: (order, its cost). The cost is the sequential peak as
     ReorderForMemory models it (in-place included) plus, with groups, what the F-predicate adds
     to the order's lower bound (estimated without in-place kernels)."""
@@ -74,7 +78,9 @@ def _block_costs(block: relax.DataflowBlock, escaping: set[relax.Var], mod: tvm.
     operators = [Operator(i, tuple(relax.analysis.free_vars(b.value)), (b.var,)) for i, b in enumerate(bindings)]
     views = {i for i, b in enumerate(bindings) if _is_dataflow_view(b.value)}
     sizes = {b.var: static_nbytes(b.var.ty) for i, b in enumerate(bindings) if i not in views and b.var not in escaping}
-    aliases = {b.var: _view_source(b.value) for i, b in enumerate(bindings) if i in views and _view_source(b.value) is not None}
+    aliases = {
+        b.var: _view_source(b.value) for i, b in enumerate(bindings) if i in views and _view_source(b.value) is not None
+    }
     out_bytes = {i: static_nbytes(b.var.ty) for i, b in enumerate(bindings) if i not in views}
     touched = {i: out_bytes[i] + sum(static_nbytes(v.ty) for v in operators[i].inputs) for i in out_bytes}
     graph = block_graph(block, escaping, mod, inplace)

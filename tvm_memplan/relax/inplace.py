@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import tvm
 from tvm import relax, s_tir, tirx
 
+from ..planning.concat import concat_slices
 from .ir_utils import static_shape
 from .tensor_types import static_nbytes
 
@@ -59,7 +60,7 @@ def _identity_access(region, iter_vars) -> bool:
     """The region is exactly one element at the block's spatial iterators, in order."""
     if len(region) != len(iter_vars):
         return False
-    for rng, iv in zip(region, iter_vars):
+    for rng, iv in zip(region, iter_vars, strict=True):
         if not (isinstance(rng.extent, tirx.IntImm) and int(rng.extent.value) == 1):
             return False
         if not rng.min.same_as(iv.var):
@@ -148,39 +149,13 @@ def inplace_safe(func: tirx.PrimFunc, source_index: int, output_index: int) -> b
     return last_source_read is None or last_source_read <= first_output_write
 
 
-def concat_layout(
-    input_shapes: list[tuple[int, ...]], output_shape: tuple[int, ...], itemsize: int
-) -> list[int] | None:
-    """Byte offsets of each input inside the output, when every input is a contiguous slice."""
-    rank = len(output_shape)
-    if any(len(shape) != rank for shape in input_shapes):
-        return None
-    for axis in range(rank):
-        others_match = all(
-            shape[:axis] == output_shape[:axis] and shape[axis + 1:] == output_shape[axis + 1:] for shape in input_shapes
-        )
-        if not others_match or sum(shape[axis] for shape in input_shapes) != output_shape[axis]:
-            continue
-        if any(dim != 1 for dim in output_shape[:axis]):
-            return None  # slices along an inner axis interleave in memory
-        inner = 1
-        for dim in output_shape[axis + 1:]:
-            inner *= dim
-        offsets, position = [], 0
-        for shape in input_shapes:
-            offsets.append(position * inner * itemsize)
-            position += shape[axis]
-        return offsets
-    return None
-
-
-def _itemsize(site: "AllocSite") -> int:
+def _itemsize(site: AllocSite) -> int:
     return tvm.runtime.DataType(site.dtype).bits // 8
 
 
 def decide_aliases(
     bindings: list[relax.Binding],
-    sites: dict[relax.Var, "AllocSite"],
+    sites: dict[relax.Var, AllocSite],
     owners: dict[relax.Var, frozenset[relax.Var]],
     lifetimes: dict[relax.Var, tuple[int, int]],
     mod: tvm.IRModule,
@@ -224,7 +199,9 @@ def decide_aliases(
             continue
         args = list(binding.value.args)
         arg_owners = [sole_owner(arg) for arg in args]
-        out_positions = [i for i, owner in enumerate(arg_owners) if owner is not None and first_reader.get(owner) == step]
+        out_positions = [
+            i for i, owner in enumerate(arg_owners) if owner is not None and first_reader.get(owner) == step
+        ]
         if len(out_positions) != 1:
             continue
         out_position = out_positions[0]
@@ -232,12 +209,11 @@ def decide_aliases(
         name = binding.value.op.name_hint
         if is_concat_kernel(name):
             inputs = [(i, arg) for i, arg in enumerate(args) if i != out_position]
-            reason = _concat_blocker(inputs, arg_owners, out, sites, decisions, alignment)
+            offsets, reason = _concat_offsets(inputs, arg_owners, out, sites, decisions, alignment)
             if reason is not None:
                 decisions.concats_kept[f"{out.name} = {name}(...)"] = reason
                 continue
-            offsets = concat_layout([static_shape(arg.ty) for _, arg in inputs], sites[out].shape, _itemsize(sites[out]))
-            for (i, _), delta in zip(inputs, offsets):
+            for (i, _), delta in zip(inputs, offsets, strict=True):
                 join(arg_owners[i], out, delta)
             decisions.removed_calls.add(binding.var)
             decisions.concats_removed += 1
@@ -257,21 +233,22 @@ def decide_aliases(
     return decisions
 
 
-def _concat_blocker(inputs, arg_owners, out, sites, decisions: AliasDecisions, alignment: int) -> str | None:
-    """Why a concat must stay a copy, or None when its inputs can be written in place."""
+def _concat_offsets(
+    inputs, arg_owners, out, sites, decisions: AliasDecisions, alignment: int
+) -> tuple[list[int] | None, str | None]:
+    """The inputs' byte offsets in the output when they can be written in place, else why the concat
+    stays a copy (:func:`~tvm_memplan.planning.concat.concat_slices`)."""
     seen = set()
     for i, arg in inputs:
         owner = arg_owners[i]
         if owner is None:
-            return f"input {getattr(arg, 'name', arg)} is not an intermediate this planner places (graph input, constant or partial view)"
+            name = getattr(arg, "name", arg)
+            why = "is not an intermediate this planner places (graph input, constant or partial view)"
+            return None, f"input {name} {why}"
         if owner in seen:
-            return f"input {owner.name} appears twice"
+            return None, f"input {owner.name} appears twice"
         if owner in decisions.aliases:
-            return f"input {owner.name} already lives inside another tensor (second concat or in-place)"
+            return None, f"input {owner.name} already lives inside another tensor (second concat or in-place)"
         seen.add(owner)
-    offsets = concat_layout([static_shape(arg.ty) for _, arg in inputs], sites[out].shape, _itemsize(sites[out]))
-    if offsets is None:
-        return "inputs are not contiguous slices of the output (concat on an inner axis)"
-    if any(delta % alignment for delta in offsets):
-        return f"a slice offset is not {alignment}-byte aligned (a view there would copy)"
-    return None
+    shapes = [static_shape(arg.ty) for _, arg in inputs]
+    return concat_slices(shapes, sites[out].shape, _itemsize(sites[out]), alignment)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import tvm
 import tvm_ffi
@@ -18,7 +18,9 @@ def relax_functions(mod: tvm.IRModule) -> Iterator[tuple[tvm.ir.GlobalVar, relax
 
 def with_blocks(func: relax.Function, blocks: Sequence[relax.BindingBlock]) -> relax.Function:
     """``func`` with its binding blocks replaced (same parameters, result, attributes)."""
-    return relax.Function(func.params, relax.SeqExpr(list(blocks), func.body.body), func.ret_ty, func.is_pure, func.attrs, func.span)
+    return relax.Function(
+        func.params, relax.SeqExpr(list(blocks), func.body.body), func.ret_ty, func.is_pure, func.attrs, func.span
+    )
 
 
 def with_functions(mod: tvm.IRModule, updates: Mapping[tvm.ir.GlobalVar, relax.Function]) -> tvm.IRModule:
@@ -38,6 +40,7 @@ def referenced_globals(mod: tvm.IRModule) -> set[str]:
     """Names of the global functions the module's Relax functions refer to."""
     names: set[str] = set()
     for _, func in relax_functions(mod):
-        tvm_ffi.structural_walk(func, lambda n: names.add(n.name_hint) if isinstance(n, tvm.ir.GlobalVar) else None,
-                                order="pre")
+        tvm_ffi.structural_walk(
+            func, lambda n: names.add(n.name_hint) if isinstance(n, tvm.ir.GlobalVar) else None, order="pre"
+        )
     return names

@@ -43,11 +43,14 @@ def kernels_take_offsets(target: tvm.target.Target | None) -> bool:
 
 def with_offset_params(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with each buffer parameter of constant ``elem_offset`` given a symbolic one."""
-    return with_elem_offsets(func, {
-        param: tirx.Var(f"{param.name}_elem_offset", param.ty.shape[0].ty if param.ty.shape else "int32")
-        for param in func.params
-        if tir_buffer.is_buffer_var(param) and isinstance(param.ty.elem_offset, tirx.IntImm)
-    })
+    return with_elem_offsets(
+        func,
+        {
+            param: tirx.Var(f"{param.name}_elem_offset", param.ty.shape[0].ty if param.ty.shape else "int32")
+            for param in func.params
+            if tir_buffer.is_buffer_var(param) and isinstance(param.ty.elem_offset, tirx.IntImm)
+        },
+    )
 
 
 def with_elem_offsets(func: tirx.PrimFunc, offsets: dict[tvm.ir.Var, tirx.PrimExpr]) -> tirx.PrimFunc:
@@ -56,8 +59,16 @@ def with_elem_offsets(func: tirx.PrimFunc, offsets: dict[tvm.ir.Var, tirx.PrimEx
     for param, offset in offsets.items():
         ty = param.ty
         new_ty = tir_buffer._ffi_api.BufferType(  # noqa: SLF001 - decl_buffer would make a new layout: keep every other field
-            ty.storage_scope, ty.dtype, ty.shape, ty.strides, offset, ty.data_alignment, 1, ty.layout,
-            ty.allocated_addr, None,
+            ty.storage_scope,
+            ty.dtype,
+            ty.shape,
+            ty.strides,
+            offset,
+            ty.data_alignment,
+            1,
+            ty.layout,
+            ty.allocated_addr,
+            None,
         )
         replaced[param] = tir_buffer._ffi_api.BufferVar(param.name, new_ty, None)  # noqa: SLF001
     if not replaced:
@@ -168,7 +179,7 @@ def byte_offset(expr: relax.Expr, offsets: dict[relax.Var, int]) -> int | None:
 def _baked(func: tirx.PrimFunc, args: list[relax.Expr], offsets: dict[relax.Var, int]) -> dict[int, int]:
     """Parameter index -> constant elem_offset, for each symbolic offset whose argument's byte offset is known."""
     baked = {}
-    for index, (param, arg) in enumerate(zip(func.params, args)):
+    for index, (param, arg) in enumerate(zip(func.params, args, strict=True)):
         if not tir_buffer.is_buffer_var(param) or not isinstance(param.ty.elem_offset, tirx.Var):
             continue
         dtype = tvm_ffi.dtype(str(param.dtype))
@@ -186,8 +197,11 @@ def BakeKernelOffsets(max_scalars: int) -> tvm.transform.Pass:  # noqa: N802 - n
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.BakeKernelOffsets")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        over = {gvar.name_hint for gvar, func in mod.functions.items()
-                if isinstance(func, tirx.PrimFunc) and scalar_params(func) > max_scalars}
+        over = {
+            gvar.name_hint
+            for gvar, func in mod.functions.items()
+            if isinstance(func, tirx.PrimFunc) and scalar_params(func) > max_scalars
+        }
         if not over:
             return mod
         functions = dict(mod.functions)
@@ -198,7 +212,9 @@ def BakeKernelOffsets(max_scalars: int) -> tvm.transform.Pass:  # noqa: N802 - n
             key = (gvar.name_hint, tuple(sorted(baked.items())))
             if key not in copies:
                 func = mod[gvar]
-                name = next(f"{gvar.name_hint}_at{i}" for i in range(len(taken) + 1) if f"{gvar.name_hint}_at{i}" not in taken)
+                name = next(
+                    f"{gvar.name_hint}_at{i}" for i in range(len(taken) + 1) if f"{gvar.name_hint}_at{i}" not in taken
+                )
                 taken.add(name)
                 params = list(func.params)
                 offsets = {params[i]: tirx.IntImm(params[i].ty.elem_offset.ty, value) for i, value in baked.items()}
@@ -216,8 +232,11 @@ def BakeKernelOffsets(max_scalars: int) -> tvm.transform.Pass:  # noqa: N802 - n
                 bindings = []
                 for binding in block.bindings:
                     value = binding.value
-                    if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar)
-                            and value.op.name_hint in over):
+                    if (
+                        isinstance(value, relax.Call)
+                        and isinstance(value.op, tvm.ir.GlobalVar)
+                        and value.op.name_hint in over
+                    ):
                         baked = _baked(mod[value.op], list(value.args), offsets)
                         if baked:
                             call = relax.Call(copy_of(value.op, baked), value.args, value.attrs, value.ty_args)
@@ -227,7 +246,8 @@ def BakeKernelOffsets(max_scalars: int) -> tvm.transform.Pass:  # noqa: N802 - n
             if changed:
                 functions[gvar] = with_blocks(func, blocks)
         used = referenced_globals(tvm.IRModule(functions))
-        return tvm.IRModule({g: f for g, f in functions.items() if g.name_hint not in over or g.name_hint in used},
-                            attrs=mod.attrs)
+        return tvm.IRModule(
+            {g: f for g, f in functions.items() if g.name_hint not in over or g.name_hint in used}, attrs=mod.attrs
+        )
 
     return _pass

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import tvm
 from tvm import relax
@@ -61,7 +61,9 @@ class PlanReport:
             problem = Problem(
                 [Buffer(t["name"], t["bytes"], t["start"], t["end"]) for t in tensors],
                 alignment=self.alignment,
-                aliases={i: (t["alias_of"], t["alias_delta"]) for i, t in enumerate(tensors) if t["alias_of"] is not None},
+                aliases={
+                    i: (t["alias_of"], t["alias_delta"]) for i, t in enumerate(tensors) if t["alias_of"] is not None
+                },
                 concurrent=tuple(tuple(r) for r in arena.get("concurrent", ())),
             )
             result.append((problem, [t["offset"] for t in tensors], arena["arena_bytes"]))
@@ -100,7 +102,7 @@ def plan_function(
         kernel_steps = sorted(step for step in group_of if step not in removed_steps)
         new_func = new_func.with_attr(GROUPS_ATTR, [group_of[step] for step in kernel_steps])
     arenas = []
-    for arena, plan, bound in zip(plan_input.arenas, plans, bounds):
+    for arena, plan, bound in zip(plan_input.arenas, plans, bounds, strict=True):
         alias_of = arena.problem.aliases
         arenas.append(
             {
@@ -122,7 +124,9 @@ def plan_function(
                         "alias_of": alias_of.get(i, (None, 0))[0],
                         "alias_delta": alias_of.get(i, (None, 0))[1],
                     }
-                    for i, (site, buffer, offset) in enumerate(zip(arena.sites, arena.problem.buffers, plan.offsets))
+                    for i, (site, buffer, offset) in enumerate(
+                        zip(arena.sites, arena.problem.buffers, plan.offsets, strict=True)
+                    )
                 ],
             }
         )

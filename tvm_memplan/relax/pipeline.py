@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import tvm
 
@@ -131,8 +132,9 @@ def pipeline(
     Dataflow bindings are reordered for memory after ``RewriteDataflowReshape``; the arena
     planner runs before SPBM, which stays only for what the planner leaves (tensors with
     symbolic shapes); on CPU targets every kernel then gets a default schedule (after the
-    planner, whose in-place analysis reads the unscheduled kernels). ``options`` are :class:`~tvm_memplan.options.MemplanOptions` fields;
-    unset ones come from :func:`tvm_memplan.config` when the pipeline runs.
+    planner, whose in-place analysis reads the unscheduled kernels). ``options`` are
+    :class:`~tvm_memplan.options.MemplanOptions` fields; unset ones come from :func:`tvm_memplan.config` when the
+    pipeline runs.
     """
     resolved_target = resolve_target(target)
     stage_passes(resolved_target)  # reject a target without a Relax pipeline now, not at compile time

@@ -6,8 +6,8 @@ Runs after ``RewriteDataflowReshape`` (reshapes are views by then) and before
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
 
 import tvm
 from tvm import relax, tirx
@@ -98,8 +98,11 @@ def block_graph(
                 aliases[binding.var] = tuple(args)
                 continue
             inplace_inputs[index] = [
-                a for i, a in enumerate(args)
-                if isinstance(a, relax.Var) and a in produced and static_nbytes(a.ty) == out_bytes
+                a
+                for i, a in enumerate(args)
+                if isinstance(a, relax.Var)
+                and a in produced
+                and static_nbytes(a.ty) == out_bytes
                 and inplace_safe(prim, i, len(args))
             ]
         written = _inplace_operand(value)
@@ -107,8 +110,10 @@ def block_graph(
             aliases[binding.var] = written
             continue
         if _is_view(value):
-            source = value if isinstance(value, relax.Var) else (
-                value.tuple_value if isinstance(value, relax.TupleGetItem) else value.args[0]
+            source = (
+                value
+                if isinstance(value, relax.Var)
+                else (value.tuple_value if isinstance(value, relax.TupleGetItem) else value.args[0])
             )
             if isinstance(source, relax.Var):
                 aliases[binding.var] = source
@@ -123,7 +128,7 @@ def escaping_vars(func: relax.Function, block_index: int) -> set[relax.Var]:
     """Vars of a block read by later blocks or by the function's result."""
     body = func.body
     used: set[relax.Var] = set(relax.analysis.free_vars(body.body))
-    for later in body.blocks[block_index + 1:]:
+    for later in body.blocks[block_index + 1 :]:
         for binding in later.bindings:
             used.update(relax.analysis.free_vars(binding.value))
     return used
@@ -166,13 +171,21 @@ def ReorderForMemory(  # noqa: N802 - named like TVM's passes
                     if order in tvm_sorts:
                         # Compare with the order before TVM's sort, which was the program order.
                         old_block = original[gvar].body.blocks[index]
-                        result.program_peak = block_graph(old_block, escaping_vars(original[gvar], index), original, inplace).peak(
-                            list(range(len(old_block.bindings)))
-                        )
+                        result.program_peak = block_graph(
+                            old_block, escaping_vars(original[gvar], index), original, inplace
+                        ).peak(list(range(len(old_block.bindings))))
                 if on_report is not None:
                     on_report(
-                        OrderReport(gvar.name_hint, len(graph), result.strategy, result.program_peak,
-                                    result.peak, result.optimal, result.seconds, result.tried)
+                        OrderReport(
+                            gvar.name_hint,
+                            len(graph),
+                            result.strategy,
+                            result.program_peak,
+                            result.peak,
+                            result.optimal,
+                            result.seconds,
+                            result.tried,
+                        )
                     )
                 if result.order != list(range(len(graph))):
                     new_blocks.append(relax.DataflowBlock([block.bindings[i] for i in result.order]))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import AbstractSet, Sequence
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from tvm import relax
 
@@ -29,7 +30,7 @@ def apply_plans(
     """
     replacements: dict[relax.Var, list[relax.Binding]] = {}
     arena_bindings: list[relax.Binding] = []
-    for index, (arena, plan) in enumerate(zip(arenas, plans)):
+    for index, (arena, plan) in enumerate(zip(arenas, plans, strict=True)):
         if not arena.sites:
             continue
         storage = relax.Var(f"memplan_arena{index if index else ''}", relax.ObjectType())
@@ -44,7 +45,7 @@ def apply_plans(
                 ),
             )
         )
-        for site, offset in zip(arena.sites, plan.offsets):
+        for site, offset in zip(arena.sites, plan.offsets, strict=True):
             tensor = relax.op.memory.alloc_tensor(
                 storage, offset, relax.ShapeExpr(list(site.shape)), site.dtype, site.device_index
             )

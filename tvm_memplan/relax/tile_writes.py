@@ -34,12 +34,28 @@ def written_into_rows(func: tirx.PrimFunc, full_shape: tuple[int, ...], offset: 
     *_, out = func.params
     ty = out.ty
     shape = [int(d) for d in ty.shape] if all(isinstance(d, tirx.IntImm) for d in ty.shape) else None
-    if (shape is None or len(shape) != 4 or len(full_shape) != 4 or shape[0] != 1 or shape[1] != full_shape[1]
-            or shape[3] != full_shape[3] or offset + shape[2] > full_shape[2] or ty.strides):
+    if (
+        shape is None
+        or len(shape) != 4
+        or len(full_shape) != 4
+        or shape[0] != 1
+        or shape[1] != full_shape[1]
+        or shape[3] != full_shape[3]
+        or offset + shape[2] > full_shape[2]
+        or ty.strides
+    ):
         return None
     full_ty = tir_buffer._ffi_api.BufferType(  # noqa: SLF001 - the output's type with the full tensor's shape
-        ty.storage_scope, ty.dtype, [tirx.IntImm(ty.shape[0].ty, d) for d in full_shape], ty.strides, ty.elem_offset,
-        ty.data_alignment, ty.offset_factor, ty.layout, ty.allocated_addr, None,
+        ty.storage_scope,
+        ty.dtype,
+        [tirx.IntImm(ty.shape[0].ty, d) for d in full_shape],
+        ty.strides,
+        ty.elem_offset,
+        ty.data_alignment,
+        ty.offset_factor,
+        ty.layout,
+        ty.allocated_addr,
+        None,
     )
     full = tir_buffer._ffi_api.BufferVar(out.name, full_ty, None)  # noqa: SLF001
 
@@ -82,7 +98,7 @@ def WriteTilesInPlace() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's 
         updates = {}
         for gvar, func in relax_functions(mod):
             blocks = [_rewrite_block(block, mod, builder) for block in func.body.blocks]
-            if any(new is not old for new, old in zip(blocks, func.body.blocks)):
+            if any(new is not old for new, old in zip(blocks, func.body.blocks, strict=True)):
                 updates[gvar] = with_blocks(func, blocks)
         if not updates:
             return mod
@@ -147,7 +163,7 @@ def _called(functions: dict) -> set[str]:
     names: set[str] = set()
     for func in functions.values():
         if isinstance(func, relax.Function):
-            tvm_ffi.structural_walk(func, lambda n: names.add(n.name_hint) if isinstance(n, tvm.ir.GlobalVar) else None,
-                                    order="pre")
+            tvm_ffi.structural_walk(
+                func, lambda n: names.add(n.name_hint) if isinstance(n, tvm.ir.GlobalVar) else None, order="pre"
+            )
     return names
-

@@ -19,7 +19,7 @@ normalise), because a function left without thread bindings is host code that a 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import tvm
 from tvm import s_tir, tirx
@@ -84,8 +84,8 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     if any(kind not in (DATA_PAR, REDUCE) for kind in kinds):
         raise NotApplicable("iterators other than spatial and reduction")
     extents = iter_extents(block)
-    outputs = math.prod(e for e, k in zip(extents, kinds) if k == DATA_PAR)
-    if outputs < math.prod(e for e, k in zip(extents, kinds) if k == REDUCE):
+    outputs = math.prod(e for e, k in zip(extents, kinds, strict=True) if k == DATA_PAR)
+    if outputs < math.prod(e for e, k in zip(extents, kinds, strict=True) if k == REDUCE):
         raise NotApplicable("a long reduction: dlight's cross-thread reductions suit it")
 
     channel = _channel_axis(block, extents)
@@ -126,8 +126,8 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
     if tile > 1:
         loops[channel], inner = sch.split(loops[channel], [None, tile])
         tile_loops.append(inner)
-    spatial = [loop for loop, kind in zip(loops, kinds) if kind == DATA_PAR]
-    reduce = [loop for loop, kind in zip(loops, kinds) if kind == REDUCE]
+    spatial = [loop for loop, kind in zip(loops, kinds, strict=True) if kind == DATA_PAR]
+    reduce = [loop for loop, kind in zip(loops, kinds, strict=True) if kind == REDUCE]
     sch.reorder(*spatial, *reduce, *tile_loops)
     fused = sch.fuse(*spatial)
     threads = min(THREADS, max_threads, int(sch.get(fused).extent))
@@ -201,7 +201,7 @@ def _bind_outer_spatial(sch: s_tir.Schedule, block, max_threads: int):
         raise NotApplicable("the block is not the innermost loop's body")
     spatial_vars, other_vars = set(), set()
     if realize is not None:
-        for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True):
             used = {v.name for v in tirx.analysis.undefined_vars(value, [])}
             (spatial_vars if int(iv.iter_type) == DATA_PAR else other_vars).update(used)
     outer = []

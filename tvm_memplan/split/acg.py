@@ -10,8 +10,8 @@ gives A.s1→C.s1, A.s2→C.t1, B.s1→C.t1, B.s2→C.s2. Loop axes of extent 1 
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable
 
 from .graph import AxisKind, Graph, TensorRole
 

@@ -218,9 +218,17 @@ class SpatialChain(_OneBranch):
         return self.ops
 
 
-def _chain_of_fields(branches: tuple[Branch, ...], concat: str | None, post: tuple[str, ...], tail: str | None,
-                     tile_bytes: int, rows: bool = False, spatial: tuple[RowOp, ...] = (), gathered: bool = False,
-                     anchor: str | None = None) -> Chain:
+def _chain_of_fields(
+    branches: tuple[Branch, ...],
+    concat: str | None,
+    post: tuple[str, ...],
+    tail: str | None,
+    tile_bytes: int,
+    rows: bool = False,
+    spatial: tuple[RowOp, ...] = (),
+    gathered: bool = False,
+    anchor: str | None = None,
+) -> Chain:
     if spatial:
         (branch,) = branches
         return SpatialChain(branch, tuple(spatial), tile_bytes, gathered)

@@ -11,9 +11,9 @@ which rows of every input a range of output rows needs (:meth:`Kernel.regions`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Mapping
 
 Interval = tuple[int, int]
 """Half-open ``[lo, hi)``; empty when ``hi <= lo``."""
@@ -50,7 +50,7 @@ class Affine:
     const: int = 0
 
     @classmethod
-    def of(cls, const: int = 0, **terms: int) -> "Affine":
+    def of(cls, const: int = 0, **terms: int) -> Affine:
         return cls(tuple((k, v) for k, v in terms.items() if v), const)
 
     @property
@@ -198,7 +198,7 @@ class Kernel:
             if wbox is None or is_empty(wbox):
                 continue
             domain = {a.name: (0, a.extent) for a in block.axes}
-            for (lo, hi), idx in zip(wbox, block.write.index):
+            for (lo, hi), idx in zip(wbox, block.write.index, strict=True):
                 axis = idx.single_axis() if idx is not None else None
                 if axis is None:
                     continue
@@ -212,9 +212,7 @@ class Kernel:
 
     def _read_box(self, access: Access, domain: Mapping[str, Interval]) -> Box:
         shape = self.buffers[access.tensor]
-        return tuple(
-            (0, shape[d]) if idx is None else idx.interval(domain) for d, idx in enumerate(access.index)
-        )
+        return tuple((0, shape[d]) if idx is None else idx.interval(domain) for d, idx in enumerate(access.index))
 
     def input_boxes(self, out_box: Box) -> dict[int, Box]:
         """Argument position → box of that input needed for ``out_box`` (absent: not read)."""
@@ -260,7 +258,7 @@ def is_empty(box: Box) -> bool:
 
 
 def clip(box: Box, shape: tuple[int, ...]) -> Box:
-    return tuple((max(lo, 0), min(hi, d)) for (lo, hi), d in zip(box, shape))
+    return tuple((max(lo, 0), min(hi, d)) for (lo, hi), d in zip(box, shape, strict=True))
 
 
 def hull(a: Box | None, b: Box) -> Box:
@@ -269,4 +267,4 @@ def hull(a: Box | None, b: Box) -> Box:
         return b
     if is_empty(b):
         return a
-    return tuple((min(x0, y0), max(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+    return tuple((min(x0, y0), max(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))

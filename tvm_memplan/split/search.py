@@ -10,8 +10,8 @@ is met, or the time is up.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .chain import Chain, SpatialChain, SplitChoice
 from .simulate import Peak, Program, peak, split_program
@@ -159,8 +159,16 @@ def search(
         report()
     front = _with_original(pareto(points), original)
     final = _fastest_fitting(front, memory_limit, Point(choices_of(state), current.bytes, latency_of(state)))
-    return SearchResult(final, original, front, evaluated, measured, time.monotonic() - start, stopped,
-                        peak(split_program(program, list(final.choices))))
+    return SearchResult(
+        final,
+        original,
+        front,
+        evaluated,
+        measured,
+        time.monotonic() - start,
+        stopped,
+        peak(split_program(program, list(final.choices))),
+    )
 
 
 def search_phased(
@@ -181,11 +189,13 @@ def search_phased(
     fastest plan that fits on either front is kept."""
     plain = [c for c in chains if not isinstance(c, SpatialChain)]
     if not plain or len(plain) == len(chains):
-        return search(program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit,
-                      progress=progress)
+        return search(
+            program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit, progress=progress
+        )
     started = time.monotonic()
-    first = search(program, plain, base_latency_ms, chain_delta_ms, budget, seconds / 2, memory_limit,
-                   progress=progress)
+    first = search(
+        program, plain, base_latency_ms, chain_delta_ms, budget, seconds / 2, memory_limit, progress=progress
+    )
 
     def second_progress(measured: int, peak_bytes: int) -> None:
         """The second phase counts on from the first; its peak is compared with the first's."""
@@ -196,10 +206,27 @@ def search_phased(
     # under a memory limit the channel plan may already fit: the second phase then starts unsplit,
     # so that spatial plans that fit compete on latency with it
     start_from = () if memory_limit is not None else first.best.choices
-    second = search(program, chains, base_latency_ms, chain_delta_ms, budget, left, memory_limit, start_from=start_from,
-                    progress=second_progress)
+    second = search(
+        program,
+        chains,
+        base_latency_ms,
+        chain_delta_ms,
+        budget,
+        left,
+        memory_limit,
+        start_from=start_from,
+        progress=second_progress,
+    )
     front = _with_original(pareto(first.front + second.front), first.original)
     best = _fastest_fitting(front, memory_limit, second.best)
-    return SearchResult(best, first.original, front, first.evaluated + second.evaluated,
-                        first.measured + second.measured, time.monotonic() - started, second.stopped,
-                        peak(split_program(program, list(best.choices))), first.best)
+    return SearchResult(
+        best,
+        first.original,
+        front,
+        first.evaluated + second.evaluated,
+        first.measured + second.measured,
+        time.monotonic() - started,
+        second.stopped,
+        peak(split_program(program, list(best.choices))),
+        first.best,
+    )

@@ -12,19 +12,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..planning.lifetimes import tensor_lifetimes
 from .chain import SPATIAL_PARTS, Branch, Chain, ChannelChain, RowChain, SpatialChain, SplitChoice, disjoint
 
 __all__ = [
-    "SPATIAL_PARTS", "Branch", "Chain", "ChannelChain", "Peak", "Program", "RowChain", "SpatialChain", "SplitChoice",
-    "Step", "disjoint", "peak", "split_program",
+    "SPATIAL_PARTS",
+    "Branch",
+    "Chain",
+    "ChannelChain",
+    "Peak",
+    "Program",
+    "RowChain",
+    "SpatialChain",
+    "SplitChoice",
+    "Step",
+    "disjoint",
+    "peak",
+    "split_program",
 ]
+
 
 @dataclass(frozen=True)
 class Step:
+    """One kernel; as an :class:`~tvm_memplan.planning.lifetimes.Operator` of the planner's graph it
+    has ``inputs`` (its reads) and ``outputs`` (the one tensor it writes)."""
+
     name: str
     """The binding that runs at this step (tiles: ``name#t``)."""
     writes: str
     reads: tuple[str, ...]
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.reads
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.writes,)
 
 
 @dataclass
@@ -51,18 +75,14 @@ class Peak:
 
 
 def peak(program: Program) -> Peak:
-    """Largest sum of live tensor bytes over the steps."""
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for i, step in enumerate(program.steps):
-        for name in (step.writes, *step.reads):
-            if name in program.sizes:
-                first.setdefault(name, i)
-                last[name] = i
+    """Largest sum of live tensor bytes over the steps, with the planner's lifetimes
+    (:func:`~tvm_memplan.planning.lifetimes.tensor_lifetimes`: from the first step that touches a
+    tensor to the last)."""
+    lifetimes = {t: span for t, span in tensor_lifetimes(program.steps).items() if t in program.sizes}
     events: dict[int, int] = {}
-    for name, start in first.items():
+    for name, (start, end) in lifetimes.items():
         events[start] = events.get(start, 0) + program.sizes[name]
-        events[last[name] + 1] = events.get(last[name] + 1, 0) - program.sizes[name]
+        events[end] = events.get(end, 0) - program.sizes[name]
     best, best_step, running, ties = 0, 0, 0, 0
     for i in range(len(program.steps) + 1):
         running += events.get(i, 0)
@@ -70,7 +90,9 @@ def peak(program: Program) -> Peak:
             best, best_step, ties = running, i, 1
         elif running == best:
             ties += 1
-    live = sorted((n for n in first if first[n] <= best_step <= last[n]), key=lambda n: -program.sizes[n])
+    live = sorted(
+        (n for n, (start, end) in lifetimes.items() if start <= best_step < end), key=lambda n: -program.sizes[n]
+    )
     return Peak(best, best_step, tuple(live), ties)
 
 
@@ -118,8 +140,9 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
     return Program(steps, sizes, dict(program.aliases))
 
 
-def _branch_steps(program: Program, choice: SplitChoice, branch: Branch, sizes: dict[str, int],
-                  written: set[str]) -> list[Step]:
+def _branch_steps(
+    program: Program, choice: SplitChoice, branch: Branch, sizes: dict[str, int], written: set[str]
+) -> list[Step]:
     """A channel or row chain's branch tile by tile: its own tensors, then the ones after a concat
     (channel chains), each tile ending in the chain's final tensor."""
     chain, parts = choice.chain, choice.parts

@@ -76,4 +76,3 @@ def tile_rows(ops: tuple[RowOp, ...], parts: int) -> list[dict[str, Rows]]:
                 need[name] = (lo, hi) if have is None else (min(have[0], lo), max(have[1], hi))
         tiles.append(need)
     return tiles
-

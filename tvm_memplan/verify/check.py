@@ -50,8 +50,9 @@ def _onnxruntime_outputs(plan: ModelPlan, inputs: dict[str, np.ndarray]) -> list
     return session.run(None, inputs)
 
 
-def _int8_comparison(plan: ModelPlan, inputs: dict[str, np.ndarray], outputs: list[np.ndarray],
-                     reference: list[np.ndarray]) -> tuple[int, int] | None:
+def _int8_comparison(
+    plan: ModelPlan, inputs: dict[str, np.ndarray], outputs: list[np.ndarray], reference: list[np.ndarray]
+) -> tuple[int, int] | None:
     """For a QDQ model whose outputs are all dequantized per tensor: (largest difference from
     onnxruntime in output LSB, the LSB allowed); None for any other model."""
     from ..quant.reference import is_quantized, lsb_difference, tolerances
@@ -61,12 +62,18 @@ def _int8_comparison(plan: ModelPlan, inputs: dict[str, np.ndarray], outputs: li
     allowed = tolerances(plan.model.onnx_model, inputs, reference)
     if not allowed or any(t is None for t in allowed):
         return None
-    diff = max(lsb_difference(a, r, t.scale) for a, r, t in zip(outputs, reference, allowed))
+    diff = max(lsb_difference(a, r, t.scale) for a, r, t in zip(outputs, reference, allowed, strict=True))
     return diff, min(t.lsb for t in allowed)  # several outputs: the strictest tolerance
 
 
-def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-4, stock: bool = True,
-                inputs: dict[str, np.ndarray] | None = None) -> VerifyResult:
+def verify_plan(
+    plan: ModelPlan,
+    seed: int = 0,
+    rtol: float = 1e-3,
+    atol: float = 1e-4,
+    stock: bool = True,
+    inputs: dict[str, np.ndarray] | None = None,
+) -> VerifyResult:
     """Build the planned and stock programs, run both on the same inputs (``inputs``, else random ones
     from ``seed``), and compare.
 
@@ -93,25 +100,36 @@ def verify_plan(plan: ModelPlan, seed: int = 0, rtol: float = 1e-3, atol: float 
     if stock:
         stock_outputs, _ = run_vm(plan.build_stock(), inputs, device)
         identical = len(outputs) == len(stock_outputs) and all(
-            a.shape == b.shape and np.array_equal(a, b) for a, b in zip(outputs, stock_outputs)
+            a.shape == b.shape and np.array_equal(a, b) for a, b in zip(outputs, stock_outputs, strict=True)
         )
-        diff_stock = max((float(np.max(np.abs(a - b))) for a, b in zip(outputs, stock_outputs) if a.size), default=0.0)
+        diff_stock = max(
+            (float(np.max(np.abs(a - b))) for a, b in zip(outputs, stock_outputs, strict=False) if a.size), default=0.0
+        )
         if not identical:
             problems.append(f"outputs differ from TVM's stock pipeline (max |diff| {diff_stock:.3g})")
 
     diff_ort = None
     lsb_diff, lsb_tolerance = None, None
     reference = _onnxruntime_outputs(plan, inputs)
+    if reference is not None and len(reference) != len(outputs):
+        problems.append(f"{len(outputs)} outputs, onnxruntime's run gives {len(reference)}")
+        reference = None
     if reference is not None:
-        diff_ort = max((float(np.max(np.abs(a - r))) for a, r in zip(outputs, reference) if a.size), default=0.0)
+        diff_ort = max(
+            (float(np.max(np.abs(a - r))) for a, r in zip(outputs, reference, strict=True) if a.size), default=0.0
+        )
         lsb = _int8_comparison(plan, inputs, outputs, reference)
         if lsb is not None:
             lsb_diff, lsb_tolerance = lsb
             if lsb_diff > lsb_tolerance:
-                problems.append(f"outputs differ from onnxruntime by {lsb_diff} LSB, more than its own spread "
-                                f"(optimized vs unoptimized, at least 2): {lsb_tolerance} LSB")
-        elif not all(np.allclose(a, r, rtol=rtol, atol=atol) for a, r in zip(outputs, reference)):
-            problems.append(f"outputs differ from onnxruntime beyond rtol={rtol}, atol={atol} (max |diff| {diff_ort:.3g})")
+                problems.append(
+                    f"outputs differ from onnxruntime by {lsb_diff} LSB, more than its own spread "
+                    f"(optimized vs unoptimized, at least 2): {lsb_tolerance} LSB"
+                )
+        elif not all(np.allclose(a, r, rtol=rtol, atol=atol) for a, r in zip(outputs, reference, strict=True)):
+            problems.append(
+                f"outputs differ from onnxruntime beyond rtol={rtol}, atol={atol} (max |diff| {diff_ort:.3g})"
+            )
 
     main = plan.main
     expected = [arena["arena_bytes"] for arena in main.arenas] + [int(o.nbytes) for o in outputs]

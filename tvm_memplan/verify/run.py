@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 import tvm
@@ -30,7 +30,7 @@ class AllocationTrace:
         return 0
 
 
-def flatten_outputs(value, session: "tvm.rpc.RPCSession | None" = None) -> list[np.ndarray]:
+def flatten_outputs(value, session: tvm.rpc.RPCSession | None = None) -> list[np.ndarray]:
     """A VM result (a tensor or nested tuples of them) as a flat list of numpy arrays.
 
     Through an RPC session (``measure`` uses one even on this machine) a tuple result is an opaque
@@ -62,7 +62,7 @@ def target_device(target: tvm.target.Target) -> tvm.runtime.Device:
 
 
 def run_vm(
-    executable: "tvm.runtime.Executable",
+    executable: tvm.runtime.Executable,
     inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
     device: tvm.runtime.Device | None = None,
     function: str = "main",

@@ -25,8 +25,9 @@ from __future__ import annotations
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import onnx
 
@@ -54,38 +55,71 @@ class Entry:
 
 _REGISTRY: dict[str, Entry] = {
     "resnext50_32x4d": Entry(
-        resnext50_32x4d, "ResNeXt-50 32x4d (grouped 3x3 bottlenecks), 224x224",
-        "Xie et al. CVPR 2017; torchvision resnext50_32x4d", 25_028_904),
+        resnext50_32x4d,
+        "ResNeXt-50 32x4d (grouped 3x3 bottlenecks), 224x224",
+        "Xie et al. CVPR 2017; torchvision resnext50_32x4d",
+        25_028_904,
+    ),
     "googlenet": Entry(
-        googlenet, "GoogLeNet / Inception v1 without aux heads, 224x224",
-        "Szegedy et al. CVPR 2015; torchvision googlenet", 6_624_904),
+        googlenet,
+        "GoogLeNet / Inception v1 without aux heads, 224x224",
+        "Szegedy et al. CVPR 2015; torchvision googlenet",
+        6_624_904,
+    ),
     "mobilenet_v2": Entry(
-        mobilenet_v2, "MobileNetV2 with width multiplier (channels rounded to 8), 224x224",
-        "Sandler et al. CVPR 2018; torchvision mobilenet_v2", 3_504_872),
+        mobilenet_v2,
+        "MobileNetV2 with width multiplier (channels rounded to 8), 224x224",
+        "Sandler et al. CVPR 2018; torchvision mobilenet_v2",
+        3_504_872,
+    ),
     "xception": Entry(
-        xception, "Xception: entry/middle/exit flows of depthwise-separable convs, 299x299",
-        "Chollet CVPR 2017; Cadene pretrainedmodels / timm legacy_xception", 22_855_952),
+        xception,
+        "Xception: entry/middle/exit flows of depthwise-separable convs, 299x299",
+        "Chollet CVPR 2017; Cadene pretrainedmodels / timm legacy_xception",
+        22_855_952,
+    ),
     "inception_v3": Entry(
-        inception_v3, "Inception v3 without the aux head, 299x299",
-        "Szegedy et al. CVPR 2016; torchvision inception_v3 (27,161,264 with aux)", 23_834_568),
+        inception_v3,
+        "Inception v3 without the aux head, 299x299",
+        "Szegedy et al. CVPR 2016; torchvision inception_v3 (27,161,264 with aux)",
+        23_834_568,
+    ),
     "densenet121": Entry(
-        densenet121, "DenseNet-121 (blocks 6-12-24-16, growth 32, bn_size 4), concat heavy, 224x224",
-        "Huang et al. CVPR 2017; torchvision densenet121", 7_978_856),
+        densenet121,
+        "DenseNet-121 (blocks 6-12-24-16, growth 32, bn_size 4), concat heavy, 224x224",
+        "Huang et al. CVPR 2017; torchvision densenet121",
+        7_978_856,
+    ),
     "squeezenet1_0": Entry(
-        squeezenet1_0, "SqueezeNet 1.0 (fire modules: squeeze, expand 1x1 + 3x3, concat), 224x224",
-        "Iandola et al. 2016; torchvision squeezenet1_0", 1_248_424),
+        squeezenet1_0,
+        "SqueezeNet 1.0 (fire modules: squeeze, expand 1x1 + 3x3, concat), 224x224",
+        "Iandola et al. 2016; torchvision squeezenet1_0",
+        1_248_424,
+    ),
     "nasnet_a_mobile": Entry(
-        nasnet_a_mobile, "NASNet-A Mobile 4 @ 1056 (searched normal/reduction cells), 224x224",
-        "Zoph et al. CVPR 2018; timm / Cadene nasnetamobile", 5_289_978),
+        nasnet_a_mobile,
+        "NASNet-A Mobile 4 @ 1056 (searched normal/reduction cells), 224x224",
+        "Zoph et al. CVPR 2018; timm / Cadene nasnetamobile",
+        5_289_978,
+    ),
     "mcu_cnn": Entry(
-        mcu_cnn, "microcontroller-class CNN (conv, pools, depthwise-separable, residual), 3x32x32",
-        "this project's own configuration (TinyML style)", None),
+        mcu_cnn,
+        "microcontroller-class CNN (conv, pools, depthwise-separable, residual), 3x32x32",
+        "this project's own configuration (TinyML style)",
+        None,
+    ),
     "bert_tiny": Entry(
-        bert_tiny, "BERT-tiny encoder (2 layers, hidden 128, 2 heads), resolution = sequence length, token ids in",
-        "Turc et al. 2019; google/bert_uncased_L-2_H-128_A-2 (4,385,920) + a linear head", 4_386_178),
+        bert_tiny,
+        "BERT-tiny encoder (2 layers, hidden 128, 2 heads), resolution = sequence length, token ids in",
+        "Turc et al. 2019; google/bert_uncased_L-2_H-128_A-2 (4,385,920) + a linear head",
+        4_386_178,
+    ),
     "mlp": Entry(
-        mlp, "2-layer MLP 784 -> 512 -> 10 with ReLU (Gemm, or MatMul + Add with matmul=1)",
-        "classic MNIST MLP", 407_050),
+        mlp,
+        "2-layer MLP 784 -> 512 -> 10 with ReLU (Gemm, or MatMul + Add with matmul=1)",
+        "classic MNIST MLP",
+        407_050,
+    ),
 }
 
 
@@ -139,10 +173,7 @@ def build(name: str, **kwargs: Any) -> onnx.ModelProto:
     defaults = params(name)
     unknown = sorted(set(kwargs) - set(defaults))
     if unknown:
-        raise UserError(
-            f"zoo model {name}: unknown parameter(s) {', '.join(unknown)}; "
-            f"accepted: {', '.join(defaults)}"
-        )
+        raise UserError(f"zoo model {name}: unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join(defaults)}")
     clean = {k: _check_value(name, k, v, defaults[k]) for k, v in kwargs.items()}
     try:
         model = e.builder(**clean)
@@ -180,7 +211,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, int | float]]:
         raise UserError("zoo spec is empty; expected e.g. zoo:mobilenet_v2?width=0.35")
     text = spec.strip()
     if text.startswith(SPEC_PREFIX):
-        text = text[len(SPEC_PREFIX):]
+        text = text[len(SPEC_PREFIX) :]
     name, _, query = text.partition("?")
     name = name.strip()
     if not name:
@@ -195,8 +226,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, int | float]]:
                 raise UserError(f"zoo spec {spec!r}: expected key=value, got {item!r}")
             if key not in defaults:
                 raise UserError(
-                    f"zoo spec {spec!r}: unknown parameter {key!r} for {name}; "
-                    f"accepted: {', '.join(defaults)}"
+                    f"zoo spec {spec!r}: unknown parameter {key!r} for {name}; accepted: {', '.join(defaults)}"
                 )
             if key in out:
                 raise UserError(f"zoo spec {spec!r}: parameter {key!r} given twice")

@@ -49,8 +49,7 @@ class _Encoder:
         scale = self.g.const(base + "_scale", (1.0 + 0.02 * self.g.rng.standard_normal(n)).astype(np.float32))
         shift = self.g.const(base + "_shift", (0.02 * self.g.rng.standard_normal(n)).astype(np.float32))
         self.g.params += 2 * n
-        return self.g._node("LayerNormalization", [x.name, scale, shift], x.shape, base=base,
-                            axis=-1, epsilon=1e-12)
+        return self.g._node("LayerNormalization", [x.name, scale, shift], x.shape, base=base, axis=-1, epsilon=1e-12)
 
     def op(self, op: str, inputs: list[str], shape: tuple[int, ...], **attrs) -> T:
         return self.g._node(op, inputs, shape, **attrs)
@@ -113,10 +112,12 @@ def bert_tiny(resolution: int = 128, num_classes: int = 2, layers: int = 2, seed
         positions = enc.weight("position", (MAX_POSITIONS, hidden))
         types = enc.weight("token_type", (TYPES, hidden))
         x = enc.op("Gather", [words, "input_ids"], (1, s, hidden), axis=0)
-        pos = enc.op("Gather", [positions, g.const("position_ids", np.arange(s, dtype=np.int64)[None])],
-                     (1, s, hidden), axis=0)
-        typ = enc.op("Gather", [types, g.const("token_type_ids", np.zeros((1, s), dtype=np.int64))],
-                     (1, s, hidden), axis=0)
+        pos = enc.op(
+            "Gather", [positions, g.const("position_ids", np.arange(s, dtype=np.int64)[None])], (1, s, hidden), axis=0
+        )
+        typ = enc.op(
+            "Gather", [types, g.const("token_type_ids", np.zeros((1, s), dtype=np.int64))], (1, s, hidden), axis=0
+        )
         x = enc.op("Add", [enc.op("Add", [x.name, pos.name], x.shape).name, typ.name], x.shape)
         x = enc.layernorm(x, "ln")
     for i in range(layers):

@@ -29,8 +29,16 @@ def _transition(g: GraphBuilder, x: T, cout: int) -> T:
     return g.avgpool(x, 2, 2)
 
 
-def densenet(name: str, growth: int, blocks: tuple[int, ...], init_features: int, bn_size: int,
-             resolution: int, num_classes: int, seed: int) -> onnx.ModelProto:
+def densenet(
+    name: str,
+    growth: int,
+    blocks: tuple[int, ...],
+    init_features: int,
+    bn_size: int,
+    resolution: int,
+    num_classes: int,
+    seed: int,
+) -> onnx.ModelProto:
     g = GraphBuilder(name, resolution, seed)
     x = g.input((1, 3, resolution, resolution))
     x = g.conv(x, init_features, 7, 2, 3, bn=True, act="relu", base="conv0")

@@ -29,9 +29,9 @@ Conventions
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -105,7 +105,9 @@ def same_pads(size: int, k: int, s: int, d: int = 1) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def resolve_pads(pad, size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int], dilation: int = 1) -> tuple[int, int, int, int]:
+def resolve_pads(
+    pad, size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int], dilation: int = 1
+) -> tuple[int, int, int, int]:
     """ONNX ``pads`` order (top, left, bottom, right) from "same", one int, (vertical, horizontal) or all four."""
     if pad == "same":
         pt, pb = same_pads(size[0], kernel[0], stride[0], dilation)
@@ -175,8 +177,16 @@ class GraphBuilder:
                 f"{self.model_name}: {res} is too small (feature map {list(shape)} after {op} at {where})"
             )
 
-    def _node(self, op: str, inputs: Sequence[str], shape: tuple[int, ...], relu: bool = False,
-              stats: tuple[float, float] = (0.0, 1.0), base: str | None = None, **attrs) -> T:
+    def _node(
+        self,
+        op: str,
+        inputs: Sequence[str],
+        shape: tuple[int, ...],
+        relu: bool = False,
+        stats: tuple[float, float] = (0.0, 1.0),
+        base: str | None = None,
+        **attrs,
+    ) -> T:
         self._check(op, shape)
         out = self._name(base or op.lower())
         self.nodes.append(helper.make_node(op, list(inputs), [out], name=out, **attrs))
@@ -204,10 +214,21 @@ class GraphBuilder:
         return self.rng.uniform(-0.1, 0.1, size=n).astype(np.float32)
 
     # ----------------------------------------------------------------- layers
-    def conv(self, x: T, cout: int, k: int | Sequence[int], stride: int | Sequence[int] = 1,
-             pad: int | Sequence[int] | str | None = None, group: int = 1, dilation: int = 1,
-             bias: bool = False, bn: bool = False, act: str | None = None, gain: float = 1.0,
-             base: str = "conv") -> T:
+    def conv(
+        self,
+        x: T,
+        cout: int,
+        k: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        pad: int | Sequence[int] | str | None = None,
+        group: int = 1,
+        dilation: int = 1,
+        bias: bool = False,
+        bn: bool = False,
+        act: str | None = None,
+        gain: float = 1.0,
+        base: str = "conv",
+    ) -> T:
         """Conv2d (+ folded BN when ``bn``) (+ ``act`` in {"relu", "relu6", None})."""
         n, cin, h, w = x.shape
         kh, kw = _pair(k)
@@ -238,8 +259,18 @@ class GraphBuilder:
         y = self._node("Conv", ins, (n, cout, oh, ow), stats=(0.0, gain), base=base, **attrs)
         return self.activation(y, act)
 
-    def separable(self, x: T, cout: int, k: int, stride: int = 1, pad: int | str | None = None,
-                  bn_dw: bool = False, bn: bool = False, act: str | None = None, base: str = "sep") -> T:
+    def separable(
+        self,
+        x: T,
+        cout: int,
+        k: int,
+        stride: int = 1,
+        pad: int | str | None = None,
+        bn_dw: bool = False,
+        bn: bool = False,
+        act: str | None = None,
+        base: str = "sep",
+    ) -> T:
         """Depthwise kxk conv then pointwise 1x1 conv (Xception / NASNet ``SeparableConv2d``)."""
         y = self.conv(x, x.c, k, stride, pad, group=x.c, bn=bn_dw, base=base + "_dw")
         return self.conv(y, cout, 1, bn=bn, act=act, base=base + "_pw")
@@ -258,19 +289,25 @@ class GraphBuilder:
         if x.relu:
             return x
         if x.name not in self._relu_cache:
-            self._relu_cache[x.name] = self._node("Relu", [x.name], x.shape, relu=True,
-                                                     stats=_relu_stats(x))
+            self._relu_cache[x.name] = self._node("Relu", [x.name], x.shape, relu=True, stats=_relu_stats(x))
         return self._relu_cache[x.name]
 
     def relu6(self, x: T) -> T:
         """ReLU6 as ``Clip(x, 0, 6)`` with min/max as inputs (opset >= 11)."""
         lo = self.const("clip_min", np.array(0.0, dtype=np.float32))
         hi = self.const("clip_max", np.array(6.0, dtype=np.float32))
-        return self._node("Clip", [x.name, lo, hi], x.shape, relu=True, stats=_relu_stats(x),
-                          base="relu6")
+        return self._node("Clip", [x.name, lo, hi], x.shape, relu=True, stats=_relu_stats(x), base="relu6")
 
-    def _pool(self, op: str, x: T, k: int | Sequence[int], stride: int | Sequence[int] | None,
-              pad: int | Sequence[int] | str, ceil: bool, **extra) -> T:
+    def _pool(
+        self,
+        op: str,
+        x: T,
+        k: int | Sequence[int],
+        stride: int | Sequence[int] | None,
+        pad: int | Sequence[int] | str,
+        ceil: bool,
+        **extra,
+    ) -> T:
         n, c, h, w = x.shape
         kh, kw = _pair(k)
         sh, sw = _pair(stride if stride is not None else (kh, kw))
@@ -305,8 +342,14 @@ class GraphBuilder:
         c = sum(t.c for t in xs)
         mean = sum(t.mean * t.c for t in xs) / c
         m2 = sum(t.m2 * t.c for t in xs) / c
-        return self._node("Concat", [t.name for t in xs], (n, c, h, w),
-                          relu=all(t.relu for t in xs), stats=(mean, max(m2 - mean * mean, 1e-6)), axis=1)
+        return self._node(
+            "Concat",
+            [t.name for t in xs],
+            (n, c, h, w),
+            relu=all(t.relu for t in xs),
+            stats=(mean, max(m2 - mean * mean, 1e-6)),
+            axis=1,
+        )
 
     def add(self, a: T, b: T) -> T:
         if a.shape != b.shape:
@@ -314,8 +357,9 @@ class GraphBuilder:
                 f"{self.model_name}: resolution {self.resolution} gives mismatched shapes "
                 f"{a.shape} + {b.shape} at {'/'.join(self._scope)}"
             )
-        return self._node("Add", [a.name, b.name], a.shape, relu=a.relu and b.relu,
-                          stats=(a.mean + b.mean, a.var + b.var))
+        return self._node(
+            "Add", [a.name, b.name], a.shape, relu=a.relu and b.relu, stats=(a.mean + b.mean, a.var + b.var)
+        )
 
     def batchnorm(self, x: T, eps: float = 1e-5) -> T:
         """A real (unfolded) inference BatchNormalization, for pre-activation nets (DenseNet)."""
@@ -327,15 +371,22 @@ class GraphBuilder:
         mean = self.const("bn_mean", rmean.astype(np.float32))
         var = self.const("bn_var", rvar.astype(np.float32))
         self.params += 2 * c
-        return self._node("BatchNormalization", [x.name, scale, shift, mean, var], x.shape,
-                          stats=(0.0, 1.0), base="bn", epsilon=eps)
+        return self._node(
+            "BatchNormalization", [x.name, scale, shift, mean, var], x.shape, stats=(0.0, 1.0), base="bn", epsilon=eps
+        )
 
     def pad(self, x: T, top: int, left: int, bottom: int, right: int) -> T:
         """Zero padding of H and W (ONNX Pad, constant mode)."""
         n, c, h, w = x.shape
         pads = self.const("pads", np.array([0, 0, top, left, 0, 0, bottom, right], dtype=np.int64))
-        return self._node("Pad", [x.name, pads], (n, c, h + top + bottom, w + left + right),
-                          relu=x.relu, stats=x.stats, mode="constant")
+        return self._node(
+            "Pad",
+            [x.name, pads],
+            (n, c, h + top + bottom, w + left + right),
+            relu=x.relu,
+            stats=x.stats,
+            mode="constant",
+        )
 
     def slice_hw(self, x: T, start: int, step: int = 1) -> T:
         """``x[:, :, start::step, start::step]`` (ONNX Slice)."""
@@ -346,12 +397,12 @@ class GraphBuilder:
         steps = self.const("steps", np.array([step, step], dtype=np.int64))
         oh = len(range(start, h, step))
         ow = len(range(start, w, step))
-        return self._node("Slice", [x.name, starts, ends, axes, steps], (n, c, oh, ow), relu=x.relu,
-                          stats=x.stats)
+        return self._node("Slice", [x.name, starts, ends, axes, steps], (n, c, oh, ow), relu=x.relu, stats=x.stats)
 
     def flatten(self, x: T) -> T:
-        return self._node("Flatten", [x.name], (x.shape[0], int(np.prod(x.shape[1:]))), relu=x.relu,
-                          stats=x.stats, axis=1)
+        return self._node(
+            "Flatten", [x.name], (x.shape[0], int(np.prod(x.shape[1:]))), relu=x.relu, stats=x.stats, axis=1
+        )
 
     def gemm(self, x: T, nout: int, act: str | None = None, base: str = "fc", matmul: bool = False) -> T:
         """Linear layer ``y = x W^T + b``: one Gemm with W stored [out, in] as in PyTorch, or with
@@ -389,11 +440,14 @@ class GraphBuilder:
             doc_string=doc,
         )
         model.ir_version = IR_VERSION
-        helper.set_model_props(model, {
-            META_NAME: self.model_name,
-            META_PARAMS: str(self.params),
-            META_FOLDED: str(self.folded),
-        })
+        helper.set_model_props(
+            model,
+            {
+                META_NAME: self.model_name,
+                META_PARAMS: str(self.params),
+                META_FOLDED: str(self.folded),
+            },
+        )
         return model
 
 

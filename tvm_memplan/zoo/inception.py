@@ -113,12 +113,17 @@ def _inception_d(g: GraphBuilder, x: T) -> T:
 def _inception_e(g: GraphBuilder, x: T) -> T:
     b1 = _basic(g, x, 320, 1, base="b1x1")
     b3 = _basic(g, x, 384, 1, base="b3x3_1")
-    b3 = g.concat([_basic(g, b3, 384, (1, 3), pad=(0, 1), base="b3x3_2a"),
-                   _basic(g, b3, 384, (3, 1), pad=(1, 0), base="b3x3_2b")])
+    b3 = g.concat(
+        [_basic(g, b3, 384, (1, 3), pad=(0, 1), base="b3x3_2a"), _basic(g, b3, 384, (3, 1), pad=(1, 0), base="b3x3_2b")]
+    )
     bd = _basic(g, x, 448, 1, base="b3x3dbl_1")
     bd = _basic(g, bd, 384, 3, pad=1, base="b3x3dbl_2")
-    bd = g.concat([_basic(g, bd, 384, (1, 3), pad=(0, 1), base="b3x3dbl_3a"),
-                   _basic(g, bd, 384, (3, 1), pad=(1, 0), base="b3x3dbl_3b")])
+    bd = g.concat(
+        [
+            _basic(g, bd, 384, (1, 3), pad=(0, 1), base="b3x3dbl_3a"),
+            _basic(g, bd, 384, (3, 1), pad=(1, 0), base="b3x3dbl_3b"),
+        ]
+    )
     bp = _basic(g, _avg3(g, x), 192, 1, base="bpool")
     return g.concat([b1, b3, bd, bp])
 
@@ -134,11 +139,17 @@ def inception_v3(resolution: int = 299, num_classes: int = 1000, seed: int = 0) 
     x = _basic(g, x, 192, 3, base="Conv2d_4a_3x3")
     x = g.maxpool(x, 3, 2)
     blocks = [
-        ("Mixed_5b", _inception_a, (32,)), ("Mixed_5c", _inception_a, (64,)),
-        ("Mixed_5d", _inception_a, (64,)), ("Mixed_6a", _inception_b, ()),
-        ("Mixed_6b", _inception_c, (128,)), ("Mixed_6c", _inception_c, (160,)),
-        ("Mixed_6d", _inception_c, (160,)), ("Mixed_6e", _inception_c, (192,)),
-        ("Mixed_7a", _inception_d, ()), ("Mixed_7b", _inception_e, ()), ("Mixed_7c", _inception_e, ()),
+        ("Mixed_5b", _inception_a, (32,)),
+        ("Mixed_5c", _inception_a, (64,)),
+        ("Mixed_5d", _inception_a, (64,)),
+        ("Mixed_6a", _inception_b, ()),
+        ("Mixed_6b", _inception_c, (128,)),
+        ("Mixed_6c", _inception_c, (160,)),
+        ("Mixed_6d", _inception_c, (160,)),
+        ("Mixed_6e", _inception_c, (192,)),
+        ("Mixed_7a", _inception_d, ()),
+        ("Mixed_7b", _inception_e, ()),
+        ("Mixed_7c", _inception_e, ()),
     ]
     for name, fn, args in blocks:
         with g.scope(name):

@@ -47,8 +47,7 @@ def _inverted_residual(g: GraphBuilder, x: T, oup: int, stride: int, expand: int
     return y
 
 
-def mobilenet_v2(width: float = 1.0, resolution: int = 224, num_classes: int = 1000,
-                 seed: int = 0) -> onnx.ModelProto:
+def mobilenet_v2(width: float = 1.0, resolution: int = 224, num_classes: int = 1000, seed: int = 0) -> onnx.ModelProto:
     if not width > 0:
         raise ValueError(f"mobilenet_v2: width must be > 0, got {width}")
     g = GraphBuilder("mobilenet_v2", resolution, seed)

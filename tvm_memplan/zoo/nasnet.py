@@ -22,8 +22,9 @@ import onnx
 from .graph import GraphBuilder, T
 
 
-def _branch(g: GraphBuilder, x: T, cout: int, k: int, stride: int, same: bool = False,
-            stem: bool = False, base: str = "branch") -> T:
+def _branch(
+    g: GraphBuilder, x: T, cout: int, k: int, stride: int, same: bool = False, stem: bool = False, base: str = "branch"
+) -> T:
     """BranchSeparables (``stem``: BranchSeparablesStem, whose first sep already maps to cout)."""
     mid = cout if stem else x.c
     pad = "same" if (same and stride > 1) else (k - 1) // 2
@@ -59,8 +60,9 @@ def _factorized_reduction(g: GraphBuilder, x_prev: T, cout: int) -> T:
     return g.concat([p1, p2])
 
 
-def _reduction_body(g: GraphBuilder, left: T, right: T, c: int, same: bool, stem: bool = False,
-                    raw: T | None = None) -> T:
+def _reduction_body(
+    g: GraphBuilder, left: T, right: T, c: int, same: bool, stem: bool = False, raw: T | None = None
+) -> T:
     """Shared by CellStem0 / CellStem1 / ReductionCell0 / ReductionCell1.
 
     ``left`` is the 1x1-projected input (x1 / x_left / x_right in the ports' naming, the operand of
@@ -68,12 +70,11 @@ def _reduction_body(g: GraphBuilder, left: T, right: T, c: int, same: bool, stem
     output through BranchSeparablesStem, ``stem=True``).
     """
     src = raw if raw is not None else right
-    c0 = g.add(_branch(g, left, c, 5, 2, same, base="c0_left"),
-               _branch(g, src, c, 7, 2, same, stem=stem, base="c0_right"))
-    c1 = g.add(_pool_s2(g, left, "max", same),
-               _branch(g, src, c, 7, 2, same, stem=stem, base="c1_right"))
-    c2 = g.add(_pool_s2(g, left, "avg", same),
-               _branch(g, src, c, 5, 2, same, stem=stem, base="c2_right"))
+    c0 = g.add(
+        _branch(g, left, c, 5, 2, same, base="c0_left"), _branch(g, src, c, 7, 2, same, stem=stem, base="c0_right")
+    )
+    c1 = g.add(_pool_s2(g, left, "max", same), _branch(g, src, c, 7, 2, same, stem=stem, base="c1_right"))
+    c2 = g.add(_pool_s2(g, left, "avg", same), _branch(g, src, c, 5, 2, same, stem=stem, base="c2_right"))
     c3 = g.add(_avg3(g, c0), c1)
     c4 = g.add(_branch(g, c0, c, 3, 1, same, base="c4_left"), _pool_s2(g, left, "max", same))
     return g.concat([c1, c2, c3, c4])
@@ -111,8 +112,13 @@ def _normal_cell(g: GraphBuilder, x: T, x_prev: T, c_left: int, c: int, first: b
     return g.concat([x_left, c0, c1, c2, c3, c4])
 
 
-def nasnet_a_mobile(resolution: int = 224, num_classes: int = 1000, seed: int = 0,
-                    penultimate_filters: int = 1056, stem_filters: int = 32) -> onnx.ModelProto:
+def nasnet_a_mobile(
+    resolution: int = 224,
+    num_classes: int = 1000,
+    seed: int = 0,
+    penultimate_filters: int = 1056,
+    stem_filters: int = 32,
+) -> onnx.ModelProto:
     if penultimate_filters % 24 or (penultimate_filters // 24) % 4:
         raise ValueError("nasnet_a_mobile: penultimate_filters must be a multiple of 96")
     f = penultimate_filters // 24

@@ -24,13 +24,14 @@ def _bottleneck(g: GraphBuilder, x: T, planes: int, stride: int, groups: int, ba
     return g.relu(g.add(y, x))
 
 
-def resnext(name: str, layers: list[int], groups: int, base_width: int, resolution: int,
-            num_classes: int, seed: int) -> onnx.ModelProto:
+def resnext(
+    name: str, layers: list[int], groups: int, base_width: int, resolution: int, num_classes: int, seed: int
+) -> onnx.ModelProto:
     g = GraphBuilder(name, resolution, seed)
     x = g.input((1, 3, resolution, resolution))
     x = g.conv(x, 64, 7, 2, 3, bn=True, act="relu", base="conv1")
     x = g.maxpool(x, 3, 2, 1)
-    for stage, (n, planes) in enumerate(zip(layers, (64, 128, 256, 512)), start=1):
+    for stage, (n, planes) in enumerate(zip(layers, (64, 128, 256, 512), strict=True), start=1):
         for i in range(n):
             with g.scope(f"layer{stage}_{i}"):
                 x = _bottleneck(g, x, planes, 2 if (i == 0 and stage > 1) else 1, groups, base_width)

@@ -29,8 +29,18 @@ def squeezenet1_0(resolution: int = 224, num_classes: int = 1000, seed: int = 0)
     x = g.input((1, 3, resolution, resolution))
     x = g.conv(x, 96, 7, 2, 0, bias=True, act="relu", base="conv1")
     x = g.maxpool(x, 3, 2, ceil=True)
-    fires = [(16, 64, 64), (16, 64, 64), (32, 128, 128), "pool", (32, 128, 128), (48, 192, 192),
-             (48, 192, 192), (64, 256, 256), "pool", (64, 256, 256)]
+    fires = [
+        (16, 64, 64),
+        (16, 64, 64),
+        (32, 128, 128),
+        "pool",
+        (32, 128, 128),
+        (48, 192, 192),
+        (48, 192, 192),
+        (64, 256, 256),
+        "pool",
+        (64, 256, 256),
+    ]
     i = 2
     for cfg in fires:
         if cfg == "pool":
@@ -44,8 +54,7 @@ def squeezenet1_0(resolution: int = 224, num_classes: int = 1000, seed: int = 0)
 
 
 # --------------------------------------------------------------------------- MCU CNN
-def mcu_cnn(resolution: int = 32, in_channels: int = 3, num_classes: int = 10,
-            seed: int = 0) -> onnx.ModelProto:
+def mcu_cnn(resolution: int = 32, in_channels: int = 3, num_classes: int = 10, seed: int = 0) -> onnx.ModelProto:
     if in_channels < 1:
         raise ValueError(f"mcu_cnn: in_channels must be >= 1, got {in_channels}")
     g = GraphBuilder("mcu_cnn", resolution, seed)
@@ -67,8 +76,9 @@ def mcu_cnn(resolution: int = 32, in_channels: int = 3, num_classes: int = 10,
 
 
 # --------------------------------------------------------------------------- MLP
-def mlp(resolution: int = 28, hidden: int = 512, num_classes: int = 10, matmul: int = 0,
-        seed: int = 0) -> onnx.ModelProto:
+def mlp(
+    resolution: int = 28, hidden: int = 512, num_classes: int = 10, matmul: int = 0, seed: int = 0
+) -> onnx.ModelProto:
     """Input (1, resolution**2); ``matmul=1`` emits MatMul + Add (weights [in, out]) instead of Gemm."""
     if hidden < 1:
         raise ValueError(f"mlp: hidden must be >= 1, got {hidden}")

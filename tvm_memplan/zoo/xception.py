@@ -15,8 +15,7 @@ import onnx
 from .graph import GraphBuilder, T
 
 
-def _block(g: GraphBuilder, x: T, cout: int, reps: int, stride: int, start_with_relu: bool,
-           grow_first: bool) -> T:
+def _block(g: GraphBuilder, x: T, cout: int, reps: int, stride: int, start_with_relu: bool, grow_first: bool) -> T:
     y = x
     filters = x.c
     units: list[int] = []

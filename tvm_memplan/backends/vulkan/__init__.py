@@ -44,7 +44,9 @@ def is_ours() -> bool:
 def check_ready(what: str = "vulkan") -> None:
     """Raise a one-line UserError when the generator cannot run: no Vulkan runtime, or no glslangValidator."""
     if tvm_ffi.get_global_func(RUNTIME_FACTORY, allow_missing=True) is None:
-        raise UserError(f"target {what}: the installed TVM has no Vulkan runtime to hold the kernels: "
-                        "run tvm-memplan setup-gpu (Debian: libvulkan-dev mesa-vulkan-drivers glslang-tools)")
+        raise UserError(
+            f"target {what}: the installed TVM has no Vulkan runtime to hold the kernels: "
+            "run tvm-memplan setup-gpu (Debian: libvulkan-dev mesa-vulkan-drivers glslang-tools)"
+        )
     if shutil.which(GLSLANG) is None:
         raise UserError(f"target {what}: the Vulkan code generator needs {GLSLANG}: apt-get install {GLSLANG_PACKAGE}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from ..problem import Problem, align_up
 
@@ -29,7 +29,7 @@ class Plan:
 def arena_bytes(problem: Problem, offsets: Sequence[int]) -> int:
     """Arena size a placement needs: end of the highest buffer, padded to the alignment."""
     return max(
-        (off + align_up(b.size, problem.alignment) for b, off in zip(problem.buffers, offsets)),
+        (off + align_up(b.size, problem.alignment) for b, off in zip(problem.buffers, offsets, strict=True)),
         default=0,
     )
 

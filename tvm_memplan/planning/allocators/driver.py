@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..problem import Problem
 from ..validate import validate_offsets
@@ -47,8 +47,10 @@ def plan_memory(
         validate_offsets(problem, plan.offsets, plan.arena_bytes)
         tried[allocator.name] = plan.arena_bytes
         tried_seconds[allocator.name] = plan.seconds
-        if best is None or plan.arena_bytes < best.arena_bytes or (
-            plan.arena_bytes == best.arena_bytes and plan.optimal and not best.optimal
+        if (
+            best is None
+            or plan.arena_bytes < best.arena_bytes
+            or (plan.arena_bytes == best.arena_bytes and plan.optimal and not best.optimal)
         ):
             best = plan
     assert best is not None, "no allocator ran"

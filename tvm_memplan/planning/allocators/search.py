@@ -26,8 +26,9 @@ import bisect
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -78,14 +79,17 @@ class _Structure:
     """Groups of interchangeable buffers (same size, lifetime and conflicts), placed in rank order."""
 
     @classmethod
-    def build(cls, problem: Problem) -> "_Structure":
+    def build(cls, problem: Problem) -> _Structure:
         padded = problem.padded_sizes()
         index = [i for i, size in enumerate(padded) if size > 0]
         local = {original: i for i, original in enumerate(index)}
         sizes = [padded[i] // problem.alignment for i in index]
         lifetimes = [(problem.buffers[i].start, problem.buffers[i].end) for i in index]
         n = len(index)
-        events = sorted([(start, 1, i) for i, (start, _) in enumerate(lifetimes)] + [(end, 0, i) for i, (_, end) in enumerate(lifetimes)])
+        events = sorted(
+            [(start, 1, i) for i, (start, _) in enumerate(lifetimes)]
+            + [(end, 0, i) for i, (_, end) in enumerate(lifetimes)]
+        )
         # At equal times ends (0) sort before starts (1): lifetimes are half-open.
         neighbours: list[list[int]] = [[] for _ in range(n)]
         first, end = [0] * n, [0] * n
@@ -137,7 +141,7 @@ class _Structure:
         width = [end - start for start, end in lifetimes]
         keys = {
             "W": width,
-            "A": [w * s for w, s in zip(width, sizes)],
+            "A": [w * s for w, s in zip(width, sizes, strict=True)],
             "T": [max(totals[s] for s in (*range(first[i], end[i]), *conflict_sections[i])) for i in range(n)],
         }
         groups: dict[tuple, list[int]] = {}
@@ -145,8 +149,19 @@ class _Structure:
             groups.setdefault((sizes[i], lifetimes[i], frozenset(declared[i])), []).append(i)
         twins = [group for group in groups.values() if len(group) > 1]
         return cls(
-            index, sizes, neighbours, first, end, time_sections, conflict_sections,
-            members, totals, spans, spans_of, keys, twins,
+            index,
+            sizes,
+            neighbours,
+            first,
+            end,
+            time_sections,
+            conflict_sections,
+            members,
+            totals,
+            spans,
+            spans_of,
+            keys,
+            twins,
         )
 
     def __len__(self) -> int:
@@ -201,7 +216,7 @@ def fits_within(
     waits_for = [-1] * n  # the twin that must be placed first
     for group in structure.twins:
         in_rank_order = sorted(group, key=rank.__getitem__)
-        for before, after in zip(in_rank_order, in_rank_order[1:]):
+        for before, after in pairwise(in_rank_order):
             waits_for[after] = before
     nodes = 0
     monotonic = time.monotonic
@@ -428,6 +443,6 @@ class CanonicalSearch(Allocator):
     def _to_bytes(problem: Problem, structure: _Structure, offsets: list[int]) -> list[int]:
         """Offsets in bytes for every problem buffer; zero-size buffers sit at 0."""
         result = [0] * len(problem.buffers)
-        for i, offset in zip(structure.index, offsets):
+        for i, offset in zip(structure.index, offsets, strict=True):
             result[i] = offset * problem.alignment
         return result

@@ -18,16 +18,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from itertools import pairwise
 
 import tvm
 from tvm import relax
 
-from ...split.acg import AxisConnectionGraph, build_acg
-from ...split.chain import Branch, Chain, ChannelChain, RowChain, SpatialChain
-from ...split.spatial import RowOp, RowWindow
-from ..axes import graph_model
-from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
+from ...split.chain import Branch, Chain, ChannelChain, RowChain
+from ..ir_utils import constant_value, op_name, static_shape
+from .index import FunctionIndex
 from .operators import (
     CHANNEL,
     CONV,
@@ -36,73 +35,14 @@ from .operators import (
     POOLS,
     ROW_GUARDS,
     ROW_OPS,
-    ROWS,
     channels,
     nbytes,
-    nchw,
-    padding,
     sequence_rows,
 )
+from .spatial_chains import spatial_chains
 
 _DIAMOND_OPS = 8
 """Operators an activation diamond may have (hard-swish has four): a longer walk is not one."""
-SPATIAL_WINDOWS = 6
-"""Convolutions and pools one spatial chain may span (a MobileNetV2 stem and its first block):
-each adds its halo to the rows the earlier ones recompute."""
-_SPATIAL_BINDINGS = 40
-GATHER_BELOW = 4
-"""A spatial chain is also offered with its last tiles concatenated once at the end when its last
-tensor is this many times smaller than its largest."""
-
-
-def axis_graph(mod: tvm.IRModule) -> tuple[AxisConnectionGraph, object]:
-    """The axis connection graph of a normalized module, from its legalized TIR."""
-    # reshapes stay views (as TVM later makes them), so their kept axes connect
-    graph = graph_model(relax.transform.LegalizeOps({"relax.reshape": lambda _bb, call: call})(mod))
-    return build_acg(graph), graph
-
-
-@dataclass
-class FunctionIndex:
-    """``main`` of a normalized module as the chain finders read it."""
-
-    bindings: list[relax.VarBinding]
-    uses: dict[relax.Var, list[int]]
-    """Tensor -> indices of the bindings that read it."""
-    outputs: set[relax.Var]
-    """Tensors the function returns."""
-    defined_at: dict[relax.Var, int]
-    acg: AxisConnectionGraph
-
-    @classmethod
-    def of(cls, mod: tvm.IRModule) -> FunctionIndex:
-        func = mod["main"]
-        bindings = top_level_bindings(func)
-        uses: dict[relax.Var, list[int]] = {}
-        for i, b in enumerate(bindings):
-            for var in relax.analysis.free_vars(b.value):
-                uses.setdefault(var, []).append(i)
-        return cls(bindings, uses, set(relax.analysis.free_vars(func.body.body)),
-                   {b.var: i for i, b in enumerate(bindings)}, axis_graph(mod)[0])
-
-    def single_consumer(self, var: relax.Var) -> int | None:
-        users = self.uses.get(var, [])
-        return users[0] if len(users) == 1 and var not in self.outputs else None
-
-    def component(self, var: relax.Var, axis: int = CHANNEL) -> int | None:
-        """The axis connection graph's component of ``var``'s ``axis``."""
-        comp = self.acg.component_of(var.name, axis)
-        return comp.id if comp is not None else None
-
-    def exists_before(self, arg: relax.Expr, index: int) -> bool:
-        """``arg`` is not a tensor computed at binding ``index`` or later."""
-        return not isinstance(arg, relax.Var) or self.defined_at.get(arg, -1) < index
-
-    def escaping(self, members: list[int]) -> list[relax.Var]:
-        """Tensors of the bindings ``members`` that the rest of the program reads (or returns)."""
-        inside = set(members)
-        return [self.bindings[k].var for k in members if self.bindings[k].var in self.outputs
-                or any(u not in inside for u in self.uses.get(self.bindings[k].var, []))]
 
 
 def find_chains(mod: tvm.IRModule) -> list[Chain]:
@@ -111,8 +51,12 @@ def find_chains(mod: tvm.IRModule) -> list[Chain]:
     the per-channel operators after it), row chains and spatial chains."""
     index = FunctionIndex.of(mod)
     branches = _channel_branches(index)
-    return [*_channel_chains(index, branches), *_concat_chains(index, branches), *_row_chains(index),
-            *_spatial_chains(index)]
+    return [
+        *_channel_chains(index, branches),
+        *_concat_chains(index, branches),
+        *_row_chains(index),
+        *spatial_chains(index),
+    ]
 
 
 # Channel chains
@@ -146,8 +90,9 @@ def _channel_branches(index: FunctionIndex) -> dict[int, _FoundBranch]:
             continue
         mids, units, end = _follow(index, head.var, comp, i, channels(head.var))
         last = mids[-1].var if mids else head.var
-        branch = Branch(head.var.name, tuple(m.var.name for m in mids), units, channels(last),
-                        _pool_feeding(index, value))
+        branch = Branch(
+            head.var.name, tuple(m.var.name for m in mids), units, channels(last), _pool_feeding(index, value)
+        )
         found[i] = _FoundBranch(branch, last, end, [head.var] + [m.var for m in mids])
     return found
 
@@ -161,15 +106,19 @@ def _channel_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> 
                 # the same tiles written into the last tensor, the tail run whole: as small when a
                 # pool or a stride shrank that tensor (a stem's conv -> pool), and no partial sums
                 chains.append(ChannelChain((found.branch,), None, (), None, sum(nbytes(v) for v in tensors[:-1])))
-            chains.append(ChannelChain((found.branch,), None, (), index.bindings[found.end].var.name,
-                                       sum(nbytes(v) for v in tensors)))
+            chains.append(
+                ChannelChain(
+                    (found.branch,), None, (), index.bindings[found.end].var.name, sum(nbytes(v) for v in tensors)
+                )
+            )
         elif len(tensors) > 1:
             chains.append(ChannelChain((found.branch,), None, (), None, sum(nbytes(v) for v in tensors[:-1])))
     return chains
 
 
-def _follow(index: FunctionIndex, start: relax.Var, comp: int, since: int,
-            units: int) -> tuple[list[relax.VarBinding], int, int | None]:
+def _follow(
+    index: FunctionIndex, start: relax.Var, comp: int, since: int, units: int
+) -> tuple[list[relax.VarBinding], int, int | None]:
     """Per-channel operators after ``start``: (their bindings, units, index of the consumer
     that ended the walk, if it is the only one)."""
     current, found = start, []
@@ -187,8 +136,7 @@ def _follow(index: FunctionIndex, start: relax.Var, comp: int, since: int,
         if op == CONV and nxt.value.args[0].same_as(current) and constant_value(nxt.value.args[1]) is not None:
             groups = int(nxt.value.attrs.groups)
             channels_in, channels_out = channels(current), channels(nxt.var)
-            if (groups == 1 or channels_out is None or channels_in % groups or channels_out % groups
-                    or units % groups):
+            if groups == 1 or channels_out is None or channels_in % groups or channels_out % groups or units % groups:
                 return found, units, j
             units = groups
         elif op not in PER_CHANNEL_OPS or channels(nxt.var) != channels(current):
@@ -212,11 +160,16 @@ def _closing_diamond(index: FunctionIndex, current: relax.Var, comp: int, since:
         if not reads:
             continue
         value = binding.value
-        if (op_name(value) not in ELEMENTWISE_PER_CHANNEL or channels(binding.var) != channels(current)
-                or index.component(binding.var) != comp or binding.var in index.outputs
-                or len(members) == _DIAMOND_OPS
-                or any(isinstance(a, relax.Var) and a not in pending and not index.exists_before(a, since)
-                       for a in value.args)):
+        if (
+            op_name(value) not in ELEMENTWISE_PER_CHANNEL
+            or channels(binding.var) != channels(current)
+            or index.component(binding.var) != comp
+            or binding.var in index.outputs
+            or len(members) == _DIAMOND_OPS
+            or any(
+                isinstance(a, relax.Var) and a not in pending and not index.exists_before(a, since) for a in value.args
+            )
+        ):
             return None
         members.append(binding)
         for v in reads:
@@ -234,8 +187,13 @@ def _reduces(index: FunctionIndex, j: int | None, current: relax.Var, comp: int)
     if j is None:
         return False
     value = index.bindings[j].value
-    return (op_name(value) == CONV and int(value.attrs.groups) == 1 and value.args[0].same_as(current)
-            and constant_value(value.args[1]) is not None and index.component(index.bindings[j].var) != comp)
+    return (
+        op_name(value) == CONV
+        and int(value.attrs.groups) == 1
+        and value.args[0].same_as(current)
+        and constant_value(value.args[1]) is not None
+        and index.component(index.bindings[j].var) != comp
+    )
 
 
 def _pool_head(index: FunctionIndex, value: relax.Expr) -> bool:
@@ -245,8 +203,11 @@ def _pool_head(index: FunctionIndex, value: relax.Expr) -> bool:
     if op_name(value) not in POOLS:
         return False
     source = value.args[0]
-    return isinstance(source, relax.Var) and channels(source) is not None and (
-        len(index.uses.get(source, [])) > 1 or source in index.outputs)
+    return (
+        isinstance(source, relax.Var)
+        and channels(source) is not None
+        and (len(index.uses.get(source, [])) > 1 or source in index.outputs)
+    )
 
 
 def _pool_feeding(index: FunctionIndex, conv: relax.Expr) -> str | None:
@@ -255,8 +216,7 @@ def _pool_feeding(index: FunctionIndex, conv: relax.Expr) -> str | None:
     if op_name(conv) != CONV or not isinstance(conv.args[0], relax.Var) or conv.args[0] not in index.defined_at:
         return None
     pool = index.bindings[index.defined_at[conv.args[0]]]
-    if (len(index.uses.get(pool.var, [])) != 1 or pool.var in index.outputs
-            or not _pool_head(index, pool.value)):
+    if len(index.uses.get(pool.var, [])) != 1 or pool.var in index.outputs or not _pool_head(index, pool.value):
         return None
     return pool.var.name
 
@@ -285,8 +245,11 @@ def _concat_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> l
         if comp is None or any(index.component(index.bindings[i].var) != comp for i, _ in members):
             continue
         post, _, end = _follow(index, binding.var, comp, j, min(b.branch.units for _, b in members))
-        inputs = [binding.var] + [p.var for p in post[:-1]]
-        if any(isinstance(a, relax.Var) and not a.same_as(x) for p, x in zip(post, inputs) for a in p.value.args):
+        if any(
+            isinstance(a, relax.Var) and not a.same_as(previous.var)
+            for previous, p in pairwise([binding, *post])
+            for a in p.value.args
+        ):
             continue  # each branch is emitted where its head was: shared operators take constants only
         last = post[-1].var if post else binding.var
         tail = index.bindings[end].var.name if _reduces(index, end, last, comp) else None
@@ -294,8 +257,15 @@ def _concat_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> l
             continue  # concat elimination already writes the branches into place
         joined = [binding.var] + [p.var for p in post] if tail else [binding.var] + [p.var for p in post[:-1]]
         tiles = [v for _, b in members for v in b.tensors] + joined
-        found.append(ChannelChain(tuple(b.branch for _, b in members), binding.var.name,
-                                  tuple(p.var.name for p in post), tail, sum(nbytes(v) for v in tiles)))
+        found.append(
+            ChannelChain(
+                tuple(b.branch for _, b in members),
+                binding.var.name,
+                tuple(p.var.name for p in post),
+                tail,
+                sum(nbytes(v) for v in tiles),
+            )
+        )
     return found
 
 
@@ -330,8 +300,13 @@ def row_axis(value: relax.Expr, out: relax.Var, axis_of: dict, rows: int) -> int
     if op == "relax.matmul":
         left, right = value.args
         right_shape = static_shape(right.ty)
-        if (left not in axis_of or right in axis_of or right_shape is None or len(right_shape) < 2
-                or axis_of[left] != len(static_shape(left.ty)) - 2):
+        if (
+            left not in axis_of
+            or right in axis_of
+            or right_shape is None
+            or len(right_shape) < 2
+            or axis_of[left] != len(static_shape(left.ty)) - 2
+        ):
             return None
         axis = len(shape) - 2
     elif data not in axis_of or chained != [data]:
@@ -351,14 +326,18 @@ def row_axis(value: relax.Expr, out: relax.Var, axis_of: dict, rows: int) -> int
             if int(value.attrs.axis) % len(shape) == axis:
                 return None
         elif op == "relax.reshape":
-            if tuple(static_shape(data.ty)[:axis + 1]) != tuple(shape[:axis + 1]):
+            if tuple(static_shape(data.ty)[: axis + 1]) != tuple(shape[: axis + 1]):
                 return None
         elif op == "relax.permute_dims":
-            order = ([int(a) for a in value.attrs.axes] if value.attrs.axes is not None
-                     else list(range(len(shape)))[::-1])
+            order = (
+                [int(a) for a in value.attrs.axes] if value.attrs.axes is not None else list(range(len(shape)))[::-1]
+            )
             axis = order.index(axis)
-        elif op not in ROW_OPS | ROW_GUARDS or static_shape(data.ty) != shape or not all(
-                _broadcast_or_rows(a, shape, axis, rows) for a in value.args[1:]):
+        elif (
+            op not in ROW_OPS | ROW_GUARDS
+            or static_shape(data.ty) != shape
+            or not all(_broadcast_or_rows(a, shape, axis, rows) for a in value.args[1:])
+        ):
             return None
     return axis if axis < len(shape) and shape[axis] == rows and shape[0] == 1 else None
 
@@ -385,9 +364,14 @@ def _row_chains(index: FunctionIndex) -> list[Chain]:
     found = []
     for i, head in enumerate(bindings):
         rows = sequence_rows(head.var)
-        if (rows is None or rows < 2 or op_name(head.value) != "relax.matmul"
-                or constant_value(head.value.args[1]) is None
-                or len(static_shape(head.value.args[1].ty) or ()) != 2 or sequence_rows(head.value.args[0]) != rows):
+        if (
+            rows is None
+            or rows < 2
+            or op_name(head.value) != "relax.matmul"
+            or constant_value(head.value.args[1]) is None
+            or len(static_shape(head.value.args[1].ty) or ()) != 2
+            or sequence_rows(head.value.args[0]) != rows
+        ):
             continue
         comp = index.component(head.var, 1)
         if comp is None:
@@ -410,127 +394,13 @@ def _row_chains(index: FunctionIndex) -> list[Chain]:
             continue
         names = tuple(b.var.name for b in best)
         inside = {b.var for b in best}
-        later = [index.defined_at[v] for b in best for v in relax.analysis.free_vars(b.value)
-                 if v not in inside and index.defined_at.get(v, -1) > i]
+        later = [
+            index.defined_at[v]
+            for b in best
+            for v in relax.analysis.free_vars(b.value)
+            if v not in inside and index.defined_at.get(v, -1) > i
+        ]
         anchor = bindings[max(later)].var.name if later else None
         tiles = sum(nbytes(b.var) for b in best[:-1])
         found.append(RowChain(Branch(names[0], names[1:], rows, rows), tiles, anchor))
     return found
-
-
-# Spatial chains (H axis)
-
-
-def _row_window(value: relax.Call) -> RowWindow | None:
-    """How a batch-1 NCHW convolution with constant weights, or a pool, reads rows (None: not one
-    a tile can reproduce, e.g. an average pool in ceil mode, whose border divisors would change)."""
-    a, op, shape = value.attrs, op_name(value), nchw(value.args[0])
-    if shape is None:
-        return None
-    if op == CONV:
-        layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
-        if layouts != ("NCHW", "OIHW", "NCHW") or constant_value(value.args[1]) is None:
-            return None
-        kernel = static_shape(value.args[1].ty)[2]
-    elif op in POOLS:
-        if (str(a.layout) != "NCHW" or str(a.out_layout or a.layout) != "NCHW"
-                or (bool(a.ceil_mode) and op != "relax.nn.max_pool2d")):
-            return None
-        kernel = int(a.pool_size[0])
-    else:
-        return None
-    window = RowWindow(kernel, int(a.strides[0]), padding(a)[0], int(a.dilation[0]), shape[ROWS])
-    rows = nchw(value)[ROWS]
-    if any(lo >= hi for (lo, hi), _, _ in (window.input_rows((0, 1)), window.input_rows((rows - 1, rows)))):
-        return None  # a border row that reads only padding
-    return window
-
-
-def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.Var], since: int) -> RowOp | None:
-    """``binding`` as an operator of a spatial chain whose bindings so far are ``inside``, or None.
-    Operands from outside must exist before the chain's head (its tiles run there)."""
-    value, var = binding.value, binding.var
-    out = nchw(var)
-    if out is None or not isinstance(value, relax.Call) or op_name(value) is None:
-        return None
-    row_bytes = nbytes(var) // out[ROWS]
-    if op_name(value) in (CONV, *POOLS):
-        window, data = _row_window(value), value.args[0]
-        if window is None or not all(index.exists_before(a, since) for a in value.args[1:]):
-            return None
-        if data in inside:
-            return RowOp(var.name, (data.name,), out[ROWS], row_bytes, window)
-        if not index.exists_before(data, since):
-            return None
-        return RowOp(var.name, (), out[ROWS], row_bytes, window, (data.name,))
-    if op_name(value) not in ELEMENTWISE_PER_CHANNEL:
-        return None
-    reads, outside = [], []
-    for arg in value.args:
-        if not isinstance(arg.ty, relax.TensorType):  # a clip's bounds
-            continue
-        shape = static_shape(arg.ty)
-        if arg in inside:
-            if tuple(shape) != out:
-                return None
-            reads.append(arg.name)
-        elif not index.exists_before(arg, since):
-            return None
-        elif shape is not None and len(shape) == 4 and shape[ROWS] == out[ROWS] and out[ROWS] > 1:
-            if nchw(arg) is None or constant_value(arg) is not None:
-                return None
-            outside.append(arg.name)
-        elif shape is None or (len(shape) >= 2 and shape[-2] != 1):  # not broadcast along the rows
-            return None
-    return RowOp(var.name, tuple(dict.fromkeys(reads)), out[ROWS], row_bytes, None, tuple(outside))
-
-
-def _spatial_chains(index: FunctionIndex) -> list[Chain]:
-    """Spatial chains: from each convolution or pool reading a tensor from outside, the operators
-    that read the chain and can be cut into rows (convolutions, pools, elementwise), up to every
-    prefix whose tensors reach the rest of the program through its last one alone (made tile by
-    tile into its rows). At least two convolutions or pools (one and its epilogue gain nothing),
-    at most :data:`SPATIAL_WINDOWS`; the rows of all tensors in one component of the axis
-    connection graph (sliding-window axes join a tensor's rows to its consumer's)."""
-    bindings = index.bindings
-    found = []
-    for i, head in enumerate(bindings):
-        if op_name(head.value) not in (CONV, *POOLS):
-            continue
-        first = _row_op(index, head, set(), i)
-        comp = index.component(head.var, ROWS)
-        if first is None or comp is None:
-            continue
-        ops, members, inside = [first], [i], {head.var}
-        windows = 1
-        for j in range(i + 1, len(bindings)):
-            binding = bindings[j]
-            if not any(v in inside for v in relax.analysis.free_vars(binding.value)):
-                continue
-            op = _row_op(index, binding, inside, i)
-            if op is None or index.component(binding.var, ROWS) != comp or len(ops) == _SPATIAL_BINDINGS:
-                break
-            windows += op.window is not None
-            if windows > SPATIAL_WINDOWS:
-                break
-            ops.append(op)
-            members.append(j)
-            inside.add(binding.var)
-            if (index.escaping(members) != [binding.var] or windows < 2 or op.rows < 2
-                    or _epilogue_follows(index, binding.var)):
-                continue
-            names = tuple(bindings[k].var.name for k in members)
-            tiles = sum(nbytes(bindings[k].var) for k in members[:-1])
-            chain = SpatialChain(Branch(names[0], names[1:], op.rows, nchw(binding.var)[CHANNEL]), tuple(ops), tiles)
-            found.append(chain)
-            if GATHER_BELOW * nbytes(binding.var) <= max(nbytes(bindings[k].var) for k in members):
-                found.append(replace(chain, gathered=True))
-    return found
-
-
-def _epilogue_follows(index: FunctionIndex, var: relax.Var) -> bool:
-    """``var``'s only consumer is an elementwise operator (a bias or activation): a chain ending
-    here would cut an epilogue off its convolution."""
-    users = index.uses.get(var, [])
-    return (var not in index.outputs and len(users) == 1
-            and op_name(index.bindings[users[0]].value) in ELEMENTWISE_PER_CHANNEL)

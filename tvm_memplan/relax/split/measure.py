@@ -35,11 +35,9 @@ def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
     table = {b.var.name: b for b in top_level_bindings(mod["main"])}
     links = [table[n] for n in chain.bindings]
     defined = {b.var for b in links}
-    externals = list(dict.fromkeys(
-        v for b in links for v in relax.analysis.free_vars(b.value) if v not in defined
-    ))
+    externals = list(dict.fromkeys(v for b in links for v in relax.analysis.free_vars(b.value) if v not in defined))
     params = [relax.Var(v.name, v.ty) for v in externals]
-    remap = dict(zip(externals, params))
+    remap = dict(zip(externals, params, strict=True))
     bb = relax.BlockBuilder()
     with bb.function("main", params):
         with bb.dataflow():

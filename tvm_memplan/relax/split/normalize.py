@@ -12,9 +12,14 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..ir_utils import constant_value, op_name, static_shape
 
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
-_RAISABLE = {"maximum": (topi.maximum, relax.op.maximum), "minimum": (topi.minimum, relax.op.minimum),
-             "add": (topi.add, relax.op.add), "multiply": (topi.multiply, relax.op.multiply),
-             "subtract": (topi.subtract, relax.op.subtract), "divide": (topi.divide, relax.op.divide)}
+_RAISABLE = {
+    "maximum": (topi.maximum, relax.op.maximum),
+    "minimum": (topi.minimum, relax.op.minimum),
+    "add": (topi.add, relax.op.add),
+    "multiply": (topi.multiply, relax.op.multiply),
+    "subtract": (topi.subtract, relax.op.subtract),
+    "divide": (topi.divide, relax.op.divide),
+}
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
@@ -40,8 +45,9 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
             holders = [te.placeholder(list(a.ty.shape.values), str(a.ty.dtype)) for a in args]
             reference = te.create_prim_func([*holders, entry[0](*holders)])
             try:
-                tvm.ir.assert_structural_equal(reference.without_attr("global_symbol"),
-                                               mod[gvar].without_attr("global_symbol"))
+                tvm.ir.assert_structural_equal(
+                    reference.without_attr("global_symbol"), mod[gvar].without_attr("global_symbol")
+                )
             except ValueError:
                 return call
             return entry[1](*args)
@@ -101,5 +107,7 @@ def _inference_batch_norm(value: relax.Expr | None) -> relax.Expr | None:
     broadcast = [1] * len(shape)
     broadcast[int(value.attrs.axis) % len(shape)] = -1
     dtype = str(value.args[0].ty.dtype)
-    return relax.op.add(relax.op.multiply(value.args[0], relax.const(scale.reshape(broadcast).astype(dtype))),
-                        relax.const((beta - mean * scale).reshape(broadcast).astype(dtype)))
+    return relax.op.add(
+        relax.op.multiply(value.args[0], relax.const(scale.reshape(broadcast).astype(dtype))),
+        relax.const((beta - mean * scale).reshape(broadcast).astype(dtype)),
+    )

@@ -15,17 +15,27 @@ ROWS = 2
 """The H axis of NCHW tensors."""
 CONV = "relax.nn.conv2d"
 POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
-PER_CHANNEL_OPS = {
-    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
-    "relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.sigmoid", "relax.tanh", "relax.clip",
-    "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.leakyrelu", "relax.exp", "relax.sqrt",
+ELEMENTWISE_MATH = {
+    "relax.add",
+    "relax.subtract",
+    "relax.multiply",
+    "relax.divide",
+    "relax.maximum",
+    "relax.minimum",
+    "relax.nn.relu",
+    "relax.nn.silu",
+    "relax.nn.gelu",
+    "relax.nn.leakyrelu",
+    "relax.sigmoid",
+    "relax.tanh",
+    "relax.clip",
+    "relax.exp",
+    "relax.sqrt",
 }
+"""Elementwise operators that keep both channels and rows apart."""
+PER_CHANNEL_OPS = ELEMENTWISE_MATH | POOLS
 ELEMENTWISE_PER_CHANNEL = PER_CHANNEL_OPS - POOLS
-ROW_OPS = {
-    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
-    "relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid", "relax.tanh",
-    "relax.clip", "relax.exp", "relax.sqrt", "relax.erf", "relax.power", "relax.nn.leakyrelu",
-}
+ROW_OPS = ELEMENTWISE_MATH | {"relax.nn.gelu_tanh", "relax.erf", "relax.power"}
 ROW_GUARDS = {"relax.isnan", "relax.isinf", "relax.isfinite", "relax.logical_not", "relax.where"}
 """Elementwise selections exporters put after a softmax (``where(isnan(p), 0, p)``): row-wise,
 but left out of the simulator's fusion (boolean tensors)."""

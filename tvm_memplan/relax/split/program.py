@@ -7,18 +7,21 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ...planning import DEFAULT_ALIGNMENT
+from ...planning.concat import concat_slices
 from ...split.simulate import Program, Step
 from ..ir_utils import op_name, static_shape, top_level_bindings
-from .operators import CHANNEL, ELEMENTWISE, nbytes
+from .operators import ELEMENTWISE, nbytes
 
 
-def program_of(mod: tvm.IRModule) -> Program:
+def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program:
     """``main`` of a normalized module as a simulator program, in binding order.
 
     Approximates TVM's fusion: an elementwise operator runs in its producer's kernel and writes
     the producer's tensor when that operand has no other consumer, or when all its consumers are
     elementwise and its other operands come from the same kernel (a GELU's diamond fuses whole);
     reshapes are views. Inputs, constants and returned tensors stay outside the arena (no size).
+    Concats are eliminated by the planner's rule at its ``alignment``.
     """
     func = mod["main"]
     bindings = top_level_bindings(func)
@@ -39,12 +42,23 @@ def program_of(mod: tvm.IRModule) -> Program:
         op = op_name(value)
         first = _written_operand(value, var)
         fused = (
-            (op in ELEMENTWISE or op == "relax.reshape") and isinstance(first, relax.Var) and first in tensor
-            and first not in func.params and tensor[first] in sizes and first not in returned
-            and (uses.get(first, 0) == 1 or (
-                op in ELEMENTWISE and elementwise_uses[first] == uses[first]
-                and all(tensor.get(v, tensor[first]) == tensor[first] or tensor[v] not in sizes
-                        for v in relax.analysis.free_vars(value))))
+            (op in ELEMENTWISE or op == "relax.reshape")
+            and isinstance(first, relax.Var)
+            and first in tensor
+            and first not in func.params
+            and tensor[first] in sizes
+            and first not in returned
+            and (
+                uses.get(first, 0) == 1
+                or (
+                    op in ELEMENTWISE
+                    and elementwise_uses[first] == uses[first]
+                    and all(
+                        tensor.get(v, tensor[first]) == tensor[first] or tensor[v] not in sizes
+                        for v in relax.analysis.free_vars(value)
+                    )
+                )
+            )
         )
         if fused:
             target = tensor[first]
@@ -58,7 +72,7 @@ def program_of(mod: tvm.IRModule) -> Program:
         tensor[var] = target
         steps.append(Step(name, target, tuple(r for r in reads if r != target)))
         if op == "relax.concat" and target in sizes:
-            _eliminate_concat(value, target, tensor, uses, sizes, aliases, steps)
+            _eliminate_concat(value, target, tensor, sizes, aliases, steps, alignment)
     return Program(steps, sizes, aliases)
 
 
@@ -76,19 +90,22 @@ def _written_operand(value: relax.Expr, var: relax.Var) -> relax.Expr | None:
     return next((a for a in value.args if isinstance(a, relax.Var) and static_shape(a.ty) == shape), None)
 
 
-def _eliminate_concat(value: relax.Call, target: str, tensor: dict, uses: dict, sizes: dict, aliases: dict,
-                      steps: list[Step]) -> None:
-    """Inputs used only by a channel concat are written into its regions (the planner's concat
-    elimination): they become the concat's tensor, alive from the first input on."""
+def _eliminate_concat(
+    value: relax.Call, target: str, tensor: dict, sizes: dict, aliases: dict, steps: list[Step], alignment: int
+) -> None:
+    """Concat elimination as the planner decides it: inputs that are distinct arena tensors and
+    contiguous slices of the output at aligned offsets (:func:`~tvm_memplan.planning.concat.concat_slices`)
+    are written into their slices. They become the concat's tensor, alive from the first input on."""
     fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else []
     shape = static_shape(value.ty)
-    if int(value.attrs.axis) % max(len(shape or ()), 1) != CHANNEL or not shape or shape[0] != 1:
-        return
-    inputs = [f for f in fields
-              if isinstance(f, relax.Var) and f in tensor and uses.get(f, 0) == 1 and tensor[f] in sizes]
-    if len(inputs) != len(fields):
-        return
+    inputs = [f for f in fields if isinstance(f, relax.Var) and f in tensor and tensor[f] in sizes]
     merged = {tensor[f] for f in inputs}
+    if not fields or shape is None or len(inputs) != len(fields) or len(merged) != len(fields):
+        return  # an input outside the arena, or one tensor twice (the planner keeps such a copy)
+    itemsize = tvm.runtime.DataType(str(value.ty.dtype)).bits // 8
+    offsets, _ = concat_slices([static_shape(f.ty) for f in inputs], shape, itemsize, alignment)
+    if offsets is None:
+        return
     for name in merged:
         sizes.pop(name, None)
     for binding, written in list(aliases.items()):

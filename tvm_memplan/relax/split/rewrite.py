@@ -24,8 +24,9 @@ from .chains import row_axis
 from .operators import CHANNEL, CONV, POOLS, ROWS, channels, nchw, padding
 
 
-def _outside_row_axis(value: relax.Call, index: int, out_shape: tuple[int, ...], out_axis: int,
-                      rows: int) -> int | None:
+def _outside_row_axis(
+    value: relax.Call, index: int, out_shape: tuple[int, ...], out_axis: int, rows: int
+) -> int | None:
     """The axis along which a row tile slices operand ``index`` of a row-wise ``value`` from
     outside the chain, or None when every tile reads it whole (weights, keys and values,
     operands broadcast along the rows)."""
@@ -61,8 +62,9 @@ def _slice_rows(arg: relax.Expr, axis: int, lo: int, hi: int, bb: relax.BlockBui
     return bb.emit(relax.op.strided_slice(arg, axes=[axis], begin=[lo], end=[hi]))
 
 
-def _conv(value: relax.Call, data: relax.Expr, weight: np.ndarray | relax.Expr, groups: int,
-          padding: list[int] | None = None) -> relax.Expr:
+def _conv(
+    value: relax.Call, data: relax.Expr, weight: np.ndarray | relax.Expr, groups: int, padding: list[int] | None = None
+) -> relax.Expr:
     """The convolution ``value`` with another input, weights (a tile's slice, or the original
     constant shared by every tile), groups and padding (a row tile's)."""
     a = value.attrs
@@ -71,16 +73,22 @@ def _conv(value: relax.Call, data: relax.Expr, weight: np.ndarray | relax.Expr, 
     else:
         kernel = relax.const(np.ascontiguousarray(weight), str(value.args[1].ty.dtype))
     return relax.op.nn.conv2d(
-        data, kernel, strides=[int(x) for x in a.strides],
+        data,
+        kernel,
+        strides=[int(x) for x in a.strides],
         padding=padding if padding is not None else [int(x) for x in a.padding],
-        dilation=[int(x) for x in a.dilation], groups=groups, data_layout=str(a.data_layout),
-        kernel_layout=str(a.kernel_layout), out_layout=str(a.out_layout),
+        dilation=[int(x) for x in a.dilation],
+        groups=groups,
+        data_layout=str(a.data_layout),
+        kernel_layout=str(a.kernel_layout),
+        out_layout=str(a.out_layout),
         out_dtype=str(value.ty.dtype),
     )
 
 
-def _conv_accumulate(bb: relax.BlockBuilder, conv: relax.Call, data: relax.Expr, weight: np.ndarray,
-                     running: relax.Expr) -> relax.Expr:
+def _conv_accumulate(
+    bb: relax.BlockBuilder, conv: relax.Call, data: relax.Expr, weight: np.ndarray, running: relax.Expr
+) -> relax.Expr:
     """``conv(data, weight) + running`` as one kernel (a partial sum over a channel tile).
 
     Marked ``tirx.noalias`` like the kernels TVM legalizes: without it LLVM must assume the
@@ -92,8 +100,10 @@ def _conv_accumulate(bb: relax.BlockBuilder, conv: relax.Call, data: relax.Expr,
     dtype = str(conv.ty.dtype)
     kernel = relax.const(np.ascontiguousarray(weight), dtype)
     # int64 extents, as TVM's legalization writes them: FuseTIR maps buffers across fused kernels
-    x, w, acc = (te.placeholder([tvm.tirx.IntImm("int64", d) for d in static_shape(v.ty)], dtype)
-                 for v in (data, kernel, running))
+    x, w, acc = (
+        te.placeholder([tvm.tirx.IntImm("int64", d) for d in static_shape(v.ty)], dtype)
+        for v in (data, kernel, running)
+    )
     out = topi.add(topi.nn.conv2d_nchw(x, w, strides, padding, dilation, out_dtype=dtype), acc)
     func = te.create_prim_func([x, w, acc, out]).without_attr("global_symbol").with_attr("tirx.noalias", True)
     gvar = bb.add_func(func, "conv2d_accumulate")
@@ -138,8 +148,9 @@ class _SplitRewriter(PyExprMutator):
                 self._emit_branch(choice, 0)
                 done.extend(choice.chain.bindings)
 
-    def _emit_tile_ops(self, links: list, current: relax.Expr, previous: relax.Var, parts: int, t: int,
-                       branch: Branch) -> relax.Expr:
+    def _emit_tile_ops(
+        self, links: list, current: relax.Expr, previous: relax.Var, parts: int, t: int, branch: Branch
+    ) -> relax.Expr:
         """A branch's per-channel operators (and grouped convolutions) on tile ``t``; an operator
         may read several of the branch's tensors (the two paths of a SiLU)."""
         bb = self.builder_
@@ -152,8 +163,9 @@ class _SplitRewriter(PyExprMutator):
                 olo, ohi = branch.tile_ranges(parts, channels(link.var))[t]
                 new = _conv(value, current, constant_value(value.args[1])[olo:ohi], groups * (hi - lo) // c_in)
             else:
-                args = [tiles[a] if a in tiles else _slice_operand(self.visit_expr(a), lo, hi, c_in, bb)
-                        for a in value.args]
+                args = [
+                    tiles[a] if a in tiles else _slice_operand(self.visit_expr(a), lo, hi, c_in, bb) for a in value.args
+                ]
                 new = relax.Call(value.op, args, value.attrs, value.ty_args)
             current = bb.emit(new)
             previous = link.var
@@ -242,10 +254,11 @@ class _SplitRewriter(PyExprMutator):
             current = self._emit_tile_ops(mids, current, head.var, choice.parts, t, branch)
             tlo, thi = branch.tile_ranges(choice.parts, channels(last))[t]
             if joined is not None:
-                current = self._emit_joined_ops(post, current, joined.var, offset + tlo, offset + thi,
-                                                channels(joined.var))
+                current = self._emit_joined_ops(
+                    post, current, joined.var, offset + tlo, offset + thi, channels(joined.var)
+                )
             if tail is not None:
-                weight = constant_value(tail.value.args[1])[:, offset + tlo:offset + thi]
+                weight = constant_value(tail.value.args[1])[:, offset + tlo : offset + thi]
                 if running is None:
                     running = bb.emit(_conv(tail.value, current, weight, 1))
                 else:
@@ -328,13 +341,16 @@ class _SplitRewriter(PyExprMutator):
                 running = _conv_accumulate(bb, conv, pooled, weight[:, slo:shi], running)
         return running
 
-    def _emit_joined_ops(self, post: list, current: relax.Expr, joined: relax.Var, lo: int, hi: int,
-                         channels: int) -> relax.Expr:
+    def _emit_joined_ops(
+        self, post: list, current: relax.Expr, joined: relax.Var, lo: int, hi: int, channels: int
+    ) -> relax.Expr:
         """The operators after a concat, on channels [lo, hi) of the joined tensor."""
         bb, previous = self.builder_, joined
         for link in post:
-            args = [current if a.same_as(previous) else _slice_operand(self.visit_expr(a), lo, hi, channels, bb)
-                    for a in link.value.args]
+            args = [
+                current if a.same_as(previous) else _slice_operand(self.visit_expr(a), lo, hi, channels, bb)
+                for a in link.value.args
+            ]
             current = bb.emit(relax.Call(link.value.op, args, link.value.attrs, link.value.ty_args))
             previous = link.var
         return current
@@ -359,13 +375,22 @@ def _windowed(value: relax.Call, data: relax.Expr, top: int, bottom: int) -> rel
     if op_name(value) == CONV:
         return _conv(value, data, value.args[1], int(a.groups), padding)
     pool = relax.op.nn.max_pool2d if op_name(value) == "relax.nn.max_pool2d" else relax.op.nn.avg_pool2d
-    return pool(data, pool_size=[int(x) for x in a.pool_size], strides=[int(x) for x in a.strides],
-                padding=padding, dilation=[int(x) for x in a.dilation], ceil_mode=False,
-                count_include_pad=bool(a.count_include_pad), layout=str(a.layout), out_layout=str(a.out_layout))
+    return pool(
+        data,
+        pool_size=[int(x) for x in a.pool_size],
+        strides=[int(x) for x in a.strides],
+        padding=padding,
+        dilation=[int(x) for x in a.dilation],
+        ceil_mode=False,
+        count_include_pad=bool(a.count_include_pad),
+        layout=str(a.layout),
+        out_layout=str(a.out_layout),
+    )
 
 
-def _emit_windowed_rows(bb: relax.BlockBuilder, value: relax.Call, data: relax.Expr, rows: Rows, top: int,
-                        bottom: int) -> relax.Expr:
+def _emit_windowed_rows(
+    bb: relax.BlockBuilder, value: relax.Call, data: relax.Expr, rows: Rows, top: int, bottom: int
+) -> relax.Expr:
     """The convolution or pool ``value`` on ``rows`` of the whole tensor ``data``, reading them in
     place: one kernel (TOPI's, as legalization builds it, behind a row offset), where a
     ``strided_slice`` would copy the rows out in a kernel of its own first."""
@@ -377,11 +402,21 @@ def _emit_windowed_rows(bb: relax.BlockBuilder, value: relax.Call, data: relax.E
         batch, channels, _, columns = whole.shape
         cut = te.compute((batch, channels, count, columns), lambda n, c, h, w: whole[n, c, h + first, w], name="rows")
         if weight:
-            return topi.nn.conv(cut, weight[0], strides, padding, dilation, int(a.groups), "NCHW", "OIHW",
-                                str(value.ty.dtype))
+            return topi.nn.conv(
+                cut, weight[0], strides, padding, dilation, int(a.groups), "NCHW", "OIHW", str(value.ty.dtype)
+            )
         pool_type = "max" if op_name(value) == "relax.nn.max_pool2d" else "avg"
-        return topi.nn.pool2d(cut, [int(x) for x in a.pool_size], strides, dilation, padding, pool_type, False, "NCHW",
-                              bool(a.count_include_pad))
+        return topi.nn.pool2d(
+            cut,
+            [int(x) for x in a.pool_size],
+            strides,
+            dilation,
+            padding,
+            pool_type,
+            False,
+            "NCHW",
+            bool(a.count_include_pad),
+        )
 
     weights = [value.args[1]] if op_name(value) == CONV else []
     return bb.emit_te(compute, data, *weights, primfunc_name_hint=f"{op_name(value).split('.')[-1]}_rows")
@@ -404,8 +439,9 @@ def _row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str) -> t
     return write_rows.with_attr("op_pattern", 8).with_attr("tirx.noalias", True).with_attr(ROW_OFFSET_ATTR, offset)
 
 
-def _write_rows(bb: relax.BlockBuilder, tile: relax.Expr, full: relax.Expr | None, offset: int,
-                ty: relax.TensorType) -> relax.Expr:
+def _write_rows(
+    bb: relax.BlockBuilder, tile: relax.Expr, full: relax.Expr | None, offset: int, ty: relax.TensorType
+) -> relax.Expr:
     """``tile`` copied into its rows of the chain's last tensor (``full``: the tensor so far)."""
     shape, dtype = tuple(static_shape(ty)), str(ty.dtype)
     gvar = bb.add_func(_row_writer(shape, nchw(tile)[ROWS], offset, dtype), "write_rows")

@@ -32,7 +32,7 @@ class Generic(CPUScheduleRule):
             if len(loops) != len(kinds):
                 continue
             leading = []
-            for loop, kind in zip(loops, kinds):
+            for loop, kind in zip(loops, kinds, strict=True):
                 if kind != DATA_PAR:
                     break
                 leading.append(loop)

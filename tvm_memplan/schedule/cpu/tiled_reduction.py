@@ -89,7 +89,7 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     vector_tile, parts = _vector_parts(extents[axes.vector], spec.lanes)
     vectors = -(-vector_tile // spec.lanes)
     unrolled = []
-    for axis, tile in zip((axes.reuse, axes.extra), _register_tile(extents, axes, vectors, spec)):
+    for axis, tile in zip((axes.reuse, axes.extra), _register_tile(extents, axes, vectors, spec), strict=True):
         if axis is None:
             continue
         outer_loop, inner_loop = sch.split(loops[axis], [None, tile])
@@ -115,7 +115,7 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
         # multiply-add loads, so such a kernel takes several times longer per multiply-add.
         work *= LOAD_BOUND_FACTOR
     parallel_count = 1
-    for count, loop in enumerate(task_loops, 1):
+    for count in range(1, len(task_loops) + 1):
         parallel_count = count
         if product(sch, task_loops[:count]) >= 4 * spec.threads:
             break

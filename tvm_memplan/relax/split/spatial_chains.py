@@ -1,0 +1,148 @@
+"""Spatial chains: runs of convolutions, pools and elementwise operators along the rows (H axis)
+of NCHW tensors, each tile recomputing the halo its windows need (MCUNetV2's patch-based
+inference; docs/design.md, "Fine-grained splitting")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tvm import relax
+
+from ...split.chain import Branch, Chain, SpatialChain
+from ...split.spatial import RowOp, RowWindow
+from ..ir_utils import constant_value, op_name, static_shape
+from .index import FunctionIndex
+from .operators import CHANNEL, CONV, ELEMENTWISE_PER_CHANNEL, POOLS, ROWS, nbytes, nchw, padding
+
+SPATIAL_WINDOWS = 6
+"""Convolutions and pools one spatial chain may span (a MobileNetV2 stem and its first block):
+each adds its halo to the rows the earlier ones recompute."""
+_SPATIAL_BINDINGS = 40
+GATHER_BELOW = 4
+"""A spatial chain is also offered with its last tiles concatenated once at the end when its last
+tensor is this many times smaller than its largest."""
+
+
+def _row_window(value: relax.Call) -> RowWindow | None:
+    """How a batch-1 NCHW convolution with constant weights, or a pool, reads rows (None: not one
+    a tile can reproduce, e.g. an average pool in ceil mode, whose border divisors would change)."""
+    a, op, shape = value.attrs, op_name(value), nchw(value.args[0])
+    if shape is None:
+        return None
+    if op == CONV:
+        layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
+        if layouts != ("NCHW", "OIHW", "NCHW") or constant_value(value.args[1]) is None:
+            return None
+        kernel = static_shape(value.args[1].ty)[2]
+    elif op in POOLS:
+        if (
+            str(a.layout) != "NCHW"
+            or str(a.out_layout or a.layout) != "NCHW"
+            or (bool(a.ceil_mode) and op != "relax.nn.max_pool2d")
+        ):
+            return None
+        kernel = int(a.pool_size[0])
+    else:
+        return None
+    window = RowWindow(kernel, int(a.strides[0]), padding(a)[0], int(a.dilation[0]), shape[ROWS])
+    rows = nchw(value)[ROWS]
+    if any(lo >= hi for (lo, hi), _, _ in (window.input_rows((0, 1)), window.input_rows((rows - 1, rows)))):
+        return None  # a border row that reads only padding
+    return window
+
+
+def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.Var], since: int) -> RowOp | None:
+    """``binding`` as an operator of a spatial chain whose bindings so far are ``inside``, or None.
+    Operands from outside must exist before the chain's head (its tiles run there)."""
+    value, var = binding.value, binding.var
+    out = nchw(var)
+    if out is None or not isinstance(value, relax.Call) or op_name(value) is None:
+        return None
+    row_bytes = nbytes(var) // out[ROWS]
+    if op_name(value) in (CONV, *POOLS):
+        window, data = _row_window(value), value.args[0]
+        if window is None or not all(index.exists_before(a, since) for a in value.args[1:]):
+            return None
+        if data in inside:
+            return RowOp(var.name, (data.name,), out[ROWS], row_bytes, window)
+        if not index.exists_before(data, since):
+            return None
+        return RowOp(var.name, (), out[ROWS], row_bytes, window, (data.name,))
+    if op_name(value) not in ELEMENTWISE_PER_CHANNEL:
+        return None
+    reads, outside = [], []
+    for arg in value.args:
+        if not isinstance(arg.ty, relax.TensorType):  # a clip's bounds
+            continue
+        shape = static_shape(arg.ty)
+        if arg in inside:
+            if tuple(shape) != out:
+                return None
+            reads.append(arg.name)
+        elif not index.exists_before(arg, since):
+            return None
+        elif shape is not None and len(shape) == 4 and shape[ROWS] == out[ROWS] and out[ROWS] > 1:
+            if nchw(arg) is None or constant_value(arg) is not None:
+                return None
+            outside.append(arg.name)
+        elif shape is None or (len(shape) >= 2 and shape[-2] != 1):  # not broadcast along the rows
+            return None
+    return RowOp(var.name, tuple(dict.fromkeys(reads)), out[ROWS], row_bytes, None, tuple(outside))
+
+
+def spatial_chains(index: FunctionIndex) -> list[Chain]:
+    """Spatial chains: from each convolution or pool reading a tensor from outside, the operators
+    that read the chain and can be cut into rows (convolutions, pools, elementwise), up to every
+    prefix whose tensors reach the rest of the program through its last one alone (made tile by
+    tile into its rows). At least two convolutions or pools (one and its epilogue gain nothing),
+    at most :data:`SPATIAL_WINDOWS`; the rows of all tensors in one component of the axis
+    connection graph (sliding-window axes join a tensor's rows to its consumer's)."""
+    bindings = index.bindings
+    found = []
+    for i, head in enumerate(bindings):
+        if op_name(head.value) not in (CONV, *POOLS):
+            continue
+        first = _row_op(index, head, set(), i)
+        comp = index.component(head.var, ROWS)
+        if first is None or comp is None:
+            continue
+        ops, members, inside = [first], [i], {head.var}
+        windows = 1
+        for j in range(i + 1, len(bindings)):
+            binding = bindings[j]
+            if not any(v in inside for v in relax.analysis.free_vars(binding.value)):
+                continue
+            op = _row_op(index, binding, inside, i)
+            if op is None or index.component(binding.var, ROWS) != comp or len(ops) == _SPATIAL_BINDINGS:
+                break
+            windows += op.window is not None
+            if windows > SPATIAL_WINDOWS:
+                break
+            ops.append(op)
+            members.append(j)
+            inside.add(binding.var)
+            if (
+                index.escaping(members) != [binding.var]
+                or windows < 2
+                or op.rows < 2
+                or _epilogue_follows(index, binding.var)
+            ):
+                continue
+            names = tuple(bindings[k].var.name for k in members)
+            tiles = sum(nbytes(bindings[k].var) for k in members[:-1])
+            chain = SpatialChain(Branch(names[0], names[1:], op.rows, nchw(binding.var)[CHANNEL]), tuple(ops), tiles)
+            found.append(chain)
+            if GATHER_BELOW * nbytes(binding.var) <= max(nbytes(bindings[k].var) for k in members):
+                found.append(replace(chain, gathered=True))
+    return found
+
+
+def _epilogue_follows(index: FunctionIndex, var: relax.Var) -> bool:
+    """``var``'s only consumer is an elementwise operator (a bias or activation): a chain ending
+    here would cut an epilogue off its convolution."""
+    users = index.uses.get(var, [])
+    return (
+        var not in index.outputs
+        and len(users) == 1
+        and op_name(index.bindings[users[0]].value) in ELEMENTWISE_PER_CHANNEL
+    )
