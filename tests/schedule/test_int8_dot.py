@@ -21,11 +21,17 @@ from tvm_memplan.schedule.passes import schedule_function
 
 HOST = tvm.target.Target.from_device("cpu")
 HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2 without VNNI
-TARGETS = {"portable": (HOST, None, None)}  # name: target, instruction, its mnemonic in the assembly
+ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"]})
+VNNI, AVX2, SDOT = (kernels.DOT_INSTRUCTIONS[name] for name in ("avx512vnni", "avx2", "neon-dotprod"))
+# name: target, the spec's instruction (None: the portable fallback), the packing, its mnemonic
+TARGETS = {
+    "portable": (HOST, None, VNNI, None),
+    "portable-signed": (HOST, None, SDOT, None),  # sdot's int8 packing, run here
+}
 if cpu_spec(HOST).int8_dot == "avx512vnni":
-    TARGETS["vnni"] = (HOST, "avx512vnni", "vpdpbusd")
+    TARGETS["vnni"] = (HOST, "avx512vnni", VNNI, "vpdpbusd")
 if cpu_spec(HOST).int8_dot is not None:  # this CPU runs AVX2 code
-    TARGETS["avx2"] = (HASWELL, "avx2", "vpmaddwd")
+    TARGETS["avx2"] = (HASWELL, "avx2", AVX2, "vpmaddwd")
 
 SHAPES = {  # C, O, H, W, K, stride, dilation, padding (top, left, bottom, right)
     "3x3": (16, 32, 9, 9, 3, 1, 1, (1, 1, 1, 1)),
@@ -73,10 +79,10 @@ def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, target_name):
     bias = rng.integers(-5000, 5000, size=o).astype(np.int32)
     multiplier = (rng.random(o) * 2e-4).astype(np.float32)
     zx, zy, low, high = 7, -3, -128, 100  # a folded Clip narrows the output range
-    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, x_dtype))
-    target, instruction, mnemonic = TARGETS[target_name]
+    target, instruction, layout, mnemonic = TARGETS[target_name]
+    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, x_dtype, layout.packed_dtype))
     spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
-    packed = kernels.pack_dot_weights(weight, *kernels.DOT_SHAPES[instruction or "avx512vnni"])
+    packed = kernels.pack_dot_weights(weight, layout.lanes, layout.depth)
 
     tx = te.placeholder(x.shape, x_dtype, "x")
     tw = te.placeholder(packed.shape, "int8", "w")
@@ -96,6 +102,7 @@ def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, target_name):
         low=low,
         high=high,
         out_dtype="int8",
+        packed_dtype=layout.packed_dtype,
     )
     func = te.create_prim_func([tx, tw, tb, tm, out])
     scheduled = schedule_function(func, spec, rules=[Int8DotProduct()])
@@ -129,7 +136,7 @@ def test_weights_pack_into_instruction_blocks():
 @pytest.mark.parametrize("target_name", list(TARGETS))
 def test_dot_conv_quantizes_a_float_input_as_it_packs(target_name):
     """The network's first conv: a float32 input quantized in the packing stage (QuantizeLinear fused)."""
-    target, instruction, _mnemonic = TARGETS[target_name]
+    target, instruction, layout, _mnemonic = TARGETS[target_name]
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((1, 3, 12, 12)) * 2).astype(np.float32)
     weight = rng.integers(-128, 128, size=(8, 3, 3, 3)).astype(np.int8)
@@ -137,8 +144,8 @@ def test_dot_conv_quantizes_a_float_input_as_it_packs(target_name):
     multiplier = (rng.random(8) * 1e-3).astype(np.float32)
     scale, zx = 0.02, -4
     codes = np.clip(np.rint(x / np.float32(scale)), -128 - zx, 127 - zx).astype(np.int64) + zx
-    packed = kernels.pack_dot_weights(weight, *kernels.DOT_SHAPES[instruction or "avx512vnni"])
-    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, "int8"))
+    packed = kernels.pack_dot_weights(weight, layout.lanes, layout.depth)
+    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, "int8", layout.packed_dtype))
     tx = te.placeholder(x.shape, "float32", "x")
     tw = te.placeholder(packed.shape, "int8", "w")
     tb = te.placeholder(folded.shape, "int32", "b")
@@ -158,6 +165,7 @@ def test_dot_conv_quantizes_a_float_input_as_it_packs(target_name):
         high=127,
         out_dtype="int8",
         quantize_input=(scale, "int8"),
+        packed_dtype=layout.packed_dtype,
     )
     spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
     scheduled = schedule_function(te.create_prim_func([tx, tw, tb, tm, out]), spec, rules=[Int8DotProduct()])
@@ -167,3 +175,32 @@ def test_dot_conv_quantizes_a_float_input_as_it_packs(target_name):
     library["main"](*(tvm.runtime.tensor(v, dev) for v in (x, packed, folded, multiplier)), result)
     expected = reference(codes, weight, bias, multiplier, 2, 1, (1, 1, 1, 1), zx, 0, 0, 127, np.int8)
     np.testing.assert_array_equal(result.numpy(), expected)
+
+
+def test_sdot_kernel_compiles_to_sdot_for_arm():
+    """Armv8.2 with the dot product: the block is tensorized with ``sdot`` (run on the emulated arm64
+    device by the opt-in arm64 tests; the int8 packing it uses is checked here as "portable-signed")."""
+    x = te.placeholder((1, 8, 6, 6), "uint8", "x")
+    w = te.placeholder((2, 2, 3, 3, 4, 4), "int8", "w")
+    b = te.placeholder((8,), "int32", "b")
+    m = te.placeholder((8,), "float32", "m")
+    out = kernels.conv2d_dot(
+        x,
+        w,
+        b,
+        m,
+        out_channels=8,
+        strides=[1, 1],
+        padding=[1, 1, 1, 1],
+        dilation=[1, 1],
+        x_zero_point=128,
+        y_zero_point=0,
+        low=-128,
+        high=127,
+        out_dtype="int8",
+        packed_dtype="int8",
+    )
+    assert cpu_spec(ARM).int8_dot == "neon-dotprod"
+    scheduled = schedule_function(te.create_prim_func([x, w, b, m, out]), cpu_spec(ARM), rules=[Int8DotProduct()])
+    assembly = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=ARM).inspect_source("asm")
+    assert "sdot" in assembly

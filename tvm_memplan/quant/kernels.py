@@ -20,6 +20,7 @@ the structure tvm_memplan's default CPU schedule tiles.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from tvm import te, tirx
@@ -193,10 +194,23 @@ def conv2d(
     )
 
 
-DOT_SHAPES = {"avx512vnni": (16, 4), "avx2": (8, 2)}
-"""Output channels (int32 lanes) and input channels summed per lane of one dot-product
-instruction: AVX-512 VNNI's ``vpdpbusd`` adds four uint8 x int8 products into each of 16 lanes;
-AVX2's ``vpmaddwd`` two int16 x int16 products (of bytes widened exactly) into each of 8."""
+class DotInstruction(NamedTuple):
+    """A CPU's int8 dot-product instruction, as :func:`conv2d_dot` lays its operands out."""
+
+    lanes: int
+    """int32 accumulators of one instruction (output channels)."""
+    depth: int
+    """Products each lane adds per instruction (input channels)."""
+    packed_dtype: str
+    """The type the input is packed to (the weights are int8)."""
+
+
+DOT_INSTRUCTIONS = {
+    "avx512vnni": DotInstruction(16, 4, "uint8"),  # vpdpbusd: uint8 x int8
+    "avx2": DotInstruction(8, 2, "uint8"),  # vpmaddwd on bytes widened exactly to int16
+    "neon-dotprod": DotInstruction(4, 4, "int8"),  # sdot: int8 x int8 (Armv8.2 dot product)
+}
+"""The instructions :func:`conv2d_dot` kernels are tensorized with, by :class:`CpuSpec` ``int8_dot`` name."""
 
 
 def pack_dot_weights(weight: np.ndarray, lanes: int, depth: int) -> np.ndarray:
@@ -210,10 +224,14 @@ def pack_dot_weights(weight: np.ndarray, lanes: int, depth: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(blocks, lanes, steps, depth, kh, kw).transpose(0, 2, 4, 5, 1, 3))
 
 
-def dot_zero_point(x_zero_point: int, x_dtype: str) -> int:
-    """The input zero point :func:`conv2d_dot` computes with: int8 inputs are moved to uint8 (+128,
-    exact) because ``vpdpbusd`` multiplies unsigned by signed bytes."""
-    return x_zero_point + (128 if x_dtype == "int8" else 0)
+def dot_zero_point(x_zero_point: int, x_dtype: str, packed_dtype: str) -> int:
+    """The input zero point :func:`conv2d_dot` computes with: an input moved to the instruction's
+    signedness (int8 to uint8: +128; uint8 to int8: -128, exact) moves its zero point with it."""
+    return x_zero_point + _dot_shift(x_dtype, packed_dtype)
+
+
+def _dot_shift(x_dtype: str, packed_dtype: str) -> int:
+    return {("int8", "uint8"): 128, ("uint8", "int8"): -128}.get((x_dtype, packed_dtype), 0)
 
 
 def conv2d_dot(
@@ -235,13 +253,14 @@ def conv2d_dot(
     residual: te.Tensor | None = None,
     residual_add: dict | None = None,
     quantize_input: tuple[float, str] | None = None,
+    packed_dtype: str = "uint8",
 ) -> te.Tensor:
     """QLinearConv (groups 1) in the shape of a CPU's int8 dot-product instruction
-    (:data:`DOT_SHAPES`): the result equals :func:`conv2d`'s bit for bit.
+    (:data:`DOT_INSTRUCTIONS`): the result equals :func:`conv2d`'s bit for bit.
 
     ``weight`` is :func:`pack_dot_weights`'s layout, whose last two axes give the instruction's
-    lanes and depth; ``x`` (NCHW int8/uint8) is padded and packed in the kernel to uint8
-    ``(N, C/depth, H, W, depth)`` (int8 moved by +128: :func:`dot_zero_point`); ``bias`` holds
+    lanes and depth; ``x`` (NCHW int8/uint8) is padded and packed in the kernel to ``packed_dtype``
+    ``(N, C/depth, H, W, depth)`` (moved by ±128 where the types differ: :func:`dot_zero_point`); ``bias`` holds
     ``bias - dot_zero_point * sum(weight[o])`` (:func:`fold_zero_point`). The reduction ``dot_acc``
     accumulates ``lanes`` output channels x ``depth`` input channels per step in int32; the schedule
     tensorizes that block (:mod:`tvm_memplan.schedule.cpu.int8_dot`). The output is NCHW, like
@@ -254,9 +273,9 @@ def conv2d_dot(
     top, left, bottom, right = (int(p) for p in padding)
     oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
     ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
-    x_dtype = x.dtype if quantize_input is None else quantize_input[1]
-    zero = dot_zero_point(x_zero_point, x_dtype)
-    shift = 128 if x_dtype == "int8" else 0
+    x_dtype = str(x.dtype) if quantize_input is None else quantize_input[1]
+    zero = dot_zero_point(x_zero_point, x_dtype, packed_dtype)
+    shift = _dot_shift(x_dtype, packed_dtype)
 
     def pack(b, c4, y, xx, k):
         ch = c4 * depth + k
@@ -264,7 +283,8 @@ def conv2d_dot(
         code = x[b, tirx.min(ch, c - 1), y - top, xx - left]
         if quantize_input is not None:
             code = quantize_value(code, quantize_input[0], x_zero_point, x_dtype)
-        return tirx.if_then_else(inside, (code.astype("int32") + shift).astype("uint8"), tirx.const(zero, "uint8"))
+        moved = (code.astype("int32") + shift).astype(packed_dtype)
+        return tirx.if_then_else(inside, moved, tirx.const(zero, packed_dtype))
 
     packed = te.compute((n, steps, h + top + bottom, w + left + right, depth), pack, name="pack")
     rc = te.reduce_axis((0, steps), name="rc")

@@ -239,7 +239,7 @@ class _Lowerer(PyExprMutator):
         self.graph = graph
         self.report = report
         self.int8_dot = int8_dot
-        """The CPU's int8 dot-product instruction (a key of :data:`.kernels.DOT_SHAPES`): regular
+        """The CPU's int8 dot-product instruction (a key of :data:`.kernels.DOT_INSTRUCTIONS`): regular
         convolutions then use :func:`.kernels.conv2d_dot`."""
         self._recipe: tuple | None = None
         self.recipes: dict[relax.Var, tuple] = {}
@@ -462,10 +462,11 @@ class _Lowerer(PyExprMutator):
             if self.int8_dot and groups == 1:
                 # the dot-product kernel: uint8 input, packed weights, bias folded for the uint8
                 # zero point
+                instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
                 func = kernels.conv2d_dot
-                kwargs = {"out_channels": channels, **geometry, **common}
-                zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype)
-                stored = kernels.pack_dot_weights(w_shifted, *kernels.DOT_SHAPES[self.int8_dot])
+                kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}
+                zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
+                stored = kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
             else:
                 func = kernels.conv2d
                 kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}

@@ -1,6 +1,6 @@
 """The int8 convolutions lowered in a dot-product instruction's layout
 (:func:`tvm_memplan.quant.kernels.conv2d_dot`), tensorized with AVX-512 VNNI's ``vpdpbusd`` (16 lanes
-x 4 bytes) or AVX2's ``vpmaddwd`` on widened bytes (8 lanes x 2).
+x 4 bytes), AVX2's ``vpmaddwd`` on widened bytes (8 lanes x 2) or Armv8.2's ``sdot`` (4 lanes x 4).
 
 As in oneDNN's and MLAS's int8 convolutions, a register tile of ``blocks x pixels`` accumulators
 (one int32 vector each) stays in registers over the whole reduction: each step loads one weight
@@ -16,7 +16,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from ...quant.kernels import DOT_SHAPES
+from ...quant.kernels import DOT_INSTRUCTIONS
 from ..blocks import NotApplicable, loop_extent, top_level_blocks
 from .base import CPUScheduleRule, fuse_parallel
 from .spec import CpuSpec
@@ -24,14 +24,14 @@ from .spec import CpuSpec
 ACC_BLOCK = "dot_acc"
 
 
-def _dot_description(lanes: int, depth: int) -> tirx.PrimFunc:
+def _dot_description(lanes: int, depth: int, packed_dtype: str) -> tirx.PrimFunc:
     """What a dot-product instruction computes: ``lanes`` int32 lanes, each adding ``depth``
-    uint8 x int8 products (written here: importing ``tvm.s_tir.tensor_intrin`` registers every
-    backend's intrinsics, ~20 s)."""
+    products of a ``packed_dtype`` input and int8 weights (written here: importing
+    ``tvm.s_tir.tensor_intrin`` registers every backend's intrinsics, ~20 s)."""
 
     @T.prim_func(s_tir=True)
     def description(
-        A: T.Buffer((depth,), "uint8", offset_factor=1),
+        A: T.Buffer((depth,), packed_dtype, offset_factor=1),
         B: T.Buffer((lanes, depth), "int8", offset_factor=1),
         C: T.Buffer((lanes,), "int32", offset_factor=1),
     ) -> None:
@@ -86,12 +86,35 @@ def _vpmaddwd(
         )
 
 
-INTRINSICS = {"avx512vnni": ("tvm_memplan.dot_16x4_u8i8i32_vnni", _vpdpbusd),
-              "avx2": ("tvm_memplan.dot_8x2_u8i8i32_avx2", _vpmaddwd)}
+@T.prim_func(s_tir=True)
+def _sdot(
+    A: T.Buffer((4,), "int8", offset_factor=1),
+    B: T.Buffer((4, 4), "int8", offset_factor=1),
+    C: T.Buffer((4,), "int32", offset_factor=1),
+) -> None:
+    # Armv8.2's dot product: each of 4 int32 lanes adds 4 int8 x int8 products
+    with T.sblock("root"):
+        T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+        T.writes(C[0:4])
+        A_i32 = T.reinterpret(A.vload([0], "int8x4"), dtype="int32")
+        C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.sdot.v4i32.v16i8"),
+            C.vload([0], dtype="int32x4"),
+            T.reinterpret(T.broadcast(A_i32, 4), dtype="int8x16"),
+            B.vload([0, 0], dtype="int8x16"),
+            dtype="int32x4",
+        )
+
+
+INTRINSICS = {
+    "avx512vnni": ("tvm_memplan.dot_16x4_u8i8i32_vnni", _vpdpbusd),
+    "avx2": ("tvm_memplan.dot_8x2_u8i8i32_avx2", _vpmaddwd),
+    "neon-dotprod": ("tvm_memplan.dot_4x4_i8i8i32_sdot", _sdot),
+}
 """Instruction (a :class:`~tvm_memplan.schedule.cpu.CpuSpec` ``int8_dot``) → registered tensor intrinsic."""
 
 for _isa, (_name, _impl) in INTRINSICS.items():
-    TensorIntrin.register(_name, _dot_description(*DOT_SHAPES[_isa]), _impl, override=True)
+    TensorIntrin.register(_name, _dot_description(*DOT_INSTRUCTIONS[_isa]), _impl, override=True)
 
 
 class Int8DotProduct(CPUScheduleRule):
@@ -112,7 +135,8 @@ class Int8DotProduct(CPUScheduleRule):
         ob_o, ob_i = sch.split(ob, [None, tile_blocks])
         ow_o, ow_i = sch.split(ow, [None, tile_pixels])
         lanes, depth = loop_extent(sch, lane), loop_extent(sch, rk)
-        tensorized = spec.int8_dot is not None and DOT_SHAPES[spec.int8_dot] == (lanes, depth)
+        packed_dtype = str(sch.get(pack).writes[0].source.dtype)
+        tensorized = spec.int8_dot is not None and DOT_INSTRUCTIONS[spec.int8_dot] == (lanes, depth, packed_dtype)
         inner = (lane, rk) if tensorized else (rk, lane)
         sch.reorder(n, ob_o, oh, ow_o, rc, ry, rx, ob_i, ow_i, *inner)
         sch.reverse_compute_at(epilogue, ow_o)

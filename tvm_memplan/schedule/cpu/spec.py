@@ -23,7 +23,8 @@ class CpuSpec:
     the C target leaves vectorization to the C compiler, so loops are unrolled instead)."""
     int8_dot: str | None = None
     """The CPU's int8 dot-product instruction the integer convolutions tensorize with
-    (``"avx512vnni"``: ``vpdpbusd``; ``"avx2"``: ``vpmaddwd`` on widened bytes), or None."""
+    (``"avx512vnni"``: ``vpdpbusd``; ``"avx2"``: ``vpmaddwd`` on widened bytes; ``"neon-dotprod"``:
+    Armv8.2's ``sdot``, where the target enables it, e.g. ``mattr`` ``+dotprod``), or None."""
 
     @property
     def accumulators(self) -> int:
@@ -53,6 +54,8 @@ def cpu_spec(target: tvm.target.Target) -> CpuSpec:
         int8_dot = "avx512vnni"
     elif kind == "llvm" and lanes >= 8 and _has_feature("avx2", target):
         int8_dot = "avx2"
+    elif kind == "llvm" and triple.startswith(("aarch64", "arm64")) and _has_feature("dotprod", target):
+        int8_dot = "neon-dotprod"
     cores = int(target.attrs.get("num-cores", 0) or 0)
     threads = cores or int(os.environ.get("TVM_NUM_THREADS", 0) or 0) or os.cpu_count() or 1
     return CpuSpec(lanes=lanes, registers=registers, threads=threads, vector_codegen=kind == "llvm", int8_dot=int8_dot)
