@@ -61,3 +61,29 @@ def test_default_schedules_are_correct_on_aarch64(capsys, tmp_path, arm64_farm, 
     report = _measure_once(capsys, artifact, arm64_farm, tmp_path / "log.jsonl")
     assert report["correct"], report["max_abs_diff"]
     assert report["requested_bytes"] == report["planned_bytes"]
+
+
+def test_int8_sdot_kernels_are_correct_on_the_emulated_arm64_device(capsys, tmp_path, arm64_farm):
+    """An int8 QDQ model built for Armv8.2 with the dot product: its convolutions are tensorized with
+    sdot (in the library's code), and the outputs agree with onnxruntime under the int8 rule."""
+    import numpy as np
+    import onnx
+
+    from tvm_memplan.frontend import load_model
+    from tvm_memplan.quant.calibrate import quantize_int8
+
+    model = load_model("zoo:mcu_cnn")
+    source, quantized = tmp_path / "mcu_cnn.onnx", tmp_path / "mcu_cnn.int8.onnx"
+    onnx.save(model.onnx_model, str(source))
+    rng = np.random.default_rng(0)
+    calib = {name: rng.standard_normal((4, *shape[1:])).astype(dtype) for name, shape, dtype in model.input_specs()}
+    quantize_int8(source, quantized, calib)
+    artifact = tmp_path / "int8.so"
+    run_cli_json(capsys, "build", str(quantized), "-o", str(artifact), "--target", "llvm-aarch64-dotprod")
+    code = subprocess.run(
+        ["aarch64-linux-gnu-objdump", "-d", str(artifact)], capture_output=True, text=True, check=True
+    )
+    assert "sdot" in code.stdout
+    report = _measure_once(capsys, artifact, arm64_farm, tmp_path / "log.jsonl")
+    assert report["correct"], report["max_abs_diff"]
+    assert report["requested_bytes"] == report["planned_bytes"]

@@ -21,6 +21,7 @@ from ..errors import UserError
 
 # num-cores: MetaSchedule needs it; 4 is a phone's big cluster (used only to tune for it).
 _AARCH64_LLVM = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 4}
+_AARCH64_DOTPROD_LLVM = {**_AARCH64_LLVM, "mattr": ["+neon", "+dotprod"]}
 _AARCH64_CXX = "aarch64-linux-gnu-g++"
 _ANDROID_LLVM = {"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": ["+neon"], "num-cores": 4}
 _ANDROID_CXX = "aarch64-linux-android28-clang++"
@@ -221,6 +222,13 @@ TARGETS: dict[str, DeployTarget] = {
             what="any x86-64 CPU (LLVM, baseline instructions only)",
         ),
         DeployTarget("llvm-aarch64", _AARCH64_LLVM, "cpu", _AARCH64_CXX, "arm64 Linux CPU (LLVM + NEON), cross-linked"),
+        DeployTarget(
+            "llvm-aarch64-dotprod",
+            _AARCH64_DOTPROD_LLVM,
+            "cpu",
+            _AARCH64_CXX,
+            "arm64 Linux CPU with Armv8.2's dot product (Cortex-A55/A76 and later): int8 convolutions use sdot",
+        ),
         DeployTarget(
             "android-arm64", _ANDROID_LLVM, "cpu", _ANDROID_CXX, "Android phone CPU (LLVM + NEON), linked by the NDK"
         ),
