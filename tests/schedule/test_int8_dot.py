@@ -65,6 +65,36 @@ def reference(x, w, bias, multiplier, stride, dilation, padding, zx, zy, low, hi
     return (np.rint(clamped).astype(np.int32) + zy).astype(out_dtype)
 
 
+def run_dot_conv(
+    target_name: str, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, multiplier: np.ndarray, zx: int, **conv
+) -> tuple[np.ndarray, str]:
+    """``conv2d_dot`` built for ``TARGETS[target_name]`` and run here on ``x``: its output and assembly.
+    ``bias`` is folded for the packing; ``conv`` holds conv2d_dot's other keywords."""
+    target, instruction, layout, _mnemonic = TARGETS[target_name]
+    x_dtype = conv.get("quantize_input", (None, str(x.dtype)))[1]
+    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, x_dtype, layout.packed_dtype))
+    packed = kernels.pack_dot_weights(weight, layout.lanes, layout.depth)
+    tensors = [
+        te.placeholder(a.shape, str(a.dtype), n) for a, n in ((x, "x"), (packed, "w"), (folded, "b"), (multiplier, "m"))
+    ]
+    out = kernels.conv2d_dot(
+        *tensors,
+        out_channels=weight.shape[0],
+        x_zero_point=zx,
+        out_dtype="int8",
+        packed_dtype=layout.packed_dtype,
+        **conv,
+    )
+    spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
+    scheduled = schedule_function(te.create_prim_func([*tensors, out]), spec, rules=[Int8DotProduct()])
+    assert scheduled is not None, "the int8_dot rule must schedule conv2d_dot"
+    library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target)
+    dev = tvm.cpu()
+    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np.int8), dev)
+    library["main"](*(tvm.runtime.tensor(v, dev) for v in (x, packed, folded, multiplier)), result)
+    return result.numpy(), library.inspect_source("asm")
+
+
 CASES = [(shape, "int8") for shape in SHAPES] + [("strided", "uint8")]
 
 
@@ -79,43 +109,25 @@ def test_dot_conv_equals_integer_arithmetic(shape, x_dtype, target_name):
     bias = rng.integers(-5000, 5000, size=o).astype(np.int32)
     multiplier = (rng.random(o) * 2e-4).astype(np.float32)
     zx, zy, low, high = 7, -3, -128, 100  # a folded Clip narrows the output range
-    target, instruction, layout, mnemonic = TARGETS[target_name]
-    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, x_dtype, layout.packed_dtype))
-    spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
-    packed = kernels.pack_dot_weights(weight, layout.lanes, layout.depth)
-
-    tx = te.placeholder(x.shape, x_dtype, "x")
-    tw = te.placeholder(packed.shape, "int8", "w")
-    tb = te.placeholder(folded.shape, "int32", "b")
-    tm = te.placeholder(multiplier.shape, "float32", "m")
-    out = kernels.conv2d_dot(
-        tx,
-        tw,
-        tb,
-        tm,
-        out_channels=o,
+    result, assembly = run_dot_conv(
+        target_name,
+        x,
+        weight,
+        bias,
+        multiplier,
+        zx,
         strides=[stride] * 2,
         padding=padding,
         dilation=[dilation] * 2,
-        x_zero_point=zx,
         y_zero_point=zy,
         low=low,
         high=high,
-        out_dtype="int8",
-        packed_dtype=layout.packed_dtype,
     )
-    func = te.create_prim_func([tx, tw, tb, tm, out])
-    scheduled = schedule_function(func, spec, rules=[Int8DotProduct()])
-    assert scheduled is not None, "the int8_dot rule must schedule conv2d_dot"
-    library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target)
-    assembly = library.inspect_source("asm")
+    mnemonic = TARGETS[target_name][3]
     assert mnemonic is None or mnemonic in assembly
     assert "vpdpbusd" not in assembly or target_name == "vnni"
-    dev = tvm.cpu()
-    result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np.int8), dev)
-    library["main"](*(tvm.runtime.tensor(v, dev) for v in (x, packed, folded, multiplier)), result)
     expected = reference(x, weight, bias, multiplier, stride, dilation, padding, zx, zy, low, high, np.int8)
-    np.testing.assert_array_equal(result.numpy(), expected)
+    np.testing.assert_array_equal(result, expected)
 
 
 def test_rule_declines_other_kernels():
@@ -136,7 +148,6 @@ def test_weights_pack_into_instruction_blocks():
 @pytest.mark.parametrize("target_name", list(TARGETS))
 def test_dot_conv_quantizes_a_float_input_as_it_packs(target_name):
     """The network's first conv: a float32 input quantized in the packing stage (QuantizeLinear fused)."""
-    target, instruction, layout, _mnemonic = TARGETS[target_name]
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((1, 3, 12, 12)) * 2).astype(np.float32)
     weight = rng.integers(-128, 128, size=(8, 3, 3, 3)).astype(np.int8)
@@ -144,37 +155,23 @@ def test_dot_conv_quantizes_a_float_input_as_it_packs(target_name):
     multiplier = (rng.random(8) * 1e-3).astype(np.float32)
     scale, zx = 0.02, -4
     codes = np.clip(np.rint(x / np.float32(scale)), -128 - zx, 127 - zx).astype(np.int64) + zx
-    packed = kernels.pack_dot_weights(weight, layout.lanes, layout.depth)
-    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, "int8", layout.packed_dtype))
-    tx = te.placeholder(x.shape, "float32", "x")
-    tw = te.placeholder(packed.shape, "int8", "w")
-    tb = te.placeholder(folded.shape, "int32", "b")
-    tm = te.placeholder(multiplier.shape, "float32", "m")
-    out = kernels.conv2d_dot(
-        tx,
-        tw,
-        tb,
-        tm,
-        out_channels=8,
+    result, _ = run_dot_conv(
+        target_name,
+        x,
+        weight,
+        bias,
+        multiplier,
+        zx,
         strides=[2, 2],
         padding=[1, 1, 1, 1],
         dilation=[1, 1],
-        x_zero_point=zx,
         y_zero_point=0,
         low=0,
         high=127,
-        out_dtype="int8",
         quantize_input=(scale, "int8"),
-        packed_dtype=layout.packed_dtype,
     )
-    spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
-    scheduled = schedule_function(te.create_prim_func([tx, tw, tb, tm, out]), spec, rules=[Int8DotProduct()])
-    library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target)
-    dev = tvm.cpu()
-    result = tvm.runtime.tensor(np.zeros((1, 8, 6, 6), np.int8), dev)
-    library["main"](*(tvm.runtime.tensor(v, dev) for v in (x, packed, folded, multiplier)), result)
     expected = reference(codes, weight, bias, multiplier, 2, 1, (1, 1, 1, 1), zx, 0, 0, 127, np.int8)
-    np.testing.assert_array_equal(result.numpy(), expected)
+    np.testing.assert_array_equal(result, expected)
 
 
 def test_sdot_kernel_compiles_to_sdot_for_arm():

@@ -24,21 +24,13 @@ import tvm
 from ..errors import UserError
 from ..frontend import load_model
 from .build import compile_plan, plan_for
-from .mcu import ModelC, c_identifier, emit_model_c, kernel_symbol, prefix_kernel_symbols
+from .mcu import C_TYPES, ModelC, c_identifier, emit_model_c, kernel_symbol, prefix_kernel_symbols
 from .targets import get_target
 
 _DEFINITION = re.compile(
     r"^TVM_DLL int32_t __tvm_ffi_(\w+)\(void\* self_handle, void\* args, int32_t num_args, void\* result\) \{", re.M
 )
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
-_DTYPES = {
-    "float32": ("float", 2),
-    "int32": ("int32_t", 0),
-    "int64": ("int64_t", 0),
-    "uint8": ("uint8_t", 1),
-    "int8": ("int8_t", 0),
-}
-"""numpy dtype -> (C type, DLDataTypeCode)."""
 
 
 @dataclass
@@ -87,7 +79,7 @@ def _params(func: tvm.tirx.PrimFunc) -> list[Param] | None:
     """Static tensor parameters of a kernel, or None if one is symbolic or of an unsupported dtype."""
     params = []
     for var in func.params:  # in TVM 0.27 a tensor parameter is the buffer itself
-        if not isinstance(var.ty, tvm.tirx.buffer.BufferType) or str(var.dtype) not in _DTYPES:
+        if not isinstance(var.ty, tvm.tirx.buffer.BufferType) or str(var.dtype) not in C_TYPES:
             return None
         if not all(isinstance(d, tvm.tirx.IntImm) for d in var.shape):
             return None
@@ -119,16 +111,16 @@ def _example_data(name: str, func: tvm.tirx.PrimFunc, params: list[Param]) -> st
     text = [f"/* Example data for {name}: inputs from numpy (seed 0), expected output from TVM's LLVM build. */\n"]
     text.append("#include <stdint.h>\n")
     for index, (p, array) in enumerate(zip(params, arrays, strict=True)):
-        ctype, code = _DTYPES[p.dtype]
+        ctype, code = C_TYPES[p.dtype]
         text.append(_c_array(f"arg{index}_data", array, ctype))
         dims = ", ".join(map(str, p.shape)) or "1"
         text.append(f"static int64_t arg{index}_shape[{max(len(p.shape), 1)}] = {{{dims}}};\n")
-    ctype, _ = _DTYPES[params[-1].dtype]
+    ctype, _ = C_TYPES[params[-1].dtype]
     text.append(_c_array("expected_output", expected, ctype))
     text.append(f"#define EXAMPLE_NUM_ARGS {len(params)}\n#define EXAMPLE_OUTPUT_SIZE {expected.size}\n")
     text.append("static DLTensor example_args[EXAMPLE_NUM_ARGS] = {\n")
     for index, p in enumerate(params):
-        ctype, code = _DTYPES[p.dtype]
+        ctype, code = C_TYPES[p.dtype]
         bits = np.dtype(p.dtype).itemsize * 8
         text.append(
             f"  {{arg{index}_data, {{kDLCPU, 0}}, {len(p.shape)}, {{{code}, {bits}, 1}}, "
@@ -291,7 +283,7 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     )
     (directory / "example_data.h").write_text(_example_data(example, functions[example], signatures[example]))
     emitted = emit_model_c(plan, spec, source, directory, target, split=options.get("prepare") is not None)
-    ctype = _DTYPES[signatures[example][-1].dtype][0]
+    ctype = C_TYPES[signatures[example][-1].dtype][0]
     (directory / "example_main.c").write_text(
         _MAIN.format(
             kernel=example, symbol=kernel_symbol(name, example), ctype=ctype, workspace=max(emitted.workspace_bytes, 1)

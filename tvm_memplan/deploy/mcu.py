@@ -37,7 +37,7 @@ from ..planner import ModelPlan
 from ..relax.ir_utils import static_shape
 from . import mcu_files
 
-_DTYPES = {
+C_TYPES = {
     "float32": ("float", 2),
     "int32": ("int32_t", 0),
     "int64": ("int64_t", 0),
@@ -122,8 +122,8 @@ def _tensor_type(var: relax.Var, what: str) -> tuple[tuple[int, ...], str]:
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         raise UserError(f"{what} {var.name} is not a tensor of static shape: the standalone C cannot express it")
     dtype = str(ty.dtype)
-    if dtype not in _DTYPES:
-        raise UserError(f"{what} {var.name} has dtype {dtype}; the standalone C supports {', '.join(_DTYPES)}")
+    if dtype not in C_TYPES:
+        raise UserError(f"{what} {var.name} has dtype {dtype}; the standalone C supports {', '.join(C_TYPES)}")
     return _shape(ty.shape), dtype
 
 
@@ -152,7 +152,7 @@ def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
             key = (value.data_ptr(), tuple(value.shape), str(value.dtype))  # the same constant used twice
             if key not in weights:
                 array = value.numpy()
-                if str(array.dtype) not in _DTYPES:
+                if str(array.dtype) not in C_TYPES:
                     raise UserError(f"a constant of dtype {array.dtype} is not supported by the standalone C")
                 c_name = f"{prefix}_weight{len(weights)}"
                 weights[key] = (
@@ -268,7 +268,7 @@ def _c_values(array: np.ndarray) -> str:
 def _weights_c(model: str, program: CProgram) -> str:
     parts = [f"/* {model}: the weights, as const arrays (flash on a microcontroller). */\n#include <stdint.h>\n\n"]
     for c_name, array in program.weights:
-        ctype = _DTYPES[str(array.dtype)][0]
+        ctype = C_TYPES[str(array.dtype)][0]
         parts.append(
             f"/* {list(array.shape)} */\n"
             f"const {ctype} {c_name}[{max(array.size, 1)}] __attribute__((aligned(64))) = {{\n  "
@@ -278,8 +278,8 @@ def _weights_c(model: str, program: CProgram) -> str:
 
 
 def _signature(name: str, program: CProgram) -> str:
-    params = [f"const {_DTYPES[t.dtype][0]}* {t.storage.c_name}" for t in program.inputs]
-    params += [f"{_DTYPES[t.dtype][0]}* {t.storage.c_name}" for t in program.outputs]
+    params = [f"const {C_TYPES[t.dtype][0]}* {t.storage.c_name}" for t in program.inputs]
+    params += [f"{C_TYPES[t.dtype][0]}* {t.storage.c_name}" for t in program.outputs]
     return f"int {name}_run({', '.join(params)})"
 
 
@@ -453,7 +453,7 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan, workspac
     for number, step in enumerate(program.steps, 1):
         tensors = []
         for arg in step.args:
-            _, code = _DTYPES[arg.dtype]
+            _, code = C_TYPES[arg.dtype]
             bits = np.dtype(arg.dtype).itemsize * 8
             tensors.append(
                 f"      MEMPLAN_TENSOR({arg.pointer()}, {len(arg.shape)}, {code}, {bits}, {shape_name(arg.shape)}),"
@@ -480,7 +480,7 @@ def _model_c(name: str, model: str, program: CProgram, plan: ModelPlan, workspac
     bind = "".join(f"  memplan_parts[{k}] = base + {offset};\n" for k, offset in enumerate(offsets))
     bind += f"  memplan_parts[{parts - 1}] = base + {scratch_at};\n"
     locals_ = "".join(f"  uint8_t* const arena{k} = memplan_parts[{k}];\n" for k in range(len(program.arenas)))
-    externs = "".join(f"extern const {_DTYPES[str(a.dtype)][0]} {c}[{max(a.size, 1)}];\n" for c, a in program.weights)
+    externs = "".join(f"extern const {C_TYPES[str(a.dtype)][0]} {c}[{max(a.size, 1)}];\n" for c, a in program.weights)
     shape_lines = "".join(
         f"static const int64_t {n}[{max(len(s), 1)}] = {{{', '.join(map(str, s)) or '1'}}};\n"
         for s, n in shapes.items()
@@ -581,13 +581,13 @@ def step_table(program: CProgram, functions: dict[str, tvm.tirx.PrimFunc]) -> li
 def _harness(name: str, program: CProgram) -> str:
     buffers, reads, writes, call = [], [], [], []
     for index, ref in enumerate(program.inputs):
-        ctype = _DTYPES[ref.dtype][0]
+        ctype = C_TYPES[ref.dtype][0]
         size = int(np.prod(ref.shape, dtype=np.int64))
         buffers.append(f"static {ctype} input{index}[{size}] __attribute__((aligned(64)));\n")
         reads.append(f'  if (platform_read("input{index}.bin", input{index}, sizeof(input{index})) != 0) return 100;\n')
         call.append(f"input{index}")
     for index, ref in enumerate(program.outputs):
-        ctype = _DTYPES[ref.dtype][0]
+        ctype = C_TYPES[ref.dtype][0]
         size = int(np.prod(ref.shape, dtype=np.int64))
         buffers.append(f"static {ctype} output{index}[{size}] __attribute__((aligned(64)));\n")
         writes.append(
