@@ -8,12 +8,12 @@ import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax
+from tvm import relax, te, topi
 
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.fold import fold_call
-from tvm_memplan.relax.layout import BlockedLayout, channel_block
+from tvm_memplan.relax.layout import BlockedLayout, channel_block, clip_bound_op
 from tvm_memplan.verify import verify_plan
 
 HOST = tvm.target.Target.from_device("cpu")
@@ -41,8 +41,8 @@ def test_packed_weights_fold_as_tvm_maps_them() -> None:
 
 
 def _residual_net(path) -> str:
-    """A stem whose 3 input channels no block divides, a 3x3 and a 1x1 conv with biases, a pool, a
-    residual add and a classifier."""
+    """A stem whose 3 input channels no block divides, a 3x3 conv with ReLU6 (the frontend's Clip is a
+    call_tir), a pool, a depthwise and a 1x1 conv, a residual add and a classifier."""
     rng = np.random.default_rng(0)
 
     def init(name, shape):
@@ -52,9 +52,11 @@ def _residual_net(path) -> str:
         helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c0"], ["r0"]),
         helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
-        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
         helper.make_node("MaxPool", ["r1"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-        helper.make_node("Conv", ["p", "w2", "b2"], ["c2"]),
+        helper.make_node("Conv", ["p", "wd", "bd"], ["cd"], pads=[1, 1, 1, 1], group=32),
+        helper.make_node("Clip", ["cd", "lo", "hi"], ["rd"]),
+        helper.make_node("Conv", ["rd", "w2", "b2"], ["c2"]),
         helper.make_node("Add", ["c2", "p"], ["s"]),
         helper.make_node("Relu", ["s"], ["r2"]),
         helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
@@ -65,7 +67,9 @@ def _residual_net(path) -> str:
         nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 20, 20])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
         [init("w0", [16, 3, 3, 3]), init("b0", [16]), init("w1", [32, 16, 3, 3]), init("b1", [32]),
-         init("w2", [32, 32, 1, 1]), init("b2", [32]), init("wf", [10, 32]), init("bf", [10])],
+         init("wd", [32, 1, 3, 3]), init("bd", [32]), init("w2", [32, 32, 1, 1]), init("b2", [32]),
+         init("wf", [10, 32]), init("bf", [10]), numpy_helper.from_array(np.array(0, np.float32), "lo"),
+         numpy_helper.from_array(np.array(0.5, np.float32), "hi")],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return str(path)
@@ -83,7 +87,9 @@ def test_a_residual_net_runs_blocked_as_onnxruntime_with_the_planned_allocations
     model = load_model(_residual_net(tmp_path / "residual.onnx"))
     plan = plan_model(model, HOST, layout="blocked", order="program")
     kernels = [gv.name_hint for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-    assert sum("conv2d_nchwc" in name for name in kernels) == 2  # the stem's 3 channels stay NCHW
+    # the stem's 3 channels stay NCHW
+    assert sum("conv2d_nchwc" in name for name in kernels) == 3
+    assert sum("depthwise_conv2d_nchwc" in name for name in kernels) == 1
     result = verify_plan(plan, stock=False)
     assert result.problems == []  # onnxruntime's outputs; the VM's requests are the plan
     assert result.trace_matches_plan
@@ -98,3 +104,20 @@ def test_only_activations_are_transformed_weights_are_packed_constants(tmp_path)
     # into the blocked layout after the stem, out of it before the classifier's reshape
     assert sorted(c.ty.ndim for c in transforms) == [4, 5]
     assert len(_calls(blocked, "relax.nn.conv2d")) == 1  # only the stem's conv is left to LegalizeOps
+    # the Clips' bounds are Relax ops that carry the layout, their PrimFuncs gone
+    assert len(_calls(blocked, "relax.maximum")) == len(_calls(blocked, "relax.minimum")) == 2
+    assert not any(gv.name_hint.startswith(("maximum", "minimum")) for gv in blocked.get_global_vars())
+
+
+def test_a_clip_bound_is_recognized_and_other_kernels_are_not() -> None:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 2, 2), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            bound = bb.emit_te(topi.maximum, x, relax.const(0.0, "float32"))
+            tensor_max = bb.emit_te(topi.maximum, x, x)
+            shifted = bb.emit_te(lambda t: te.compute(t.shape, lambda *i: tvm.te.max(t(*i), 1.0)), x)
+            out = bb.emit_output(relax.op.add(relax.op.add(bound, tensor_max), shifted))
+        bb.emit_func_output(out)
+    functions = {gv.name_hint: f for gv, f in bb.get().functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert [name for name, f in sorted(functions.items()) if clip_bound_op(f) is not None] == ["maximum"]

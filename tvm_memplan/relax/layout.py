@@ -6,11 +6,14 @@ convolution's inner loop multiplies one broadcast input value by a contiguous ve
 channels, and every tensor between two blocked layers stays blocked.
 
 :func:`BlockedLayout` runs Relax's ``ConvertLayout`` with ``NCHW{x}c`` as the convolutions' desired
-layout: it converts the regular (``groups=1``) convolutions whose channels divide into blocks, carries
-the layout through the ops that follow it (bias adds, activations, residual adds, pools, concats)
-and inserts ``layout_transform`` only where the layout changes. The weights' and biases' transforms
-are constants, folded in numpy (:mod:`.fold`); the blocked convolutions become the TE compute
-:func:`conv2d_nchwc`, which TVM 0.27's ``LegalizeOps`` has no lowering for.
+layout: it converts the convolutions whose channels divide into blocks (regular, grouped and
+depthwise), carries the layout through the ops that follow it (bias adds, activations, residual
+adds, pools, concats) and inserts ``layout_transform`` only where the layout changes. The ONNX
+frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with a scalar) become Relax
+ops first, so that ReLU6 does not end a blocked region. The weights' and biases' transforms are
+constants, folded in numpy (:mod:`.fold`); the blocked convolutions become the TE computes
+:func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which TVM 0.27's ``LegalizeOps`` has no
+lowering for.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from __future__ import annotations
 import re
 
 import tvm
-from tvm import relax, te, topi
+from tvm import relax, s_tir, te, tirx, topi
 
+from ..schedule.blocks import NotApplicable, top_level_blocks
 from ..schedule.cpu import cpu_spec
 from ..schedule.cpu.blocked_conv import BLOCKED_CONV
 from .fold import FoldDataMovementConstants
 
 _BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
+_DEPTHWISE_KERNEL = re.compile(r"OIHW(\d+)o")
+_BOUND_OPS = {tirx.Max: relax.op.maximum, tirx.Min: relax.op.minimum}
 
 
 MIN_BLOCK = 8
@@ -77,41 +83,143 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     )
 
 
+def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype: str) -> te.Tensor:
+    """A depthwise convolution in NCHW[x]c with weights in OIHW[x]o: ``out[n, c, oh, ow, i] = sum over
+    (kh, kw) of data[n, c, oh*s + kh*d, ow*s + kw*d, i] * kernel[c, 0, kh, kw, i]``."""
+    _, _, kernel_h, kernel_w, _ = (int(d) for d in kernel.shape)
+    stride_h, stride_w = (int(s) for s in strides)
+    dilation_h, dilation_w = (int(d) for d in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    if top or left or bottom or right:
+        data = topi.nn.pad(data, (0, 0, top, left, 0), (0, 0, bottom, right, 0), name="data_pad")
+    n, chunks, height, width, block = (int(d) for d in data.shape)
+    out_h = (height - (kernel_h - 1) * dilation_h - 1) // stride_h + 1
+    out_w = (width - (kernel_w - 1) * dilation_w - 1) // stride_w + 1
+    kh = te.reduce_axis((0, kernel_h), name="kh")
+    kw = te.reduce_axis((0, kernel_w), name="kw")
+    return te.compute(
+        (n, chunks, out_h, out_w, block),
+        lambda b, c, oh, ow, i: te.sum(
+            data[b, c, oh * stride_h + kh * dilation_h, ow * stride_w + kw * dilation_w, i].astype(out_dtype)
+            * kernel[c, 0, kh, kw, i].astype(out_dtype),
+            axis=[kh, kw],
+        ),
+        name="depthwise_conv2d_NCHWc",
+    )
+
+
+def _is_conv2d(call: relax.Call) -> bool:
+    return isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"
+
+
+def _static_shape(expr: relax.Expr) -> list[int] | None:
+    shape = getattr(expr.ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, tirx.IntImm) for d in values):
+        return None
+    return [int(d) for d in values]
+
+
+def _is_depthwise(call: relax.Call) -> bool:
+    data, kernel = (_static_shape(arg) for arg in call.args[:2])
+    if data is None or kernel is None:
+        return False
+    return int(call.attrs.groups) == data[1] == kernel[0] and kernel[1] == 1
+
+
+def _desired_layouts(block: int):
+    """``ConvertLayout``'s per-call callback: depthwise convolutions keep one weight per channel
+    (``OIHW[x]o``), the others take ``OIHW[x]i[x]o``."""
+
+    def layouts(call: relax.Call) -> dict[str, list[str]]:
+        if not _is_conv2d(call) or str(call.attrs.data_layout) != "NCHW" or str(call.attrs.kernel_layout) != "OIHW":
+            return {}
+        kernel = f"OIHW{block}o" if _is_depthwise(call) else f"OIHW{block}i{block}o"
+        return {"relax.nn.conv2d": [f"NCHW{block}c", kernel]}
+
+    return layouts
+
+
+def clip_bound_op(func: tirx.PrimFunc):
+    """``relax.op.maximum`` (``minimum``) where ``func`` is ``topi.maximum`` (``minimum``) of a tensor
+    and a 0-d tensor, as the ONNX frontend emits a Clip's bounds; else None."""
+    if len(func.params) != 3:
+        return None
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = top_level_blocks(sch)
+    except NotApplicable:
+        return None
+    if len(blocks) != 1:
+        return None
+    store = sch.get(blocks[0]).body
+    value = getattr(store, "value", None)
+    op = _BOUND_OPS.get(type(value))
+    if op is None:
+        return None
+    data, bound = value.a, value.b
+    elementwise = (isinstance(data, tvm.ir.expr.TensorLoad) and len(data.indices) == len(store.indices)
+                   and all(x.same_as(y) for x, y in zip(data.indices, store.indices)))
+    scalar = isinstance(bound, tvm.ir.expr.TensorLoad) and not bound.source.shape
+    return op if elementwise and scalar and not data.source.same_as(store.buffer) else None
+
+
 @relax.expr_functor.mutator
-class _LowerBlockedConv(relax.PyExprMutator):
-    """Blocked ``relax.nn.conv2d`` calls become calls of :func:`conv2d_nchwc`."""
+class _ClipBoundsAsOps(relax.PyExprMutator):
+    """``call_tir`` of a Clip bound (:func:`clip_bound_op`) becomes ``relax.op.maximum``/``minimum``."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
+            return call
+        callee = self.builder_.get()[call.args[0]]
+        op = clip_bound_op(callee) if isinstance(callee, tirx.PrimFunc) else None
+        return call if op is None else op(*call.args[1].fields)
+
+
+@relax.expr_functor.mutator
+class _LowerBlockedConv(relax.PyExprMutator):
+    """Blocked ``relax.nn.conv2d`` calls become calls of :func:`conv2d_nchwc` (depthwise ones, of
+    :func:`depthwise_conv2d_nchwc`)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not _is_conv2d(call):
             return call
         attrs = call.attrs
         if not _BLOCKED_DATA.fullmatch(str(attrs.data_layout)) or attrs.out_layout != attrs.data_layout:
             return call
+        depthwise = _DEPTHWISE_KERNEL.fullmatch(str(attrs.kernel_layout))
+        compute, name = (depthwise_conv2d_nchwc, "depthwise_conv2d_nchwc") if depthwise else (conv2d_nchwc, "conv2d_nchwc")
         return self.builder_.call_te(
-            conv2d_nchwc, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation,
-            str(call.ty.dtype), primfunc_name_hint="conv2d_nchwc",
+            compute, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation, str(call.ty.dtype),
+            primfunc_name_hint=name,
         )
 
 
-def LowerBlockedConv() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
-    """Replace every NCHW[x]c ``relax.nn.conv2d`` by a call of :func:`conv2d_nchwc`."""
+def _rewrite(mutator: type, name: str) -> tvm.transform.Pass:
+    """A module pass that runs ``mutator`` over every Relax function."""
 
-    @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerBlockedConv")
+    @tvm.transform.module_pass(opt_level=0, name=name)
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        lowering = _LowerBlockedConv(mod)
+        rewriter = mutator(mod)
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
-                lowering.builder_.update_func(gv, lowering.visit_expr(func))
-        return lowering.builder_.get()
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        return rewriter.builder_.get()
 
     return _pass
 
 
 def BlockedLayout(block: int) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
-    """Regular convolutions and what follows them in NCHW[block]c (see the module docstring)."""
-    desired = {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
+    """Convolutions and what follows them in NCHW[block]c (see the module docstring)."""
     return tvm.transform.Sequential(
-        [relax.transform.ConvertLayout(desired), FoldDataMovementConstants(), LowerBlockedConv()],
+        [
+            _rewrite(_ClipBoundsAsOps, "tvm_memplan.ClipBoundsAsOps"),
+            relax.transform.DeadCodeElimination(),  # the Clip bounds' PrimFuncs
+            relax.transform.ConvertLayout({}, _desired_layouts(block)),
+            FoldDataMovementConstants(),
+            _rewrite(_LowerBlockedConv, "tvm_memplan.LowerBlockedConv"),
+        ],
         name="tvm_memplan.BlockedLayout",
     )

@@ -38,12 +38,22 @@ def _run(func: tirx.PrimFunc) -> np.ndarray:
 @pytest.mark.parametrize("spec", [AVX512, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)])
 def test_blocked_kernels_compute_what_the_unscheduled_ones_compute(body, shape, spec: CpuSpec) -> None:
     kernels = kernels_of(body, shape, AVX2, layout="blocked")
-    convs = {name: func for name, func in kernels.items() if "conv2d_nchwc" in name}
+    convs = {name: func for name, func in kernels.items() if name.startswith("fused_conv2d_nchwc")}
     assert convs, f"no blocked convolution among {sorted(kernels)}"
     for name, func in convs.items():
         new_func, rule = schedule_function(func, spec)
         assert rule == "blocked_conv", f"{name} scheduled by {rule}"
         np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_blocked_depthwise_kernels_are_tiled_reductions_along_the_block(stride: int) -> None:
+    kernels = kernels_of(conv_body(32, 3, stride=stride, padding=1, groups=32, activation="relu6"), (1, 32, 14, 14),
+                         AVX2, layout="blocked")
+    (func,) = (f for name, f in kernels.items() if "depthwise_conv2d_nchwc" in name)
+    new_func, rule = schedule_function(func, AVX512)
+    assert rule == "tiled_reduction"
+    np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
 
 
 def test_blocked_kernels_are_parallel_vectorized_and_register_tiled() -> None:
