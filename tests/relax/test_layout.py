@@ -37,7 +37,8 @@ def test_packed_weights_fold_as_tvm_maps_them() -> None:
     weights = np.random.default_rng(0).standard_normal((32, 16, 3, 3)).astype("float32")
     index_map = tvm.tirx.IndexMap.from_func(lambda o, i, h, w: (o // 16, i // 8, h, w, i % 8, o % 16))
     call = relax.BlockBuilder().normalize(relax.op.layout_transform(relax.const(weights), index_map))
-    np.testing.assert_array_equal(fold_call(call).value.numpy(), index_map.map_tensor(tvm.runtime.tensor(weights)).numpy())
+    by_tvm = index_map.map_tensor(tvm.runtime.tensor(weights)).numpy()
+    np.testing.assert_array_equal(fold_call(call).value.numpy(), by_tvm)
 
 
 def _residual_net(path) -> str:

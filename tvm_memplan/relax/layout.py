@@ -1,7 +1,7 @@
 """Blocked channel layouts on CPUs: convolutions in NCHW[x]c with weights packed at compile time.
 
 The layout of NeoCPU (Liu et al., USENIX ATC 2019) and onnxruntime's MLAS: channels are split into
-blocks of one vector register's lanes (16 float32 lanes for AVX-512, 8 for AVX2, 4 for NEON), so a
+blocks of one vector register's lanes (16 float32 lanes for AVX-512, 8 for AVX2), so a
 convolution's inner loop multiplies one broadcast input value by a contiguous vector of output
 channels, and every tensor between two blocked layers stays blocked.
 
@@ -48,6 +48,24 @@ def channel_block(target: tvm.target.Target) -> int | None:
     return spec.lanes
 
 
+def _padded_window(data: te.Tensor, kernel_hw: tuple[int, int], strides, padding, dilation):
+    """``data`` zero-padded in H and W, and a function of (output row, column, kernel row, column)
+    to the input row and column they read; plus the output height and width."""
+    (kernel_h, kernel_w), (stride_h, stride_w) = kernel_hw, (int(s) for s in strides)
+    dilation_h, dilation_w = (int(d) for d in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    if top or left or bottom or right:
+        data = topi.nn.pad(data, (0, 0, top, left, 0), (0, 0, bottom, right, 0), name="data_pad")
+    height, width = (int(d) for d in data.shape[2:4])
+    out_hw = ((height - (kernel_h - 1) * dilation_h - 1) // stride_h + 1,
+              (width - (kernel_w - 1) * dilation_w - 1) // stride_w + 1)
+
+    def window(oh, ow, kh, kw):
+        return oh * stride_h + kh * dilation_h, ow * stride_w + kw * dilation_w
+
+    return data, window, out_hw
+
+
 def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype: str) -> te.Tensor:
     """A convolution in NCHW[x]c with weights in OIHW[x]i[y]o: ``out[n, oc, oh, ow, o] = sum over
     (ic, kh, kw, i) of data[n, ic, oh*s + kh*d, ow*s + kw*d, i] * kernel[oc, ic, kh, kw, i, o]`` (with
@@ -60,22 +78,19 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     if groups * group_chunks != in_chunks or out_chunks % groups:
         raise ValueError(f"{in_chunks} input and {out_chunks} output channel blocks do not split into groups")
     group_outputs = out_chunks // groups
-    stride_h, stride_w = (int(s) for s in strides)
-    dilation_h, dilation_w = (int(d) for d in dilation)
-    top, left, bottom, right = (int(p) for p in padding)
-    if top or left or bottom or right:
-        data = topi.nn.pad(data, (0, 0, top, left, 0), (0, 0, bottom, right, 0), name="data_pad")
-    n, _, height, width, _ = (int(d) for d in data.shape)
-    out_h = (height - (kernel_h - 1) * dilation_h - 1) // stride_h + 1
-    out_w = (width - (kernel_w - 1) * dilation_w - 1) // stride_w + 1
+    data, window, (out_h, out_w) = _padded_window(data, (kernel_h, kernel_w), strides, padding, dilation)
     ic = te.reduce_axis((0, group_chunks), name="ic")
     kh = te.reduce_axis((0, kernel_h), name="kh")
     kw = te.reduce_axis((0, kernel_w), name="kw")
     ii = te.reduce_axis((0, in_block), name="ii")
+
+    def in_chunk(oc):
+        return ic if groups == 1 else oc // group_outputs * group_chunks + ic
+
     return te.compute(
-        (n, out_chunks, out_h, out_w, out_block),
+        (int(data.shape[0]), out_chunks, out_h, out_w, out_block),
         lambda b, oc, oh, ow, o: te.sum(
-            data[b, ic if groups == 1 else oc // group_outputs * group_chunks + ic, oh * stride_h + kh * dilation_h, ow * stride_w + kw * dilation_w, ii].astype(out_dtype)
+            data[(b, in_chunk(oc), *window(oh, ow, kh, kw), ii)].astype(out_dtype)
             * kernel[oc, ic, kh, kw, ii, o].astype(out_dtype),
             axis=[ic, kh, kw, ii],
         ),
@@ -83,25 +98,20 @@ def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation,
     )
 
 
-def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype: str) -> te.Tensor:
+def depthwise_conv2d_nchwc(
+    data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype: str
+) -> te.Tensor:
     """A depthwise convolution in NCHW[x]c with weights in OIHW[x]o: ``out[n, c, oh, ow, i] = sum over
     (kh, kw) of data[n, c, oh*s + kh*d, ow*s + kw*d, i] * kernel[c, 0, kh, kw, i]``."""
     _, _, kernel_h, kernel_w, _ = (int(d) for d in kernel.shape)
-    stride_h, stride_w = (int(s) for s in strides)
-    dilation_h, dilation_w = (int(d) for d in dilation)
-    top, left, bottom, right = (int(p) for p in padding)
-    if top or left or bottom or right:
-        data = topi.nn.pad(data, (0, 0, top, left, 0), (0, 0, bottom, right, 0), name="data_pad")
-    n, chunks, height, width, block = (int(d) for d in data.shape)
-    out_h = (height - (kernel_h - 1) * dilation_h - 1) // stride_h + 1
-    out_w = (width - (kernel_w - 1) * dilation_w - 1) // stride_w + 1
+    data, window, (out_h, out_w) = _padded_window(data, (kernel_h, kernel_w), strides, padding, dilation)
+    n, chunks, _, _, block = (int(d) for d in data.shape)
     kh = te.reduce_axis((0, kernel_h), name="kh")
     kw = te.reduce_axis((0, kernel_w), name="kw")
     return te.compute(
         (n, chunks, out_h, out_w, block),
         lambda b, c, oh, ow, i: te.sum(
-            data[b, c, oh * stride_h + kh * dilation_h, ow * stride_w + kw * dilation_w, i].astype(out_dtype)
-            * kernel[c, 0, kh, kw, i].astype(out_dtype),
+            data[(b, c, *window(oh, ow, kh, kw), i)].astype(out_dtype) * kernel[c, 0, kh, kw, i].astype(out_dtype),
             axis=[kh, kw],
         ),
         name="depthwise_conv2d_NCHWc",
@@ -190,10 +200,10 @@ class _LowerBlockedConv(relax.PyExprMutator):
         if not _BLOCKED_DATA.fullmatch(str(attrs.data_layout)) or attrs.out_layout != attrs.data_layout:
             return call
         depthwise = _DEPTHWISE_KERNEL.fullmatch(str(attrs.kernel_layout))
-        compute, name = (depthwise_conv2d_nchwc, "depthwise_conv2d_nchwc") if depthwise else (conv2d_nchwc, "conv2d_nchwc")
+        compute = depthwise_conv2d_nchwc if depthwise else conv2d_nchwc
         return self.builder_.call_te(
             compute, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation, str(call.ty.dtype),
-            primfunc_name_hint=name,
+            primfunc_name_hint=compute.__name__,
         )
 
 

@@ -18,7 +18,8 @@ AVX512 = CpuSpec(lanes=16, registers=32, threads=2, vector_codegen=True)
 
 
 def _run(func: tirx.PrimFunc) -> np.ndarray:
-    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=tvm.target.Target.from_device("cpu"))
+    host = tvm.target.Target.from_device("cpu")
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for p in func.params]
     lib["main"](*args)

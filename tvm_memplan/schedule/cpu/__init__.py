@@ -21,4 +21,6 @@ from .tiled_reduction import TiledReduction
 
 DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (BlockedConv(), TiledReduction(), Spatial(), Generic())
 
-__all__ = ["DEFAULT_RULES", "BlockedConv", "CPUScheduleRule", "CpuSpec", "Generic", "Spatial", "TiledReduction", "cpu_spec"]
+__all__ = [
+    "DEFAULT_RULES", "BlockedConv", "CPUScheduleRule", "CpuSpec", "Generic", "Spatial", "TiledReduction", "cpu_spec",
+]
