@@ -69,7 +69,7 @@ class BlockedConv(CPUScheduleRule):
         batch, oc, oh, ow, o, *reduce_loops = loops
         oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
         ow_outer, ow_inner = sch.split(ow, [None, column_tile])
-        if _weights_first(sch, block, rows):
+        if _weights_first(block, rows):
             task_loops = [batch, oc_outer, oh, ow_outer]
         else:
             task_loops = [batch, oh, ow_outer, oc_outer]
@@ -110,7 +110,7 @@ def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec) -> t
     return best
 
 
-def _weights_first(sch: s_tir.Schedule, block: s_tir.SBlock, rows: int) -> bool:
+def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
     """Whether tasks should run channel tiles outermost (each rereads all inputs) rather than rows
     (each rereads all weights): whichever rereads fewer bytes."""
     data, weights = (next(r.source for r in block.reads if len(r.source.shape) == rank) for rank in (5, 6))
