@@ -4,7 +4,8 @@
 Per model, in one run on one machine:
 - ``onnxruntime``: the CPU execution provider with as many intra-op threads as TVM_NUM_THREADS;
 - ``TVM``: TVM 0.27's own Relax pipeline (its kernels, unscheduled on CPU, and its planner);
-- ``memplan``: ``tvm_memplan.pipeline`` (default CPU schedules, order search, in-place, arena).
+- ``memplan``: ``tvm_memplan.pipeline`` (default CPU schedules, order search, in-place, arena);
+- with ``--blocked``, ``memplan blocked``: the same with ``layout="blocked"`` (convolutions in NCHW[x]c).
 Latencies are measured in interleaved rounds (TVM, memplan, onnxruntime, then reversed) so that
 drift on a shared machine hits all alike; each TVM round is appended to the results log, as
 ``tvm-memplan measure`` does. Compile time is ``tvm.compile`` from the imported Relax module:
@@ -12,7 +13,8 @@ TVM's default pipeline against ``tvm_memplan.pipeline`` with and without default
 
     python scripts/bench_latency.py                                   # zoo:mobilenet_v2, zoo:mcu_cnn here
     python scripts/bench_latency.py zoo:squeezenet1_0 --rounds 5 --repeat 10
-    python scripts/bench_latency.py zoo:mcu_cnn --rpc-tracker 127.0.0.1:9190 --rpc-key arm64-emu  # no onnxruntime
+    python scripts/bench_latency.py resnet50.onnx --blocked                  # NCHW and blocked layouts side by side
+    python scripts/bench_latency.py zoo:mcu_cnn --rpc-tracker 127.0.0.1:9190 --rpc-key arm64-emu   # no onnxruntime
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tvm_memplan.deploy.targets import get_target
 from tvm_memplan.frontend import load_model, to_relax
 
 TVM_PIPELINES = (TVM_STOCK, "memplan")
+BLOCKED = "memplan_blocked"
 
 
 def _spread(times: list[float]) -> tuple[float, float]:
@@ -44,13 +47,15 @@ def _spread(times: list[float]) -> tuple[float, float]:
     return float(median), float(q75 - q25)
 
 
-def compile_seconds(model: str, target: tvm.target.Target) -> dict[str, float]:
+def compile_seconds(model: str, target: tvm.target.Target, blocked: bool) -> dict[str, float]:
     """Seconds ``tvm.compile`` takes from the imported module, per pipeline."""
     pipelines = {
         "tvm": lambda: tvm.relax.get_default_pipeline(target),
         "memplan_no_schedule": lambda: tvm_memplan.pipeline(target, schedule="none"),
         "memplan": lambda: tvm_memplan.pipeline(target),
     }
+    if blocked:
+        pipelines[BLOCKED] = lambda: tvm_memplan.pipeline(target, layout="blocked")
     seconds = {}
     for name, make in pipelines.items():
         mod = to_relax(load_model(model))
@@ -84,7 +89,7 @@ class OnnxRuntime:
         return times
 
 
-def bench(model: str, target: str, rounds: int, repeat: int, device: Device, log: ResultsLog) -> dict:
+def bench(model: str, target: str, rounds: int, repeat: int, device: Device, log: ResultsLog, blocked: bool) -> dict:
     loaded = load_model(model)
     inputs = loaded.random_inputs(0)
     reference = reference_outputs(loaded, inputs)
@@ -92,13 +97,17 @@ def bench(model: str, target: str, rounds: int, repeat: int, device: Device, log
     ort = OnnxRuntime(model, threads) if device.name == "local" else None
     row: dict = {"model": model}
     if device.name == "local":
-        row["compile_s"] = compile_seconds(model, get_target(target, None).tvm_target())
+        row["compile_s"] = compile_seconds(model, get_target(target, None).tvm_target(), blocked)
+    pipelines = (*TVM_PIPELINES, BLOCKED) if blocked else TVM_PIPELINES
     with tempfile.TemporaryDirectory() as scratch:
         artifacts = build_artifacts(model, target, {p: Path(scratch) / f"{p}.so" for p in TVM_PIPELINES})
-        runs: dict[str, list] = {p: [] for p in TVM_PIPELINES}
+        if blocked:
+            path = Path(scratch) / f"{BLOCKED}.so"
+            artifacts[BLOCKED] = build_artifacts(model, target, {"memplan": path}, layout="blocked")["memplan"]
+        runs: dict[str, list] = {p: [] for p in pipelines}
         ort_times: list[float] = []
         for index in range(rounds):
-            order = (*TVM_PIPELINES, "onnxruntime")
+            order = (*pipelines, "onnxruntime")
             for pipeline in order if index % 2 == 0 else order[::-1]:
                 if pipeline == "onnxruntime":
                     if ort is not None:
@@ -168,6 +177,36 @@ def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: in
             "yes" if stock["correct"] and memplan["correct"] else "NO",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    blocked_rows = [row for row in rows if BLOCKED in row]
+    if blocked_rows:
+        lines += [
+            "",
+            'Blocked channel layouts (`layout="blocked"`: convolutions, their epilogues and pools in NCHW[x]c, x the '
+            "target's float32 lanes), timed in the same interleaved rounds:",
+            "",
+            "| model | onnxruntime ms | memplan ms | memplan blocked ms | blocked / onnxruntime | blocked / memplan "
+            "| compile memplan s | compile blocked s | blocked requested MiB | blocked planned MiB | requested = plan "
+            "| correct |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    for row in blocked_rows:
+        memplan, blocked, ort = row["memplan"], row[BLOCKED], row.get("onnxruntime")
+        compile_s = row.get("compile_s")
+        cells = [
+            row["model"],
+            _ms(ort),
+            _ms(memplan),
+            _ms(blocked),
+            f"{blocked['latency_ms'] / ort['latency_ms']:.2f}x" if ort else "—",
+            f"{blocked['latency_ms'] / memplan['latency_ms']:.3f}",
+            f"{compile_s['memplan']:.1f}" if compile_s else "—",
+            f"{compile_s[BLOCKED]:.1f}" if compile_s else "—",
+            _mib(blocked["requested_bytes"]),
+            _mib(blocked["planned_bytes"]),
+            "yes" if blocked["requested_bytes"] == blocked["planned_bytes"] else "NO",
+            "yes" if blocked["correct"] else "NO",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -181,6 +220,11 @@ def main() -> int:
     parser.add_argument("--rpc-key")
     parser.add_argument("--out", default="results/latency.md", help="Markdown output (default results/latency.md)")
     parser.add_argument("--log", default=str(DEFAULT_LOG))
+    parser.add_argument(
+        "--blocked",
+        action="store_true",
+        help="also time memplan with blocked channel layouts (layout=blocked), in the same rounds",
+    )
     args = parser.parse_args()
 
     if not args.rpc_tracker:
@@ -190,7 +234,7 @@ def main() -> int:
     rows = []
     for model in args.models:
         print(f"benchmarking {model} ...", file=sys.stderr, flush=True)
-        rows.append(bench(model, args.target, args.rounds, args.repeat, device, log))
+        rows.append(bench(model, args.target, args.rounds, args.repeat, device, log, args.blocked))
     text = markdown(rows, device.name, args.target, args.rounds, args.repeat)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)

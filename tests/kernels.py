@@ -10,18 +10,18 @@ from tvm import relax, tirx
 from tvm_memplan.relax import stage_passes
 
 
-def kernels_of(build_body, input_shape) -> dict[str, tirx.PrimFunc]:
-    """The fused PrimFuncs of ``build_body(bb, x)``, unscheduled (the pipeline schedules after
-    planning, so its dataflow stage leaves kernels as emitted)."""
+def kernels_of(build_body, input_shape, target=None, layout="nchw") -> dict[str, tirx.PrimFunc]:
+    """The fused PrimFuncs of ``build_body(bb, x)`` for ``target`` (this CPU by default), unscheduled
+    (the pipeline schedules after planning, so its dataflow stage leaves kernels as emitted)."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(input_shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             out = bb.emit_output(build_body(bb, x))
         bb.emit_func_output(out)
-    target = tvm.target.Target.from_device("cpu")
+    target = target or tvm.target.Target.from_device("cpu")
     with target:
-        mod = tvm.transform.Sequential(stage_passes(target).dataflow)(bb.get())
+        mod = tvm.transform.Sequential(stage_passes(target, layout=layout).dataflow)(bb.get())
     return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
 
 

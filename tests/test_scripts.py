@@ -131,3 +131,32 @@ def test_execute_tutorials_stores_the_outputs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     (cell,) = nbformat.read(notebook, as_version=4).cells
     assert cell.outputs[0]["text"] == "42\n"
+
+
+def test_bench_latency_times_the_blocked_layout_beside_nchw(tmp_path):
+    out = tmp_path / "latency.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_latency.py"),
+            "zoo:mcu_cnn",
+            "--blocked",
+            "--rounds",
+            "1",
+            "--repeat",
+            "1",
+            "--out",
+            str(out),
+            "--log",
+            str(tmp_path / "log.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
+    assert len(rows) == 2  # the NCHW table's row and the blocked table's
+    blocked = rows[1]
+    assert float(blocked[4].split()[0]) > 0 and blocked[-3].strip() == "yes" and blocked[-2].strip() == "yes"

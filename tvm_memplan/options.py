@@ -19,6 +19,7 @@ from .planning import DEFAULT_ALIGNMENT
 from .planning.grouping import GroupSetting, parse_groups
 
 SCHEDULES = ("default", "none")
+LAYOUTS = ("nchw", "blocked")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class MemplanOptions:
     """Kernel schedules: ``default`` (tvm_memplan's: on CPU targets every kernel, tuned ones kept; on
     GPU targets convolutions and pools, the rest dlight's) or ``none`` (what TVM's pipeline emits:
     plain loops on CPU, dlight's rules alone on GPU; for comparison)."""
+    layout: str = "nchw"
+    """Activation layout on ``llvm`` targets: ``nchw`` (as imported) or ``blocked`` (regular convolutions,
+    their epilogues and pools in NCHW[x]c, x the target's vector lanes, weights packed at compile time;
+    :mod:`tvm_memplan.relax.layout`)."""
     groups: GroupSetting | None = None
     """Layer grouping (docs/design.md): None (off), ``seq`` (layer-wise order, one kernel a group),
     a group count per layer, or ``auto`` (cost-aware). Tensors a group uses never share bytes
@@ -53,6 +58,8 @@ class MemplanOptions:
             raise UserError(f"unknown order {self.order!r}; choose one of program, dfs, bfs, search")
         if self.schedule not in SCHEDULES:
             raise UserError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.layout not in LAYOUTS:
+            raise UserError(f"unknown layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
         if self.groups is not None:
             try:
                 object.__setattr__(self, "groups", parse_groups(self.groups))

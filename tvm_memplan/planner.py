@@ -78,7 +78,7 @@ def plan_model(
     """
     resolved_target = resolve_target(target)
     resolved = current_options().updated(**options)
-    stages = stage_passes(resolved_target, resolved.schedule)
+    stages = stage_passes(resolved_target, resolved.schedule, resolved.layout)
     imported = to_relax(model)
     if prepare is not None:
         imported = prepare(imported)

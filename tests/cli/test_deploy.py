@@ -45,3 +45,19 @@ def test_rpc_local_suggests_only_commands_that_are_installed(capsys):
     code, out, err = run_cli(capsys, "rpc-local", "--servers", "0", "--lifetime", "0.1", "--port", "9390")
     assert code == 0, err
     assert "tvm-memplan measure MODEL --rpc-tracker" in out and "scripts/" not in out
+
+
+def test_measure_runs_the_blocked_layout_as_planned(capsys):
+    launches = {}
+    for layout in ("nchw", "blocked"):
+        code, out, err = run_cli(capsys, "measure", "zoo:mcu_cnn", *FAST, "--layout", layout, "--json")
+        assert code == 0, err
+        result = json.loads(out)["memplan"]
+        assert result["correct"] and result["requested_bytes"] == result["planned_bytes"]
+        launches[layout] = result["launches"]
+    assert launches["blocked"] > launches["nchw"]  # the layout transforms into and out of the blocked convolutions
+
+
+def test_split_refuses_the_blocked_layout_in_one_line(capsys):
+    code, _, err = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--layout", "blocked")
+    assert code != 0 and "--split acg does not support --layout blocked" in err and len(err.strip().splitlines()) == 1

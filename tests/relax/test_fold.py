@@ -61,7 +61,8 @@ def _calls(mod: tvm.IRModule, constant_only: bool) -> list[str]:
 
 def test_the_frontends_constant_only_ops_fold_to_what_fold_constant_makes(tmp_path):
     imported = to_relax(load_model(_conv_clip_gemm(tmp_path / "m.onnx")))
-    assert sorted(set(_calls(imported, constant_only=False))) == sorted(FOLDS)  # the model has every fold
+    # the model has every fold but the layout transforms of packed weights (tests/relax/test_layout.py)
+    assert sorted(set(_calls(imported, constant_only=False))) == sorted(set(FOLDS) - {"relax.layout_transform"})
     assert _calls(imported, constant_only=True)
     folded = FoldDataMovementConstants()(imported)
     assert _calls(folded, constant_only=True) == []

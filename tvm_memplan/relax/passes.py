@@ -89,8 +89,12 @@ def plan_function(
     if grouped:
         for arena in plan_input.arenas:
             unconstrained += plan_aliased(arena.problem, time_budget=options.time_budget)[0].arena_bytes
-            arena.problem = Problem(arena.problem.buffers, alignment=arena.problem.alignment,
-                                    aliases=arena.problem.aliases, concurrent=concurrent)
+            arena.problem = Problem(
+                arena.problem.buffers,
+                alignment=arena.problem.alignment,
+                aliases=arena.problem.aliases,
+                concurrent=concurrent,
+            )
     planned = [plan_aliased(arena.problem, time_budget=options.time_budget) for arena in plan_input.arenas]
     plans = [plan for plan, _ in planned]
     bounds = [coalesced.lower_bound() for _, coalesced in planned]

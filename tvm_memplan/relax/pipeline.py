@@ -18,6 +18,7 @@ from ..schedule import DefaultCPUSchedule
 from .fold import FoldDataMovementConstants
 from .fusion import FuseGroupKernels
 from .grouping import LayerOrder
+from .layout import BlockedLayout, channel_block
 from .offsets import BakeKernelOffsets, KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
@@ -74,17 +75,26 @@ class Stages:
     """``StaticPlanBlockMemory`` and everything after it."""
 
 
-def stage_passes(target: tvm.target.Target, schedule: str = "default") -> Stages:
+def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: str = "nchw") -> Stages:
     """TVM's passes for ``target`` split at the insertion points of reordering and arena planning.
     GPU kernels are scheduled in the first stage: ``schedule="none"`` leaves them to TVM's rules.
     The frontend's constant-only reshapes and selects are folded in numpy first (``FoldConstant``
     would build each one with LLVM). On CPU targets the QDQ groups of an int8 model become integer
-    kernels first (:func:`~tvm_memplan.quant.lower.LowerQDQ`)."""
+    kernels first (:func:`~tvm_memplan.quant.lower.LowerQDQ`). With ``layout="blocked"`` on a target
+    with vector registers, convolutions run in blocked channel layouts (:func:`~.layout.BlockedLayout`)."""
     backend = _backend_module(target)
     legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
     quantized = [LowerQDQ(target=target)] if target.kind.name in ("llvm", "c") else []
-    before = (quantized + [FoldDataMovementConstants()] + backend.library_dispatch_passes(target) + legalize
-              + backend.dataflow_lower_passes(target))
+    block = channel_block(target) if layout == "blocked" else None
+    blocked = [BlockedLayout(block)] if block else []
+    before = (
+        quantized
+        + [FoldDataMovementConstants()]
+        + blocked
+        + backend.library_dispatch_passes(target)
+        + legalize
+        + backend.dataflow_lower_passes(target)
+    )
     finalize = list(backend.finalize_passes(target))
     names = [p.info.name for p in finalize]
     if _SPBM not in names:
@@ -143,7 +153,7 @@ def pipeline(
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         run_options = current_options().updated(**options)
-        stages = stage_passes(resolved_target, run_options.schedule)
+        stages = stage_passes(resolved_target, run_options.schedule, run_options.layout)
         with resolved_target:
             seq = tvm.transform.Sequential(
                 stages.dataflow

@@ -1,9 +1,10 @@
 """Default CPU schedule rules, tried in order (:data:`DEFAULT_RULES`).
 
 TVM 0.27's ``cpu_generic`` pipeline leaves convolutions, matmuls and pools as plain loop nests.
-Three rules cover what the fused kernels of CNNs and transformers contain, after a fourth for
-the int8 convolutions lowered as 4-way dot products (:class:`Int8DotProduct`):
+Four rules cover what the fused kernels of CNNs and transformers contain, after a fifth for
+the int8 convolutions lowered in a dot-product instruction's layout (:class:`Int8DotProduct`):
 
+* :class:`BlockedConv` — a convolution in a blocked channel layout (NCHW[x]c) with its epilogue;
 * :class:`TiledReduction` — one reduction block with injective producers and an elementwise
   epilogue (conv, depthwise/grouped conv, matmul, dense, pooling), register-tiled;
 * :class:`Spatial` — injective kernels (elementwise, transpose, concat, pad);
@@ -13,13 +14,23 @@ Each is a dlight ``ScheduleRule``: it schedules the whole function or declines (
 """
 
 from .base import CPUScheduleRule
+from .blocked_conv import BlockedConv
 from .generic import Generic
 from .int8_dot import Int8DotProduct
 from .spatial import Spatial
 from .spec import CpuSpec, cpu_spec
 from .tiled_reduction import TiledReduction
 
-DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (Int8DotProduct(), TiledReduction(), Spatial(), Generic())
+DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (Int8DotProduct(), BlockedConv(), TiledReduction(), Spatial(), Generic())
 
-__all__ = ["DEFAULT_RULES", "CPUScheduleRule", "CpuSpec", "Generic", "Int8DotProduct", "Spatial", "TiledReduction",
-           "cpu_spec"]
+__all__ = [
+    "DEFAULT_RULES",
+    "BlockedConv",
+    "CPUScheduleRule",
+    "CpuSpec",
+    "Generic",
+    "Int8DotProduct",
+    "Spatial",
+    "TiledReduction",
+    "cpu_spec",
+]

@@ -155,7 +155,7 @@ class Int8DotProduct(CPUScheduleRule):
             sch.vectorize(sch.get_loops(init)[-1])
         tile_loop = sch.get(ow_o)
         loops = sch.get_loops(epilogue)
-        own = loops[[sch.get(loop).same_as(tile_loop) for loop in loops].index(True) + 1:]
+        own = loops[[sch.get(loop).same_as(tile_loop) for loop in loops].index(True) + 1 :]
         outer, inner = sch.split(own[0], [None, lanes])  # channels; pixels follow unless the tile has one
         sch.reorder(outer, *own[1:], inner)
         if spec.vector_codegen and out_channels % lanes == 0:

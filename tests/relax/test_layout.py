@@ -1,0 +1,140 @@
+"""Blocked channel layouts: which targets get them, the packed weights, and a small network that runs
+in NCHW[x]c with onnxruntime's outputs and the planned allocations."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax, te, topi
+
+from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.planner import plan_model
+from tvm_memplan.relax.fold import fold_call
+from tvm_memplan.relax.layout import BlockedLayout, channel_block, clip_bound_op
+from tvm_memplan.verify import verify_plan
+
+HOST = tvm.target.Target.from_device("cpu")
+
+
+@pytest.mark.parametrize(
+    "target, block",
+    [
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, 16),
+        ({"kind": "llvm", "mcpu": "znver4"}, 16),
+        ({"kind": "llvm", "mcpu": "haswell"}, 8),
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, None),
+        ({"kind": "c", "mcpu": "skylake-avx512"}, None),
+    ],
+)
+def test_the_block_is_the_vector_width_of_the_targets_isa(target: dict, block: int | None) -> None:
+    assert channel_block(tvm.target.Target(target)) == block
+
+
+def test_packed_weights_fold_as_tvm_maps_them() -> None:
+    weights = np.random.default_rng(0).standard_normal((32, 16, 3, 3)).astype("float32")
+    index_map = tvm.tirx.IndexMap.from_func(lambda o, i, h, w: (o // 16, i // 8, h, w, i % 8, o % 16))
+    call = relax.BlockBuilder().normalize(relax.op.layout_transform(relax.const(weights), index_map))
+    by_tvm = index_map.map_tensor(tvm.runtime.tensor(weights)).numpy()
+    np.testing.assert_array_equal(fold_call(call).value.numpy(), by_tvm)
+
+
+def _residual_net(path) -> str:
+    """A stem whose 3 input channels no block divides, a 3x3 conv with ReLU6 (the frontend's Clip is a
+    call_tir), a pool, a depthwise and a 1x1 conv, a residual add and a classifier."""
+    rng = np.random.default_rng(0)
+
+    def init(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p", "wd", "bd"], ["cd"], pads=[1, 1, 1, 1], group=32),
+        helper.make_node("Clip", ["cd", "lo", "hi"], ["rd"]),
+        helper.make_node("Conv", ["rd", "w2", "b2"], ["c2"]),
+        helper.make_node("Add", ["c2", "p"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 20, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [
+            init("w0", [16, 3, 3, 3]),
+            init("b0", [16]),
+            init("w1", [32, 16, 3, 3]),
+            init("b1", [32]),
+            init("wd", [32, 1, 3, 3]),
+            init("bd", [32]),
+            init("w2", [32, 32, 1, 1]),
+            init("b2", [32]),
+            init("wf", [10, 32]),
+            init("bf", [10]),
+            numpy_helper.from_array(np.array(0, np.float32), "lo"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "hi"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return str(path)
+
+
+def _calls(mod: tvm.IRModule, op: str) -> list[relax.Call]:
+    return [
+        b.value
+        for block in mod["main"].body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op) and b.value.op.name == op
+    ]
+
+
+def test_a_residual_net_runs_blocked_as_onnxruntime_with_the_planned_allocations(tmp_path) -> None:
+    block = channel_block(HOST)
+    if block is None:
+        pytest.skip("this CPU has no vectors of 8 or more float32 lanes")
+    model = load_model(_residual_net(tmp_path / "residual.onnx"))
+    plan = plan_model(model, HOST, layout="blocked", order="program")
+    kernels = [gv.name_hint for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    # the stem's 3 channels stay NCHW
+    assert sum("conv2d_nchwc" in name for name in kernels) == 3
+    assert sum("depthwise_conv2d_nchwc" in name for name in kernels) == 1
+    result = verify_plan(plan, stock=False)
+    assert result.problems == []  # onnxruntime's outputs; the VM's requests are the plan
+    assert result.trace_matches_plan
+
+
+def test_only_activations_are_transformed_weights_are_packed_constants(tmp_path) -> None:
+    mod = to_relax(load_model(_residual_net(tmp_path / "residual.onnx")))
+    with HOST:
+        blocked = BlockedLayout(16)(mod)
+    transforms = _calls(blocked, "relax.layout_transform")
+    assert transforms and not any(isinstance(c.args[0], tvm.ir.GenericConst) for c in transforms)
+    # into the blocked layout after the stem, out of it before the classifier's reshape
+    assert sorted(c.ty.ndim for c in transforms) == [4, 5]
+    assert len(_calls(blocked, "relax.nn.conv2d")) == 1  # only the stem's conv is left to LegalizeOps
+    # the Clips' bounds are Relax ops that carry the layout, their PrimFuncs gone
+    assert len(_calls(blocked, "relax.maximum")) == len(_calls(blocked, "relax.minimum")) == 2
+    assert not any(gv.name_hint.startswith(("maximum", "minimum")) for gv in blocked.get_global_vars())
+
+
+def test_a_clip_bound_is_recognized_and_other_kernels_are_not() -> None:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 2, 2), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            bound = bb.emit_te(topi.maximum, x, relax.const(0.0, "float32"))
+            tensor_max = bb.emit_te(topi.maximum, x, x)
+            shifted = bb.emit_te(lambda t: te.compute(t.shape, lambda *i: tvm.te.max(t(*i), 1.0)), x)
+            out = bb.emit_output(relax.op.add(relax.op.add(bound, tensor_max), shifted))
+        bb.emit_func_output(out)
+    functions = {gv.name_hint: f for gv, f in bb.get().functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert [name for name, f in sorted(functions.items()) if clip_bound_op(f) is not None] == ["maximum"]

@@ -1,0 +1,93 @@
+"""The blocked-convolution rule: it schedules the NCHW[x]c kernels of the blocked layout, computes
+what they compute, and its register tile fits the register file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import tirx
+
+from tvm_memplan.schedule import CpuSpec, schedule_function
+from tvm_memplan.schedule.cpu.blocked_conv import register_tile
+
+from ...kernels import conv_body, kernels_of
+
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+AVX512 = CpuSpec(lanes=16, registers=32, threads=2, vector_codegen=True)
+
+
+def _run(func: tirx.PrimFunc) -> np.ndarray:
+    host = tvm.target.Target.from_device("cpu")
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.shape]).astype("float32")) for p in func.params]
+    lib["main"](*args)
+    return args[-1].numpy()
+
+
+@pytest.mark.parametrize(
+    "body, shape",
+    [
+        (conv_body(32, 3, padding=1), (1, 16, 14, 14)),  # rows first
+        (conv_body(32, 1, activation="relu6"), (1, 16, 28, 28)),
+        (conv_body(16, 3, stride=2, padding=1, activation=None), (1, 16, 13, 13)),  # odd width, a stride
+        (conv_body(64, 3, padding=1), (1, 64, 4, 4)),  # weights outweigh inputs: channel tiles first
+        (conv_body(32, 3, padding=1, groups=2), (1, 32, 6, 6)),  # 16 channels a group
+    ],
+)
+@pytest.mark.parametrize("spec", [AVX512, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)])
+def test_blocked_kernels_compute_what_the_unscheduled_ones_compute(body, shape, spec: CpuSpec) -> None:
+    kernels = kernels_of(body, shape, AVX2, layout="blocked")
+    convs = {name: func for name, func in kernels.items() if name.startswith("fused_conv2d_nchwc")}
+    assert convs, f"no blocked convolution among {sorted(kernels)}"
+    for name, func in convs.items():
+        new_func, rule = schedule_function(func, spec)
+        assert rule == "blocked_conv", f"{name} scheduled by {rule}"
+        np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_blocked_depthwise_kernels_are_tiled_reductions_along_the_block(stride: int) -> None:
+    kernels = kernels_of(
+        conv_body(32, 3, stride=stride, padding=1, groups=32, activation="relu6"),
+        (1, 32, 14, 14),
+        AVX2,
+        layout="blocked",
+    )
+    (func,) = (f for name, f in kernels.items() if "depthwise_conv2d_nchwc" in name)
+    new_func, rule = schedule_function(func, AVX512)
+    assert rule == "tiled_reduction"
+    np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_kernels_are_parallel_vectorized_and_register_tiled() -> None:
+    (func,) = (
+        f
+        for name, f in kernels_of(conv_body(32, 3, padding=1), (1, 16, 28, 28), AVX2, "blocked").items()
+        if "conv2d_nchwc" in name
+    )
+    script = schedule_function(func, AVX512)[0].script()
+    assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
+    assert 'scope="local"' in script
+
+
+@pytest.mark.parametrize("spec", [AVX512, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)])
+@pytest.mark.parametrize("channels, columns", [(4, 56), (16, 7), (1, 13), (8, 28), (2, 1)])
+def test_the_register_tile_fits_the_registers_and_divides_the_output(channels, columns, spec: CpuSpec) -> None:
+    channel_tile, column_tile = register_tile(channels, columns, 1, spec)
+    assert channels % channel_tile == 0 and columns % column_tile == 0
+    accumulators = channel_tile * column_tile
+    assert accumulators <= spec.accumulators and accumulators + channel_tile + 1 <= spec.registers
+
+
+@pytest.mark.parametrize(
+    "channels, columns, spec, tile",
+    [
+        (4, 56, AVX512, (4, 4)),  # 16 FMAs for 8 loads; 4 x 7 (28 + 4 weights + a broadcast) spills
+        (16, 14, AVX512, (2, 14)),  # 28 accumulators
+        (16, 7, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (1, 7)),  # 12 accumulators at most
+    ],
+)
+def test_the_register_tile_has_the_most_multiply_adds_per_load(channels, columns, spec: CpuSpec, tile) -> None:
+    assert register_tile(channels, columns, 1, spec) == tile

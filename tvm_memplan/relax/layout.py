@@ -1,0 +1,244 @@
+"""Blocked channel layouts on CPUs: convolutions in NCHW[x]c with weights packed at compile time.
+
+The layout of NeoCPU (Liu et al., USENIX ATC 2019) and onnxruntime's MLAS: channels are split into
+blocks of one vector register's lanes (16 float32 lanes for AVX-512, 8 for AVX2), so a
+convolution's inner loop multiplies one broadcast input value by a contiguous vector of output
+channels, and every tensor between two blocked layers stays blocked.
+
+:func:`BlockedLayout` runs Relax's ``ConvertLayout`` with ``NCHW{x}c`` as the convolutions' desired
+layout: it converts the convolutions whose channels divide into blocks (regular, grouped and
+depthwise), carries the layout through the ops that follow it (bias adds, activations, residual
+adds, pools, concats) and inserts ``layout_transform`` only where the layout changes. The ONNX
+frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with a scalar) become Relax
+ops first, so that ReLU6 does not end a blocked region. The weights' and biases' transforms are
+constants, folded in numpy (:mod:`.fold`); the blocked convolutions become the TE computes
+:func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which TVM 0.27's ``LegalizeOps`` has no
+lowering for.
+"""
+
+from __future__ import annotations
+
+import re
+
+import tvm
+from tvm import relax, s_tir, te, tirx, topi
+
+from ..schedule.blocks import NotApplicable, top_level_blocks
+from ..schedule.cpu import cpu_spec
+from ..schedule.cpu.blocked_conv import BLOCKED_CONV
+from .fold import FoldDataMovementConstants
+
+_BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
+_DEPTHWISE_KERNEL = re.compile(r"OIHW(\d+)o")
+_BOUND_OPS = {tirx.Max: relax.op.maximum, tirx.Min: relax.op.minimum}
+
+
+MIN_BLOCK = 8
+"""The narrowest block converted: AVX2's 8 lanes. 4-lane targets (NEON, SSE) keep NCHW until a
+blocked kernel has been measured on one."""
+
+
+def channel_block(target: tvm.target.Target) -> int | None:
+    """Channels per block for ``target``: the float32 lanes of its vector registers, from its ``-mcpu``
+    and ``-mattr`` features (:func:`~tvm_memplan.schedule.cpu.cpu_spec`: 16 with AVX-512, 8 with
+    AVX2); None for targets with narrower vectors or no vector code generator (the ``c`` target)."""
+    spec = cpu_spec(target)
+    if not spec.vector_codegen or spec.lanes < MIN_BLOCK:
+        return None
+    return spec.lanes
+
+
+def _padded_window(data: te.Tensor, kernel_hw: tuple[int, int], strides, padding, dilation):
+    """``data`` zero-padded in H and W, and a function of (output row, column, kernel row, column)
+    to the input row and column they read; plus the output height and width."""
+    (kernel_h, kernel_w), (stride_h, stride_w) = kernel_hw, (int(s) for s in strides)
+    dilation_h, dilation_w = (int(d) for d in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    if top or left or bottom or right:
+        data = topi.nn.pad(data, (0, 0, top, left, 0), (0, 0, bottom, right, 0), name="data_pad")
+    height, width = (int(d) for d in data.shape[2:4])
+    out_hw = (
+        (height - (kernel_h - 1) * dilation_h - 1) // stride_h + 1,
+        (width - (kernel_w - 1) * dilation_w - 1) // stride_w + 1,
+    )
+
+    def window(oh, ow, kh, kw):
+        return oh * stride_h + kh * dilation_h, ow * stride_w + kw * dilation_w
+
+    return data, window, out_hw
+
+
+def conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype: str) -> te.Tensor:
+    """A convolution in NCHW[x]c with weights in OIHW[x]i[y]o: ``out[n, oc, oh, ow, o] = sum over
+    (ic, kh, kw, i) of data[n, ic, oh*s + kh*d, ow*s + kw*d, i] * kernel[oc, ic, kh, kw, i, o]`` (with
+    groups, ``ic`` counts from the first block of ``oc``'s group).
+    topi's ``conv2d_NCHWc`` sums over one fused input-channel axis split by division; separate axes
+    leave the schedule a plain loop nest to tile."""
+    _, in_chunks, _, _, in_block = (int(d) for d in data.shape)
+    out_chunks, group_chunks, kernel_h, kernel_w, _, out_block = (int(d) for d in kernel.shape)
+    groups = in_chunks // group_chunks
+    if groups * group_chunks != in_chunks or out_chunks % groups:
+        raise ValueError(f"{in_chunks} input and {out_chunks} output channel blocks do not split into groups")
+    group_outputs = out_chunks // groups
+    data, window, (out_h, out_w) = _padded_window(data, (kernel_h, kernel_w), strides, padding, dilation)
+    ic = te.reduce_axis((0, group_chunks), name="ic")
+    kh = te.reduce_axis((0, kernel_h), name="kh")
+    kw = te.reduce_axis((0, kernel_w), name="kw")
+    ii = te.reduce_axis((0, in_block), name="ii")
+
+    def in_chunk(oc):
+        return ic if groups == 1 else oc // group_outputs * group_chunks + ic
+
+    return te.compute(
+        (int(data.shape[0]), out_chunks, out_h, out_w, out_block),
+        lambda b, oc, oh, ow, o: te.sum(
+            data[(b, in_chunk(oc), *window(oh, ow, kh, kw), ii)].astype(out_dtype)
+            * kernel[oc, ic, kh, kw, ii, o].astype(out_dtype),
+            axis=[ic, kh, kw, ii],
+        ),
+        name=BLOCKED_CONV,
+    )
+
+
+def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, out_dtype: str) -> te.Tensor:
+    """A depthwise convolution in NCHW[x]c with weights in OIHW[x]o: ``out[n, c, oh, ow, i] = sum over
+    (kh, kw) of data[n, c, oh*s + kh*d, ow*s + kw*d, i] * kernel[c, 0, kh, kw, i]``."""
+    _, _, kernel_h, kernel_w, _ = (int(d) for d in kernel.shape)
+    data, window, (out_h, out_w) = _padded_window(data, (kernel_h, kernel_w), strides, padding, dilation)
+    n, chunks, _, _, block = (int(d) for d in data.shape)
+    kh = te.reduce_axis((0, kernel_h), name="kh")
+    kw = te.reduce_axis((0, kernel_w), name="kw")
+    return te.compute(
+        (n, chunks, out_h, out_w, block),
+        lambda b, c, oh, ow, i: te.sum(
+            data[(b, c, *window(oh, ow, kh, kw), i)].astype(out_dtype) * kernel[c, 0, kh, kw, i].astype(out_dtype),
+            axis=[kh, kw],
+        ),
+        name="depthwise_conv2d_NCHWc",
+    )
+
+
+def _is_conv2d(call: relax.Call) -> bool:
+    return isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"
+
+
+def _static_shape(expr: relax.Expr) -> list[int] | None:
+    shape = getattr(expr.ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, tirx.IntImm) for d in values):
+        return None
+    return [int(d) for d in values]
+
+
+def _is_depthwise(call: relax.Call) -> bool:
+    data, kernel = (_static_shape(arg) for arg in call.args[:2])
+    if data is None or kernel is None:
+        return False
+    return int(call.attrs.groups) == data[1] == kernel[0] and kernel[1] == 1
+
+
+def _desired_layouts(block: int):
+    """``ConvertLayout``'s per-call callback: depthwise convolutions keep one weight per channel
+    (``OIHW[x]o``), the others take ``OIHW[x]i[x]o``."""
+
+    def layouts(call: relax.Call) -> dict[str, list[str]]:
+        if not _is_conv2d(call) or str(call.attrs.data_layout) != "NCHW" or str(call.attrs.kernel_layout) != "OIHW":
+            return {}
+        kernel = f"OIHW{block}o" if _is_depthwise(call) else f"OIHW{block}i{block}o"
+        return {"relax.nn.conv2d": [f"NCHW{block}c", kernel]}
+
+    return layouts
+
+
+def clip_bound_op(func: tirx.PrimFunc):
+    """``relax.op.maximum`` (``minimum``) where ``func`` is ``topi.maximum`` (``minimum``) of a tensor
+    and a 0-d tensor, as the ONNX frontend emits a Clip's bounds; else None."""
+    if len(func.params) != 3:
+        return None
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = top_level_blocks(sch)
+    except NotApplicable:
+        return None
+    if len(blocks) != 1:
+        return None
+    store = sch.get(blocks[0]).body
+    value = getattr(store, "value", None)
+    op = _BOUND_OPS.get(type(value))
+    if op is None:
+        return None
+    data, bound = value.a, value.b
+    elementwise = (
+        isinstance(data, tvm.ir.expr.TensorLoad)
+        and len(data.indices) == len(store.indices)
+        and all(x.same_as(y) for x, y in zip(data.indices, store.indices, strict=True))
+    )
+    scalar = isinstance(bound, tvm.ir.expr.TensorLoad) and not bound.source.shape
+    return op if elementwise and scalar and not data.source.same_as(store.buffer) else None
+
+
+@relax.expr_functor.mutator
+class _ClipBoundsAsOps(relax.PyExprMutator):
+    """``call_tir`` of a Clip bound (:func:`clip_bound_op`) becomes ``relax.op.maximum``/``minimum``."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
+            return call
+        callee = self.builder_.get()[call.args[0]]
+        op = clip_bound_op(callee) if isinstance(callee, tirx.PrimFunc) else None
+        return call if op is None else op(*call.args[1].fields)
+
+
+@relax.expr_functor.mutator
+class _LowerBlockedConv(relax.PyExprMutator):
+    """Blocked ``relax.nn.conv2d`` calls become calls of :func:`conv2d_nchwc` (depthwise ones, of
+    :func:`depthwise_conv2d_nchwc`)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not _is_conv2d(call):
+            return call
+        attrs = call.attrs
+        if not _BLOCKED_DATA.fullmatch(str(attrs.data_layout)) or attrs.out_layout != attrs.data_layout:
+            return call
+        depthwise = _DEPTHWISE_KERNEL.fullmatch(str(attrs.kernel_layout))
+        compute = depthwise_conv2d_nchwc if depthwise else conv2d_nchwc
+        return self.builder_.call_te(
+            compute,
+            call.args[0],
+            call.args[1],
+            attrs.strides,
+            attrs.padding,
+            attrs.dilation,
+            str(call.ty.dtype),
+            primfunc_name_hint=compute.__name__,
+        )
+
+
+def _rewrite(mutator: type, name: str) -> tvm.transform.Pass:
+    """A module pass that runs ``mutator`` over every Relax function."""
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        rewriter = mutator(mod)
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        return rewriter.builder_.get()
+
+    return _pass
+
+
+def BlockedLayout(block: int) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+    """Convolutions and what follows them in NCHW[block]c (see the module docstring)."""
+    return tvm.transform.Sequential(
+        [
+            _rewrite(_ClipBoundsAsOps, "tvm_memplan.ClipBoundsAsOps"),
+            relax.transform.DeadCodeElimination(),  # the Clip bounds' PrimFuncs
+            relax.transform.ConvertLayout({}, _desired_layouts(block)),
+            FoldDataMovementConstants(),
+            _rewrite(_LowerBlockedConv, "tvm_memplan.LowerBlockedConv"),
+        ],
+        name="tvm_memplan.BlockedLayout",
+    )

@@ -1,0 +1,126 @@
+"""The CPU rule for convolutions in blocked channel layouts (NCHW[x]c, :mod:`tvm_memplan.relax.layout`).
+
+The micro-kernel of onnxruntime's MLAS NCHWc convolutions and of NeoCPU: a tile of ``oc`` channel
+blocks by ``ow`` output columns stays in vector registers (one register per block and column, its
+lanes the block's channels) for the whole reduction; each step loads one weight vector per channel
+block and broadcasts one input value per column, so every broadcast serves ``oc`` multiply-adds and
+every weight vector ``ow`` (on AVX-512 the broadcast folds into the FMA's memory operand). Tasks are
+output rows, or channel tiles where the weights outweigh the inputs (whichever rereads fewer bytes,
+as in :mod:`.tiled_reduction`); padding is its own vectorized pass and the epilogue (bias,
+activation, residual add) runs on the tile before it is stored.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+
+from ..blocks import (
+    NotApplicable,
+    constant,
+    is_output,
+    is_padding,
+    iter_extents,
+    loop_extent,
+    the_reduction,
+    top_level_blocks,
+)
+from .base import CPUScheduleRule, fuse_parallel, product, schedule_loop_nest, vectorize
+from .spec import CpuSpec
+
+BLOCKED_CONV = "conv2d_NCHWc"
+"""The reduction block's name in :func:`tvm_memplan.relax.layout.conv2d_nchwc`."""
+MAX_CHANNEL_TILE = 4
+"""Channel blocks per register tile (MLAS's AVX-512 kernel holds up to 4 filter blocks)."""
+
+
+class BlockedConv(CPUScheduleRule):
+    """A blocked convolution (``conv2d_NCHWc``: spatial ``n, oc, oh, ow, o``, reduction ``ic, kh, kw,
+    i``) with padding and an elementwise epilogue, register-tiled as the module docstring describes."""
+
+    name = "blocked_conv"
+
+    def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
+        blocks = top_level_blocks(sch)
+        main = the_reduction(sch, blocks)
+        block = sch.get(main)
+        if block.name_hint != BLOCKED_CONV or len(block.iter_vars) != 9:
+            raise NotApplicable("not a blocked convolution")
+        extents = iter_extents(block)
+        _, channels, rows, columns, lanes = extents[:5]
+        position = [sch.get(b).name_hint for b in blocks].index(BLOCKED_CONV)
+        padding = []
+        for producer in reversed(blocks[:position]):
+            if is_padding(sch.get(producer)):
+                padding.append(producer)
+            else:
+                sch.compute_inline(producer)
+        consumers = blocks[position + 1 :]
+        for consumer in consumers[:-1]:
+            sch.compute_inline(consumer)
+        epilogue = consumers[-1] if consumers else sch.cache_write(main, 0, "global")
+        if not is_output(sch, epilogue):
+            raise NotApplicable("the last block is not the output")
+        loops = list(sch.get_loops(main))
+        if [loop_extent(sch, loop) for loop in loops] != extents:
+            raise NotApplicable("loops do not match the block's iterators")
+
+        vectors = -(-lanes // spec.lanes)
+        channel_tile, column_tile = register_tile(channels, columns, vectors, spec)
+        batch, oc, oh, ow, o, *reduce_loops = loops
+        oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
+        ow_outer, ow_inner = sch.split(ow, [None, column_tile])
+        if _weights_first(block, rows):
+            task_loops = [batch, oc_outer, oh, ow_outer]
+        else:
+            task_loops = [batch, oh, ow_outer, oc_outer]
+        sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
+        work = 1
+        for extent in extents:
+            work *= extent
+        parallel = 1
+        while parallel < len(task_loops) and product(sch, task_loops[:parallel]) < 4 * spec.threads:
+            parallel += 1
+        task = fuse_parallel(sch, task_loops[:parallel], work, spec)
+        tile_loop = task_loops[-1] if parallel < len(task_loops) else task
+        sch.set_scope(main, 0, "local")  # accumulators, promoted to registers inside the tile
+        sch.reverse_compute_at(epilogue, tile_loop)
+        vectorize(sch, sch.get_loops(epilogue)[-1], spec)
+        sch.unroll(oc_inner)
+        sch.unroll(ow_inner)
+        vectorize(sch, o, spec)
+        sch.decompose_reduction(main, reduce_loops[0])
+        for pad in padding:
+            schedule_loop_nest(sch, pad, spec)
+
+
+def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec) -> tuple[int, int]:
+    """(channel blocks, columns) of the register tile: divisors of their extents whose accumulators,
+    one weight register per block and a broadcast fit the registers (LLVM keeps every weight vector
+    of a step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with the most
+    multiply-adds per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of them)."""
+    best, best_score = (1, 1), (0.0, 0)
+    for channel_tile in (d for d in range(1, min(channels, MAX_CHANNEL_TILE) + 1) if channels % d == 0):
+        for column_tile in (d for d in range(1, columns + 1) if columns % d == 0):
+            accumulators = channel_tile * column_tile * vectors
+            if accumulators > spec.accumulators or accumulators + channel_tile * vectors + 1 > spec.registers:
+                continue
+            score = (accumulators / (channel_tile * vectors + column_tile), accumulators)
+            if score > best_score:
+                best, best_score = (channel_tile, column_tile), score
+    return best
+
+
+def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
+    """Whether tasks should run channel tiles outermost (each rereads all inputs) rather than rows
+    (each rereads all weights): whichever rereads fewer bytes."""
+    data, weights = (next(r.source for r in block.reads if len(r.source.shape) == rank) for rank in (5, 6))
+    data_bytes, weight_bytes = (_nbytes(buffer) for buffer in (data, weights))
+    channel_blocks = constant(weights.shape[0])
+    return rows * weight_bytes > channel_blocks * data_bytes
+
+
+def _nbytes(buffer) -> int:
+    nbytes = buffer.dtype.bits // 8
+    for dim in buffer.shape:
+        nbytes *= constant(dim)
+    return nbytes
