@@ -46,176 +46,19 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..schedule.cpu.spec import cpu_spec
 from . import kernels
 from .kernels import INT_RANGE
-
-
-@dataclass(frozen=True)
-class QParams:
-    """Per-tensor quantization of an activation."""
-
-    scale: float
-    zero_point: int
-    dtype: str
-
-
-def _const(expr: relax.Expr) -> np.ndarray | None:
-    if isinstance(expr, tvm.ir.GenericConst):
-        return expr.value.numpy()
-    return None
-
-
-def _op_name(expr: relax.Expr) -> str | None:
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-        return expr.op.name
-    return None
-
-
-def _prim_float(expr: relax.Expr) -> float | None:
-    value = getattr(expr, "value", None)
-    if value is None:
-        return None
-    inner = getattr(value, "value", value)
-    try:
-        return float(inner)
-    except (TypeError, ValueError):
-        return None
-
-
-def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    ty = expr.ty if hasattr(expr, "ty") else None
-    values = getattr(getattr(ty, "shape", None), "values", None)
-    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
-        return None
-    return tuple(int(d) for d in values)
-
-
-def _dtype(expr: relax.Expr) -> str:
-    return str(expr.ty.dtype)
-
-
-class _Graph:
-    """The bindings of one Relax function: definitions and how often each var is used."""
-
-    def __init__(self, func: relax.Function) -> None:
-        self.defs: dict[relax.Var, relax.Expr] = {}
-        self.uses: dict[relax.Var, int] = {}
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                if isinstance(binding, relax.VarBinding):
-                    self.defs[binding.var] = binding.value
-                    self._count(binding.value)
-        self._count(func.body.body)
-
-    def _count(self, expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Var):
-            self.uses[expr] = self.uses.get(expr, 0) + 1
-        elif isinstance(expr, relax.Call):
-            for arg in expr.args:
-                self._count(arg)
-        elif isinstance(expr, relax.Tuple):
-            for field in expr.fields:
-                self._count(field)
-        elif isinstance(expr, relax.TupleGetItem):
-            self._count(expr.tuple_value)
-
-    def value(self, expr: relax.Expr) -> relax.Expr:
-        return self.defs.get(expr, expr) if isinstance(expr, relax.Var) else expr
-
-    def single_use(self, expr: relax.Expr) -> bool:
-        return isinstance(expr, relax.Var) and self.uses.get(expr, 0) == 1
-
-    def activation(self, expr: relax.Expr) -> tuple[relax.Expr, QParams] | None:
-        """``expr = dequantize(x, scale, zp)`` of a non-constant int8/uint8 ``x`` with per-tensor
-        parameters: (x, its parameters)."""
-        call = self.value(expr)
-        if _op_name(call) != "relax.dequantize":
-            return None
-        data, scale, zero_point = call.args
-        if isinstance(data, tvm.ir.GenericConst) or _dtype(data) not in INT_RANGE:
-            return None
-        s, z = _const(scale), _const(zero_point)
-        if s is None or z is None or s.size != 1 or z.size != 1:
-            return None
-        return data, QParams(float(s.reshape(())), int(z.reshape(())), _dtype(data))
-
-    def _quantized_constant(self, expr: relax.Expr) -> np.ndarray | None:
-        """``quantize(float constant)`` computed here (PyTorch's exports quantize float weights in the
-        graph): divide, round half to even, saturate, as QuantizeLinear."""
-        call = self.value(expr)
-        if _op_name(call) != "relax.quantize":
-            return None
-        values, scale, zero_point = (_const(a) for a in call.args)
-        dtype = str(call.attrs.out_dtype)
-        if values is None or scale is None or zero_point is None or dtype not in INT_RANGE:
-            return None
-        shape = [1] * values.ndim
-        if scale.size > 1:
-            shape[int(call.attrs.axis) % values.ndim] = scale.size
-        scale = scale.astype(np.float32).reshape(shape if scale.size > 1 else ())
-        zero_point = zero_point.astype(np.int64).reshape(shape if zero_point.size > 1 else ())
-        low, high = INT_RANGE[dtype]
-        return np.clip(np.rint(values.astype(np.float32) / scale) + zero_point, low, high).astype(dtype)
-
-    def float_constant(self, expr: relax.Expr) -> np.ndarray | None:
-        """``expr = [reshape](float constant)``: a bias PyTorch's exports leave in float."""
-        call = self.value(expr)
-        while _op_name(call) == "relax.reshape":
-            call = self.value(call.args[0])
-        values = _const(call)
-        return values if values is not None and values.dtype == np.float32 else None
-
-    def dequantized_constant(self, expr: relax.Expr) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """``expr = [reshape|permute_dims](dequantize(constant, scale, zp))``: (integers, scale, zp),
-        scale and zp broadcast to the integers' shape, the data movement applied."""
-        call = self.value(expr)
-        moves = []
-        while _op_name(call) in ("relax.reshape", "relax.permute_dims"):
-            moves.append(call)
-            call = self.value(call.args[0])
-        if _op_name(call) != "relax.dequantize":
-            return None
-        values, scale, zero_point = (_const(a) for a in call.args)
-        if values is None:
-            values = self._quantized_constant(call.args[0])
-        if values is None or scale is None or zero_point is None:
-            return None
-        axis = int(call.attrs.axis) % max(values.ndim, 1)
-        shape = [1] * values.ndim
-        if scale.size > 1:
-            shape[axis] = scale.size
-        scale = np.broadcast_to(scale.astype(np.float32).reshape(shape if scale.size > 1 else ()), values.shape)
-        zero_shape = shape if zero_point.size > 1 else ()
-        zero_point = np.broadcast_to(zero_point.astype(np.int64).reshape(zero_shape), values.shape)
-        arrays = [values, scale, zero_point]
-        for move in reversed(moves):
-            if _op_name(move) == "relax.reshape":
-                target = _static_shape(move)
-                if target is None:
-                    return None
-                arrays = [a.reshape(target) for a in arrays]
-            else:
-                axes = move.attrs.axes
-                arrays = [np.transpose(a, None if axes is None else [int(x) for x in axes]) for a in arrays]
-        return arrays[0], arrays[1], arrays[2]
-
-
-@dataclass
-class _Clamp:
-    low: float = -np.inf
-    high: float = np.inf
-
-    def bounds(self, q: QParams) -> tuple[int, int]:
-        """The output's quantized range with this float clamp folded in (quantize is monotonic)."""
-        low, high = INT_RANGE[q.dtype]
-        if np.isfinite(self.low):
-            low = max(low, _quantize_scalar(self.low, q))
-        if np.isfinite(self.high):
-            high = min(high, _quantize_scalar(self.high, q))
-        return low, high
-
-
-def _quantize_scalar(value: float, q: QParams) -> int:
-    low, high = INT_RANGE[q.dtype]
-    return int(np.clip(np.rint(np.float32(value) / np.float32(q.scale)) + q.zero_point, low, high))
+from .qdq_graph import (
+    Clamp,
+    QDQGraph,
+    QParams,
+    called_functions,
+    constant_value,
+    has_qdq,
+    op_name,
+    prim_float,
+    static_shape_of,
+    tensor_dtype,
+)
+from .tables import quantized_table, requantization_table, tabulate
 
 
 @dataclass
@@ -234,7 +77,7 @@ class LoweringReport:
 
 @mutator
 class _Lowerer(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, graph: _Graph, report: LoweringReport, int8_dot: str | None = None) -> None:
+    def __init__(self, mod: tvm.IRModule, graph: QDQGraph, report: LoweringReport, int8_dot: str | None = None) -> None:
         super().__init__(mod)
         self.graph = graph
         self.report = report
@@ -259,7 +102,7 @@ class _Lowerer(PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
-        if _op_name(value) == "relax.quantize":
+        if op_name(value) == "relax.quantize":
             self._recipe = None
             lowered = self._lower_quantize(binding)
             if lowered is not None:
@@ -273,7 +116,7 @@ class _Lowerer(PyExprMutator):
 
     def _lower_quantize(self, binding: relax.VarBinding) -> tuple[relax.Expr, str] | None:
         data, scale, zero_point = binding.value.args
-        s, z = _const(scale), _const(zero_point)
+        s, z = constant_value(scale), constant_value(zero_point)
         out_dtype = str(binding.value.attrs.out_dtype)
         if s is None or z is None or s.size != 1 or z.size != 1 or out_dtype not in INT_RANGE:
             return None
@@ -284,8 +127,8 @@ class _Lowerer(PyExprMutator):
                 result = lower(data, out)
                 if result is not None:
                     return result
-            self.report.kept_float.append(_op_name(g.value(data)) or "?")
-        if _dtype(data) != "float32":
+            self.report.kept_float.append(op_name(g.value(data)) or "?")
+        if tensor_dtype(data) != "float32":
             return None
         # the network input, or the result of an op kept in float: QuantizeLinear as MLAS computes it
         # (TVM's legalization rounds with ``round``, half away from zero in C)
@@ -300,19 +143,19 @@ class _Lowerer(PyExprMutator):
 
     def _is_float_input(self, data: relax.Expr) -> bool:
         """A float tensor that no op produces inside this function's QDQ graph: a function parameter."""
-        return isinstance(data, relax.Var) and data not in self.graph.defs and _dtype(data) == "float32"
+        return isinstance(data, relax.Var) and data not in self.graph.defs and tensor_dtype(data) == "float32"
 
-    def _strip_clamp(self, expr: relax.Expr) -> tuple[relax.Expr, _Clamp]:
+    def _strip_clamp(self, expr: relax.Expr) -> tuple[relax.Expr, Clamp]:
         """Relu/Clip on the way from the quantize to the op, as one float clamp."""
-        clamp = _Clamp()
+        clamp = Clamp()
         g = self.graph
         while True:
             call = g.value(expr)
-            name = _op_name(call)
+            name = op_name(call)
             if name == "relax.nn.relu" and g.single_use(call.args[0]):
                 clamp.low = max(clamp.low, 0.0)
             elif name == "relax.clip" and g.single_use(call.args[0]):
-                low, high = _prim_float(call.args[1]), _prim_float(call.args[2])
+                low, high = prim_float(call.args[1]), prim_float(call.args[2])
                 if low is None or high is None:
                     return expr, clamp
                 clamp.low, clamp.high = max(clamp.low, low), min(clamp.high, high)
@@ -322,7 +165,7 @@ class _Lowerer(PyExprMutator):
 
     def _movement(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         call = self.graph.value(data)
-        name = _op_name(call)
+        name = op_name(call)
         if isinstance(call, relax.TupleGetItem):
             return self._split_item(call, out)
         if name in ("relax.reshape", "relax.permute_dims", "relax.nn.max_pool2d", "relax.strided_slice"):
@@ -358,10 +201,10 @@ class _Lowerer(PyExprMutator):
     def _split_item(self, item: relax.TupleGetItem, out: QParams) -> tuple[relax.Expr, str] | None:
         """One part of ``split(dq(x))`` (ShuffleNet's channel split): a strided slice of the integers."""
         call = self.graph.value(item.tuple_value)
-        if _op_name(call) != "relax.split":
+        if op_name(call) != "relax.split":
             return None
         source = self.graph.activation(call.args[0])
-        shape = _static_shape(call.args[0])
+        shape = static_shape_of(call.args[0])
         if source is None or source[1] != out or shape is None:
             return None
         axis = int(call.attrs.axis) % len(shape)
@@ -383,9 +226,9 @@ class _Lowerer(PyExprMutator):
         core, clamp = self._strip_clamp(data)
         bias = None
         call = g.value(core)
-        if _op_name(call) == "relax.add":
+        if op_name(call) == "relax.add":
             for acc, other in ((call.args[0], call.args[1]), (call.args[1], call.args[0])):
-                if _op_name(g.value(acc)) in ("relax.nn.conv2d", "relax.matmul") and g.single_use(acc):
+                if op_name(g.value(acc)) in ("relax.nn.conv2d", "relax.matmul") and g.single_use(acc):
                     bias = g.dequantized_constant(other)
                     if bias is None:
                         float_bias = g.float_constant(other)
@@ -396,7 +239,7 @@ class _Lowerer(PyExprMutator):
                         break
             else:
                 return None
-        name = _op_name(call)
+        name = op_name(call)
         if name not in ("relax.nn.conv2d", "relax.matmul") or (not core.same_as(data) and not g.single_use(core)):
             return None
         source = g.activation(call.args[0])
@@ -413,7 +256,7 @@ class _Lowerer(PyExprMutator):
             per_channel = (w_scale.reshape(channels, -1), w_zero.reshape(channels, -1))
             w_matrix = w_int
         else:
-            if w_int.ndim != 2 or len(_static_shape(x) or ()) < 1:
+            if w_int.ndim != 2 or len(static_shape_of(x) or ()) < 1:
                 return None
             channels = w_int.shape[1]
             per_channel = (w_scale.T.reshape(channels, -1), w_zero.T.reshape(channels, -1))
@@ -498,17 +341,17 @@ class _Lowerer(PyExprMutator):
         ShuffleNetV2 and MobileNetV3, leaves the arena."""
         g = self.graph
         call = g.value(x)
-        if _op_name(call) != "relax.quantize" or not g.single_use(x) or not g.single_use(dequantized):
+        if op_name(call) != "relax.quantize" or not g.single_use(x) or not g.single_use(dequantized):
             return None
         source = call.args[0]
-        scale, zero_point = _const(call.args[1]), _const(call.args[2])
+        scale, zero_point = constant_value(call.args[1]), constant_value(call.args[2])
         if (
             scale is None
             or zero_point is None
             or scale.size != 1
             or zero_point.size != 1
             or not self._is_float_input(source)
-            or len(_static_shape(source) or ()) != 4
+            or len(static_shape_of(source) or ()) != 4
         ):
             return None
         if QParams(float(scale.reshape(())), int(zero_point.reshape(())), str(call.attrs.out_dtype)) != xq:
@@ -519,11 +362,11 @@ class _Lowerer(PyExprMutator):
         g = self.graph
         core, clamp = self._strip_clamp(data)
         call = g.value(core)
-        name = _op_name(call)
+        name = op_name(call)
         if name not in ("relax.add", "relax.multiply") or (not core.same_as(data) and not g.single_use(core)):
             return None
         a, b = g.activation(call.args[0]), g.activation(call.args[1])
-        shape = _static_shape(call)
+        shape = static_shape_of(call)
         if a is None or b is None or shape is None:
             return None
         low, high = clamp.bounds(out)
@@ -566,8 +409,8 @@ class _Lowerer(PyExprMutator):
                 recipe is None
                 or not g.single_use(mine[0])
                 or not g.single_use(call.args[position])
-                or _static_shape(mine[0]) != shape
-                or _static_shape(other[0]) != shape
+                or static_shape_of(mine[0]) != shape
+                or static_shape_of(other[0]) != shape
             ):
                 continue
             func, args, kwargs, kernel_name, kind = recipe
@@ -594,10 +437,10 @@ class _Lowerer(PyExprMutator):
     def _mean(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         g = self.graph
         call = g.value(data)
-        if _op_name(call) != "relax.mean" or call.attrs.axis is None:
+        if op_name(call) != "relax.mean" or call.attrs.axis is None:
             return None
         source = g.activation(call.args[0])
-        in_shape = _static_shape(call.args[0])
+        in_shape = static_shape_of(call.args[0])
         if source is None or in_shape is None:
             return None
         axes = [int(a) for a in call.attrs.axis]
@@ -621,7 +464,7 @@ class _Lowerer(PyExprMutator):
 
     def _avg_pool(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         call = self.graph.value(data)
-        if _op_name(call) != "relax.nn.avg_pool2d":
+        if op_name(call) != "relax.nn.avg_pool2d":
             return None
         attrs = call.attrs
         source = self.graph.activation(call.args[0])
@@ -650,109 +493,13 @@ class _Lowerer(PyExprMutator):
 
     def _table(self, data: relax.Expr, out: QParams) -> tuple[relax.Expr, str] | None:
         """An elementwise float function of one dequantized input, tabulated over its 256 values."""
-        g = self.graph
-        found: list[tuple[relax.Expr, QParams]] = []
-
-        def evaluate(expr: relax.Expr, top: bool) -> np.ndarray | None:
-            through = see_through(expr, top)
-            if through is not None:
-                return through
-            source = g.activation(expr)
-            if source is not None:
-                if found and (not found[0][0].same_as(source[0]) or found[0][1] != source[1]):
-                    return None
-                found.append(source)
-                return dequantized_codes(source[1])
-            constant = _const(expr)
-            if constant is None:  # a dequantized constant scalar (a Mul by a quantized constant)
-                quantized = g.dequantized_constant(expr)
-                if quantized is not None:
-                    ints, scale, zero_point = quantized
-                    constant = ((ints.astype(np.int32) - zero_point).astype(np.float32) * scale).astype(np.float32)
-            if constant is not None:
-                return constant.astype(np.float32).reshape(()) if constant.size == 1 else None
-            if not top and not g.single_use(expr):
-                return None
-            call = g.value(expr)
-            name = _op_name(call)
-            if name not in ELEMENTWISE or expr is call:
-                return None
-            tensors = [a for a in call.args if isinstance(a, (relax.Var, tvm.ir.GenericConst))]
-            operands = [evaluate(a, False) for a in tensors]
-            if any(o is None for o in operands):
-                return None
-            extra = [_prim_float(a) for a in call.args if not isinstance(a, (relax.Var, tvm.ir.GenericConst))]
-            return np.asarray(ELEMENTWISE[name](*operands, *extra), dtype=np.float32)
-
-        def see_through(expr: relax.Expr, top: bool) -> np.ndarray | None:
-            """``dq(q(v))`` of a function ``v`` of the same input, the quantized value used only here
-            (EfficientNet's SiLU: ``x * sigmoid(x)`` with the sigmoid quantized in between)."""
-            call = g.value(expr)
-            if _op_name(call) != "relax.dequantize" or not (top or g.single_use(expr)):
-                return None
-            params = g.activation(expr)
-            inner = g.value(call.args[0])
-            if params is None or _op_name(inner) != "relax.quantize" or not g.single_use(call.args[0]):
-                return None
-            scale, zero_point = _const(inner.args[1]), _const(inner.args[2])
-            if scale is None or zero_point is None or scale.size != 1 or zero_point.size != 1:
-                return None
-            if QParams(float(scale.reshape(())), int(zero_point.reshape(())), params[1].dtype) != params[1]:
-                return None
-            depth = len(found)
-            values = evaluate(inner.args[0], False)
-            if values is None or values.shape != (256,):
-                del found[depth:]
-                return None
-            codes = quantized_table(values, params[1]).astype(np.int32)
-            return ((codes - params[1].zero_point).astype(np.float32) * np.float32(params[1].scale)).astype(np.float32)
-
-        with np.errstate(all="ignore"):
-            values = evaluate(data, True)
-        if values is None or not found or values.shape != (256,):
+        tabulated = tabulate(self.graph, data)
+        if tabulated is None:
             return None
+        values, source = tabulated
         table = quantized_table(values, out)
-        x = self.visit_expr(found[0][0])
+        x = self.visit_expr(source)
         return self._call_te(kernels.lookup, x, relax.const(table), name="qlookup"), "lookup"
-
-
-def dequantized_codes(q: QParams) -> np.ndarray:
-    """The real value of every code of ``q``'s type, in code order (float32, as DequantizeLinear computes)."""
-    low, high = INT_RANGE[q.dtype]
-    codes = np.arange(low, high + 1, dtype=np.int32)
-    return ((codes - q.zero_point).astype(np.float32) * np.float32(q.scale)).astype(np.float32)
-
-
-def quantized_table(values: np.ndarray, q: QParams) -> np.ndarray:
-    """QuantizeLinear of float32 ``values``: divide, round half to even, saturate."""
-    low, high = INT_RANGE[q.dtype]
-    return np.clip(np.rint(values / np.float32(q.scale)) + q.zero_point, low, high).astype(q.dtype)
-
-
-def requantization_table(source: QParams, out: QParams) -> np.ndarray:
-    return quantized_table(dequantized_codes(source), out)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
-
-
-ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
-    "relax.add": np.add,
-    "relax.subtract": np.subtract,
-    "relax.multiply": np.multiply,
-    "relax.divide": np.divide,
-    "relax.minimum": np.minimum,
-    "relax.maximum": np.maximum,
-    "relax.sigmoid": _sigmoid,
-    "relax.tanh": np.tanh,
-    "relax.exp": np.exp,
-    "relax.nn.relu": lambda x: np.maximum(x, np.float32(0)),
-    "relax.clip": lambda x, low, high: np.clip(x, np.float32(low), np.float32(high)),
-    "relax.negative": np.negative,
-}
-"""Elementwise Relax ops a lookup table may contain, in float32 numpy (the same IEEE operations as
-onnxruntime's float kernels; exp, tanh and sigmoid may differ in the last float bit)."""
 
 
 def lower_function(
@@ -762,38 +509,20 @@ def lower_function(
     the layout of the dot-product instruction ``int8_dot``, when given)."""
     report = LoweringReport({}, [])
     func = mod[gv]
-    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), _Graph(func), report, int8_dot)
+    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), QDQGraph(func), report, int8_dot)
     lowered = lowerer.visit_expr(func)
     lowered = relax.analysis.remove_all_unused(lowered)
     bound = [binding.var for block in lowered.body.blocks for binding in block.bindings]
     for var, kind in lowerer.kinds:
         if any(var.same_as(b) for b in bound):
             report.lowered[kind] = report.lowered.get(kind, 0) + 1
-    called = {gvar.name_hint for gvar in _called_functions(lowered)}
+    called = {gvar.name_hint for gvar in called_functions(lowered)}
     original = {g.name_hint for g in mod.functions}
     built = lowerer.builder_.get()
     functions = {g: f for g, f in built.functions.items() if g.name_hint in original or g.name_hint in called}
     new_mod = tvm.IRModule(functions, attrs=built.attrs)
     new_mod[gv] = lowered
     return new_mod, report
-
-
-def _called_functions(func: relax.Function) -> list[tvm.ir.GlobalVar]:
-    """The GlobalVars ``func``'s bindings call (through call_tir or directly)."""
-    found = []
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call):
-                for item in [value.op, *value.args]:
-                    if isinstance(item, tvm.ir.GlobalVar):
-                        found.append(item)
-    return found
-
-
-def has_qdq(func: relax.Function) -> bool:
-    """Whether ``func`` quantizes anything (a QDQ model)."""
-    return any(_op_name(binding.value) == "relax.quantize" for block in func.body.blocks for binding in block.bindings)
 
 
 def LowerQDQ(
