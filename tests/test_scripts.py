@@ -160,3 +160,26 @@ def test_bench_latency_times_the_blocked_layout_beside_nchw(tmp_path):
     assert len(rows) == 2  # the NCHW table's row and the blocked table's
     blocked = rows[1]
     assert float(blocked[4].split()[0]) > 0 and blocked[-3].strip() == "yes" and blocked[-2].strip() == "yes"
+
+
+def test_profile_kernels_times_each_kernel_of_an_int8_model(tmp_path):
+    """mcu_cnn quantized: every kernel is listed with its calls, the shares add up to the total,
+    and where this CPU has a dot-product instruction the regular convolutions use it."""
+    import tvm
+
+    from tvm_memplan.schedule.cpu import cpu_spec
+
+    out = tmp_path / "profile.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "profile_kernels.py"), "zoo:mcu_cnn", "--int8", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    shares = [float(line.split("|")[4].strip(" %")) for line in text.splitlines() if line.endswith("% |")]
+    assert abs(sum(shares) - 100) < 1 and any(line.startswith("| qdepthwise_conv2d |") for line in text.splitlines())
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| qconv2d1 |")]
+    assert rows and rows[0][4].strip() == ("yes" if cpu_spec(tvm.target.Target.from_device("cpu")).int8_dot else "no")

@@ -303,8 +303,8 @@ class _Lowerer(PyExprMutator):
                 "x_zero_point": xq.zero_point,
             }
             if self.int8_dot and groups == 1:
-                # the dot-product kernel: uint8 input, packed weights, bias folded for the uint8
-                # zero point
+                # the dot-product kernel: the input packed to the instruction's signedness, weights
+                # packed, the bias folded for the moved zero point
                 instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
                 func = kernels.conv2d_dot
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}

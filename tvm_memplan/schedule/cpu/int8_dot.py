@@ -6,8 +6,8 @@ As in oneDNN's and MLAS's int8 convolutions, a register tile of ``blocks x pixel
 (one int32 vector each) stays in registers over the whole reduction: each step loads one weight
 vector per channel block and broadcasts the input bytes of each pixel. The requantizing epilogue
 runs per tile, vectorized over the channels of the tile's accumulators. The packed input is built
-once per call, in parallel over its rows. Without either instruction the lanes are vectorized as
-int32 arithmetic (same result).
+once per call, in parallel over its rows. On a target without the instruction the kernel was
+lowered for, the lanes are vectorized as int32 arithmetic (same result).
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ for _isa, (_name, _impl) in INTRINSICS.items():
 
 
 class Int8DotProduct(CPUScheduleRule):
-    """:func:`~tvm_memplan.quant.kernels.conv2d_dot` kernels: register-tiled, tensorized with
-    ``vpdpbusd`` where the CPU has it (otherwise the 16 lanes are vectorized as int32 arithmetic)."""
+    """:func:`~tvm_memplan.quant.kernels.conv2d_dot` kernels: register-tiled, tensorized with the
+    target's dot-product instruction when the kernel is in its layout (else its lanes are vectorized
+    as int32 arithmetic)."""
 
     name = "int8_dot"
 
@@ -164,14 +165,14 @@ class Int8DotProduct(CPUScheduleRule):
         fuse_parallel(sch, pack_loops[:3], work * 64, spec)
         if sch.can_decompose_padding(pack, pack_loops[3]):
             # a fill of the border plus a copy without bounds checks (the stem's float input is
-            # quantized in that copy: 210 -> 176 us for a 224x224 RGB image on one Zen 4 core)
+            # quantized in that copy, no longer behind a bounds check per element)
             sch.decompose_padding(pack, pack_loops[3])
 
 
 def _register_tile(blocks: int, width: int, budget: int) -> tuple[int, int]:
     """Channel blocks and pixels of a row held as accumulators: the largest tile within ``budget``
-    registers whose sides divide the output (1 or 2 blocks of 16 channels; the pixels of a prime
-    width such as SqueezeNet's 13 are one tile of one block)."""
+    registers whose sides divide the output (1 or 2 channel blocks of the instruction's lanes; the
+    pixels of a prime width such as SqueezeNet's 13 are one tile of one block)."""
     best = (1, 1)
     for tile_blocks in (2, 1):
         if blocks % tile_blocks:
