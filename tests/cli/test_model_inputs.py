@@ -50,6 +50,17 @@ def test_a_dynamic_batch_plans_and_verifies_with_input_shapes(capsys, dynamic_ba
     assert reports[2]["arena_bytes"] == 2 * reports[1]["arena_bytes"]
 
 
+def test_a_dynamic_batch_plan_report_names_the_input_shapes_to_give(capsys, dynamic_batch_onnx):
+    code, out, err = run_cli(capsys, "plan", dynamic_batch_onnx)
+    assert code == 0, err
+    unplanned = [line for line in out.splitlines() if "unplanned" in line]
+    # one line for all the tensors with symbolic shapes, not one per tensor
+    assert len(unplanned) == 1 and "symbolic shape" in unplanned[0], out
+    assert "--input-shapes x:1x3x8x8" in " ".join(out.split())
+    code, out, _ = run_cli(capsys, "plan", dynamic_batch_onnx, "--json")
+    assert json.loads(out)["dynamic_inputs"] == {"x": ["batch", "3", "8", "8"]}
+
+
 def test_build_records_the_shapes_and_measure_runs_the_artifact(capsys, tmp_path, dynamic_batch_onnx):
     artifact = tmp_path / "batch2.so"
     code, _, err = run_cli(capsys, "build", dynamic_batch_onnx, "--input-shapes", "x:2x3x8x8", "-o", str(artifact))

@@ -251,6 +251,11 @@ def run_plan(args: argparse.Namespace) -> int:
         "allocators": sorted({a for r in plan.reports for a in r.allocators}),
         "functions": [r.function for r in plan.reports],
         "unplanned": {f"{r.function}.{k}": v for r in plan.reports for k, v in r.unplanned.items()},
+        "dynamic_inputs": {
+            name: [str(d) for d in shape]
+            for name, shape, _ in model.input_specs()
+            if not all(isinstance(d, int) and d > 0 for d in shape)
+        },
         "verified": verified,
     }
     if plan.options.groups is not None:
@@ -276,6 +281,21 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         _print_plan_report(summary, layouts)
     return 0 if verified in (None, True) else 1
+
+
+def unplanned_lines(unplanned: dict[str, str], listed: int = 3) -> list[str]:
+    """One line per tensor TVM's planner keeps, or one per reason where more than ``listed`` share it
+    (a dynamic-batch model would otherwise print a line for every tensor)."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in unplanned.items():
+        by_reason.setdefault(reason, []).append(name)
+    lines = []
+    for reason, names in by_reason.items():
+        if len(names) <= listed:
+            lines += [f"unplanned {name}: {reason}" for name in names]
+        else:
+            lines.append(f"unplanned {len(names)} tensors ({names[0]}, ..., {names[-1]}): {reason}")
+    return lines
 
 
 def _fit_planned_arena(args: argparse.Namespace, model, plan, split, attempts: int = 2):
@@ -383,7 +403,11 @@ def _print_plan_report(summary: dict, layouts) -> None:
             if summary["inplace"]
             else "off",
         ),
-        ("planning time", f"{summary['plan_seconds'] * 1000:,.1f} ms  ({', '.join(summary['allocators'])})"),
+        (
+            "planning time",
+            f"{summary['plan_seconds'] * 1000:,.1f} ms"
+            + (f"  ({', '.join(summary['allocators'])})" if summary["allocators"] else ""),
+        ),
     ]
     if summary["verified"] is not None:
         verify = summary["verify"]
@@ -411,8 +435,17 @@ def _print_plan_report(summary: dict, layouts) -> None:
         problem, _, arena_bytes = max(layouts, key=lambda layout: layout[2])
         out.print()
         out.print(memory_profile(problem, arena_bytes))
-    for name, reason in summary["unplanned"].items():
-        out.print(f"  unplanned {name}: {reason}")
+    for line in unplanned_lines(summary["unplanned"]):
+        out.print(f"  {line}")
+    if summary["dynamic_inputs"]:
+        bound = ",".join(
+            f"{name}:" + "x".join(d if d.isdigit() and d != "0" else "1" for d in dims)
+            for name, dims in summary["dynamic_inputs"].items()
+        )
+        out.print(
+            f"  [yellow]note[/yellow]: tensors whose shapes depend on the model's dynamic dimensions are left to "
+            f"TVM's planner; bind them to plan everything: --input-shapes {bound}"
+        )
     for name, reason in summary["concats_kept"].items():
         out.print(f"  concat kept {name}: {reason}")
     if summary["verified"] is False:
