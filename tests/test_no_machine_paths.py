@@ -3,6 +3,7 @@ inputs relative to the checkout, and the package keeps its own files in per-user
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from .shared_inputs import REPO
@@ -27,4 +28,14 @@ def test_no_file_names_a_development_machine_path():
     offenders = sorted(
         {str(path.relative_to(REPO)) for path in files if path.is_file() and DEVELOPMENT_ROOT in path.read_bytes()}
     )
+    assert not offenders
+
+
+def test_user_facing_text_names_techniques_not_our_source_files():
+    """The README, results, design notes, tutorials and package docstrings name a technique and its paper,
+    not the project's internal source documents ("seed 003", "field notes, section 4")."""
+    internal = re.compile(rb"\bseed 00\d|\bfield notes\b", re.IGNORECASE)
+    files = [REPO / "README.md", REPO / "results" / "README.md", *(REPO / "docs").glob("*.md")]
+    files += [*(REPO / "tutorials").glob("*.ipynb"), *(REPO / "tvm_memplan").rglob("*.py")]
+    offenders = sorted(str(path.relative_to(REPO)) for path in files if internal.search(path.read_bytes()))
     assert not offenders

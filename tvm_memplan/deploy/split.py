@@ -1,5 +1,6 @@
-"""Seed 003 end to end: analyse a model's channel chains, search splits with the simulator and
-measured latencies, and hand the chosen rewrite to the planner."""
+"""Fine-grained splitting end to end (axis-connection-graph splitting, as MAGIS and MCUNetV2 split):
+analyse a model's channel chains, search splits with the simulator and measured latencies, and hand the
+chosen rewrite to the planner."""
 
 from __future__ import annotations
 

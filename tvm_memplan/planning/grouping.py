@@ -54,7 +54,7 @@ class Layering:
 def maxdist_layers(
     operators: Sequence[Operator], is_view: Callable[[int], bool] | None = None, from_outputs: bool = False
 ) -> Layering:
-    """Seed 000 §3.2: ``maxdist(v)`` = 0 without predecessors, else 1 + the deepest predecessor's.
+    """Layers by longest-path depth: ``maxdist(v)`` = 0 without predecessors, else 1 + the deepest predecessor's.
 
     A tensor's producer is the operator that lists it in ``outputs``. Views (``is_view``) launch
     nothing, so they add no depth: their consumers count from the views' producers, and a view

@@ -348,7 +348,7 @@ def _reachability(graph: OrderGraph) -> list[int]:
 def branch_grouping_order(
     graph: OrderGraph, order: list[int], deadline: float, max_permutations: int = 120
 ) -> list[int]:
-    """Seed 004: at each branch node run its branch groups contiguously in the best permutation.
+    """Branch grouping: at each branch node run its branch groups contiguously in the best permutation.
 
     Branch nodes are visited top-down, then bottom-up; an improvement is kept at once.
     """
