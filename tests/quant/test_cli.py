@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import onnx
 import pytest
@@ -108,8 +109,11 @@ def test_build_and_measure_compare_an_int8_model(capsys, network_files, tmp_path
 
 
 @pytest.mark.parametrize("activation", ["int8", "uint8"])
-def test_quantize_int8_writes_a_qdq_model_that_plans_to_int8(capsys, network_files, tmp_path, activation):
+def test_quantize_int8_writes_a_qdq_model_that_plans_to_int8(capsys, monkeypatch, network_files, tmp_path, activation):
     import numpy as np
+
+    if activation == "uint8":  # on a terminal, with its progress display
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
 
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32))

@@ -200,7 +200,10 @@ def _run_int8(args: argparse.Namespace, arrays: dict) -> int:
     from ..quant.calibrate import quantize_int8
 
     output = args.output if args.output.suffix == ".onnx" else args.output.with_suffix(".onnx")
-    report = quantize_int8(args.model, output, arrays, activation=args.activations, per_channel=not args.per_tensor)
+    with progress_display(counted=False) as bar:
+        if bar is not None:  # onnxruntime's calibration reports nothing until it ends: a spinner with the time
+            bar.add_task("quantize --int8: calibrating with onnxruntime", total=None)
+        report = quantize_int8(args.model, output, arrays, activation=args.activations, per_channel=not args.per_tensor)
     if args.json:
         print(json.dumps({"output": str(output), **dataclasses.asdict(report)}, indent=2))
         return 0
