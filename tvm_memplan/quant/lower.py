@@ -17,7 +17,7 @@ Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, 
   also be ``dq(q(float constant))`` and the bias a float constant (PyTorch's exports) or an int32
   one of another scale (a bias tensor shared between convs): both are quantized to the
   accumulator's scale here;
-* ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.add` / :func:`.kernels.multiply`;
+* ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.binary`;
 * ``mean(dq(x))`` (GlobalAveragePool) → :func:`.kernels.mean`, ``avg_pool2d(dq(x))`` → :func:`.kernels.avg_pool2d`;
 * reshape, permute_dims, strided_slice, a part of split, max_pool2d, concat of ``dq`` inputs with the
   output's scale and zero point → the same op on the integers (exact: these ops move or select
@@ -373,11 +373,11 @@ class _Lowerer(PyExprMutator):
             fused = self._add_into_producer(call, a, b, shape, out, low, high)
             if fused is not None:
                 return fused
-        kernel = kernels.add if op == "add" else kernels.multiply
         return self._call_te(
-            kernel,
+            kernels.binary,
             self.visit_expr(a[0]),
             self.visit_expr(b[0]),
+            op=op,
             out_shape=shape,
             a_scale=a[1].scale,
             a_zero_point=a[1].zero_point,
