@@ -88,7 +88,16 @@ def test_package_imports_have_no_cycle():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
-def _write(root: Path, files: dict[str, str]) -> Path:
+def _package(root: Path, user_source: str) -> Path:
+    """pkg/b/user.py holds ``user_source``; pkg/a/__init__ re-exports pkg.a.main, which imports pkg.b.user."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/a/__init__.py": "from .main import run\n",
+        "pkg/a/main.py": "from ..b.user import use\n",
+        "pkg/a/helpers.py": "def helper(): ...\n",
+        "pkg/b/__init__.py": "",
+        "pkg/b/user.py": user_source,
+    }
     for relative, text in files.items():
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_text(text)
@@ -101,35 +110,14 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 )
 def test_a_cycle_through_a_package_init_is_found(tmp_path, helper_import):
     # pkg.b.user imports a helper of pkg.a, which runs pkg/a/__init__, which imports pkg.a.main -> pkg.b.user
-    package = _write(
-        tmp_path,
-        {
-            "pkg/__init__.py": "",
-            "pkg/a/__init__.py": "from .main import run\n",
-            "pkg/a/main.py": "from ..b.user import use\n",
-            "pkg/a/helpers.py": "def helper(): ...\n",
-            "pkg/b/__init__.py": "",
-            "pkg/b/user.py": f"{helper_import}\n",
-        },
-    )
-    cycle = _cycle(import_graph(package))
+    cycle = _cycle(import_graph(_package(tmp_path, f"{helper_import}\n")))
     assert cycle is not None and {"pkg.a", "pkg.a.main", "pkg.b.user"} <= set(cycle)
 
 
 def test_imports_that_do_not_run_on_import_make_no_cycle(tmp_path):
-    package = _write(
-        tmp_path,
-        {
-            "pkg/__init__.py": "",
-            "pkg/a/__init__.py": "from .main import run\n",
-            "pkg/a/main.py": "from ..b.user import use\n",
-            "pkg/a/helpers.py": "def helper(): ...\n",
-            "pkg/b/__init__.py": "",
-            "pkg/b/user.py": (
-                "from typing import TYPE_CHECKING\n"
-                "if TYPE_CHECKING:\n    from ..a import helpers\n"
-                "def use():\n    from ..a.helpers import helper\n"
-            ),
-        },
+    user = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from ..a import helpers\n"
+        "def use():\n    from ..a.helpers import helper\n"
     )
-    assert _cycle(import_graph(package)) is None
+    assert _cycle(import_graph(_package(tmp_path, user))) is None
