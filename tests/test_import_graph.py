@@ -72,6 +72,7 @@ def import_graph(package_dir: Path) -> dict[str, set[str]]:
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` (each module imported by the one after it), else None."""
     try:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as error:
@@ -85,7 +86,8 @@ def test_package_imports_have_no_cycle():
     # graph reader uses the Relax helpers
     assert "tvm_memplan.quant.lower" in graph["tvm_memplan.relax.pipeline"]
     assert {"tvm_memplan.relax", "tvm_memplan.relax.ir_utils"} <= graph["tvm_memplan.quant.qdq_graph"]
-    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " imports ".join(reversed(cycle))
 
 
 def _package(root: Path, user_source: str) -> Path:
