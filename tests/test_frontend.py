@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_memplan.frontend import _computes_shapes, load_model, to_relax
+from tvm_memplan.frontend import computes_shapes, load_model, to_relax
 from tvm_memplan.planner import plan_model
 from tvm_memplan.verify import verify_plan
 
@@ -18,8 +18,8 @@ def test_torchscript_chunk_sizes_are_folded_and_the_unit_runs():
     from tvm.relax.frontend.onnx import from_onnx
 
     model = load_model(str(FIXTURES / "torchvision_shufflenet_v2_unit.torchscript.onnx"))
-    assert _computes_shapes(from_onnx(model.onnx_model, keep_params_in_input=False))
-    assert not _computes_shapes(to_relax(model))
+    assert computes_shapes(from_onnx(model.onnx_model, keep_params_in_input=False))
+    assert not computes_shapes(to_relax(model))
     result = verify_plan(plan_model(model, "llvm", order_seconds=1))  # against onnxruntime on the original file
     assert result.ok, result.problems
 

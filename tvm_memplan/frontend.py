@@ -243,9 +243,9 @@ def to_relax(model: LoadedModel):
         raise UserError(f"{model.name}: unsupported ONNX operator(s) {', '.join(missing)} (TVM 0.27 Relax frontend)")
     try:
         mod = from_onnx(model.onnx_model, keep_params_in_input=False)
-        if _computes_shapes(mod) and _static_inputs(model):
+        if computes_shapes(mod) and _static_inputs(model):
             folded = from_onnx(fold_constants(model.onnx_model), keep_params_in_input=False)
-            mod = mod if _computes_shapes(folded) else folded
+            mod = mod if computes_shapes(folded) else folded
     except UserError:
         raise
     except Exception as exc:
@@ -257,19 +257,18 @@ def to_relax(model: LoadedModel):
 _SHAPE_OPS = {"relax.shape_of", "relax.shape_to_tensor", "relax.tensor_to_shape"}
 
 
-def _computes_shapes(mod) -> bool:
+def computes_shapes(mod) -> bool:
     """Whether ``main`` has shape computations or tensors whose shapes are not constants."""
     from tvm import relax
 
-    from .relax.ir_utils import static_shape
+    from .relax.ir_utils import op_name, static_shape, top_level_bindings
 
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            value, ty = binding.value, binding.var.ty
-            if isinstance(value, relax.Call) and getattr(value.op, "name", None) in _SHAPE_OPS:
-                return True
-            if isinstance(ty, relax.TensorType) and static_shape(ty) is None:
-                return True
+    for binding in top_level_bindings(mod["main"]):
+        ty = binding.var.ty
+        if op_name(binding.value) in _SHAPE_OPS:
+            return True
+        if isinstance(ty, relax.TensorType) and static_shape(ty) is None:
+            return True
     return False
 
 

@@ -8,7 +8,7 @@ from ortools.sat.python import cp_model
 
 from tvm_memplan.planning import Buffer, Problem, plan_memory, read_minimalloc_csv, validate_offsets
 from tvm_memplan.planning.allocators import CanonicalSearch, greedy_allocators
-from tvm_memplan.planning.allocators.search import _Stopped, _Structure, fits_within
+from tvm_memplan.planning.allocators.search import SearchStopped, SearchStructure, fits_within
 
 from ..shared_inputs import MINIMALLOC_CHALLENGING as CHALLENGING
 from .examples import cut_square, problems
@@ -47,7 +47,7 @@ def test_search_proves_the_same_optimum_as_cp_sat(problem):
 
 def test_decision_search_finds_a_tiling_and_proves_one_unit_less_impossible():
     problem = cut_square(30, seed=4)
-    structure = _Structure.build(problem)
+    structure = SearchStructure.build(problem)
     rank = structure.rank("WAT")
     offsets = fits_within(structure, 64, rank, node_limit=10**6, deadline=time.monotonic() + 10)
     assert offsets is not None
@@ -56,8 +56,8 @@ def test_decision_search_finds_a_tiling_and_proves_one_unit_less_impossible():
 
 
 def test_decision_search_stops_at_its_node_limit():
-    structure = _Structure.build(cut_square(150, seed=0))
-    with pytest.raises(_Stopped):
+    structure = SearchStructure.build(cut_square(150, seed=0))
+    with pytest.raises(SearchStopped):
         fits_within(structure, 64, structure.rank("TWA"), node_limit=5, deadline=time.monotonic() + 10)
 
 

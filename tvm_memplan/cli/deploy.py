@@ -16,7 +16,16 @@ from rich.table import Table
 from ..errors import UserError
 from .format import console, human_bytes, key_value_table, print_json, progress_display, split_search_progress
 from .plan import model_planner_kwargs, model_planner_options, parse_bytes, split_search_options
-from .vocabulary import add_json, add_model_inputs, add_target, model_spec_and_inputs
+from .vocabulary import (
+    add_cross_compiler,
+    add_json,
+    add_model_inputs,
+    add_repeats,
+    add_rpc_device,
+    add_target,
+    add_work_dir,
+    model_spec_and_inputs,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--pipeline", default="memplan", choices=["memplan", "stock"], help="memplan (default) or TVM's stock planner"
     )
-    build.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
+    add_work_dir(build)
     build.add_argument(
         "--emit-c",
         metavar="DIR",
@@ -59,9 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="with --emit-c: fail when the weights exceed this (e.g. 2M)",
     )
-    build.add_argument(
-        "--cross-compiler", metavar="CXX", help="link with CXX instead of the target's compiler (e.g. an NDK clang++)"
-    )
+    add_cross_compiler(build)
     add_json(build)
     split_search_options(
         build.add_argument_group("fine-grained splitting (as plan --split)"),
@@ -93,21 +100,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_target(measure, note="MODEL is built for it")
     add_model_inputs(measure)
-    measure.add_argument("--rpc-tracker", metavar="HOST:PORT", help="RPC tracker to get the device from")
-    measure.add_argument("--rpc-key", metavar="KEY", help="device key at the tracker")
-    measure.add_argument("--repeat", type=int, default=10, metavar="N", help="timed repeats (default 10)")
-    measure.add_argument(
-        "--min-repeat-ms",
-        type=int,
-        default=50,
-        metavar="MS",
-        help="each repeat runs the model for at least this long (default 50)",
-    )
+    add_rpc_device(measure)
+    add_repeats(measure)
     measure.add_argument("--compare", action="store_true", help="measure TVM's stock pipeline and memplan side by side")
-    measure.add_argument("--work-dir", metavar="DIR", help="apply kernels tuned by 'tvm-memplan tune' in DIR")
-    measure.add_argument(
-        "--cross-compiler", metavar="CXX", help="link MODEL's build with CXX instead of the target's compiler"
-    )
+    add_work_dir(measure)
+    add_cross_compiler(measure)
     measure.add_argument(
         "--log", metavar="FILE.jsonl", help="append each result to this JSON-lines log (atomic writes)"
     )
@@ -143,11 +140,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     tune.add_argument("model", metavar="MODEL")
     tune.add_argument("--trials", type=int, required=True, metavar="N", help="total trials over the selected kernels")
-    tune.add_argument("--work-dir", required=True, metavar="DIR")
+    add_work_dir(tune, tuning=True)
     add_target(tune, note="tune takes CPU targets compiled by LLVM (host, x86-64, llvm-aarch64, android-arm64, llvm)")
     tune.add_argument("--kernels", metavar="REGEX", help="tune only kernels whose name matches")
-    tune.add_argument("--rpc-tracker", metavar="HOST:PORT")
-    tune.add_argument("--rpc-key", metavar="KEY")
+    add_rpc_device(tune, "to tune on")
     tune.add_argument(
         "--builder-timeout",
         type=float,

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from .format import console, human_bytes, print_json, progress_display
 from .plan import model_planner_kwargs, model_planner_options
-from .vocabulary import add_json, add_target, deprecation_note
+from .vocabulary import add_json, add_repeats, add_rpc_device, add_target, deprecation_note
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,13 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"comma-separated settings: seq, group counts, auto (default {DEFAULT_SETTINGS})",
     )
     add_target(bench)
-    bench.add_argument("--rpc-tracker", metavar="HOST:PORT")
-    bench.add_argument("--rpc-key", metavar="KEY")
-    bench.add_argument("--repeat", type=int, default=10, help="timed repeats per setting and round (default 10)")
+    add_rpc_device(bench)
+    add_repeats(bench, per=" per setting and round")
     bench.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all builds (default 1)")
-    bench.add_argument(
-        "--min-repeat-ms", type=int, default=50, metavar="MS", help="minimum time of one repeat (default 50)"
-    )
     add_json(bench, 'print {"rows": [...], ...} instead of the table')
     model_planner_options(bench, groups=False)
     bench.set_defaults(func=run_bench)

@@ -10,7 +10,14 @@ from ..errors import UserError
 from ..options import LAYOUTS, SCHEDULES
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
 from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
-from .vocabulary import add_deprecated_alias, add_json, add_model_inputs, add_target, model_spec_and_inputs
+from .vocabulary import (
+    add_deprecated_alias,
+    add_json,
+    add_model_inputs,
+    add_rpc_device,
+    add_target,
+    model_spec_and_inputs,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,10 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="latency measurements to reuse and extend "
         "(default chain_latency.jsonl in the user cache: $XDG_CACHE_HOME/tvm_memplan, else ~/.cache/tvm_memplan)",
     )
-    split.add_argument(
-        "--rpc-tracker", metavar="HOST:PORT", help="measure chain latencies on a device from this tracker"
-    )
-    split.add_argument("--rpc-key", metavar="KEY")
+    add_rpc_device(split, "to measure chain latencies on")
     plan.set_defaults(func=run_plan)
 
     solve = subparsers.add_parser(

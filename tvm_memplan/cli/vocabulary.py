@@ -1,5 +1,6 @@
-"""Options every command spells the same way: ``--target``, ``--json``, ``-o/--output``, ``--work-dir``,
-and old spellings that keep working for one release with a note on stderr."""
+"""Options every command spells the same way: ``--target``, ``--json``, ``--work-dir``, the RPC device,
+timing repeats, the cross compiler, and old spellings that keep working for one release with a note on
+stderr."""
 
 from __future__ import annotations
 
@@ -56,6 +57,37 @@ def add_target(parser: argparse.ArgumentParser, note: str = "") -> None:
 
 def add_json(parser: argparse.ArgumentParser, what: str = "print one JSON object instead of the report") -> None:
     parser.add_argument("--json", action="store_true", help=what)
+
+
+def add_rpc_device(parser: argparse.ArgumentParser | argparse._ArgumentGroup, purpose: str = "") -> None:
+    """``--rpc-tracker``/``--rpc-key``: run on a device from an RPC tracker instead of this machine."""
+    note = f" ({purpose})" if purpose else ""
+    parser.add_argument("--rpc-tracker", metavar="HOST:PORT", help=f"RPC tracker to get the device from{note}")
+    parser.add_argument("--rpc-key", metavar="KEY", help="device key at the tracker")
+
+
+def add_repeats(parser: argparse.ArgumentParser, per: str = "") -> None:
+    """``--repeat`` and ``--min-repeat-ms``: how a latency is timed (TVM's ``time_evaluator``)."""
+    parser.add_argument("--repeat", type=int, default=10, metavar="N", help=f"timed repeats{per} (default 10)")
+    parser.add_argument(
+        "--min-repeat-ms", type=int, default=50, metavar="MS", help="each repeat lasts at least MS (default 50)"
+    )
+
+
+def add_work_dir(parser: argparse.ArgumentParser, tuning: bool = False) -> None:
+    """``--work-dir``: where ``tune`` keeps its MetaSchedule database, which build and measure apply."""
+    if tuning:
+        parser.add_argument("--work-dir", required=True, metavar="DIR", help="the MetaSchedule database and logs")
+    else:
+        parser.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
+
+
+def add_cross_compiler(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cross-compiler",
+        metavar="CXX",
+        help="link the library with CXX instead of the target's compiler (e.g. an NDK clang++)",
+    )
 
 
 class _Deprecated(argparse.Action):

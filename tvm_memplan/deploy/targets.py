@@ -211,6 +211,12 @@ def _opencl(device: str) -> dict[str, Any]:
     return config
 
 
+def _mcu(board: McuBoard) -> DeployTarget:
+    """The standalone C target named after ``board``'s core."""
+    what = f"{board.cpu.replace('cortex-m', 'Cortex-M')} standalone C (--emit-c; qemu {board.machine})"
+    return DeployTarget(board.cpu, {"kind": "c", "mcpu": board.cpu}, "mcu", what=what, board=board)
+
+
 TARGETS: dict[str, DeployTarget] = {
     t.name: t
     for t in (
@@ -241,27 +247,7 @@ TARGETS: dict[str, DeployTarget] = {
             what="the whole model as standalone C (--emit-c), built for this machine",
             board=CORTEX_M7,
         ),
-        DeployTarget(
-            "cortex-m7",
-            {"kind": "c", "mcpu": "cortex-m7"},
-            "mcu",
-            what="Cortex-M7 standalone C (--emit-c; qemu mps2-an500)",
-            board=CORTEX_M7,
-        ),
-        DeployTarget(
-            "cortex-m4",
-            {"kind": "c", "mcpu": "cortex-m4"},
-            "mcu",
-            what="Cortex-M4 standalone C (--emit-c; qemu mps2-an386)",
-            board=CORTEX_M4,
-        ),
-        DeployTarget(
-            "cortex-m55",
-            {"kind": "c", "mcpu": "cortex-m55"},
-            "mcu",
-            what="Cortex-M55 standalone C (--emit-c; qemu mps3-an547)",
-            board=CORTEX_M55,
-        ),
+        *(_mcu(board) for board in (CORTEX_M7, CORTEX_M4, CORTEX_M55)),
         DeployTarget("cuda", {"kind": "cuda", "host": "llvm"}, "cuda", what="NVIDIA GPU (CUDA, needs nvcc to build)"),
         DeployTarget(
             "vulkan",

@@ -399,10 +399,11 @@ def add_codes(
     return _saturate(tirx.nearbyint(value), low, high).astype(out_dtype)
 
 
-def add(
+def binary(
     a: te.Tensor,
     b: te.Tensor,
     *,
+    op: str,
     out_shape: Sequence[int],
     a_scale: float,
     a_zero_point: int,
@@ -414,52 +415,35 @@ def add(
     high: int,
     out_dtype: str,
 ) -> te.Tensor:
-    """QLinearAdd as onnxruntime computes it on x86 (MLAS's AVX2 "XNNFloatMultiply" kernel, its
-    default): ratios ``sa/sy`` and ``sb/sy`` and a constant ``zy - (ra za + rb zb)`` in float32, then
+    """QLinearAdd (``op="add"``) or QLinearMul (``op="multiply"``) of two numpy-broadcast int8/uint8 tensors.
+
+    Add as onnxruntime computes it on x86 (MLAS's AVX2 "XNNFloatMultiply" kernel, its default): ratios
+    ``sa/sy`` and ``sb/sy`` and a constant ``zy - (ra za + rb zb)`` in float32, then
     ``fma(a, ra, fma(b, rb, constant))`` rounded half to even and saturated. The constant is computed
-    here in numpy; onnxruntime's compiler may contract it into an fma: within 1 LSB at worst."""
-    ratio_a, ratio_b, constant = add_parameters(a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point)
+    here in numpy; onnxruntime's compiler may contract it into an fma: within 1 LSB at worst.
+
+    Multiply in float32: ``(a - za)(b - zb)`` exactly in int32, times ``sa sb / sy``, rounded half to
+    even (onnxruntime's kernel computes the same product in float: within 1 LSB)."""
+    if op == "add":
+        ratio_a, ratio_b, constant = add_parameters(a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point)
+
+        def codes(va: tirx.PrimExpr, vb: tirx.PrimExpr) -> tirx.PrimExpr:
+            return add_codes(va, vb, ratio_a, ratio_b, constant, low, high, out_dtype)
+
+    elif op == "multiply":
+        multiplier = float(np.float32(a_scale) * np.float32(b_scale) / np.float32(y_scale))
+
+        def codes(va: tirx.PrimExpr, vb: tirx.PrimExpr) -> tirx.PrimExpr:
+            product = (va.astype("int32") - a_zero_point) * (vb.astype("int32") - b_zero_point)
+            return requantize(product, tirx.const(multiplier, "float32"), y_zero_point, low, high, out_dtype)
+
+    else:
+        raise ValueError(f"no quantized elementwise {op!r} (add or multiply)")
 
     def body(*index):
-        return add_codes(
-            a[tuple(_broadcast_index(a, index))],
-            b[tuple(_broadcast_index(b, index))],
-            ratio_a,
-            ratio_b,
-            constant,
-            low,
-            high,
-            out_dtype,
-        )
+        return codes(a[tuple(_broadcast_index(a, index))], b[tuple(_broadcast_index(b, index))])
 
-    return te.compute(tuple(int(d) for d in out_shape), body, name="qadd")
-
-
-def multiply(
-    a: te.Tensor,
-    b: te.Tensor,
-    *,
-    out_shape: Sequence[int],
-    a_scale: float,
-    a_zero_point: int,
-    b_scale: float,
-    b_zero_point: int,
-    y_scale: float,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
-) -> te.Tensor:
-    """QLinearMul in float32: ``(a - za)(b - zb)`` exactly in int32, times ``sa sb / sy``, rounded
-    half to even (onnxruntime's kernel computes the same product in float: within 1 LSB)."""
-    multiplier = np.float32(a_scale) * np.float32(b_scale) / np.float32(y_scale)
-
-    def body(*index):
-        va = a[tuple(_broadcast_index(a, index))].astype("int32") - a_zero_point
-        vb = b[tuple(_broadcast_index(b, index))].astype("int32") - b_zero_point
-        return requantize(va * vb, tirx.const(float(multiplier), "float32"), y_zero_point, low, high, out_dtype)
-
-    return te.compute(tuple(int(d) for d in out_shape), body, name="qmul")
+    return te.compute(tuple(int(d) for d in out_shape), body, name="qadd" if op == "add" else "qmul")
 
 
 def mean(

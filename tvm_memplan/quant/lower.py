@@ -17,7 +17,7 @@ Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, 
   also be ``dq(q(float constant))`` and the bias a float constant (PyTorch's exports) or an int32
   one of another scale (a bias tensor shared between convs): both are quantized to the
   accumulator's scale here;
-* ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.add` / :func:`.kernels.multiply`;
+* ``add|multiply(dq(a), dq(b)) [relu|clip]`` → :func:`.kernels.binary`;
 * ``mean(dq(x))`` (GlobalAveragePool) → :func:`.kernels.mean`, ``avg_pool2d(dq(x))`` → :func:`.kernels.avg_pool2d`;
 * reshape, permute_dims, strided_slice, a part of split, max_pool2d, concat of ``dq`` inputs with the
   output's scale and zero point → the same op on the integers (exact: these ops move or select
@@ -43,6 +43,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..relax.ir_utils import constant_value, op_name, static_shape
 from ..schedule.cpu.spec import cpu_spec
 from . import kernels
 from .kernels import INT_RANGE
@@ -51,11 +52,8 @@ from .qdq_graph import (
     QDQGraph,
     QParams,
     called_functions,
-    constant_value,
     has_qdq,
-    op_name,
     prim_float,
-    static_shape_of,
     tensor_dtype,
 )
 from .tables import quantized_table, requantization_table, tabulate
@@ -204,7 +202,7 @@ class _Lowerer(PyExprMutator):
         if op_name(call) != "relax.split":
             return None
         source = self.graph.activation(call.args[0])
-        shape = static_shape_of(call.args[0])
+        shape = static_shape(call.args[0].ty)
         if source is None or source[1] != out or shape is None:
             return None
         axis = int(call.attrs.axis) % len(shape)
@@ -256,7 +254,7 @@ class _Lowerer(PyExprMutator):
             per_channel = (w_scale.reshape(channels, -1), w_zero.reshape(channels, -1))
             w_matrix = w_int
         else:
-            if w_int.ndim != 2 or len(static_shape_of(x) or ()) < 1:
+            if w_int.ndim != 2 or len(static_shape(x.ty) or ()) < 1:
                 return None
             channels = w_int.shape[1]
             per_channel = (w_scale.T.reshape(channels, -1), w_zero.T.reshape(channels, -1))
@@ -351,7 +349,7 @@ class _Lowerer(PyExprMutator):
             or scale.size != 1
             or zero_point.size != 1
             or not self._is_float_input(source)
-            or len(static_shape_of(source) or ()) != 4
+            or len(static_shape(source.ty) or ()) != 4
         ):
             return None
         if QParams(float(scale.reshape(())), int(zero_point.reshape(())), str(call.attrs.out_dtype)) != xq:
@@ -366,7 +364,7 @@ class _Lowerer(PyExprMutator):
         if name not in ("relax.add", "relax.multiply") or (not core.same_as(data) and not g.single_use(core)):
             return None
         a, b = g.activation(call.args[0]), g.activation(call.args[1])
-        shape = static_shape_of(call)
+        shape = static_shape(call.ty)
         if a is None or b is None or shape is None:
             return None
         low, high = clamp.bounds(out)
@@ -375,11 +373,11 @@ class _Lowerer(PyExprMutator):
             fused = self._add_into_producer(call, a, b, shape, out, low, high)
             if fused is not None:
                 return fused
-        kernel = kernels.add if op == "add" else kernels.multiply
         return self._call_te(
-            kernel,
+            kernels.binary,
             self.visit_expr(a[0]),
             self.visit_expr(b[0]),
+            op=op,
             out_shape=shape,
             a_scale=a[1].scale,
             a_zero_point=a[1].zero_point,
@@ -409,8 +407,8 @@ class _Lowerer(PyExprMutator):
                 recipe is None
                 or not g.single_use(mine[0])
                 or not g.single_use(call.args[position])
-                or static_shape_of(mine[0]) != shape
-                or static_shape_of(other[0]) != shape
+                or static_shape(mine[0].ty) != shape
+                or static_shape(other[0].ty) != shape
             ):
                 continue
             func, args, kwargs, kernel_name, kind = recipe
@@ -440,7 +438,7 @@ class _Lowerer(PyExprMutator):
         if op_name(call) != "relax.mean" or call.attrs.axis is None:
             return None
         source = g.activation(call.args[0])
-        in_shape = static_shape_of(call.args[0])
+        in_shape = static_shape(call.args[0].ty)
         if source is None or in_shape is None:
             return None
         axes = [int(a) for a in call.attrs.axis]

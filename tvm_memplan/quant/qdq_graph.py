@@ -9,6 +9,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..relax.ir_utils import constant_value, op_name, static_shape, top_level_bindings
 from .kernels import INT_RANGE
 
 
@@ -19,18 +20,6 @@ class QParams:
     scale: float
     zero_point: int
     dtype: str
-
-
-def constant_value(expr: relax.Expr) -> np.ndarray | None:
-    if isinstance(expr, tvm.ir.GenericConst):
-        return expr.value.numpy()
-    return None
-
-
-def op_name(expr: relax.Expr) -> str | None:
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-        return expr.op.name
-    return None
 
 
 def prim_float(expr: relax.Expr) -> float | None:
@@ -54,11 +43,10 @@ class QDQGraph:
     def __init__(self, func: relax.Function) -> None:
         self.defs: dict[relax.Var, relax.Expr] = {}
         self.uses: dict[relax.Var, int] = {}
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                if isinstance(binding, relax.VarBinding):
-                    self.defs[binding.var] = binding.value
-                    self._count(binding.value)
+        for binding in top_level_bindings(func):
+            if isinstance(binding, relax.VarBinding):
+                self.defs[binding.var] = binding.value
+                self._count(binding.value)
         self._count(func.body.body)
 
     def _count(self, expr: relax.Expr) -> None:
@@ -144,7 +132,7 @@ class QDQGraph:
         arrays = [values, scale, zero_point]
         for move in reversed(moves):
             if op_name(move) == "relax.reshape":
-                target = static_shape_of(move)
+                target = static_shape(move.ty)
                 if target is None:
                     return None
                 arrays = [a.reshape(target) for a in arrays]
@@ -174,29 +162,16 @@ def quantize_scalar(value: float, q: QParams) -> int:
     return int(np.clip(np.rint(np.float32(value) / np.float32(q.scale)) + q.zero_point, low, high))
 
 
-def static_shape_of(expr: relax.Expr) -> tuple[int, ...] | None:
-    """The static shape of ``expr``'s tensor type, else None (``tvm_memplan.relax.ir_utils`` has
-    the same helper; importing it here would import the pipeline, which imports this package)."""
-    ty = expr.ty if hasattr(expr, "ty") else None
-    values = getattr(getattr(ty, "shape", None), "values", None)
-    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
-        return None
-    return tuple(int(d) for d in values)
-
-
 def called_functions(func: relax.Function) -> list[tvm.ir.GlobalVar]:
     """The GlobalVars ``func``'s bindings call (through call_tir or directly)."""
     found = []
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call):
-                for item in [value.op, *value.args]:
-                    if isinstance(item, tvm.ir.GlobalVar):
-                        found.append(item)
+    for binding in top_level_bindings(func):
+        value = binding.value
+        if isinstance(value, relax.Call):
+            found += [item for item in [value.op, *value.args] if isinstance(item, tvm.ir.GlobalVar)]
     return found
 
 
 def has_qdq(func: relax.Function) -> bool:
     """Whether ``func`` quantizes anything (a QDQ model)."""
-    return any(op_name(binding.value) == "relax.quantize" for block in func.body.blocks for binding in block.bindings)
+    return any(op_name(binding.value) == "relax.quantize" for binding in top_level_bindings(func))

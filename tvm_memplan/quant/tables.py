@@ -9,8 +9,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..relax.ir_utils import constant_value, op_name
 from .kernels import INT_RANGE
-from .qdq_graph import QDQGraph, QParams, constant_value, op_name, prim_float
+from .qdq_graph import QDQGraph, QParams, prim_float
 
 
 def dequantized_codes(q: QParams) -> np.ndarray:

@@ -64,6 +64,18 @@ def is_output(sch: s_tir.Schedule, block_rv) -> bool:
     return not sch.get_consumers(block_rv)
 
 
+def inline_into_epilogue(sch: s_tir.Schedule, main, consumers: list, scope: str):
+    """The block that stores the reduction ``main``'s result: its ``consumers`` but the last are
+    inlined into the last, the epilogue (bias, activation, residual add); without consumers, a copy
+    out of a ``scope`` cache of main's output. NotApplicable unless it writes the function's output."""
+    for consumer in consumers[:-1]:
+        sch.compute_inline(consumer)
+    epilogue = consumers[-1] if consumers else sch.cache_write(main, 0, scope)
+    if not is_output(sch, epilogue):
+        raise NotApplicable("the last block is not the output")
+    return epilogue
+
+
 def constant(extent: tirx.PrimExpr) -> int:
     """A loop or iterator extent as an int; a symbolic one (a dynamic shape) is not scheduled."""
     if not isinstance(extent, tirx.IntImm):
@@ -73,6 +85,15 @@ def constant(extent: tirx.PrimExpr) -> int:
 
 def loop_extent(sch: s_tir.Schedule, loop) -> int:
     return constant(sch.get(loop).extent)
+
+
+def iterator_loops(sch: s_tir.Schedule, block_rv, extents: list[int]) -> list:
+    """The block's loops, one per iterator in iterator order (``extents``: :func:`iter_extents`);
+    NotApplicable where they do not match."""
+    loops = list(sch.get_loops(block_rv))
+    if [loop_extent(sch, loop) for loop in loops] != extents:
+        raise NotApplicable("loops do not match the block's iterators")
+    return loops
 
 
 def iter_extents(block: s_tir.SBlock) -> list[int]:

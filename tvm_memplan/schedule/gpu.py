@@ -30,10 +30,10 @@ from .blocks import (
     DATA_PAR,
     REDUCE,
     NotApplicable,
-    is_output,
+    inline_into_epilogue,
     is_padding,
     iter_extents,
-    loop_extent,
+    iterator_loops,
     reduction_axes,
     region_uses,
     the_reduction,
@@ -109,19 +109,11 @@ def thread_per_output(sch: s_tir.Schedule, max_threads: int) -> None:
         ):
             staged.append(sch.cache_read(main, index, "local"))
     consumers = blocks[position + 1 :]
-    for consumer in consumers[:-1]:
-        sch.compute_inline(consumer)
+    epilogue = inline_into_epilogue(sch, main, consumers, "local")
     if consumers:
-        epilogue = consumers[-1]
         sch.set_scope(main, 0, "local")
-    else:
-        epilogue = sch.cache_write(main, 0, "local")
-    if not is_output(sch, epilogue):
-        raise NotApplicable("the last block is not the output")
 
-    loops = list(sch.get_loops(main))
-    if [loop_extent(sch, loop) for loop in loops] != extents:
-        raise NotApplicable("loops do not match the block's iterators")
+    loops = iterator_loops(sch, main, extents)
     tile_loops = []
     if tile > 1:
         loops[channel], inner = sch.split(loops[channel], [None, tile])

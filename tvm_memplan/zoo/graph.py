@@ -38,6 +38,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import UserError
+from ..names import unique_name
 
 OPSET = 17
 IR_VERSION = 8  # the IR version that goes with opset 17; accepted by every onnxruntime >= 1.10
@@ -161,13 +162,7 @@ class GraphBuilder:
             self._scope.pop()
 
     def _name(self, base: str) -> str:
-        stem = "_".join([*self._scope, base]) if self._scope else base
-        name, i = stem, 1
-        while name in self._used:
-            i += 1
-            name = f"{stem}_{i}"
-        self._used.add(name)
-        return name
+        return unique_name("_".join([*self._scope, base]) if self._scope else base, self._used, first_suffix=2)
 
     def _check(self, op: str, shape: tuple[int, ...]) -> None:
         if any(d < 1 for d in shape):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 
+from ...names import unique_name
 from .glsl_language import (
     ARITH,
     BINARY_MATH,
@@ -53,13 +54,7 @@ class ExpressionPrinter:
 
     # ---- names, types, helpers ----
     def fresh(self, hint: str) -> str:
-        base = "v_" + re.sub(r"\W", "_", hint)
-        name, k = base, 0
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
+        return unique_name("v_" + re.sub(r"\W", "_", hint), self.used)
 
     def bind(self, var: tvm.tirx.Var) -> str:
         name = self.fresh(var.name)

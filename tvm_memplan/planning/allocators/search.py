@@ -43,12 +43,12 @@ PREORDERS = ("WAT", "TAW", "TWA")
 """MiniMalloc's static preorders: descending (W)idth of lifetime, (A)rea, section (T)otal."""
 
 
-class _Stopped(Exception):
+class SearchStopped(Exception):
     """A search run hit its node limit or deadline before deciding."""
 
 
 @dataclass
-class _Structure:
+class SearchStructure:
     """The problem as the search sees it: sizes in alignment units, neighbours and sections.
 
     Only buffers with a non-zero size take part (``index`` maps back to the problem).
@@ -79,7 +79,7 @@ class _Structure:
     """Groups of interchangeable buffers (same size, lifetime and conflicts), placed in rank order."""
 
     @classmethod
-    def build(cls, problem: Problem) -> _Structure:
+    def build(cls, problem: Problem) -> SearchStructure:
         padded = problem.padded_sizes()
         index = [i for i, size in enumerate(padded) if size > 0]
         local = {original: i for i, original in enumerate(index)}
@@ -180,7 +180,7 @@ class _Structure:
 
 
 def fits_within(
-    structure: _Structure,
+    structure: SearchStructure,
     capacity: int,
     rank: Sequence[int],
     node_limit: int,
@@ -188,7 +188,7 @@ def fits_within(
 ) -> list[int] | None:
     """Offsets (in units) of a placement within ``capacity`` units, or None when none exists.
 
-    Raises :class:`_Stopped` when ``node_limit`` nodes or the ``deadline`` pass first. ``rank``
+    Raises :class:`SearchStopped` when ``node_limit`` nodes or the ``deadline`` pass first. ``rank``
     breaks ties between buffers at the same offset; any rank gives a complete search. Twins go
     in rank order: swapping two of them changes no byte, so only one of the swaps is explored.
     """
@@ -262,7 +262,7 @@ def fits_within(
         nonlocal nodes
         nodes += 1
         if nodes > node_limit or monotonic() > deadline:
-            raise _Stopped
+            raise SearchStopped
         if not unplaced:
             return True
         min_height = min(min_offset[j] + sizes[j] for j in unplaced)
@@ -377,7 +377,7 @@ class CanonicalSearch(Allocator):
             (GreedyBestFit(key).place(problem, None) for key in (by_size, by_area, by_lifetime)),
             key=lambda offsets: arena_bytes(problem, offsets),
         )
-        structure = _Structure.build(problem)
+        structure = SearchStructure.build(problem)
         best_units = arena_bytes(problem, best) // unit
         # Every capacity below ``proven`` units is known to be infeasible.
         proven = max([-(-problem.lower_bound() // unit), *structure.section_totals])
@@ -405,7 +405,7 @@ class CanonicalSearch(Allocator):
 
     def _probe(
         self,
-        structure: _Structure,
+        structure: SearchStructure,
         capacity: int,
         deadline: float,
         rng: random.Random,
@@ -424,7 +424,7 @@ class CanonicalSearch(Allocator):
             for rank in static_ranks:
                 try:
                     offsets = fits_within(structure, capacity, rank, limit, deadline)
-                except _Stopped:
+                except SearchStopped:
                     continue
                 return offsets, offsets is None
             next_limit[capacity] = 2 * limit
@@ -433,14 +433,14 @@ class CanonicalSearch(Allocator):
                 rank = structure.rank(rng.choice(PREORDERS), rng, self.restart_noise)
                 try:
                     offsets = fits_within(structure, capacity, rank, restart_nodes, deadline)
-                except _Stopped:
+                except SearchStopped:
                     spent += restart_nodes
                     continue
                 return offsets, offsets is None
         return None, False
 
     @staticmethod
-    def _to_bytes(problem: Problem, structure: _Structure, offsets: list[int]) -> list[int]:
+    def _to_bytes(problem: Problem, structure: SearchStructure, offsets: list[int]) -> list[int]:
         """Offsets in bytes for every problem buffer; zero-size buffers sit at 0."""
         result = [0] * len(problem.buffers)
         for i, offset in zip(structure.index, offsets, strict=True):

@@ -17,10 +17,10 @@ from tvm import s_tir
 from ..blocks import (
     NotApplicable,
     constant,
-    is_output,
+    inline_into_epilogue,
     is_padding,
     iter_extents,
-    loop_extent,
+    iterator_loops,
     the_reduction,
     top_level_blocks,
 )
@@ -54,15 +54,8 @@ class BlockedConv(CPUScheduleRule):
                 padding.append(producer)
             else:
                 sch.compute_inline(producer)
-        consumers = blocks[position + 1 :]
-        for consumer in consumers[:-1]:
-            sch.compute_inline(consumer)
-        epilogue = consumers[-1] if consumers else sch.cache_write(main, 0, "global")
-        if not is_output(sch, epilogue):
-            raise NotApplicable("the last block is not the output")
-        loops = list(sch.get_loops(main))
-        if [loop_extent(sch, loop) for loop in loops] != extents:
-            raise NotApplicable("loops do not match the block's iterators")
+        epilogue = inline_into_epilogue(sch, main, blocks[position + 1 :], "global")
+        loops = iterator_loops(sch, main, extents)
 
         vectors = -(-lanes // spec.lanes)
         channel_tile, column_tile = register_tile(channels, columns, vectors, spec)

@@ -24,13 +24,21 @@ from .spec import CpuSpec
 ACC_BLOCK = "dot_acc"
 
 
-def _dot_description(lanes: int, depth: int, packed_dtype: str) -> tirx.PrimFunc:
-    """What a dot-product instruction computes: ``lanes`` int32 lanes, each adding ``depth``
-    products of a ``packed_dtype`` input and int8 weights (written here: importing
-    ``tvm.s_tir.tensor_intrin`` registers every backend's intrinsics, ~20 s)."""
+def _dot_prim_func(isa: str, llvm_intrinsic: str | None = None) -> tirx.PrimFunc:
+    """What the dot-product instruction ``isa`` of :data:`DOT_INSTRUCTIONS` computes (``llvm_intrinsic``
+    None: ``lanes`` int32 lanes, each adding ``depth`` products of a ``packed_dtype`` input and int8
+    weights, the description tensorize matches), else its implementation by ``llvm_intrinsic``.
+    Written here because importing ``tvm.s_tir.tensor_intrin`` registers every backend's intrinsics
+    (~20 s); the Python ``if``s below choose the body when the function is parsed."""
+    lanes, depth, packed_dtype = DOT_INSTRUCTIONS[isa]
+    packed_input, weight_vector, accumulators = f"{packed_dtype}x{depth}", f"int8x{lanes * depth}", f"int32x{lanes}"
+    # vpmaddwd multiplies int16 pairs: the bytes are widened first (exact) and the sum added to C
+    widened = isa == "avx2"
+    pairs = f"int16x{depth}"
+    widened_weights = f"int16x{lanes * depth}"
 
     @T.prim_func(s_tir=True)
-    def description(
+    def dot(
         A: T.Buffer((depth,), packed_dtype, offset_factor=1),
         B: T.Buffer((lanes, depth), "int8", offset_factor=1),
         C: T.Buffer((lanes,), "int32", offset_factor=1),
@@ -38,83 +46,45 @@ def _dot_description(lanes: int, depth: int, packed_dtype: str) -> tirx.PrimFunc
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:depth], B[0:lanes, 0:depth])
             T.writes(C[0:lanes])
-            for i, k in T.grid(lanes, depth):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+            if llvm_intrinsic is None:
+                for i, k in T.grid(lanes, depth):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+            elif widened:
+                A_i32 = T.reinterpret(T.Cast(pairs, A.vload([0], packed_input)), dtype="int32")
+                C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=accumulators) + T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(llvm_intrinsic),
+                    T.Cast(widened_weights, B.vload([0, 0], dtype=weight_vector)),
+                    T.reinterpret(T.broadcast(A_i32, lanes), dtype=widened_weights),
+                    dtype=accumulators,
+                )
+            else:
+                A_i32 = T.reinterpret(A.vload([0], packed_input), dtype="int32")
+                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(llvm_intrinsic),
+                    C.vload([0], dtype=accumulators),
+                    T.reinterpret(T.broadcast(A_i32, lanes), dtype=f"{packed_dtype}x{lanes * depth}"),
+                    B.vload([0, 0], dtype=weight_vector),
+                    dtype=accumulators,
+                )
 
-    return description
-
-
-@T.prim_func(s_tir=True)
-def _vpdpbusd(
-    A: T.Buffer((4,), "uint8", offset_factor=1),
-    B: T.Buffer((16, 4), "int8", offset_factor=1),
-    C: T.Buffer((16,), "int32", offset_factor=1),
-) -> None:
-    # TVM 0.27's own "dot_16x4_vnni" passes <16 x i32> operands, which LLVM 22's vpdpbusd
-    # (<64 x i8> operands) rejects
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        A_i32 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-            C.vload([0], dtype="int32x16"),
-            T.reinterpret(T.broadcast(A_i32, 16), dtype="uint8x64"),
-            B.vload([0, 0], dtype="int8x64"),
-            dtype="int32x16",
-        )
+    return dot
 
 
-@T.prim_func(s_tir=True)
-def _vpmaddwd(
-    A: T.Buffer((2,), "uint8", offset_factor=1),
-    B: T.Buffer((8, 2), "int8", offset_factor=1),
-    C: T.Buffer((8,), "int32", offset_factor=1),
-) -> None:
-    # bytes widened to int16 (exact), pairs of products summed into int32: MLAS's exact AVX2 path
-    with T.sblock("root"):
-        T.reads(C[0:8], A[0:2], B[0:8, 0:2])
-        T.writes(C[0:8])
-        A_i32 = T.reinterpret(T.Cast("int16x2", A.vload([0], "uint8x2")), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 8)] = C.vload([0], dtype="int32x8") + T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
-            T.Cast("int16x16", B.vload([0, 0], dtype="int8x16")),
-            T.reinterpret(T.broadcast(A_i32, 8), dtype="int16x16"),
-            dtype="int32x8",
-        )
-
-
-@T.prim_func(s_tir=True)
-def _sdot(
-    A: T.Buffer((4,), "int8", offset_factor=1),
-    B: T.Buffer((4, 4), "int8", offset_factor=1),
-    C: T.Buffer((4,), "int32", offset_factor=1),
-) -> None:
-    # Armv8.2's dot product: each of 4 int32 lanes adds 4 int8 x int8 products
-    with T.sblock("root"):
-        T.reads(C[0:4], A[0:4], B[0:4, 0:4])
-        T.writes(C[0:4])
-        A_i32 = T.reinterpret(A.vload([0], "int8x4"), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.sdot.v4i32.v16i8"),
-            C.vload([0], dtype="int32x4"),
-            T.reinterpret(T.broadcast(A_i32, 4), dtype="int8x16"),
-            B.vload([0, 0], dtype="int8x16"),
-            dtype="int32x4",
-        )
-
-
+# TVM 0.27's own "dot_16x4_vnni" passes <16 x i32> operands, which LLVM 22's vpdpbusd (<64 x i8>
+# operands) rejects; AVX2's vpmaddwd on bytes widened to int16 is MLAS's exact AVX2 path; Armv8.2's
+# sdot adds 4 int8 x int8 products into each of 4 int32 lanes.
 INTRINSICS = {
-    "avx512vnni": ("tvm_memplan.dot_16x4_u8i8i32_vnni", _vpdpbusd),
-    "avx2": ("tvm_memplan.dot_8x2_u8i8i32_avx2", _vpmaddwd),
-    "neon-dotprod": ("tvm_memplan.dot_4x4_i8i8i32_sdot", _sdot),
+    "avx512vnni": ("tvm_memplan.dot_16x4_u8i8i32_vnni", "llvm.x86.avx512.vpdpbusd.512"),
+    "avx2": ("tvm_memplan.dot_8x2_u8i8i32_avx2", "llvm.x86.avx2.pmadd.wd"),
+    "neon-dotprod": ("tvm_memplan.dot_4x4_i8i8i32_sdot", "llvm.aarch64.neon.sdot.v4i32.v16i8"),
 }
-"""Instruction (a :class:`~tvm_memplan.schedule.cpu.CpuSpec` ``int8_dot``) → registered tensor intrinsic."""
+"""Instruction (a :class:`~tvm_memplan.schedule.cpu.CpuSpec` ``int8_dot``) → (registered tensor intrinsic,
+the LLVM intrinsic it calls)."""
 
-for _isa, (_name, _impl) in INTRINSICS.items():
-    TensorIntrin.register(_name, _dot_description(*DOT_INSTRUCTIONS[_isa]), _impl, override=True)
+for _isa, (_name, _llvm_intrinsic) in INTRINSICS.items():
+    TensorIntrin.register(_name, _dot_prim_func(_isa), _dot_prim_func(_isa, _llvm_intrinsic), override=True)
 
 
 class Int8DotProduct(CPUScheduleRule):

@@ -21,9 +21,10 @@ from ..blocks import (
     NotApplicable,
     ReductionAxes,
     constant,
-    is_output,
+    inline_into_epilogue,
     is_padding,
     iter_extents,
+    iterator_loops,
     loop_extent,
     reduction_axes,
     region_uses,
@@ -73,17 +74,10 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
         stride = strides.get(read.source.name, 1)
         if stride > 1 and not any(sch.get(p).writes[0].source.same_as(read.source) for p, _ in staged):
             staged.append((sch.cache_read(main, index, "global"), stride))
-    consumers = blocks[position + 1 :]
-    for consumer in consumers[:-1]:
-        sch.compute_inline(consumer)
-    epilogue = consumers[-1] if consumers else sch.cache_write(main, 0, "global")
-    if not is_output(sch, epilogue):
-        raise NotApplicable("the last block is not the output")
+    epilogue = inline_into_epilogue(sch, main, blocks[position + 1 :], "global")
 
     block = sch.get(main)
-    loops = list(sch.get_loops(main))
-    if [loop_extent(sch, loop) for loop in loops] != extents:
-        raise NotApplicable("loops do not match the block's iterators")
+    loops = iterator_loops(sch, main, extents)
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
 
     vector_tile, parts = _vector_parts(extents[axes.vector], spec.lanes)
