@@ -83,7 +83,8 @@ class _Lowerer(PyExprMutator):
         self.report = report
         self.int8_dot = int8_dot
         """The CPU's int8 dot-product instruction (a key of :data:`.kernels.DOT_INSTRUCTIONS`): regular
-        convolutions then use :func:`.kernels.conv2d_dot`."""
+        convolutions then use :func:`.kernels.conv2d_dot`, depthwise ones :func:`.kernels.depthwise_conv2d`
+        (integer vectors, which every CPU with such an instruction has)."""
         self._recipe: tuple | None = None
         self.recipes: dict[relax.Var, tuple] = {}
         """A lowered conv/dense quantize's var → (kernel, args, kwargs, name, kind): the concat of
@@ -310,6 +311,10 @@ class _Lowerer(PyExprMutator):
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}
                 zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
                 stored = kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
+            elif self.int8_dot and kind == "depthwise_conv2d":
+                # the same CPUs' integer vectors: int8 products widened to int32
+                func, kwargs = kernels.depthwise_conv2d, {**geometry, **common}
+                zero_point, stored = xq.zero_point, w_shifted
             else:
                 func = kernels.conv2d
                 kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}
@@ -529,9 +534,9 @@ def LowerQDQ(
     on_report: Callable[[LoweringReport], None] | None = None, target: tvm.target.Target | None = None
 ) -> tvm.transform.Pass:
     """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring).
-    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2), regular
-    convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`); the schedule
-    tensorizes them."""
+    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2, Arm's sdot), regular
+    convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`), which the schedule
+    tensorizes, and depthwise ones to :func:`.kernels.depthwise_conv2d` (int32 vectors)."""
     int8_dot = cpu_spec(target).int8_dot if target is not None else None
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")

@@ -1,0 +1,155 @@
+"""The integer depthwise convolution (``depthwise_conv2d``) and its schedule, against integer arithmetic in numpy.
+
+Shapes cover what the polyphase stage and the flattened grid must get right: strides 1 and 2,
+asymmetric padding, no padding, dilation, channel counts and widths no vector divides, int8 and
+uint8 inputs. Each is built for this CPU and for AVX2 (a Haswell target); for Armv8.2 the test
+checks the code (``smlal``: a widening 16 x 16 -> 32-bit multiply-accumulate).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from tvm_memplan.frontend import LoadedModel
+from tvm_memplan.planner import plan_model
+from tvm_memplan.quant import kernels
+from tvm_memplan.schedule import DefaultCPUSchedule
+from tvm_memplan.schedule.cpu import Int8Depthwise, cpu_spec
+from tvm_memplan.schedule.passes import schedule_function
+
+from ..quant import models
+from .test_int8_dot import ARM, HASWELL, HOST, reference
+
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+TARGETS = {"host": HOST}
+if cpu_spec(HOST).int8_dot is not None:  # this CPU runs AVX2 code
+    TARGETS["avx2"] = HASWELL
+
+SHAPES = {  # C, H, W, K, stride, dilation, padding (top, left, bottom, right)
+    "3x3": (7, 9, 11, 3, 1, 1, (1, 1, 1, 1)),
+    "strided": (5, 11, 13, 3, 2, 1, (1, 1, 1, 1)),
+    "strided-asymmetric": (20, 10, 10, 3, 2, 1, (0, 0, 1, 1)),
+    "5x5-strided": (3, 14, 9, 5, 2, 1, (2, 2, 2, 2)),
+    "dilated": (4, 12, 12, 3, 1, 2, (2, 1, 0, 2)),
+    "no-padding": (17, 6, 6, 3, 1, 1, (0, 0, 0, 0)),
+}
+
+
+def build(target, x_shape, x_dtype, k, **conv) -> tuple[tvm.runtime.Module, list[int]]:
+    """``depthwise_conv2d`` scheduled by its rule for ``target``: the library and the output shape."""
+    c = x_shape[1]
+    tensors = [
+        te.placeholder(x_shape, x_dtype, "x"),
+        te.placeholder((c, 1, k, k), "int8", "w"),
+        te.placeholder((c,), "int32", "b"),
+        te.placeholder((c,), "float32", "m"),
+    ]
+    out = kernels.depthwise_conv2d(*tensors, out_dtype="int8", **conv)
+    scheduled = schedule_function(te.create_prim_func([*tensors, out]), cpu_spec(target), rules=[Int8Depthwise()])
+    assert scheduled is not None, "the int8_depthwise rule must schedule depthwise_conv2d"
+    return tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target), [int(d) for d in out.shape]
+
+
+@pytest.mark.parametrize("target_name", list(TARGETS))
+@pytest.mark.parametrize(("shape", "x_dtype"), [(shape, "int8") for shape in SHAPES] + [("strided", "uint8")])
+def test_depthwise_equals_integer_arithmetic(shape, x_dtype, target_name):
+    c, h, w, k, stride, dilation, padding = SHAPES[shape]
+    rng = np.random.default_rng(c + h)
+    lo, hi = kernels.INT_RANGE[x_dtype]
+    x = rng.integers(lo, hi + 1, size=(1, c, h, w)).astype(x_dtype)
+    weight = rng.integers(-128, 128, size=(c, 1, k, k)).astype(np.int8)  # -128 x 255 is the widest product
+    weight[0, 0, 0, 0] = -128
+    bias = rng.integers(-5000, 5000, size=c).astype(np.int32)
+    multiplier = (rng.random(c) * 2e-4).astype(np.float32)
+    zx, zy, low, high = (7 if x_dtype == "int8" else 130), -3, -128, 100  # a folded Clip narrows the range
+    library, out_shape = build(
+        TARGETS[target_name],
+        x.shape,
+        x_dtype,
+        k,
+        strides=[stride] * 2,
+        padding=padding,
+        dilation=[dilation] * 2,
+        x_zero_point=zx,
+        y_zero_point=zy,
+        low=low,
+        high=high,
+    )
+    dev = tvm.cpu()
+    result = tvm.runtime.tensor(np.zeros(out_shape, np.int8), dev)
+    folded = kernels.fold_zero_point(bias, weight, zx)
+    library["main"](*(tvm.runtime.tensor(v, dev) for v in (x, weight, folded, multiplier)), result)
+    full = np.zeros((c, c, k, k), np.int8)  # the depthwise weights as a regular conv's, zero off the diagonal
+    full[np.arange(c), np.arange(c)] = weight[:, 0]
+    expected = reference(x, full, bias, multiplier, stride, dilation, padding, zx, zy, low, high, np.int8)
+    np.testing.assert_array_equal(result.numpy(), expected)
+
+
+X86_MULTIPLIES = ("vpmulld", "vpmaddwd", "vpmullw")
+
+
+@pytest.mark.parametrize(
+    ("target", "multiplies"),
+    [(AVX512, X86_MULTIPLIES), (HASWELL, X86_MULTIPLIES), (ARM, ("smlal",))],
+    ids=["avx512", "avx2", "arm"],
+)
+def test_depthwise_multiplies_integer_vectors(target, multiplies):
+    """The products are integer vector multiplies of widened bytes (compiled only), not float ones."""
+    library, _ = build(
+        target,
+        (1, 24, 18, 18),
+        "int8",
+        3,
+        strides=[2, 2],
+        padding=[1, 1, 1, 1],
+        dilation=[1, 1],
+        x_zero_point=0,
+        y_zero_point=0,
+        low=-128,
+        high=127,
+    )
+    assembly = library.inspect_source("asm")
+    assert any(mnemonic in assembly for mnemonic in multiplies)
+    assert "vfmadd" not in assembly and "fmla" not in assembly
+
+
+def test_rule_declines_the_generic_depthwise_kernel():
+    """:func:`kernels.conv2d` with groups (what other targets lower depthwise convs to) is not its kernel."""
+    x = te.placeholder((1, 8, 6, 6), "int8", "x")
+    tensors = [x, te.placeholder((8, 1, 3, 3), "int8", "w"), te.placeholder((8,), "int32", "b")]
+    tensors.append(te.placeholder((8,), "float32", "m"))
+    out = kernels.conv2d(
+        *tensors,
+        strides=[1, 1],
+        padding=[1, 1, 1, 1],
+        dilation=[1, 1],
+        groups=8,
+        x_zero_point=0,
+        y_zero_point=0,
+        low=-128,
+        high=127,
+        out_dtype="int8",
+    )
+    assert Int8Depthwise().schedule(te.create_prim_func([*tensors, out]), cpu_spec(HOST)) is None
+
+
+def test_pipeline_schedules_depthwise_convs_with_the_rule():
+    """A network lowered for a CPU with a dot-product instruction: its depthwise kernels (also one
+    fused with the network output's dequantize) take the integer rule, and the build matches
+    onnxruntime bit for bit (every kernel of ``models.conv`` requantizes as MLAS does)."""
+    from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime
+    from tvm_memplan.verify import run_vm
+
+    qmodel = models.quantize_qdq(models.conv(groups=8))
+    loaded = LoadedModel("depthwise", qmodel)
+    plan = plan_model(loaded, HASWELL, order="program", time_budget=1)
+    reports = []
+    with plan.target:
+        DefaultCPUSchedule(plan.target, reports.append)(plan.planned)
+    assert [rule for name, rule in reports[0].rules.items() if "qdepthwise" in name] == ["int8_depthwise"]
+    inputs = loaded.random_inputs(3)
+    ours, _ = run_vm(plan.build(), inputs)
+    assert lsb_difference(ours[0], run_onnxruntime(qmodel, inputs)[0], output_scales(qmodel)[0]) == 0

@@ -1,0 +1,100 @@
+"""The int8 depthwise convolution (:func:`tvm_memplan.quant.kernels.depthwise_conv2d`) on the CPU's
+integer vectors.
+
+Each task is one channel (tasks run in parallel where the kernel is big enough). Its polyphase
+stage is built first: a fill with the zero point and a copy of the input (de-interleaved at stride
+2, so that every later load is contiguous), stored flat, rows after rows. The products are then
+summed over the flattened output grid in register tiles of a few vectors: each tap loads one
+contiguous vector per accumulator at a constant offset, widens the codes and multiplies them by
+the tap's broadcast weight into int32 (``vpmaddwd``/``vpmulld`` on x86, ``smlal`` on Arm), and
+the tile's accumulators stay in registers over all taps (the scheme of XNNPACK's and MLAS's
+depthwise micro-kernels). The requantizing epilogue reads the channel's sums row by row,
+vectorized along the output width.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..blocks import NotApplicable, loop_extent, top_level_blocks
+from .base import CPUScheduleRule, fuse_parallel, product, vectorize
+from .spec import CpuSpec
+from .tiled_reduction import LOAD_BOUND_FACTOR, vector_parts, vectorize_parts
+
+ACC_BLOCK = "dw_acc"
+
+TILE_VECTORS = 4
+"""Vectors of int32 accumulators per register tile: four keep the loads of a tap's four vectors
+in flight (Zen 4 and Neoverse cores issue two or three loads a cycle), and 16 lanes x 4 divide
+every flattened grid (:data:`DEPTHWISE_ROUND`) on AVX2 and NEON."""
+
+
+class Int8Depthwise(CPUScheduleRule):
+    """:func:`~tvm_memplan.quant.kernels.depthwise_conv2d` kernels, as the module docstring describes."""
+
+    name = "int8_depthwise"
+
+    def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
+        blocks = top_level_blocks(sch)
+        names = [sch.get(b).name_hint for b in blocks]
+        if not {ACC_BLOCK, "dw_requantize", "dw_output"} <= set(names):
+            raise NotApplicable("not a depthwise_conv2d kernel")
+        position = names.index("dw_output")
+        for consumer in blocks[position + 1 :]:  # fused elementwise consumers (a dequantize): into the output
+            sch.reverse_compute_inline(consumer)
+        staging = [name for name in ("pad", "quantize", "stage") if name in names]
+        for name, producer in zip(names, blocks[:position], strict=False):
+            if name not in (*staging, ACC_BLOCK, "dw_requantize"):
+                sch.compute_inline(producer)
+        blocks_by_name = dict(zip(names, blocks, strict=True))
+        acc, epilogue, output = (blocks_by_name[name] for name in (ACC_BLOCK, "dw_requantize", "dw_output"))
+        n, channel, flat = sch.get_loops(epilogue)
+        grid = loop_extent(sch, flat)
+        tile_outer, tile_vectors, tile_lanes = sch.split(flat, [None, _tile_vectors(grid, spec), spec.lanes])
+        sch.unroll(tile_vectors)
+        vectorize(sch, tile_lanes, spec)
+        sch.compute_at(acc, tile_outer)
+        sch.set_scope(acc, 0, "local")  # the tile's accumulators, kept in registers
+        *_, lanes, ry, rx = sch.get_loops(acc)
+        vectors, lanes = sch.split(lanes, [None, spec.lanes])
+        sch.reorder(ry, rx, vectors, lanes)
+        for loop in (ry, rx, vectors):
+            sch.unroll(loop)
+        vectorize(sch, lanes, spec)
+        init = sch.decompose_reduction(acc, ry)
+        vectorize(sch, sch.get_loops(init)[-1], spec)
+        taps = loop_extent(sch, ry) * loop_extent(sch, rx)
+        task = fuse_parallel(sch, [n, channel], grid * taps * LOAD_BOUND_FACTOR * product(sch, [n, channel]), spec)
+
+        # per channel: the input padded (a fill with the zero point, then a copy without bounds
+        # checks), de-interleaved at a stride (the stage), the staged rows stored flat, so that a
+        # tap's index is the output's plus a constant
+        for name in reversed(staging):
+            sch.compute_at(blocks_by_name[name], task)
+        staged = blocks_by_name[staging[-1]]
+        shape = sch.get(staged).writes[0].source.shape
+        cols = int(shape[-1])
+        flatten = tirx.IndexMap.from_func(
+            lambda *i: (*i[:-2], i[-2] * cols + i[-1]), ndim=len(shape), index_dtype="int32"
+        )
+        sch.transform_layout(staged, ("write", 0), flatten)
+        copies = [blocks_by_name[name] for name in staging]
+        pad = copies[0]
+        first = sch.get_loops(pad)[1]
+        if sch.can_decompose_padding(pad, first):
+            copies.insert(0, sch.decompose_padding(pad, first))
+        byte_lanes = 4 * spec.lanes
+        for copy in copies:  # vectors of bytes, a power of two wide each
+            innermost = sch.get_loops(copy)[-1]
+            vectorize_parts(sch, innermost, vector_parts(loop_extent(sch, innermost), byte_lanes)[1], spec, byte_lanes)
+
+        # the output reads the grid at y * cols + x, which compute_at cannot invert: a loop of its own
+        *rows, width = sch.get_loops(output)
+        fuse_parallel(sch, rows, product(sch, [*rows, width]), spec)
+        vectorize_parts(sch, width, vector_parts(loop_extent(sch, width), byte_lanes)[1], spec, byte_lanes)
+
+
+def _tile_vectors(grid: int, spec: CpuSpec) -> int:
+    """Vectors of int32 accumulators in one register tile: up to :data:`TILE_VECTORS` that divide
+    the grid (a multiple of :data:`DEPTHWISE_ROUND`, hence of every target's lanes)."""
+    return max(v for v in range(1, TILE_VECTORS + 1) if grid % (v * spec.lanes) == 0)
