@@ -31,6 +31,7 @@ if cpu_spec(HOST).int8_dot is not None:  # this CPU runs AVX2 code
 SHAPES = {  # C, H, W, K, stride, dilation, padding (top, left, bottom, right)
     "3x3": (7, 9, 11, 3, 1, 1, (1, 1, 1, 1)),
     "strided": (5, 11, 13, 3, 2, 1, (1, 1, 1, 1)),
+    "strided-wide": (3, 6, 35, 3, 2, 1, (1, 1, 1, 1)),  # rows of 19 columns: de-interleaved 16 at a time
     "strided-asymmetric": (20, 10, 10, 3, 2, 1, (0, 0, 1, 1)),
     "5x5-strided": (3, 14, 9, 5, 2, 1, (2, 2, 2, 2)),
     "dilated": (4, 12, 12, 3, 1, 2, (2, 1, 0, 2)),
@@ -54,7 +55,9 @@ def build(target, x_shape, x_dtype, k, **conv) -> tuple[tvm.runtime.Module, list
 
 
 @pytest.mark.parametrize("target_name", list(TARGETS))
-@pytest.mark.parametrize(("shape", "x_dtype"), [(shape, "int8") for shape in SHAPES] + [("strided", "uint8")])
+@pytest.mark.parametrize(
+    ("shape", "x_dtype"), [(shape, "int8") for shape in SHAPES] + [("strided", "uint8"), ("strided-wide", "uint8")]
+)
 def test_depthwise_equals_integer_arithmetic(shape, x_dtype, target_name):
     c, h, w, k, stride, dilation, padding = SHAPES[shape]
     rng = np.random.default_rng(c + h)
@@ -88,19 +91,20 @@ def test_depthwise_equals_integer_arithmetic(shape, x_dtype, target_name):
     np.testing.assert_array_equal(result.numpy(), expected)
 
 
-X86_MULTIPLIES = ("vpmulld", "vpmaddwd", "vpmullw")
+X86 = {"multiplies": ("vpmulld", "vpmaddwd", "vpmullw"), "bytewise": "vpinsrb", "deinterleave": ("vpshufb", "vperm")}
+AARCH64 = {"multiplies": ("smlal",), "bytewise": "ld1\t{v0.b}[", "deinterleave": ("ld2", "uzp1")}
 
 
 @pytest.mark.parametrize(
-    ("target", "multiplies"),
-    [(AVX512, X86_MULTIPLIES), (HASWELL, X86_MULTIPLIES), (ARM, ("smlal",))],
-    ids=["avx512", "avx2", "arm"],
+    ("target", "code"), [(AVX512, X86), (HASWELL, X86), (ARM, AARCH64)], ids=["avx512", "avx2", "arm"]
 )
-def test_depthwise_multiplies_integer_vectors(target, multiplies):
-    """The products are integer vector multiplies of widened bytes (compiled only), not float ones."""
+def test_depthwise_code_uses_integer_vectors(target, code):
+    """Compiled only: the products are integer vector multiplies of widened bytes (no float ones),
+    and the stride-2 stage splits rows into even and odd bytes with shuffles or ``ld2``, not byte
+    by byte."""
     library, _ = build(
         target,
-        (1, 24, 18, 18),
+        (1, 24, 18, 34),
         "int8",
         3,
         strides=[2, 2],
@@ -112,8 +116,10 @@ def test_depthwise_multiplies_integer_vectors(target, multiplies):
         high=127,
     )
     assembly = library.inspect_source("asm")
-    assert any(mnemonic in assembly for mnemonic in multiplies)
+    assert any(mnemonic in assembly for mnemonic in code["multiplies"])
     assert "vfmadd" not in assembly and "fmla" not in assembly
+    assert any(mnemonic in assembly for mnemonic in code["deinterleave"])
+    assert code["bytewise"] not in assembly
 
 
 def test_rule_declines_the_generic_depthwise_kernel():

@@ -15,6 +15,8 @@ vectorized along the output width.
 from __future__ import annotations
 
 from tvm import s_tir, tirx
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
 
 from ..blocks import NotApplicable, loop_extent, top_level_blocks
 from .base import CPUScheduleRule, fuse_parallel, product, vectorize
@@ -84,6 +86,8 @@ class Int8Depthwise(CPUScheduleRule):
         if sch.can_decompose_padding(pad, first):
             copies.insert(0, sch.decompose_padding(pad, first))
         byte_lanes = 4 * spec.lanes
+        if "stage" in blocks_by_name and _deinterleave_rows(sch, blocks_by_name["stage"], spec):
+            copies.remove(blocks_by_name["stage"])
         for copy in copies:  # vectors of bytes, a power of two wide each
             innermost = sch.get_loops(copy)[-1]
             vectorize_parts(sch, innermost, vector_parts(loop_extent(sch, innermost), byte_lanes)[1], spec, byte_lanes)
@@ -98,3 +102,60 @@ def _tile_vectors(grid: int, spec: CpuSpec) -> int:
     """Vectors of int32 accumulators in one register tile: up to :data:`TILE_VECTORS` that divide
     the grid (a multiple of :data:`DEPTHWISE_ROUND`, hence of every target's lanes)."""
     return max(v for v in range(1, TILE_VECTORS + 1) if grid % (v * spec.lanes) == 0)
+
+
+def _deinterleave_rows(sch: s_tir.Schedule, stage, spec: CpuSpec) -> bool:
+    """Tensorize the stride-2 stage's copy: each padded row is loaded in vectors of ``2L`` bytes and
+    split into its even and odd bytes by two shuffles (LLVM: ``vpermb``/``vpmovwb`` on x86, ``uzp1``/
+    ``uzp2`` on Arm), where TVM's vectorizer loads a stride-2 vector byte by byte. False where the
+    stage is not a stride-2 one or its rows are narrower than 8 bytes."""
+    block = sch.get(stage)
+    buffer = block.writes[0].source
+    if not spec.vector_codegen or int(buffer.shape[3]) != 2:
+        return False
+    *_, phase_x, row, col = sch.get_loops(stage)
+    cols = loop_extent(sch, col)
+    chunk = min(2 * spec.lanes, 1 << (cols.bit_length() - 1))
+    if chunk < 8:
+        return False
+    sch.reorder(row, phase_x, col)
+    name = f"tvm_memplan.deinterleave2_{buffer.dtype}_{cols}_{chunk}"
+    TensorIntrin.register(name, *_deinterleave_intrinsic(str(buffer.dtype), cols, chunk), override=True)
+    sch.tensorize(phase_x, name)
+    return True
+
+
+def _deinterleave_intrinsic(dtype: str, cols: int, chunk: int) -> tuple[tirx.PrimFunc, tirx.PrimFunc]:
+    """``B[p, i] = A[2 i + p]`` for a row of ``cols`` outputs, and its implementation in vectors of
+    ``chunk`` outputs (the last one overlaps the one before where ``chunk`` does not divide ``cols``)."""
+    even = [2 * i for i in range(chunk)]
+    odd = [2 * i + 1 for i in range(chunk)]
+    pair = f"{dtype}x{2 * chunk}"
+
+    @T.prim_func(s_tir=True)
+    def description(a: T.handle, b: T.handle) -> None:
+        stride = T.int32()
+        A = T.match_buffer(a, (2 * cols,), dtype, offset_factor=1)
+        B = T.match_buffer(b, (2, cols), dtype, strides=[stride, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads(A[0 : 2 * cols])
+            T.writes(B[0:2, 0:cols])
+            for p, i in T.grid(2, cols):
+                with T.sblock("update"):
+                    vp, vi = T.axis.remap("SS", [p, i])
+                    B[vp, vi] = A[vi * 2 + vp]
+
+    @T.prim_func(s_tir=True)
+    def implementation(a: T.handle, b: T.handle) -> None:
+        stride = T.int32()
+        A = T.match_buffer(a, (2 * cols,), dtype, offset_factor=1)
+        B = T.match_buffer(b, (2, cols), dtype, strides=[stride, 1], offset_factor=1)
+        with T.sblock("root"):
+            T.reads(A[0 : 2 * cols])
+            T.writes(B[0:2, 0:cols])
+            for k in range((cols + chunk - 1) // chunk):
+                start = T.min(k * chunk, cols - chunk)
+                B[0, T.ramp(start, 1, chunk)] = T.Shuffle([A.vload([2 * start], pair)], even)
+                B[1, T.ramp(start, 1, chunk)] = T.Shuffle([A.vload([2 * start], pair)], odd)
+
+    return description, implementation
