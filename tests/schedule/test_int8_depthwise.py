@@ -13,14 +13,10 @@ import pytest
 import tvm
 from tvm import te
 
-from tvm_memplan.frontend import LoadedModel
-from tvm_memplan.planner import plan_model
 from tvm_memplan.quant import kernels
-from tvm_memplan.schedule import DefaultCPUSchedule
 from tvm_memplan.schedule.cpu import Int8Depthwise, cpu_spec
 from tvm_memplan.schedule.passes import schedule_function
 
-from ..quant import models
 from .test_int8_dot import ARM, HASWELL, HOST, reference
 
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
@@ -140,22 +136,3 @@ def test_rule_declines_the_generic_depthwise_kernel():
         out_dtype="int8",
     )
     assert Int8Depthwise().schedule(te.create_prim_func([*tensors, out]), cpu_spec(HOST)) is None
-
-
-def test_pipeline_schedules_depthwise_convs_with_the_rule():
-    """A network lowered for a CPU with a dot-product instruction: its depthwise kernels (also one
-    fused with the network output's dequantize) take the integer rule, and the build matches
-    onnxruntime bit for bit (every kernel of ``models.conv`` requantizes as MLAS does)."""
-    from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime
-    from tvm_memplan.verify import run_vm
-
-    qmodel = models.quantize_qdq(models.conv(groups=8))
-    loaded = LoadedModel("depthwise", qmodel)
-    plan = plan_model(loaded, HASWELL, order="program", time_budget=1)
-    reports = []
-    with plan.target:
-        DefaultCPUSchedule(plan.target, reports.append)(plan.planned)
-    assert [rule for name, rule in reports[0].rules.items() if "qdepthwise" in name] == ["int8_depthwise"]
-    inputs = loaded.random_inputs(3)
-    ours, _ = run_vm(plan.build(), inputs)
-    assert lsb_difference(ours[0], run_onnxruntime(qmodel, inputs)[0], output_scales(qmodel)[0]) == 0

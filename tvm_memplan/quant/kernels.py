@@ -406,6 +406,53 @@ def conv2d_dot(
     )
 
 
+def dense_dot(
+    x: te.Tensor,
+    weight: te.Tensor,
+    bias: te.Tensor,
+    multiplier: te.Tensor,
+    *,
+    out_channels: int,
+    x_zero_point: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+    table: te.Tensor | None = None,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
+    packed_dtype: str = "uint8",
+) -> te.Tensor:
+    """QGemm/QLinearMatMul of a 2-d ``x`` (M, K) on a dot-product instruction: :func:`conv2d_dot`
+    of ``x`` viewed as an ``(1, K, M, 1)`` image (rows are its pixels) and the weights as 1x1
+    filters (:func:`pack_dot_weights` of ``(N, K, 1, 1)``), its output viewed as ``(M, N)`` (where a
+    ``residual`` is added); the schedule inlines both views. ``bias`` is folded as for :func:`conv2d_dot`."""
+    rows, depth = (int(d) for d in x.shape)
+    image = te.compute((1, depth, rows, 1), lambda b, k, m, one: x[m, k], name="as_image")
+    out = conv2d_dot(
+        image,
+        weight,
+        bias,
+        multiplier,
+        out_channels=out_channels,
+        strides=[1, 1],
+        padding=[0, 0, 0, 0],
+        dilation=[1, 1],
+        x_zero_point=x_zero_point,
+        y_zero_point=y_zero_point,
+        low=low,
+        high=high,
+        out_dtype=out_dtype,
+        table=table,
+        packed_dtype=packed_dtype,
+    )
+    return te.compute(
+        (rows, out_channels),
+        lambda m, n: _through(None, out[0, n, m, 0], out_dtype, residual, residual_add, (m, n)),
+        name="as_matrix",
+    )
+
+
 def dense(
     x: te.Tensor,
     weight: te.Tensor,

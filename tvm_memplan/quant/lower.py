@@ -323,8 +323,18 @@ class _Lowerer(PyExprMutator):
                 x, kind = float_input, f"quantize+{kind}"
                 kwargs["quantize_input"] = (xq.scale, xq.dtype)
         else:
-            func, kwargs, kind = kernels.dense, {"accumulate": accumulate, **common}, "dense"
-            zero_point, stored = xq.zero_point, np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
+            kind = "dense"
+            if self.int8_dot and len(static_shape_of(x)) == 2:
+                # as a 1x1 convolution of the rows on the dot-product instruction
+                instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
+                func = kernels.dense_dot
+                kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **common}
+                kwargs["x_zero_point"] = xq.zero_point
+                zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
+                stored = kernels.pack_dot_weights(w_shifted[:, :, None, None], instruction.lanes, instruction.depth)
+            else:
+                func, kwargs = kernels.dense, {"accumulate": accumulate, **common}
+                zero_point, stored = xq.zero_point, np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
         try:
             bias_int = kernels.fold_zero_point(bias_int, w_shifted, zero_point)
         except OverflowError:
