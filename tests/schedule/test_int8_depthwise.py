@@ -8,6 +8,8 @@ checks the code (``smlal``: a widening 16 x 16 -> 32-bit multiply-accumulate).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -32,6 +34,7 @@ SHAPES = {  # C, H, W, K, stride, dilation, padding (top, left, bottom, right)
     "5x5-strided": (3, 14, 9, 5, 2, 1, (2, 2, 2, 2)),
     "dilated": (4, 12, 12, 3, 1, 2, (2, 1, 0, 2)),
     "no-padding": (17, 6, 6, 3, 1, 1, (0, 0, 0, 0)),
+    "parallel": (24, 18, 18, 3, 1, 1, (1, 1, 1, 1)),  # enough work for parallel channel tasks
 }
 
 
@@ -45,7 +48,8 @@ def build(target, x_shape, x_dtype, k, **conv) -> tuple[tvm.runtime.Module, list
         te.placeholder((c,), "float32", "m"),
     ]
     out = kernels.depthwise_conv2d(*tensors, out_dtype="int8", **conv)
-    scheduled = schedule_function(te.create_prim_func([*tensors, out]), cpu_spec(target), rules=[Int8Depthwise()])
+    spec = dataclasses.replace(cpu_spec(target), threads=2)  # channels run in parallel where there is work enough
+    scheduled = schedule_function(te.create_prim_func([*tensors, out]), spec, rules=[Int8Depthwise()])
     assert scheduled is not None, "the int8_depthwise rule must schedule depthwise_conv2d"
     return tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target), [int(d) for d in out.shape]
 

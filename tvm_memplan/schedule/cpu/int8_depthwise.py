@@ -1,15 +1,16 @@
 """The int8 depthwise convolution (:func:`tvm_memplan.quant.kernels.depthwise_conv2d`) on the CPU's
 integer vectors.
 
-Each task is one channel (tasks run in parallel where the kernel is big enough). Its polyphase
-stage is built first: a fill with the zero point and a copy of the input (de-interleaved at stride
-2, so that every later load is contiguous), stored flat, rows after rows. The products are then
-summed over the flattened output grid in register tiles of a few vectors: each tap loads one
-contiguous vector per accumulator at a constant offset, widens the codes and multiplies them by
-the tap's broadcast weight into int32 (``vpmaddwd``/``vpmulld`` on x86, ``smlal`` on Arm), and
-the tile's accumulators stay in registers over all taps (the scheme of XNNPACK's and MLAS's
-depthwise micro-kernels). The requantizing epilogue reads the channel's sums row by row,
-vectorized along the output width.
+Each task is one channel (tasks run in parallel where the kernel is big enough). Its input is
+staged first: padded (a fill with the zero point, then a copy without bounds checks) and, at stride
+2, split into even and odd columns by a tensorized pair of shuffles per row (``ld2`` on Arm), so
+that every later load is contiguous; the staged rows are stored flat. The products are then summed
+over the flattened output grid in register tiles of a few vectors: each tap loads one contiguous
+vector per accumulator at a constant offset, widens the codes and multiplies them by the tap's
+broadcast weight into int32 (``vpmulld`` on x86, ``smlal`` on Arm), the tile's accumulators stay in
+registers over all taps and are requantized there (a register-tiled stencil, as XNNPACK's depthwise
+micro-kernels are, here along the flattened rows rather than the channels). A last loop copies each
+output row out of the grid, dropping its padding columns.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from .tiled_reduction import LOAD_BOUND_FACTOR, vector_parts, vectorize_parts
 ACC_BLOCK = "dw_acc"
 
 TILE_VECTORS = 4
-"""Vectors of int32 accumulators per register tile: four keep the loads of a tap's four vectors
-in flight (Zen 4 and Neoverse cores issue two or three loads a cycle), and 16 lanes x 4 divide
-every flattened grid (:data:`DEPTHWISE_ROUND`) on AVX2 and NEON."""
+"""Most vectors of int32 accumulators in a register tile (the largest count up to this that divides
+the grid): several independent vectors keep a tap's loads and multiplies in flight."""
 
 
 class Int8Depthwise(CPUScheduleRule):
@@ -52,6 +52,8 @@ class Int8Depthwise(CPUScheduleRule):
         acc, epilogue, output = (blocks_by_name[name] for name in (ACC_BLOCK, "dw_requantize", "dw_output"))
         n, channel, flat = sch.get_loops(epilogue)
         grid = loop_extent(sch, flat)
+        channels = product(sch, [n, channel])
+        task = sch.fuse(n, channel)
         tile_outer, tile_vectors, tile_lanes = sch.split(flat, [None, _tile_vectors(grid, spec), spec.lanes])
         sch.unroll(tile_vectors)
         vectorize(sch, tile_lanes, spec)
@@ -66,10 +68,10 @@ class Int8Depthwise(CPUScheduleRule):
         for loop in (ry, rx, vectors):
             sch.unroll(loop)
         vectorize(sch, lanes, spec)
+        taps = loop_extent(sch, ry) * loop_extent(sch, rx)
+        fuse_parallel(sch, [task], grid * taps * LOAD_BOUND_FACTOR * channels, spec)  # before the init exists
         init = sch.decompose_reduction(acc, ry)
         vectorize(sch, sch.get_loops(init)[-1], spec)
-        taps = loop_extent(sch, ry) * loop_extent(sch, rx)
-        task = fuse_parallel(sch, [n, channel], grid * taps * LOAD_BOUND_FACTOR * product(sch, [n, channel]), spec)
 
         # per channel: the input padded (a fill with the zero point, then a copy without bounds
         # checks), de-interleaved at a stride (the stage), the staged rows stored flat, so that a
