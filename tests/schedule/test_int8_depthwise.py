@@ -140,3 +140,53 @@ def test_rule_declines_the_generic_depthwise_kernel():
         out_dtype="int8",
     )
     assert Int8Depthwise().schedule(te.create_prim_func([*tensors, out]), cpu_spec(HOST)) is None
+
+
+def _epilogues(shape: tuple[int, ...]) -> dict[str, tuple[dict, list]]:
+    """The fusions LowerQDQ re-emits a kernel with: keywords and the extra placeholders they read."""
+    table = te.placeholder((256,), "int8", "table")
+    residual = te.placeholder(shape, "int8", "residual")
+    add = {"ratio_a": 0.7, "ratio_b": 1.3, "constant": 2.0, "low": -128, "high": 127, "out_dtype": "int8"}
+    return {
+        "table": ({"table": table}, [table]),
+        "residual-add": ({"residual": residual, "residual_add": {**add, "code_first": False}}, [residual]),
+        "quantized-input": ({"quantize_input": (0.05, "int8")}, []),
+    }
+
+
+@pytest.mark.parametrize("fusion", ["table", "residual-add", "quantized-input"])
+def test_depthwise_fusions_equal_the_generic_kernel(fusion):
+    """With a consumer's table, a residual add or the network input's quantization fused, the
+    integer kernel's output equals the generic ``conv2d`` kernel's (what other targets run) bit for bit."""
+    c, h, w, out_shape = 6, 13, 11, (1, 6, 7, 5)
+    rng = np.random.default_rng(5)
+    x_dtype = "float32" if fusion == "quantized-input" else "int8"
+    x = te.placeholder((1, c, h, w), x_dtype, "x")
+    tensors = [x, te.placeholder((c, 1, 3, 3), "int8", "w"), te.placeholder((c,), "int32", "b")]
+    tensors.append(te.placeholder((c,), "float32", "m"))
+    keywords, extra = _epilogues(out_shape)[fusion]
+    conv = {"strides": [2, 2], "padding": [1, 1, 1, 0], "dilation": [1, 1], "x_zero_point": -3}
+    conv.update(y_zero_point=5, low=-128, high=127, out_dtype="int8", **keywords)
+    values = [
+        (rng.standard_normal((1, c, h, w)) * 3).astype(x_dtype)
+        if fusion == "quantized-input"
+        else rng.integers(-128, 128, (1, c, h, w)).astype(np.int8),
+        rng.integers(-128, 128, (c, 1, 3, 3)).astype(np.int8),
+        rng.integers(-3000, 3000, c).astype(np.int32),
+        (rng.random(c) * 3e-3).astype(np.float32),
+        *(rng.integers(-128, 128, [int(d) for d in t.shape]).astype(np.int8) for t in extra),
+    ]
+    outputs = []
+    for kernel, extra_conv, rule in (
+        (kernels.depthwise_conv2d, {}, "int8_depthwise"),
+        (kernels.conv2d, {"groups": c}, "tiled_reduction"),
+    ):
+        out = kernel(*tensors, **conv, **extra_conv)
+        assert [int(d) for d in out.shape] == list(out_shape)
+        scheduled, applied = schedule_function(te.create_prim_func([*tensors, *extra, out]), cpu_spec(HOST))
+        assert applied == rule
+        library = tvm.tirx.build(tvm.IRModule({"main": scheduled}), target=HOST)
+        result = tvm.runtime.tensor(np.zeros(out_shape, np.int8))
+        library["main"](*(tvm.runtime.tensor(v) for v in values), result)
+        outputs.append(result.numpy())
+    np.testing.assert_array_equal(*outputs)
