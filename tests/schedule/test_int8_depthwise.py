@@ -34,6 +34,7 @@ SHAPES = {  # C, H, W, K, stride, dilation, padding (top, left, bottom, right)
     "5x5-strided": (3, 14, 9, 5, 2, 1, (2, 2, 2, 2)),
     "dilated": (4, 12, 12, 3, 1, 2, (2, 1, 0, 2)),
     "no-padding": (17, 6, 6, 3, 1, 1, (0, 0, 0, 0)),
+    "stride-3": (4, 10, 11, 3, 3, 1, (1, 1, 1, 1)),
     "parallel": (24, 18, 18, 3, 1, 1, (1, 1, 1, 1)),  # enough work for parallel channel tasks
 }
 
