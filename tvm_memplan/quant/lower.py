@@ -12,8 +12,11 @@ lowered kernels are 1-byte tensors in the arena. Weights stay int8 constants, bi
 Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, zero point 0):
 
 * ``conv2d(dq(x), dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.conv2d` (a folded Relu/Clip
-  narrows the output clamp: quantization is monotonic, so clamping before or after is the same);
-* ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.dense`. The weights may
+  narrows the output clamp: quantization is monotonic, so clamping before or after is the same;
+  on a CPU with a dot-product instruction :func:`.kernels.conv2d_dot`, or for a depthwise one
+  :func:`.kernels.depthwise_conv2d`);
+* ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.dense` (2-d on such a
+  CPU: :func:`.kernels.dense_dot`). The weights may
   also be ``dq(q(float constant))`` and the bias a float constant (PyTorch's exports) or an int32
   one of another scale (a bias tensor shared between convs): both are quantized to the
   accumulator's scale here;
