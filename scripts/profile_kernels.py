@@ -69,10 +69,17 @@ def profile(model, repeat: int = 5, number: int = 20) -> list[dict]:
                 "calls": calls[gvar.name_hint],
                 "us": seconds * 1e6 * calls[gvar.name_hint],
                 "shapes": [tuple(int(d) for d in p.shape) for p in func.params],
-                "dot_product": "dot_acc" in script,
+                "integer_path": _integer_path(script),
             }
         )
     return sorted(rows, key=lambda row: -row["us"])
+
+
+def _integer_path(script: str) -> str:
+    """Which integer vector kernel a PrimFunc is, by its reduction block (see ``tvm_memplan.quant.kernels``)."""
+    if "dot_acc" in script:
+        return "dot product"
+    return "int32 vectors" if "dw_acc" in script else "no"
 
 
 def family(kernel: str) -> str:
@@ -99,13 +106,12 @@ def table(name: str, rows: list[dict], threads: str, top: int) -> str:
         "",
         f"The {top} slowest kernels:",
         "",
-        "| kernel | calls | us | dot product | shapes |",
+        "| kernel | calls | us | integer vectors | shapes |",
         "|---|---:|---:|:---:|---|",
     ]
     for row in rows[:top]:
         shapes = ", ".join("x".join(map(str, s)) for s in row["shapes"])
-        dot = "yes" if row["dot_product"] else "no"
-        lines.append(f"| {row['kernel']} | {row['calls']} | {row['us']:,.0f} | {dot} | {shapes} |")
+        lines.append(f"| {row['kernel']} | {row['calls']} | {row['us']:,.0f} | {row['integer_path']} | {shapes} |")
     return "\n".join(lines) + "\n"
 
 

@@ -164,7 +164,8 @@ def test_bench_latency_times_the_blocked_layout_beside_nchw(tmp_path):
 
 def test_profile_kernels_times_each_kernel_of_an_int8_model(tmp_path):
     """mcu_cnn quantized: every kernel is listed with its calls, the shares add up to the total,
-    and where this CPU has a dot-product instruction the regular convolutions use it."""
+    and where this CPU has a dot-product instruction the regular convolutions use it and the
+    depthwise ones int32 vectors."""
     import tvm
 
     from tvm_memplan.schedule.cpu import cpu_spec
@@ -181,5 +182,8 @@ def test_profile_kernels_times_each_kernel_of_an_int8_model(tmp_path):
     text = out.read_text()
     shares = [float(line.split("|")[4].strip(" %")) for line in text.splitlines() if line.endswith("% |")]
     assert abs(sum(shares) - 100) < 1 and any(line.startswith("| qdepthwise_conv2d |") for line in text.splitlines())
-    rows = [line.split("|") for line in text.splitlines() if line.startswith("| qconv2d1 |")]
-    assert rows and rows[0][4].strip() == ("yes" if cpu_spec(tvm.target.Target.from_device("cpu")).int8_dot else "no")
+    dot = cpu_spec(tvm.target.Target.from_device("cpu")).int8_dot
+    rows = [line.split("|") for line in text.splitlines() if line.count("|") == 6]  # the kernels one by one
+    paths = {row[1].strip(): row[4].strip() for row in rows}
+    assert paths["qconv2d1"] == ("dot product" if dot else "no")
+    assert paths["qdepthwise_conv2d"] == ("int32 vectors" if dot else "no")

@@ -64,8 +64,9 @@ def test_default_schedules_are_correct_on_aarch64(capsys, tmp_path, arm64_farm, 
 
 
 def test_int8_sdot_kernels_are_correct_on_the_emulated_arm64_device(capsys, tmp_path, arm64_farm):
-    """An int8 QDQ model built for Armv8.2 with the dot product: its convolutions are tensorized with
-    sdot (in the library's code), and the outputs agree with onnxruntime under the int8 rule."""
+    """An int8 QDQ model built for Armv8.2 with the dot product: its convolutions and classifier are
+    tensorized with sdot, its depthwise convolutions multiply-accumulate widened bytes (smlal; both in
+    the library's code), and the outputs agree with onnxruntime under the int8 rule."""
     import numpy as np
     import onnx
 
@@ -83,7 +84,7 @@ def test_int8_sdot_kernels_are_correct_on_the_emulated_arm64_device(capsys, tmp_
     code = subprocess.run(
         ["aarch64-linux-gnu-objdump", "-d", str(artifact)], capture_output=True, text=True, check=True
     )
-    assert "sdot" in code.stdout
+    assert "sdot" in code.stdout and "smlal" in code.stdout
     report = _measure_once(capsys, artifact, arm64_farm, tmp_path / "log.jsonl")
     assert report["correct"], report["max_abs_diff"]
     assert report["requested_bytes"] == report["planned_bytes"]

@@ -1,4 +1,5 @@
-"""The int8 dot-product convolution (``conv2d_dot``) and its schedule, against integer arithmetic in numpy.
+"""The int8 dot-product convolution (``conv2d_dot``), the dense layer built on it (``dense_dot``) and
+their schedule, against integer arithmetic in numpy.
 
 Shapes cover what the packing must get right: input channels not a multiple of 4, output channels
 not a multiple of 16, strides, dilation, asymmetric padding, int8 and uint8 inputs. Each is built
@@ -15,9 +16,16 @@ import pytest
 import tvm
 from tvm import te
 
+from tvm_memplan.frontend import LoadedModel
+from tvm_memplan.planner import plan_model
 from tvm_memplan.quant import kernels
+from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime
+from tvm_memplan.schedule import DefaultCPUSchedule
 from tvm_memplan.schedule.cpu import Int8DotProduct, cpu_spec
 from tvm_memplan.schedule.passes import schedule_function
+from tvm_memplan.verify import run_vm
+
+from ..quant import models
 
 HOST = tvm.target.Target.from_device("cpu")
 HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2 without VNNI
@@ -66,10 +74,18 @@ def reference(x, w, bias, multiplier, stride, dilation, padding, zx, zy, low, hi
 
 
 def run_dot_conv(
-    target_name: str, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, multiplier: np.ndarray, zx: int, **conv
+    target_name: str,
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray,
+    multiplier: np.ndarray,
+    zx: int,
+    kernel=kernels.conv2d_dot,
+    **conv,
 ) -> tuple[np.ndarray, str]:
-    """``conv2d_dot`` built for ``TARGETS[target_name]`` and run here on ``x``: its output and assembly.
-    ``bias`` is folded for the packing; ``conv`` holds conv2d_dot's other keywords."""
+    """``kernel`` (``conv2d_dot`` or ``dense_dot``) built for ``TARGETS[target_name]`` and run here on
+    ``x``: its output and assembly. ``bias`` is folded for the packing; ``conv`` holds the kernel's
+    other keywords."""
     target, instruction, layout, _mnemonic = TARGETS[target_name]
     x_dtype = conv.get("quantize_input", (None, str(x.dtype)))[1]
     folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, x_dtype, layout.packed_dtype))
@@ -77,7 +93,7 @@ def run_dot_conv(
     tensors = [
         te.placeholder(a.shape, str(a.dtype), n) for a, n in ((x, "x"), (packed, "w"), (folded, "b"), (multiplier, "m"))
     ]
-    out = kernels.conv2d_dot(
+    out = kernel(
         *tensors,
         out_channels=weight.shape[0],
         x_zero_point=zx,
@@ -87,7 +103,7 @@ def run_dot_conv(
     )
     spec = dataclasses.replace(cpu_spec(target), int8_dot=instruction)
     scheduled = schedule_function(te.create_prim_func([*tensors, out]), spec, rules=[Int8DotProduct()])
-    assert scheduled is not None, "the int8_dot rule must schedule conv2d_dot"
+    assert scheduled is not None, f"the int8_dot rule must schedule {kernel.__name__}"
     library = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=target)
     dev = tvm.cpu()
     result = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], np.int8), dev)
@@ -201,3 +217,45 @@ def test_sdot_kernel_compiles_to_sdot_for_arm():
     scheduled = schedule_function(te.create_prim_func([x, w, b, m, out]), cpu_spec(ARM), rules=[Int8DotProduct()])
     assembly = tvm.tirx.build(tvm.IRModule({"main": scheduled[0]}), target=ARM).inspect_source("asm")
     assert "sdot" in assembly
+
+
+@pytest.mark.parametrize("target_name", list(TARGETS))
+def test_dense_dot_equals_integer_arithmetic(target_name):
+    """Rows of a 2-d input as the pixels of a 1x1 convolution: K not a multiple of 4, N not one of 16."""
+    rng = np.random.default_rng(11)
+    m, k, n = 3, 10, 20
+    x = rng.integers(-128, 128, size=(m, k)).astype(np.int8)
+    weight = rng.integers(-128, 128, size=(n, k, 1, 1)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, size=n).astype(np.int32)
+    multiplier = (rng.random(n) * 2e-4).astype(np.float32)
+    zx = 9
+    result, _ = run_dot_conv(
+        target_name, x, weight, bias, multiplier, zx, kernels.dense_dot, y_zero_point=4, low=-128, high=127
+    )
+    image = x.T.reshape(1, k, m, 1)
+    expected = reference(image, weight, bias, multiplier, 1, 1, (0, 0, 0, 0), zx, 4, -128, 127, np.int8)
+    np.testing.assert_array_equal(result, expected.reshape(n, m).T)
+
+
+@pytest.mark.parametrize(
+    ("qmodel", "kernel", "rule"),
+    [
+        (models.quantize_qdq(models.conv(groups=8)), "qdepthwise", "int8_depthwise"),
+        (models.quantize_qdq(models.gemm(m=3, k=18)), "qdense", "int8_dot"),
+        (models.quantize_qdq(models.gemm(matmul=True), activation="uint8"), "qdense", "int8_dot"),
+    ],
+    ids=["depthwise", "gemm", "matmul-uint8"],
+)
+def test_pipeline_puts_the_kernels_on_integer_vectors(qmodel, kernel, rule):
+    """Lowered and built for AVX2 (a CPU with a dot-product instruction), depthwise convolutions
+    and dense layers (also one fused with the network output's dequantize) take the integer rules,
+    and the build matches onnxruntime bit for bit (these kernels requantize as MLAS does)."""
+    loaded = LoadedModel("integer", qmodel)
+    plan = plan_model(loaded, HASWELL, order="program", time_budget=1)
+    reports = []
+    with plan.target:
+        DefaultCPUSchedule(plan.target, reports.append)(plan.planned)
+    assert [applied for name, applied in reports[0].rules.items() if kernel in name] == [rule]
+    inputs = loaded.random_inputs(3)
+    ours, _ = run_vm(plan.build(), inputs)
+    assert lsb_difference(ours[0], run_onnxruntime(qmodel, inputs)[0], output_scales(qmodel)[0]) == 0

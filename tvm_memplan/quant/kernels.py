@@ -126,6 +126,20 @@ def _pad(
     return te.compute((n, c, h + top + bottom, w + left + right), body, name="pad" if any(padding) else "quantize")
 
 
+def _geometry(
+    x: te.Tensor, kh: int, kw: int, strides: Sequence[int], dilation: Sequence[int], padding: Sequence[int]
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int], tuple[int, int]]:
+    """A 2-d convolution's strides, dilation, padding (top, left, bottom, right) as ints, and its
+    output height and width, for an NCHW ``x`` and a ``kh x kw`` kernel."""
+    h, w = (int(d) for d in x.shape[2:])
+    sh, sw = (int(v) for v in strides)
+    dh, dw = (int(v) for v in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    return (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow)
+
+
 def conv2d(
     x: te.Tensor,
     weight: te.Tensor,
@@ -161,11 +175,7 @@ def conv2d(
     computes the padding per row, so each input element is quantized about once per kernel row."""
     n, _c, h, w = (int(d) for d in x.shape)
     o, cg, kh, kw = (int(d) for d in weight.shape)
-    sh, sw = (int(s) for s in strides)
-    dh, dw = (int(d) for d in dilation)
-    top, left, bottom, right = (int(p) for p in padding)
-    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = _geometry(x, kh, kw, strides, dilation, padding)
     per_group = o // groups
     padded = _pad(x, (top, left, bottom, right), x_zero_point, quantize_input)
     rc = te.reduce_axis((0, cg), name="rc")
@@ -191,6 +201,90 @@ def conv2d(
             (b, oc, y, xx),
         ),
         name="requantize",
+    )
+
+
+DEPTHWISE_ROUND = 16
+""":func:`depthwise_conv2d` computes a multiple of this many outputs per channel (the int32 lanes of
+an AVX-512 vector; a multiple of AVX2's and NEON's), so its vector loop has no tail."""
+
+
+def depthwise_conv2d(
+    x: te.Tensor,
+    weight: te.Tensor,
+    bias: te.Tensor,
+    multiplier: te.Tensor,
+    *,
+    strides: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    x_zero_point: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+    table: te.Tensor | None = None,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
+    quantize_input: tuple[float, str] | None = None,
+) -> te.Tensor:
+    """QLinearConv with one input channel per output channel (depthwise), in integers: int8/uint8
+    codes times int8 weights (``(C, 1, KH, KW)``), each product exact in 16 bits and summed in
+    int32, then :func:`conv2d`'s requantization: the result equals :func:`conv2d`'s bit for bit.
+    ``bias`` holds the folded zero point (:func:`fold_zero_point`).
+
+    The input is padded with the zero point (``pad``) and, at a stride above 1, staged as its
+    stride x stride polyphase components (``stage``: ``(N, C, S, S, rows, cols)``), so each tap of
+    every output reads one component at a constant offset. The products are summed
+    over a flattened grid of ``OH x cols`` outputs (``dw_acc``; the columns past the output width
+    are computed and dropped, rounded up to :data:`DEPTHWISE_ROUND`) and requantized there
+    (``dw_requantize``, with a consumer's ``table``): one long contiguous vector axis whatever the
+    width, without strided loads or tails. ``dw_output`` crops the grid to the output (and adds a
+    ``residual``). The schedule flattens the stage's rows and columns
+    (:mod:`tvm_memplan.schedule.cpu.int8_depthwise`)."""
+    n, c, h, w = (int(d) for d in x.shape)
+    o, _one, kh, kw = (int(d) for d in weight.shape)
+    (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = _geometry(x, kh, kw, strides, dilation, padding)
+    cols = -(-(w + left + right) // sw)
+    grid = -(-(oh * cols) // DEPTHWISE_ROUND) * DEPTHWISE_ROUND
+    reach = ((kh - 1) * dh // sh) * cols + (kw - 1) * dw // sw
+    rows = -(-(grid + reach) // cols)
+    padded = _pad(x, (top, left, max(rows * sh - h - top, 0), cols * sw - w - left), x_zero_point, quantize_input)
+    if padded is x:  # nothing to pad: a copy, which the schedule places per channel
+        padded = te.compute(x.shape, lambda *i: x[i], name="pad")
+    if (sh, sw) == (1, 1):
+        staged = padded
+    else:
+        staged = te.compute(
+            (n, c, sh, sw, rows, cols),
+            lambda b, ch, phase_y, phase_x, row, col: padded[b, ch, row * sh + phase_y, col * sw + phase_x],
+            name="stage",
+        )
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def accumulate(b, ch, p):
+        flat = p + (ry * dh // sh) * cols + rx * dw // sw
+        phases = [] if (sh, sw) == (1, 1) else [ry * dh % sh, rx * dw % sw]
+        code = staged[(b, ch, *phases, flat // cols, flat % cols)]
+        # |code x weight| <= 255 x 128 fits int16: a widening 16 x 16 -> 32-bit multiply-add
+        product = code.astype("int16").astype("int32") * weight[ch, 0, ry, rx].astype("int16").astype("int32")
+        return te.sum(product, axis=[ry, rx])
+
+    acc = te.compute((n, o, grid), accumulate, name="dw_acc")
+    codes = te.compute(
+        acc.shape,
+        lambda b, ch, p: _through(
+            table, requantize(acc[b, ch, p] + bias[ch], multiplier[ch], y_zero_point, low, high, out_dtype), out_dtype
+        ),
+        name="dw_requantize",
+    )
+    return te.compute(
+        (n, o, oh, ow),
+        lambda b, ch, y, xx: _through(
+            None, codes[b, ch, y * cols + xx], out_dtype, residual, residual_add, (b, ch, y, xx)
+        ),
+        name="dw_output",
     )
 
 
@@ -268,11 +362,7 @@ def conv2d_dot(
     quantized as it is packed (see :func:`conv2d`)."""
     n, c, h, w = (int(d) for d in x.shape)
     blocks, steps, kh, kw, lanes, depth = (int(d) for d in weight.shape)
-    sh, sw = (int(v) for v in strides)
-    dh, dw = (int(v) for v in dilation)
-    top, left, bottom, right = (int(p) for p in padding)
-    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = _geometry(x, kh, kw, strides, dilation, padding)
     x_dtype = str(x.dtype) if quantize_input is None else quantize_input[1]
     zero = dot_zero_point(x_zero_point, x_dtype, packed_dtype)
     shift = _dot_shift(x_dtype, packed_dtype)
@@ -313,6 +403,53 @@ def conv2d_dot(
             (b, oc, y, xx),
         ),
         name="requantize",
+    )
+
+
+def dense_dot(
+    x: te.Tensor,
+    weight: te.Tensor,
+    bias: te.Tensor,
+    multiplier: te.Tensor,
+    *,
+    out_channels: int,
+    x_zero_point: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+    table: te.Tensor | None = None,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
+    packed_dtype: str = "uint8",
+) -> te.Tensor:
+    """QGemm/QLinearMatMul of a 2-d ``x`` (M, K) on a dot-product instruction: :func:`conv2d_dot`
+    of ``x`` viewed as an ``(1, K, M, 1)`` image (rows are its pixels) and the weights as 1x1
+    filters (:func:`pack_dot_weights` of ``(N, K, 1, 1)``), its output viewed as ``(M, N)`` (where a
+    ``residual`` is added); the schedule inlines both views. ``bias`` is folded as for :func:`conv2d_dot`."""
+    rows, depth = (int(d) for d in x.shape)
+    image = te.compute((1, depth, rows, 1), lambda b, k, m, one: x[m, k], name="as_image")
+    out = conv2d_dot(
+        image,
+        weight,
+        bias,
+        multiplier,
+        out_channels=out_channels,
+        strides=[1, 1],
+        padding=[0, 0, 0, 0],
+        dilation=[1, 1],
+        x_zero_point=x_zero_point,
+        y_zero_point=y_zero_point,
+        low=low,
+        high=high,
+        out_dtype=out_dtype,
+        table=table,
+        packed_dtype=packed_dtype,
+    )
+    return te.compute(
+        (rows, out_channels),
+        lambda m, n: _through(None, out[0, n, m, 0], out_dtype, residual, residual_add, (m, n)),
+        name="as_matrix",
     )
 
 

@@ -12,8 +12,11 @@ lowered kernels are 1-byte tensors in the arena. Weights stay int8 constants, bi
 Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, zero point 0):
 
 * ``conv2d(dq(x), dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.conv2d` (a folded Relu/Clip
-  narrows the output clamp: quantization is monotonic, so clamping before or after is the same);
-* ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.dense`. The weights may
+  narrows the output clamp: quantization is monotonic, so clamping before or after is the same;
+  on a CPU with a dot-product instruction :func:`.kernels.conv2d_dot`, or for a depthwise one
+  :func:`.kernels.depthwise_conv2d`);
+* ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.dense` (2-d on such a
+  CPU: :func:`.kernels.dense_dot`). The weights may
   also be ``dq(q(float constant))`` and the bias a float constant (PyTorch's exports) or an int32
   one of another scale (a bias tensor shared between convs): both are quantized to the
   accumulator's scale here;
@@ -81,7 +84,8 @@ class _Lowerer(PyExprMutator):
         self.report = report
         self.int8_dot = int8_dot
         """The CPU's int8 dot-product instruction (a key of :data:`.kernels.DOT_INSTRUCTIONS`): regular
-        convolutions then use :func:`.kernels.conv2d_dot`."""
+        convolutions then use :func:`.kernels.conv2d_dot`, depthwise ones :func:`.kernels.depthwise_conv2d`
+        (integer vectors, which every CPU with such an instruction has)."""
         self._recipe: tuple | None = None
         self.recipes: dict[relax.Var, tuple] = {}
         """A lowered conv/dense quantize's var → (kernel, args, kwargs, name, kind): the concat of
@@ -308,6 +312,10 @@ class _Lowerer(PyExprMutator):
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}
                 zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
                 stored = kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
+            elif self.int8_dot and kind == "depthwise_conv2d":
+                # the same CPUs' integer vectors: int8 products widened to int32
+                func, kwargs = kernels.depthwise_conv2d, {**geometry, **common}
+                zero_point, stored = xq.zero_point, w_shifted
             else:
                 func = kernels.conv2d
                 kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}
@@ -316,8 +324,18 @@ class _Lowerer(PyExprMutator):
                 x, kind = float_input, f"quantize+{kind}"
                 kwargs["quantize_input"] = (xq.scale, xq.dtype)
         else:
-            func, kwargs, kind = kernels.dense, {"accumulate": accumulate, **common}, "dense"
-            zero_point, stored = xq.zero_point, np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
+            kind = "dense"
+            if self.int8_dot and len(static_shape_of(x)) == 2:
+                # as a 1x1 convolution of the rows on the dot-product instruction
+                instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
+                func = kernels.dense_dot
+                kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **common}
+                kwargs["x_zero_point"] = xq.zero_point
+                zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
+                stored = kernels.pack_dot_weights(w_shifted[:, :, None, None], instruction.lanes, instruction.depth)
+            else:
+                func, kwargs = kernels.dense, {"accumulate": accumulate, **common}
+                zero_point, stored = xq.zero_point, np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
         try:
             bias_int = kernels.fold_zero_point(bias_int, w_shifted, zero_point)
         except OverflowError:
@@ -527,9 +545,9 @@ def LowerQDQ(
     on_report: Callable[[LoweringReport], None] | None = None, target: tvm.target.Target | None = None
 ) -> tvm.transform.Pass:
     """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring).
-    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2), regular
-    convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`); the schedule
-    tensorizes them."""
+    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2, Arm's sdot), regular
+    convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`), which the schedule
+    tensorizes, and depthwise ones to :func:`.kernels.depthwise_conv2d` (int32 vectors)."""
     int8_dot = cpu_spec(target).int8_dot if target is not None else None
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")

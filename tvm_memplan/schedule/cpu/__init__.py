@@ -1,8 +1,9 @@
 """Default CPU schedule rules, tried in order (:data:`DEFAULT_RULES`).
 
 TVM 0.27's ``cpu_generic`` pipeline leaves convolutions, matmuls and pools as plain loop nests.
-Four rules cover what the fused kernels of CNNs and transformers contain, after a fifth for
-the int8 convolutions lowered in a dot-product instruction's layout (:class:`Int8DotProduct`):
+Four rules cover what the fused kernels of CNNs and transformers contain, after two for the int8
+convolutions of CPUs with a dot-product instruction: :class:`Int8DotProduct` (regular ones, lowered
+in its layout) and :class:`Int8Depthwise` (depthwise ones, on int32 vectors):
 
 * :class:`BlockedConv` — a convolution in a blocked channel layout (NCHW[x]c) with its epilogue;
 * :class:`TiledReduction` — one reduction block with injective producers and an elementwise
@@ -16,12 +17,20 @@ Each is a dlight ``ScheduleRule``: it schedules the whole function or declines (
 from .base import CPUScheduleRule
 from .blocked_conv import BlockedConv
 from .generic import Generic
+from .int8_depthwise import Int8Depthwise
 from .int8_dot import Int8DotProduct
 from .spatial import Spatial
 from .spec import CpuSpec, cpu_spec
 from .tiled_reduction import TiledReduction
 
-DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (Int8DotProduct(), BlockedConv(), TiledReduction(), Spatial(), Generic())
+DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (
+    Int8DotProduct(),
+    Int8Depthwise(),
+    BlockedConv(),
+    TiledReduction(),
+    Spatial(),
+    Generic(),
+)
 
 __all__ = [
     "DEFAULT_RULES",
@@ -29,6 +38,7 @@ __all__ = [
     "CPUScheduleRule",
     "CpuSpec",
     "Generic",
+    "Int8Depthwise",
     "Int8DotProduct",
     "Spatial",
     "TiledReduction",

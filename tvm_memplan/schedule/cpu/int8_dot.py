@@ -95,9 +95,16 @@ class Int8DotProduct(CPUScheduleRule):
     name = "int8_dot"
 
     def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
-        blocks_by_name = {sch.get(b).name_hint: b for b in top_level_blocks(sch)}
-        if set(blocks_by_name) != {"pack", ACC_BLOCK, "requantize"}:
+        blocks = top_level_blocks(sch)
+        names = [sch.get(b).name_hint for b in blocks]
+        if not {"pack", ACC_BLOCK, "requantize"} <= set(names) or names.index("requantize") < names.index("pack"):
             raise NotApplicable("not a conv2d_dot kernel")
+        # views and elementwise ops around the kernel (dense_dot's reshapes, a fused dequantize)
+        for producer in blocks[: names.index("pack")]:
+            sch.compute_inline(producer)
+        for consumer in blocks[names.index("requantize") + 1 :]:
+            sch.reverse_compute_inline(consumer)
+        blocks_by_name = dict(zip(names, blocks, strict=True))
         pack, acc, epilogue = (blocks_by_name[name] for name in ("pack", ACC_BLOCK, "requantize"))
         out_channels = int(sch.get(epilogue).iter_vars[1].dom.extent)
         n, ob, oh, ow, lane, rc, ry, rx, rk = sch.get_loops(acc)

@@ -80,7 +80,7 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     loops = iterator_loops(sch, main, extents)
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
 
-    vector_tile, parts = _vector_parts(extents[axes.vector], spec.lanes)
+    vector_tile, parts = vector_parts(extents[axes.vector], spec.lanes)
     vectors = -(-vector_tile // spec.lanes)
     unrolled = []
     for axis, tile in zip((axes.reuse, axes.extra), _register_tile(extents, axes, vectors, spec), strict=True):
@@ -141,7 +141,7 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     # A width that no vector tile divides: full tiles, then narrower tails, each its own loop
     # (TVM cannot vectorize a predicated tail without a build option the pipeline cannot set).
     sch.reverse_compute_at(epilogue, innermost_task)
-    _vectorize_parts(sch, sch.get_loops(epilogue)[-1], parts, spec)
+    vectorize_parts(sch, sch.get_loops(epilogue)[-1], parts, spec)
     for part in sch.loop_partition(vector_loop, parts[:-1] + [None]):
         (block,) = sch.get_child_blocks(part)
         part_loops = list(sch.get_loops(block))
@@ -209,7 +209,7 @@ def _tile_body(sch: s_tir.Schedule, unrolled: list, vector_loop, spec: CpuSpec) 
     vectorize(sch, vector_loop, spec)
 
 
-def _vector_parts(extent: int, lanes: int) -> tuple[int, list[int]]:
+def vector_parts(extent: int, lanes: int) -> tuple[int, list[int]]:
     """The vector tile of an axis and how the axis splits into loops: full tiles, then tails of
     at most one vector each. Measured on AVX2: a vector of an odd width above one register
     (14 lanes) ran 3x slower than 16 masked lanes, and TVM scalarizes predicated tails."""
@@ -221,16 +221,18 @@ def _vector_parts(extent: int, lanes: int) -> tuple[int, list[int]]:
     return tile, [p for p in parts if p]
 
 
-def _vectorize_parts(sch: s_tir.Schedule, loop, parts: list[int], spec: CpuSpec) -> None:
-    """Vectorize a loop whose extent no vector divides as the reduction's parts: full vectors,
-    then the tails, each a loop of its own (a residual add at width 36 ran scalar, doubling the
-    time of a split chain's partial-sum kernel)."""
+def vectorize_parts(sch: s_tir.Schedule, loop, parts: list[int], spec: CpuSpec, lanes: int | None = None) -> None:
+    """Vectorize a loop whose extent no vector divides as the reduction's parts: full vectors
+    (of ``lanes`` elements, the spec's float32 lanes unless given), then the tails, each a loop
+    of its own (a residual add at width 36 ran scalar, doubling the time of a split chain's
+    partial-sum kernel)."""
+    lanes = lanes or spec.lanes
     for part in sch.loop_partition(loop, parts[:-1] + [None]) if len(parts) > 1 else [loop]:
         width = loop_extent(sch, part)
-        if width <= spec.lanes:
+        if width <= lanes:
             vectorize(sch, part, spec)
-        elif width % spec.lanes == 0:
-            _, inner = sch.split(part, [None, spec.lanes])
+        elif width % lanes == 0:
+            _, inner = sch.split(part, [None, lanes])
             vectorize(sch, inner, spec)
 
 
