@@ -325,7 +325,7 @@ class _Lowerer(PyExprMutator):
                 kwargs["quantize_input"] = (xq.scale, xq.dtype)
         else:
             kind = "dense"
-            if self.int8_dot and len(static_shape_of(x)) == 2:
+            if self.int8_dot and len(static_shape(x.ty) or ()) == 2:
                 # as a 1x1 convolution of the rows on the dot-product instruction
                 instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
                 func = kernels.dense_dot
