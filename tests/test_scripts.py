@@ -183,3 +183,20 @@ def test_profile_kernels_times_each_kernel_of_an_int8_model(tmp_path):
     assert abs(sum(shares) - 100) < 1 and any(line.startswith("| qdepthwise_conv2d |") for line in text.splitlines())
     rows = [line.split("|") for line in text.splitlines() if line.startswith("| qconv2d1 |")]
     assert rows and rows[0][4].strip() == ("yes" if cpu_spec(tvm.target.Target.from_device("cpu")).int8_dot else "no")
+
+
+def test_profile_kernels_profiles_the_blocked_layout(tmp_path):
+    """--layout blocked profiles the kernels the blocked pipeline builds: NCHW[x]c convolutions where this
+    CPU's vectors hold 8 or more float32 lanes."""
+    import tvm
+
+    from tvm_memplan.relax.layout import channel_block
+
+    out = tmp_path / "profile.md"
+    command = [sys.executable, str(ROOT / "scripts" / "profile_kernels.py"), "zoo:mcu_cnn", "--layout", "blocked"]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    assert "(blocked)" in text.splitlines()[0]
+    blocked = any(line.startswith("| fused_conv2d_nchwc") for line in text.splitlines())
+    assert blocked == (channel_block(tvm.target.Target.from_device("cpu")) is not None)
