@@ -53,6 +53,8 @@ def _se_net(path) -> str:
     def init(name, shape):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
 
+    convs = {"e": (32, 16, 1), "d": (32, 1, 3), "r": (8, 32, 1), "x": (32, 8, 1), "p": (16, 32, 1)}
+
     def silu(x, y):
         return [helper.make_node("Sigmoid", [x], [y + "_s"]), helper.make_node("Mul", [x, y + "_s"], [y])]
 
@@ -76,18 +78,8 @@ def _se_net(path) -> str:
         "se_block",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 12, 12])],
-        [
-            init("we", [32, 16, 1, 1]),
-            init("be", [32]),
-            init("wd", [32, 1, 3, 3]),
-            init("bd", [32]),
-            init("wr", [8, 32, 1, 1]),
-            init("br", [8]),
-            init("wx", [32, 8, 1, 1]),
-            init("bx", [32]),
-            init("wp", [16, 32, 1, 1]),
-            init("bp", [16]),
-        ],
+        [init(f"w{name}", [o, i, k, k]) for name, (o, i, k) in convs.items()]
+        + [init(f"b{name}", [o]) for name, (o, _, _) in convs.items()],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return str(path)
