@@ -10,10 +10,10 @@ layout: it converts the convolutions whose channels divide into blocks (regular,
 depthwise), carries the layout through the ops that follow it (bias adds, activations, residual
 adds, pools, concats) and inserts ``layout_transform`` only where the layout changes. The ONNX
 frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with a scalar, or ``relax.clip``)
-become Relax maximum and minimum ops first, so that ReLU6 and HardSwish do not end a blocked region. The weights' and biases' transforms are
-constants, folded in numpy (:mod:`.fold`); the blocked convolutions become the TE computes
-:func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which TVM 0.27's ``LegalizeOps`` has no
-lowering for.
+become Relax maximum and minimum ops first, so that ReLU6 and HardSwish do not end a blocked region.
+The weights' and biases' transforms are constants, folded in numpy (:mod:`.fold`); the blocked
+convolutions become the TE computes :func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which
+TVM 0.27's ``LegalizeOps`` has no lowering for.
 """
 
 from __future__ import annotations

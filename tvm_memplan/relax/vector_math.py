@@ -2,12 +2,12 @@
 
 TVM lowers ``exp`` (and ``sigmoid``, ``1 / (1 + exp(-x))``) to LLVM's ``llvm.exp`` intrinsic, which LLVM
 without a vector math library scalarizes: a 16-lane vector becomes 16 calls to libm's ``expf``. In
-EfficientNet-B0, whose every convolution ends in SiLU (``x * sigmoid(x)``), those calls took most of
-the network's time. Here ``exp`` is Cody and Waite's range reduction ``x = n ln 2 + r`` (``ln 2`` in two
-parts, so ``r`` is exact) and Moshier's degree-7 polynomial for ``e^r`` on ``|r| <= ln 2 / 2`` (Cephes
-``expf``, ~1 ulp), scaled by ``2^n`` built in the exponent bits: adds, multiplies, a floor and integer
-shifts, all of which LLVM emits as vector instructions (the method of onnxruntime's MLAS and of vector
-libraries such as SLEEF).
+EfficientNet-B0, whose expansion and depthwise convolutions end in SiLU (``x * sigmoid(x)``), those calls took
+most of the network's time. Here ``exp`` is Cody and Waite's range reduction ``x = n ln 2 + r`` (``ln 2`` in
+two parts, so ``r`` is exact) and Moshier's degree-7 polynomial for ``e^r`` on ``|r| <= ln 2 / 2`` (Cephes
+``expf``, ~1 ulp), scaled by ``2^n`` built in the exponent bits: adds, multiplies, a floor and integer shifts,
+all of which LLVM emits as vector instructions (the method of onnxruntime's MLAS and of vector libraries such
+as SLEEF).
 """
 
 from __future__ import annotations
