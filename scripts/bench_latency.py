@@ -5,7 +5,10 @@ Per model, in one run on one machine:
 - ``onnxruntime``: the CPU execution provider with as many intra-op threads as TVM_NUM_THREADS;
 - ``TVM``: TVM 0.27's own Relax pipeline (its kernels, unscheduled on CPU, and its planner);
 - ``memplan``: ``tvm_memplan.pipeline`` (default CPU schedules, order search, in-place, arena);
-- with ``--blocked``, ``memplan blocked``: the same with ``layout="blocked"`` (convolutions in NCHW[x]c).
+- with ``--blocked``, ``memplan blocked``: the same with ``layout="blocked"`` (convolutions in NCHW[x]c);
+- with ``--baseline DIR``, the artifacts an earlier checkout built (``tvm-memplan build MODEL -o
+  DIR/STEM.memplan.so``, and ``--layout blocked -o DIR/STEM.memplan_blocked.so``, STEM the file name
+  without ``.onnx``), so that a change is timed against the code before it in the same rounds.
 Latencies are measured in interleaved rounds (TVM, memplan, onnxruntime, then reversed) so that
 drift on a shared machine hits all alike; each TVM round is appended to the results log, as
 ``tvm-memplan measure`` does. Compile time is ``tvm.compile`` from the imported Relax module:
@@ -14,6 +17,7 @@ TVM's default pipeline against ``tvm_memplan.pipeline`` with and without default
     python scripts/bench_latency.py                                   # zoo:mobilenet_v2, zoo:mcu_cnn here
     python scripts/bench_latency.py zoo:squeezenet1_0 --rounds 5 --repeat 10
     python scripts/bench_latency.py resnet50.onnx --blocked                  # NCHW and blocked layouts side by side
+    python scripts/bench_latency.py resnet50.onnx --blocked --baseline before/   # and an earlier build of both
     python scripts/bench_latency.py zoo:mcu_cnn --rpc-tracker 127.0.0.1:9190 --rpc-key arm64-emu   # no onnxruntime
 """
 
@@ -40,6 +44,15 @@ from tvm_memplan.frontend import load_model, to_relax
 
 TVM_PIPELINES = (TVM_STOCK, "memplan")
 BLOCKED = "memplan_blocked"
+EARLIER = {"memplan": "earlier_memplan", BLOCKED: "earlier_blocked"}
+"""Our pipelines → the names of their ``--baseline`` artifacts' columns."""
+
+
+def baseline_artifacts(directory: Path, model: str) -> dict[str, Path]:
+    """The earlier build's artifacts of ``model`` in ``directory`` (those that exist), by column name."""
+    stem = Path(model).name.removesuffix(".onnx").replace(":", "_")
+    paths = {EARLIER[p]: directory / f"{stem}.{p}.so" for p in EARLIER}
+    return {name: path for name, path in paths.items() if path.exists()}
 
 
 def _spread(times: list[float]) -> tuple[float, float]:
@@ -89,7 +102,16 @@ class OnnxRuntime:
         return times
 
 
-def bench(model: str, target: str, rounds: int, repeat: int, device: Device, log: ResultsLog, blocked: bool) -> dict:
+def bench(
+    model: str,
+    target: str,
+    rounds: int,
+    repeat: int,
+    device: Device,
+    log: ResultsLog,
+    blocked: bool,
+    baseline: Path | None = None,
+) -> dict:
     loaded = load_model(model)
     inputs = loaded.random_inputs(0)
     reference = reference_outputs(loaded, inputs)
@@ -104,6 +126,12 @@ def bench(model: str, target: str, rounds: int, repeat: int, device: Device, log
         if blocked:
             path = Path(scratch) / f"{BLOCKED}.so"
             artifacts[BLOCKED] = build_artifacts(model, target, {"memplan": path}, layout="blocked")["memplan"]
+        if baseline is not None:
+            earlier = baseline_artifacts(baseline, model)
+            if not earlier:
+                raise SystemExit(f"{baseline} has no artifacts of {model}")
+            artifacts.update(earlier)
+            pipelines = (*pipelines, *earlier)
         runs: dict[str, list] = {p: [] for p in pipelines}
         ort_times: list[float] = []
         for index in range(rounds):
@@ -207,7 +235,43 @@ def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: in
             "yes" if blocked["correct"] else "NO",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _earlier_table([row for row in rows if any(name in row for name in EARLIER.values())])
     return "\n".join(lines) + "\n"
+
+
+def _earlier_table(rows: list[dict]) -> list[str]:
+    """Our pipelines against the ``--baseline`` build of the same pipelines, each over onnxruntime."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Against an earlier build (`--baseline`: artifacts built by an earlier checkout), timed in the same "
+        "interleaved rounds; ratios are over onnxruntime's time in these rounds:",
+        "",
+        "| model | pipeline | onnxruntime ms | earlier ms | now ms | earlier / onnxruntime | now / onnxruntime "
+        "| now / earlier | requested = plan (now) | correct (earlier, now) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        ort = row.get("onnxruntime")
+        for pipeline, name in EARLIER.items():
+            if name not in row or pipeline not in row:
+                continue
+            earlier, now = row[name], row[pipeline]
+            cells = [
+                row["model"],
+                "blocked" if pipeline == BLOCKED else "NCHW",
+                _ms(ort),
+                _ms(earlier),
+                _ms(now),
+                f"{earlier['latency_ms'] / ort['latency_ms']:.2f}x" if ort else "—",
+                f"{now['latency_ms'] / ort['latency_ms']:.2f}x" if ort else "—",
+                f"{now['latency_ms'] / earlier['latency_ms']:.3f}",
+                "yes" if now["requested_bytes"] == now["planned_bytes"] else "NO",
+                f"{'yes' if earlier['correct'] else 'NO'}, {'yes' if now['correct'] else 'NO'}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def main() -> int:
@@ -225,6 +289,13 @@ def main() -> int:
         action="store_true",
         help="also time memplan with blocked channel layouts (layout=blocked), in the same rounds",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also time an earlier checkout's artifacts DIR/STEM.memplan.so (and .memplan_blocked.so) in the same "
+        "rounds, STEM the model's file name without .onnx",
+    )
     args = parser.parse_args()
 
     if not args.rpc_tracker:
@@ -234,7 +305,7 @@ def main() -> int:
     rows = []
     for model in args.models:
         print(f"benchmarking {model} ...", file=sys.stderr, flush=True)
-        rows.append(bench(model, args.target, args.rounds, args.repeat, device, log, args.blocked))
+        rows.append(bench(model, args.target, args.rounds, args.repeat, device, log, args.blocked, args.baseline))
     text = markdown(rows, device.name, args.target, args.rounds, args.repeat)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)

@@ -43,7 +43,7 @@ def _random_argument(buffer, rng: np.random.Generator) -> np.ndarray:
     return rng.random(shape).astype(dtype)
 
 
-def profile(model, repeat: int = 5, number: int = 20) -> list[dict]:
+def profile(model, repeat: int = 5, number: int = 20, layout: str = "nchw") -> list[dict]:
     """One row per kernel: name, calls, microseconds over all its calls, parameter shapes, kind."""
     import tvm
     from tvm import tirx
@@ -51,7 +51,7 @@ def profile(model, repeat: int = 5, number: int = 20) -> list[dict]:
     from tvm_memplan.planner import plan_model
     from tvm_memplan.relax.pipeline import schedule_passes
 
-    plan = plan_model(model, None, order="program", time_budget=1)
+    plan = plan_model(model, None, order="program", time_budget=1, layout=layout)
     with plan.target:
         module = tvm.transform.Sequential(schedule_passes(plan.target, plan.options))(plan.stock_staged)
     calls = _called(module["main"])
@@ -119,6 +119,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a zoo spec or an ONNX file")
     parser.add_argument("--int8", action="store_true", help="quantize the (float) model to int8 QDQ first")
+    parser.add_argument(
+        "--layout", choices=("nchw", "blocked"), default="nchw", help="activation layout (as tvm_memplan.pipeline)"
+    )
     parser.add_argument("--top", type=int, default=12, help="kernels listed one by one")
     parser.add_argument("--out", type=Path, help="write the table here (default: print it)")
     args = parser.parse_args()
@@ -137,7 +140,8 @@ def main() -> None:
             onnx.save(model.onnx_model, str(source))
             quantize_int8(source, quantized, calib)
             model = LoadedModel(model.name + ".int8", onnx.load(str(quantized)))
-    text = table(model.name, profile(model), os.environ.get("TVM_NUM_THREADS", "unset"), args.top)
+    threads = os.environ.get("TVM_NUM_THREADS", "unset")
+    text = table(f"{model.name} ({args.layout})", profile(model, layout=args.layout), threads, args.top)
     if args.out:
         write_atomically(args.out, text)
     else:

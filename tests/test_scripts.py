@@ -133,8 +133,13 @@ def test_execute_tutorials_stores_the_outputs(tmp_path):
     assert cell.outputs[0]["text"] == "42\n"
 
 
-def test_bench_latency_times_the_blocked_layout_beside_nchw(tmp_path):
-    out = tmp_path / "latency.md"
+def test_bench_latency_times_the_blocked_layout_and_an_earlier_build_beside_nchw(tmp_path):
+    from tvm_memplan.cli.main import main as cli
+
+    out, earlier = tmp_path / "latency.md", tmp_path / "earlier"
+    # this checkout's builds stand in for an earlier checkout's
+    for pipeline, layout in (("memplan", "nchw"), ("memplan_blocked", "blocked")):
+        assert cli(["build", "zoo:mcu_cnn", "--layout", layout, "-o", str(earlier / f"zoo_mcu_cnn.{pipeline}.so")]) == 0
     done = subprocess.run(
         [
             sys.executable,
@@ -149,6 +154,8 @@ def test_bench_latency_times_the_blocked_layout_beside_nchw(tmp_path):
             str(out),
             "--log",
             str(tmp_path / "log.jsonl"),
+            "--baseline",
+            str(earlier),
         ],
         capture_output=True,
         text=True,
@@ -157,9 +164,12 @@ def test_bench_latency_times_the_blocked_layout_beside_nchw(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
-    assert len(rows) == 2  # the NCHW table's row and the blocked table's
+    assert len(rows) == 4  # the NCHW table's row, the blocked table's, and NCHW and blocked against the earlier build
     blocked = rows[1]
     assert float(blocked[4].split()[0]) > 0 and blocked[-3].strip() == "yes" and blocked[-2].strip() == "yes"
+    assert [row[2].strip() for row in rows[2:]] == ["NCHW", "blocked"]
+    assert all(float(row[4].split()[0]) > 0 and row[-3].strip() == "yes" for row in rows[2:])
+    assert all(row[-2].strip() == "yes, yes" for row in rows[2:])  # correct, earlier and now
 
 
 def test_profile_kernels_times_each_kernel_of_an_int8_model(tmp_path):
@@ -187,3 +197,20 @@ def test_profile_kernels_times_each_kernel_of_an_int8_model(tmp_path):
     paths = {row[1].strip(): row[4].strip() for row in rows}
     assert paths["qconv2d1"] == ("dot product" if dot else "no")
     assert paths["qdepthwise_conv2d"] == ("int32 vectors" if dot else "no")
+
+
+def test_profile_kernels_profiles_the_blocked_layout(tmp_path):
+    """--layout blocked profiles the kernels the blocked pipeline builds: NCHW[x]c convolutions where this
+    CPU's vectors hold 8 or more float32 lanes."""
+    import tvm
+
+    from tvm_memplan.relax.layout import channel_block
+
+    out = tmp_path / "profile.md"
+    command = [sys.executable, str(ROOT / "scripts" / "profile_kernels.py"), "zoo:mcu_cnn", "--layout", "blocked"]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    assert "(blocked)" in text.splitlines()[0]
+    blocked = any(line.startswith("| fused_conv2d_nchwc") for line in text.splitlines())
+    assert blocked == (channel_block(tvm.target.Target.from_device("cpu")) is not None)

@@ -138,3 +138,34 @@ def test_a_clip_bound_is_recognized_and_other_kernels_are_not() -> None:
         bb.emit_func_output(out)
     functions = {gv.name_hint: f for gv, f in bb.get().functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
     assert [name for name, f in sorted(functions.items()) if clip_bound_op(f) is not None] == ["maximum"]
+
+
+def test_a_hardswish_stays_in_the_blocked_layout(tmp_path) -> None:
+    """HardSwish (``x * clip(x + 3, 0, 6) / 6``, a ``relax.clip`` from the frontend) between two blocked
+    convolutions: the only transforms are the network's input and output."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+        for n, s in (("w0", [32, 16, 1, 1]), ("w1", [16, 32, 1, 1]))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"]),
+        helper.make_node("HardSwish", ["c0"], ["h"]),
+        helper.make_node("Conv", ["h", "w1"], ["y"]),
+    ]
+    shape = [1, 16, 8, 8]
+    graph = helper.make_graph(
+        nodes,
+        "hardswish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        weights,
+    )
+    path = tmp_path / "hardswish.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    mod = to_relax(load_model(str(path)))
+    assert len(_calls(mod, "relax.clip")) == 1
+    with HOST:
+        blocked = BlockedLayout(16)(mod)
+    assert not _calls(blocked, "relax.clip")
+    assert len(_calls(blocked, "relax.layout_transform")) == 2

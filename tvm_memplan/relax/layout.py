@@ -9,11 +9,11 @@ channels, and every tensor between two blocked layers stays blocked.
 layout: it converts the convolutions whose channels divide into blocks (regular, grouped and
 depthwise), carries the layout through the ops that follow it (bias adds, activations, residual
 adds, pools, concats) and inserts ``layout_transform`` only where the layout changes. The ONNX
-frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with a scalar) become Relax
-ops first, so that ReLU6 does not end a blocked region. The weights' and biases' transforms are
-constants, folded in numpy (:mod:`.fold`); the blocked convolutions become the TE computes
-:func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which TVM 0.27's ``LegalizeOps`` has no
-lowering for.
+frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with a scalar, or ``relax.clip``)
+become Relax maximum and minimum ops first, so that ReLU6 and HardSwish do not end a blocked region.
+The weights' and biases' transforms are constants, folded in numpy (:mod:`.fold`); the blocked
+convolutions become the TE computes :func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which
+TVM 0.27's ``LegalizeOps`` has no lowering for.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .fold import FoldDataMovementConstants
 _BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
 _DEPTHWISE_KERNEL = re.compile(r"OIHW(\d+)o")
 _BOUND_OPS = {tirx.Max: relax.op.maximum, tirx.Min: relax.op.minimum}
+_IMMEDIATES = (tirx.IntImm, tirx.FloatImm)
 
 
 MIN_BLOCK = 8
@@ -177,12 +178,28 @@ def clip_bound_op(func: tirx.PrimFunc):
     return op if elementwise and scalar and not data.source.same_as(store.buffer) else None
 
 
+def clip_as_bounds(call: relax.Call) -> relax.Expr:
+    """``relax.clip(x, lo, hi)`` of constant bounds as ``minimum(maximum(x, lo), hi)`` (``ConvertLayout``
+    carries no layout through ``relax.clip``: a HardSwish in a blocked region left it and came back); the
+    call itself where a bound is not a constant."""
+    data, *bounds = call.args
+    bounds = [bound if isinstance(bound, _IMMEDIATES) else getattr(bound, "value", None) for bound in bounds]
+    if not all(isinstance(bound, _IMMEDIATES) for bound in bounds):
+        return call
+    dtype = str(call.ty.dtype)
+    low, high = (relax.const(bound.value, dtype) for bound in bounds)
+    return relax.op.minimum(relax.op.maximum(data, low), high)
+
+
 @relax.expr_functor.mutator
 class _ClipBoundsAsOps(relax.PyExprMutator):
-    """``call_tir`` of a Clip bound (:func:`clip_bound_op`) becomes ``relax.op.maximum``/``minimum``."""
+    """``call_tir`` of a Clip bound (:func:`clip_bound_op`) becomes ``relax.op.maximum``/``minimum``, and
+    so does ``relax.clip`` (:func:`clip_as_bounds`)."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip":
+            return clip_as_bounds(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
             return call
         callee = self.builder_.get()[call.args[0]]

@@ -23,6 +23,7 @@ from .offsets import BakeKernelOffsets, KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
 from .tile_writes import WriteTilesInPlace
+from .vector_math import VECTOR_MATH_LEGALIZE
 
 _SPBM = "StaticPlanBlockMemory"
 _RESHAPE = "RewriteDataflowReshape"
@@ -81,9 +82,16 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: s
     The frontend's constant-only reshapes and selects are folded in numpy first (``FoldConstant``
     would build each one with LLVM). On CPU targets the QDQ groups of an int8 model become integer
     kernels first (:func:`~tvm_memplan.quant.lower.LowerQDQ`). With ``layout="blocked"`` on a target
-    with vector registers, convolutions run in blocked channel layouts (:func:`~.layout.BlockedLayout`)."""
+    with vector registers, convolutions run in blocked channel layouts (:func:`~.layout.BlockedLayout`).
+    On ``llvm`` targets float32 ``exp``, ``sigmoid`` and SiLU are legalized as arithmetic that vectorizes
+    (:mod:`.vector_math`)."""
     backend = _backend_module(target)
     legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
+    if target.kind.name == "llvm":
+        legalize = [
+            tvm.relax.transform.LegalizeOps(VECTOR_MATH_LEGALIZE) if p.info.name == "LegalizeOps" else p
+            for p in legalize
+        ]
     quantized = [LowerQDQ(target=target)] if target.kind.name in ("llvm", "c") else []
     block = channel_block(target) if layout == "blocked" else None
     blocked = [BlockedLayout(block)] if block else []
