@@ -24,7 +24,9 @@ import tvm
 from ..errors import UserError
 from ..frontend import load_model
 from .build import compile_plan, plan_for
-from .mcu import C_TYPES, ModelC, c_identifier, emit_model_c, kernel_symbol, prefix_kernel_symbols
+from .mcu import ModelC, emit_model_c
+from .mcu_c import kernel_symbol, prefix_kernel_symbols
+from .mcu_program import C_TYPES, c_identifier
 from .targets import get_target
 
 _DEFINITION = re.compile(
