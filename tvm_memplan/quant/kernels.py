@@ -209,6 +209,7 @@ DOT_INSTRUCTIONS = {
     "avx512vnni": DotInstruction(16, 4, "uint8"),  # vpdpbusd: uint8 x int8
     "avx2": DotInstruction(8, 2, "uint8"),  # vpmaddwd on bytes widened exactly to int16
     "neon-dotprod": DotInstruction(4, 4, "int8"),  # sdot: int8 x int8 (Armv8.2 dot product)
+    "dsp-smlad": DotInstruction(4, 4, "int8"),  # Cortex-M DSP: SXTB16-widened pairs into SMLAD, in C
 }
 """The instructions :func:`conv2d_dot` kernels are tensorized with, by :class:`CpuSpec` ``int8_dot`` name."""
 

@@ -60,6 +60,9 @@ from .qdq_graph import (
 )
 from .tables import quantized_table, requantization_table, tabulate
 
+_POINTWISE = {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1]}
+"""The geometry of a dense as a 1x1 convolution."""
+
 
 @dataclass
 class LoweringReport:
@@ -302,7 +305,8 @@ class _Lowerer(PyExprMutator):
                 "dilation": [int(v) for v in attrs.dilation],
                 "x_zero_point": xq.zero_point,
             }
-            if self.int8_dot and groups == 1:
+            # (on a Cortex-M, a conv of at most 4 input channels, the stem, gains nothing from SMLAD's layout)
+            if self.int8_dot and groups == 1 and not (self.int8_dot == "dsp-smlad" and w_shifted.shape[1] <= 4):
                 # the dot-product kernel: the input packed to the instruction's signedness, weights
                 # packed, the bias folded for the moved zero point
                 instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
@@ -317,6 +321,16 @@ class _Lowerer(PyExprMutator):
             if float_input is not None:
                 x, kind = float_input, f"quantize+{kind}"
                 kwargs["quantize_input"] = (xq.scale, xq.dtype)
+        elif self.int8_dot == "dsp-smlad" and len(static_shape_of(x) or ()) == 2 and static_shape_of(x)[0] == 1:
+            # a Cortex-M: a dense of one row as the 1x1 convolution of one pixel, on the SMLAD micro-kernel
+            func, kind, zero_point = (
+                kernels.conv2d_dot,
+                "dense",
+                kernels.dot_zero_point(xq.zero_point, xq.dtype, "int8"),
+            )
+            kwargs = {"out_channels": channels, "packed_dtype": "int8", **_POINTWISE, "x_zero_point": xq.zero_point}
+            kwargs.update(common)
+            stored = kernels.pack_dot_weights(w_shifted[:, :, None, None], 4, 4)
         else:
             func, kwargs, kind = kernels.dense, {"accumulate": accumulate, **common}, "dense"
             zero_point, stored = xq.zero_point, np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
@@ -331,6 +345,10 @@ class _Lowerer(PyExprMutator):
         ]
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
+        if kind == "dense" and func is kernels.conv2d_dot:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
+            pixel = self.builder_.emit(relax.op.reshape(x_new, (1, w_shifted.shape[1], 1, 1)))
+            out = self.builder_.emit(self._call_te(func, pixel, *consts, name=kernel_name, **kwargs))
+            return relax.op.reshape(out, (1, channels)), kind
         self._recipe = (func, [x_new, *consts], kwargs, kernel_name, kind)
         return self._call_te(func, x_new, *consts, name=kernel_name, **kwargs), kind
 

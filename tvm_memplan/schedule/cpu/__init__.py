@@ -1,8 +1,9 @@
 """Default CPU schedule rules, tried in order (:data:`DEFAULT_RULES`).
 
 TVM 0.27's ``cpu_generic`` pipeline leaves convolutions, matmuls and pools as plain loop nests.
-Four rules cover what the fused kernels of CNNs and transformers contain, after a fifth for
-the int8 convolutions lowered in a dot-product instruction's layout (:class:`Int8DotProduct`):
+Four rules cover what the fused kernels of CNNs and transformers contain, after two for the int8
+convolutions lowered in a dot-product instruction's layout (:class:`Int8Smlad` on a Cortex-M with
+the DSP extension, :class:`Int8DotProduct` elsewhere):
 
 * :class:`BlockedConv` — a convolution in a blocked channel layout (NCHW[x]c) with its epilogue;
 * :class:`TiledReduction` — one reduction block with injective producers and an elementwise
@@ -17,11 +18,19 @@ from .base import CPUScheduleRule
 from .blocked_conv import BlockedConv
 from .generic import Generic
 from .int8_dot import Int8DotProduct
+from .int8_smlad import Int8Smlad
 from .spatial import Spatial
 from .spec import CpuSpec, cpu_spec
 from .tiled_reduction import TiledReduction
 
-DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (Int8DotProduct(), BlockedConv(), TiledReduction(), Spatial(), Generic())
+DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (
+    Int8Smlad(),
+    Int8DotProduct(),
+    BlockedConv(),
+    TiledReduction(),
+    Spatial(),
+    Generic(),
+)
 
 __all__ = [
     "DEFAULT_RULES",
@@ -30,6 +39,7 @@ __all__ = [
     "CpuSpec",
     "Generic",
     "Int8DotProduct",
+    "Int8Smlad",
     "Spatial",
     "TiledReduction",
     "cpu_spec",
