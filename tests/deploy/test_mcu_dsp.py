@@ -21,7 +21,7 @@ from tvm_memplan.deploy.emit_c import emit_c
 from tvm_memplan.deploy.mcu_dsp import with_micro_kernels
 from tvm_memplan.deploy.standalone import measure_c
 from tvm_memplan.schedule.cpu import cpu_spec
-from tvm_memplan.schedule.cpu.int8_smlad import SMLAD_MICRO_KERNEL
+from tvm_memplan.schedule.cpu.int8_smlad import SMLAD_MICRO_KERNELS
 
 from ..quant import models
 from ..schedule.test_int8_dot import reference
@@ -93,7 +93,8 @@ def test_smlad_conv_on_the_emulated_m7_equals_integer_arithmetic(shape, tmp_path
     directory = tmp_path / "c"
     emit_c(str(path), directory, "cortex-m7", order_seconds=1)
     on_smlad = cin > 4  # more than one step of 4 input channels
-    assert (f"{SMLAD_MICRO_KERNEL}((" in (directory / "kernels.c").read_text()) == on_smlad
+    source = (directory / "kernels.c").read_text()
+    assert any(f"{name}((" in source for name in SMLAD_MICRO_KERNELS.values()) == on_smlad
 
     result = measure_c(directory, "qemu-cortex-m7")
     x = np.fromfile(directory / "input0.bin", np.float32).reshape(1, cin, size, size)
@@ -113,13 +114,16 @@ def test_smlad_conv_on_the_emulated_m7_equals_integer_arithmetic(shape, tmp_path
 
 
 def test_micro_kernel_replaces_tvms_declaration_and_nothing_else():
-    declaration = (
-        f'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t {SMLAD_MICRO_KERNEL}(void*, void*, int32_t);\n'
+    one, two = SMLAD_MICRO_KERNELS[1], SMLAD_MICRO_KERNELS[2]
+    declaration = "".join(
+        f'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t {name}(void*, void*, int32_t);\n'
+        for name in (one, two)
     )
     source = f'#include <math.h>\n{declaration}#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t k(void);\n'
     rewritten = with_micro_kernels(source)
-    assert f"TVM_DLL int32_t {SMLAD_MICRO_KERNEL}" not in rewritten
-    assert rewritten.count(f"int32_t {SMLAD_MICRO_KERNEL}(") == 1 and "__smlad(" in rewritten
+    assert f"TVM_DLL int32_t {one}" not in rewritten and f"TVM_DLL int32_t {two}" not in rewritten
+    assert rewritten.count(f"int32_t {one}(") == 1 and rewritten.count(f"int32_t {two}(") == 1
+    assert "__smlad(" in rewritten
     assert rewritten.index("static inline") < rewritten.index("TVM_DLL int32_t k(void);")
     plain = '#include <math.h>\n#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t k(void);\n'
     assert with_micro_kernels(plain) == plain

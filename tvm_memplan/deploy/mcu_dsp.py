@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import re
 
-from ..schedule.cpu.int8_smlad import SMLAD_MICRO_KERNEL
+from ..schedule.cpu.int8_smlad import SMLAD_MICRO_KERNELS
 
 MICRO_KERNELS = f"""
-/* tvm-memplan's Cortex-M micro-kernel: for s < steps, i, k < 4:
- *   acc[i] += x[s * x_stride + k] * w[s * w_stride + 4 i + k]   (int8 x, w; int32 acc) */
+/* tvm-memplan's Cortex-M micro-kernels: for s < steps, i, k < 4 (int8 x, w; int32 acc):
+ *   {SMLAD_MICRO_KERNELS[1]}: acc[i] += x[s * x_stride + k] * w[s * w_stride + 4 i + k]
+ *   {SMLAD_MICRO_KERNELS[2]}: the same for two pixels, the second's input at x + 4, its accumulators
+ *   at acc + acc_stride */
 #include <stdint.h>
 #include <string.h>
 #if defined(__ARM_FEATURE_DSP)
@@ -32,10 +34,16 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_sxtb16_ror8(uin
   __asm__("sxtb16 %0, %1, ror #8" : "=r"(pairs) : "r"(word));
   return pairs;
 }}
-#define TVM_MEMPLAN_DOT4(acc, weights) \\
-  acc = __smlad(tvm_memplan_sxtb16_ror8(weights), x_odd, __smlad(__sxtb16(weights), x_even, acc))
+/* acc += the 4 products of a word of weights and an input word widened to (even, odd) pairs */
+#define TVM_MEMPLAN_DOT4(acc, weights, even, odd) \\
+  acc = __smlad(tvm_memplan_sxtb16_ror8(weights), odd, __smlad(__sxtb16(weights), even, acc))
+#define TVM_MEMPLAN_LOAD(word, from) \\
+  uint32_t word;                     \\
+  memcpy(&word, from, 4)
+#else
+#define TVM_MEMPLAN_DOT4(acc, x, w) acc += (x)[0] * (w)[0] + (x)[1] * (w)[1] + (x)[2] * (w)[2] + (x)[3] * (w)[3]
 #endif
-static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNEL}(
+static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNELS[1]}(
     void* acc, void* x, int32_t x_stride, void* w, int32_t w_stride, int32_t steps) {{
   int32_t* c = (int32_t*)acc;
   const int8_t* a = (const int8_t*)x;
@@ -43,22 +51,21 @@ static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNEL}(
   int32_t c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
   for (int32_t s = 0; s < steps; ++s, a += x_stride, b += w_stride) {{
 #if defined(__ARM_FEATURE_DSP)
-    uint32_t word, w0, w1, w2, w3;
-    memcpy(&word, a, 4);
-    memcpy(&w0, b, 4);
-    memcpy(&w1, b + 4, 4);
-    memcpy(&w2, b + 8, 4);
-    memcpy(&w3, b + 12, 4);
-    const int32_t x_even = __sxtb16(word), x_odd = tvm_memplan_sxtb16_ror8(word);
-    TVM_MEMPLAN_DOT4(c0, w0);
-    TVM_MEMPLAN_DOT4(c1, w1);
-    TVM_MEMPLAN_DOT4(c2, w2);
-    TVM_MEMPLAN_DOT4(c3, w3);
+    TVM_MEMPLAN_LOAD(word, a);
+    TVM_MEMPLAN_LOAD(w0, b);
+    TVM_MEMPLAN_LOAD(w1, b + 4);
+    TVM_MEMPLAN_LOAD(w2, b + 8);
+    TVM_MEMPLAN_LOAD(w3, b + 12);
+    const int32_t even = __sxtb16(word), odd = tvm_memplan_sxtb16_ror8(word);
+    TVM_MEMPLAN_DOT4(c0, w0, even, odd);
+    TVM_MEMPLAN_DOT4(c1, w1, even, odd);
+    TVM_MEMPLAN_DOT4(c2, w2, even, odd);
+    TVM_MEMPLAN_DOT4(c3, w3, even, odd);
 #else
-    c0 += a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
-    c1 += a[0] * b[4] + a[1] * b[5] + a[2] * b[6] + a[3] * b[7];
-    c2 += a[0] * b[8] + a[1] * b[9] + a[2] * b[10] + a[3] * b[11];
-    c3 += a[0] * b[12] + a[1] * b[13] + a[2] * b[14] + a[3] * b[15];
+    TVM_MEMPLAN_DOT4(c0, a, b);
+    TVM_MEMPLAN_DOT4(c1, a, b + 4);
+    TVM_MEMPLAN_DOT4(c2, a, b + 8);
+    TVM_MEMPLAN_DOT4(c3, a, b + 12);
 #endif
   }}
   c[0] = c0;
@@ -67,17 +74,57 @@ static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNEL}(
   c[3] = c3;
   return 0;
 }}
+/* two pixels x 2 of the 4 lanes: 4 accumulators, which stay in registers with the operands */
+static inline __attribute__((always_inline)) void tvm_memplan_dot_2x2_smlad(
+    int32_t* c, int32_t* d, const int8_t* a, int32_t x_stride, const int8_t* b, int32_t w_stride, int32_t steps) {{
+  int32_t c0 = c[0], c1 = c[1], d0 = d[0], d1 = d[1];
+  for (int32_t s = 0; s < steps; ++s, a += x_stride, b += w_stride) {{
+#if defined(__ARM_FEATURE_DSP)
+    TVM_MEMPLAN_LOAD(first, a);
+    TVM_MEMPLAN_LOAD(second, a + 4);
+    TVM_MEMPLAN_LOAD(w0, b);
+    TVM_MEMPLAN_LOAD(w1, b + 4);
+    const int32_t even = __sxtb16(first), odd = tvm_memplan_sxtb16_ror8(first);
+    const int32_t next_even = __sxtb16(second), next_odd = tvm_memplan_sxtb16_ror8(second);
+    TVM_MEMPLAN_DOT4(c0, w0, even, odd);
+    TVM_MEMPLAN_DOT4(d0, w0, next_even, next_odd);
+    TVM_MEMPLAN_DOT4(c1, w1, even, odd);
+    TVM_MEMPLAN_DOT4(d1, w1, next_even, next_odd);
+#else
+    TVM_MEMPLAN_DOT4(c0, a, b);
+    TVM_MEMPLAN_DOT4(c1, a, b + 4);
+    TVM_MEMPLAN_DOT4(d0, a + 4, b);
+    TVM_MEMPLAN_DOT4(d1, a + 4, b + 4);
+#endif
+  }}
+  c[0] = c0;
+  c[1] = c1;
+  d[0] = d0;
+  d[1] = d1;
+}}
+/* all 4 lanes for two pixels hold 8 accumulators, more than the registers left: two passes of 2 lanes */
+static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNELS[2]}(
+    void* acc, int32_t acc_stride, void* x, int32_t x_stride, void* w, int32_t w_stride, int32_t steps) {{
+  int32_t* c = (int32_t*)acc;
+  const int8_t* a = (const int8_t*)x;
+  const int8_t* b = (const int8_t*)w;
+  tvm_memplan_dot_2x2_smlad(c, c + acc_stride, a, x_stride, b, w_stride, steps);
+  tvm_memplan_dot_2x2_smlad(c + 2, c + acc_stride + 2, a, x_stride, b + 8, w_stride, steps);
+  return 0;
+}}
 """
 
 _DECLARATION = re.compile(
-    r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t ' + SMLAD_MICRO_KERNEL + r"\([^)]*\);\n"
+    r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t '
+    + f"(?:{'|'.join(SMLAD_MICRO_KERNELS.values())})"
+    + r"\([^)]*\);\n"
 )
 
 
 def with_micro_kernels(source: str) -> str:
     """TVM's C kernels with the micro-kernel defined before its first use (nothing changes in a
     source that does not call it)."""
-    if SMLAD_MICRO_KERNEL not in source:
+    if not any(name in source for name in SMLAD_MICRO_KERNELS.values()):
         return source
     stripped = _DECLARATION.sub("", source)
     first = stripped.index("#ifdef __cplusplus")
