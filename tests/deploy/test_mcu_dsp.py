@@ -3,7 +3,9 @@ and compared code for code with integer arithmetic in numpy and with onnxruntime
 
 The shapes are the ones the packing must get right: input channels not a multiple of 4 (the last
 step padded), output channels not a multiple of the 4 lanes, a stride, a 3x3 window, and one input
-channel step (the stem's, which stays scalar C in the same layout).
+channel step (the stem's, which stays a plain conv). Even output widths of stride 1 run the kernel of
+two pixels a call, the others one pixel a call. The portable C of the same micro-kernels runs on
+this machine.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ needs_arm = pytest.mark.skipif(
 
 SHAPES = {  # cin, cout, kernel, stride, pad, size
     "pointwise-odd-channels": (6, 10, 1, 1, 0, 7),
+    "pointwise-two-pixels": (10, 6, 1, 1, 0, 6),
+    "3x3-two-pixels": (8, 4, 3, 1, 1, 8),
     "3x3-strided": (9, 12, 3, 2, 1, 9),
     "3x3-one-step": (3, 5, 3, 1, 1, 6),
 }
@@ -93,24 +97,29 @@ def test_smlad_conv_on_the_emulated_m7_equals_integer_arithmetic(shape, tmp_path
     directory = tmp_path / "c"
     emit_c(str(path), directory, "cortex-m7", order_seconds=1)
     on_smlad = cin > 4  # more than one step of 4 input channels
+    two_pixels = on_smlad and stride == 1 and (size + 2 * pad - kernel + 1) % 2 == 0
     source = (directory / "kernels.c").read_text()
-    assert any(f"{name}((" in source for name in SMLAD_MICRO_KERNELS.values()) == on_smlad
+    assert (f"{SMLAD_MICRO_KERNELS[2]}((" in source) == two_pixels
+    assert (f"{SMLAD_MICRO_KERNELS[1]}((" in source) == (on_smlad and not two_pixels)
+    assert "fmaxf(" in source and "fminf(" in source  # the clamp on the M7's VMAXNM/VMINNM
 
-    result = measure_c(directory, "qemu-cortex-m7")
-    x = np.fromfile(directory / "input0.bin", np.float32).reshape(1, cin, size, size)
-    out = np.fromfile(directory / "output0.bin", np.float32)
-    assert np.abs(out).max() > 0
-    expected, y_scale, y_zero = integer_reference(model, x)
-    # the same codes as onnxruntime's QLinearConv (the float dequantization of the output may differ in
-    # its last bit)
-    assert result.correct and result.max_abs_diff < 0.5 * y_scale, result
-    codes = np.rint(out / np.float32(y_scale)).astype(np.int32) + y_zero
-    assert np.array_equal(codes, expected.astype(np.int32).reshape(-1))
+    for device in ("qemu-cortex-m7", "host"):
+        result = measure_c(directory, device)
+        x = np.fromfile(directory / "input0.bin", np.float32).reshape(1, cin, size, size)
+        out = np.fromfile(directory / "output0.bin", np.float32)
+        assert np.abs(out).max() > 0
+        expected, y_scale, y_zero = integer_reference(model, x)
+        # the same codes as onnxruntime's QLinearConv (the float dequantization of the output may differ
+        # in its last bit)
+        assert result.correct and result.max_abs_diff < 0.5 * y_scale, (device, result)
+        codes = np.rint(out / np.float32(y_scale)).astype(np.int32) + y_zero
+        assert np.array_equal(codes, expected.astype(np.int32).reshape(-1)), device
 
     disassembly = subprocess.run(
         ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
     ).stdout
     assert ("smlad" in disassembly and "sxtb16" in disassembly) == on_smlad
+    assert "vmaxnm.f32" in disassembly and "vminnm.f32" in disassembly
 
 
 def test_micro_kernel_replaces_tvms_declaration_and_nothing_else():
@@ -130,8 +139,14 @@ def test_micro_kernel_replaces_tvms_declaration_and_nothing_else():
 
 
 @pytest.mark.parametrize(
-    "mcpu, instruction", [("cortex-m7", "dsp-smlad"), ("cortex-m4", "dsp-smlad"), ("cortex-m3", None), (None, None)]
+    "mcpu, instruction, min_max",
+    [
+        ("cortex-m7", "dsp-smlad", True),
+        ("cortex-m4", "dsp-smlad", False),
+        ("cortex-m3", None, False),
+        (None, None, False),
+    ],
 )
-def test_cores_with_the_dsp_extension_lower_convolutions_for_smlad(mcpu, instruction):
-    target = tvm.target.Target({"kind": "c", **({"mcpu": mcpu} if mcpu else {})})
-    assert cpu_spec(target).int8_dot == instruction
+def test_cores_with_the_dsp_extension_lower_convolutions_for_smlad(mcpu, instruction, min_max):
+    spec = cpu_spec(tvm.target.Target({"kind": "c", **({"mcpu": mcpu} if mcpu else {})}))
+    assert (spec.int8_dot, spec.float_min_max) == (instruction, min_max)

@@ -34,14 +34,24 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_sxtb16_ror8(uin
   __asm__("sxtb16 %0, %1, ror #8" : "=r"(pairs) : "r"(word));
   return pairs;
 }}
-/* acc += the 4 products of a word of weights and an input word widened to (even, odd) pairs */
-#define TVM_MEMPLAN_DOT4(acc, weights, even, odd) \\
-  acc = __smlad(tvm_memplan_sxtb16_ror8(weights), odd, __smlad(__sxtb16(weights), even, acc))
-#define TVM_MEMPLAN_LOAD(word, from) \\
-  uint32_t word;                     \\
-  memcpy(&word, from, 4)
+/* a pixel's 4 input bytes as pairs of int16: bytes 0 and 2, bytes 1 and 3 */
+#define TVM_MEMPLAN_PIXEL(name, from)                                  \\
+  uint32_t name##_word;                                                \\
+  memcpy(&name##_word, from, 4);                                       \\
+  const int32_t name##_even = __sxtb16(name##_word), name##_odd = tvm_memplan_sxtb16_ror8(name##_word)
+/* acc + the 4 products of a pixel and the 4 weights at w, paired the same way: two SMLAD */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_lane(
+    int32_t acc, const int8_t* w, int32_t even, int32_t odd) {{
+  uint32_t weights;
+  memcpy(&weights, w, 4);
+  return __smlad(tvm_memplan_sxtb16_ror8(weights), odd, __smlad(__sxtb16(weights), even, acc));
+}}
+#define TVM_MEMPLAN_LANE(acc, lane, name) acc = tvm_memplan_lane(acc, b + 4 * (lane), name##_even, name##_odd)
 #else
-#define TVM_MEMPLAN_DOT4(acc, x, w) acc += (x)[0] * (w)[0] + (x)[1] * (w)[1] + (x)[2] * (w)[2] + (x)[3] * (w)[3]
+#define TVM_MEMPLAN_PIXEL(name, from) const int8_t* name = (from)
+#define TVM_MEMPLAN_LANE(acc, lane, name)                                                                  \\
+  acc += name[0] * b[4 * (lane)] + name[1] * b[4 * (lane) + 1] + name[2] * b[4 * (lane) + 2] + \\
+         name[3] * b[4 * (lane) + 3]
 #endif
 static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNELS[1]}(
     void* acc, void* x, int32_t x_stride, void* w, int32_t w_stride, int32_t steps) {{
@@ -50,28 +60,10 @@ static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNELS[1]}(
   const int8_t* b = (const int8_t*)w;
   int32_t c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
   for (int32_t s = 0; s < steps; ++s, a += x_stride, b += w_stride) {{
-#if defined(__ARM_FEATURE_DSP)
-    TVM_MEMPLAN_LOAD(word, a);
-    TVM_MEMPLAN_LOAD(w0, b);
-    TVM_MEMPLAN_LOAD(w1, b + 4);
-    TVM_MEMPLAN_LOAD(w2, b + 8);
-    TVM_MEMPLAN_LOAD(w3, b + 12);
-    const int32_t even = __sxtb16(word), odd = tvm_memplan_sxtb16_ror8(word);
-    TVM_MEMPLAN_DOT4(c0, w0, even, odd);
-    TVM_MEMPLAN_DOT4(c1, w1, even, odd);
-    TVM_MEMPLAN_DOT4(c2, w2, even, odd);
-    TVM_MEMPLAN_DOT4(c3, w3, even, odd);
-#else
-    TVM_MEMPLAN_DOT4(c0, a, b);
-    TVM_MEMPLAN_DOT4(c1, a, b + 4);
-    TVM_MEMPLAN_DOT4(c2, a, b + 8);
-    TVM_MEMPLAN_DOT4(c3, a, b + 12);
-#endif
+    TVM_MEMPLAN_PIXEL(x0, a);
+    TVM_MEMPLAN_LANE(c0, 0, x0), TVM_MEMPLAN_LANE(c1, 1, x0), TVM_MEMPLAN_LANE(c2, 2, x0), TVM_MEMPLAN_LANE(c3, 3, x0);
   }}
-  c[0] = c0;
-  c[1] = c1;
-  c[2] = c2;
-  c[3] = c3;
+  c[0] = c0, c[1] = c1, c[2] = c2, c[3] = c3;
   return 0;
 }}
 /* two pixels x 2 of the 4 lanes: 4 accumulators, which stay in registers with the operands */
@@ -79,28 +71,11 @@ static inline __attribute__((always_inline)) void tvm_memplan_dot_2x2_smlad(
     int32_t* c, int32_t* d, const int8_t* a, int32_t x_stride, const int8_t* b, int32_t w_stride, int32_t steps) {{
   int32_t c0 = c[0], c1 = c[1], d0 = d[0], d1 = d[1];
   for (int32_t s = 0; s < steps; ++s, a += x_stride, b += w_stride) {{
-#if defined(__ARM_FEATURE_DSP)
-    TVM_MEMPLAN_LOAD(first, a);
-    TVM_MEMPLAN_LOAD(second, a + 4);
-    TVM_MEMPLAN_LOAD(w0, b);
-    TVM_MEMPLAN_LOAD(w1, b + 4);
-    const int32_t even = __sxtb16(first), odd = tvm_memplan_sxtb16_ror8(first);
-    const int32_t next_even = __sxtb16(second), next_odd = tvm_memplan_sxtb16_ror8(second);
-    TVM_MEMPLAN_DOT4(c0, w0, even, odd);
-    TVM_MEMPLAN_DOT4(d0, w0, next_even, next_odd);
-    TVM_MEMPLAN_DOT4(c1, w1, even, odd);
-    TVM_MEMPLAN_DOT4(d1, w1, next_even, next_odd);
-#else
-    TVM_MEMPLAN_DOT4(c0, a, b);
-    TVM_MEMPLAN_DOT4(c1, a, b + 4);
-    TVM_MEMPLAN_DOT4(d0, a + 4, b);
-    TVM_MEMPLAN_DOT4(d1, a + 4, b + 4);
-#endif
+    TVM_MEMPLAN_PIXEL(x0, a);
+    TVM_MEMPLAN_PIXEL(x1, a + 4);
+    TVM_MEMPLAN_LANE(c0, 0, x0), TVM_MEMPLAN_LANE(d0, 0, x1), TVM_MEMPLAN_LANE(c1, 1, x0), TVM_MEMPLAN_LANE(d1, 1, x1);
   }}
-  c[0] = c0;
-  c[1] = c1;
-  d[0] = d0;
-  d[1] = d1;
+  c[0] = c0, c[1] = c1, d[0] = d0, d[1] = d1;
 }}
 /* all 4 lanes for two pixels hold 8 accumulators, more than the registers left: two passes of 2 lanes */
 static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNELS[2]}(

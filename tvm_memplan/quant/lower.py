@@ -80,8 +80,17 @@ class LoweringReport:
 
 @mutator
 class _Lowerer(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, graph: QDQGraph, report: LoweringReport, int8_dot: str | None = None) -> None:
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        graph: QDQGraph,
+        report: LoweringReport,
+        int8_dot: str | None = None,
+        min_max: bool = False,
+    ) -> None:
         super().__init__(mod)
+        self.min_max = min_max
+        """Whether the convolutions clamp with C's fmaxf/fminf (:attr:`.CpuSpec.float_min_max`)."""
         self.graph = graph
         self.report = report
         self.int8_dot = int8_dot
@@ -343,6 +352,8 @@ class _Lowerer(PyExprMutator):
             relax.const(bias_int),
             relax.const(multiplier.astype(np.float32)),
         ]
+        if self.min_max and func is not kernels.dense:
+            kwargs["min_max"] = True
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
         if kind == "dense" and func is kernels.conv2d_dot:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
@@ -521,13 +532,13 @@ class _Lowerer(PyExprMutator):
 
 
 def lower_function(
-    mod: tvm.IRModule, gv: tvm.ir.GlobalVar, int8_dot: str | None = None
+    mod: tvm.IRModule, gv: tvm.ir.GlobalVar, int8_dot: str | None = None, min_max: bool = False
 ) -> tuple[tvm.IRModule, LoweringReport]:
     """``mod`` with function ``gv`` lowered and its integer kernels added (regular convolutions in
     the layout of the dot-product instruction ``int8_dot``, when given)."""
     report = LoweringReport({}, [])
     func = mod[gv]
-    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), QDQGraph(func), report, int8_dot)
+    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), QDQGraph(func), report, int8_dot, min_max)
     lowered = lowerer.visit_expr(func)
     lowered = relax.analysis.remove_all_unused(lowered)
     bound = [binding.var for block in lowered.body.blocks for binding in block.bindings]
@@ -550,7 +561,8 @@ def LowerQDQ(
     Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2), regular
     convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`); the schedule
     tensorizes them."""
-    int8_dot = cpu_spec(target).int8_dot if target is not None else None
+    spec = cpu_spec(target) if target is not None else None
+    int8_dot, min_max = (spec.int8_dot, spec.float_min_max) if spec is not None else (None, False)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -558,7 +570,7 @@ def LowerQDQ(
         if not functions:
             return mod
         for gv, _func in functions:
-            mod, report = lower_function(mod, gv, int8_dot)
+            mod, report = lower_function(mod, gv, int8_dot, min_max)
             if on_report is not None:
                 on_report(report)
         return mod
