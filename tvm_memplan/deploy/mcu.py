@@ -2,7 +2,7 @@
 
 The planned Relax ``main`` is a straight line of destination-passing kernel calls on tensors that
 sit at fixed offsets of the arena (``R.memory.alloc_tensor(arena, offset, ...)``), on the inputs,
-on constants and on the outputs. This module walks that line and writes it out as C: one
+on constants and on the outputs. :mod:`.mcu_program` walks that line, :mod:`.mcu_c` writes it out as C: one
 ``static uint8_t memplan_arena[N]`` of exactly the planned size, every weight a ``const`` array
 (int8 weights of a QDQ model as ``const int8_t``, their biases ``int32_t``), and a ``<name>_run``
 function that calls TVM's C kernels in the planned order with pointers ``arena + offset``.
@@ -15,6 +15,8 @@ size_t size)`` binds caller memory (checked for alignment and size, an error cod
 holds the tensors and the kernels' scratch; without it the static arena is used, which
 ``MEMPLAN_ARENA_SECTION`` places in a linker section (DTCM, say). Every global symbol carries the
 model's name, so two models link into one firmware and can take turns on one arena.
+
+This module writes the project and its manifest (what ``measure DIR`` reads) and checks the limits.
 """
 
 from __future__ import annotations
