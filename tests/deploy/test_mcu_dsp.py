@@ -150,3 +150,17 @@ def test_micro_kernel_replaces_tvms_declaration_and_nothing_else():
 def test_cores_with_the_dsp_extension_lower_convolutions_for_smlad(mcpu, instruction, min_max):
     spec = cpu_spec(tvm.target.Target({"kind": "c", **({"mcpu": mcpu} if mcpu else {})}))
     assert (spec.int8_dot, spec.float_min_max) == (instruction, min_max)
+
+
+@needs_arm
+@pytest.mark.slow
+def test_dense_of_one_row_runs_as_a_one_pixel_convolution_on_smlad(tmp_path):
+    model = models.quantize_qdq(models.gemm(m=1, k=21, n=10))
+    path = tmp_path / "gemm.onnx"
+    onnx.save(model, str(path))
+    directory = tmp_path / "c"
+    emit_c(str(path), directory, "cortex-m7", order_seconds=1)
+    assert f"{SMLAD_MICRO_KERNELS[1]}((" in (directory / "kernels.c").read_text()
+    result = measure_c(directory, "qemu-cortex-m7")
+    y_scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "y_scale")))
+    assert result.correct and result.max_abs_diff < 0.5 * y_scale, result  # onnxruntime's codes
