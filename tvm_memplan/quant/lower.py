@@ -307,6 +307,8 @@ class _Lowerer(PyExprMutator):
             attrs = call.attrs
             groups = int(attrs.groups)
             kind = "depthwise_conv2d" if groups == channels and groups > 1 else "conv2d"
+            if self.int8_dot == "dsp-smlad" and kind == "depthwise_conv2d":
+                accumulate = "int32"  # a Cortex-M: integer multiply-adds, no int-to-float conversion per operand
             float_input = self._fusable_quantize(x, call.args[0], xq)
             geometry = {
                 "strides": [int(v) for v in attrs.strides],
