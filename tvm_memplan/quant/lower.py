@@ -560,9 +560,10 @@ def LowerQDQ(
     on_report: Callable[[LoweringReport], None] | None = None, target: tvm.target.Target | None = None
 ) -> tvm.transform.Pass:
     """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring).
-    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2), regular
-    convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`); the schedule
-    tensorizes them."""
+    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2, a Cortex-M's
+    SMLAD), regular convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`); the
+    schedule tensorizes them. On a Cortex-M the one-row dense takes that layout too, depthwise
+    convolutions accumulate in int32, and the clamps use fmaxf/fminf where the FPU has them."""
     spec = cpu_spec(target) if target is not None else None
     int8_dot, min_max = (spec.int8_dot, spec.float_min_max) if spec is not None else (None, False)
 
