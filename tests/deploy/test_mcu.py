@@ -13,7 +13,8 @@ import pytest
 from onnx import numpy_helper
 
 from tvm_memplan.deploy.emit_c import emit_c
-from tvm_memplan.deploy.mcu import ModelC, edge_quantization
+from tvm_memplan.deploy.mcu import ModelC
+from tvm_memplan.deploy.mcu_program import edge_quantization
 from tvm_memplan.deploy.measure import int8_tolerances, reference_outputs
 from tvm_memplan.deploy.targets import CORTEX_M7
 from tvm_memplan.frontend import load_model

@@ -24,7 +24,10 @@ import tvm
 from ..errors import UserError
 from ..frontend import load_model
 from .build import compile_plan, plan_for
-from .mcu import C_TYPES, ModelC, c_identifier, emit_model_c, kernel_symbol, prefix_kernel_symbols
+from .mcu import ModelC, emit_model_c
+from .mcu_c import kernel_symbol, prefix_kernel_symbols
+from .mcu_dsp import with_micro_kernels
+from .mcu_program import C_TYPES, c_identifier
 from .targets import get_target
 
 _DEFINITION = re.compile(
@@ -276,7 +279,7 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
             f"/* {kernel}({described}) */\nint32_t {kernel_symbol(name, kernel)}(void* self, void* args, "
             "int32_t num_args, void* result);\n"
         )
-    (directory / "kernels.c").write_text(prefix_kernel_symbols(source, name))
+    (directory / "kernels.c").write_text(prefix_kernel_symbols(with_micro_kernels(source), name))
     fields = {"model": model.name, "count": len(kernels), "version": tvm.__version__, "example": example}
     (directory / "kernels.h").write_text(
         _HEADER.format(declarations="\n".join(declarations), prefix=kernel_symbol(name, ""), **fields)

@@ -2,7 +2,7 @@
 script and Makefile.
 
 They are templates (``str.format`` fields in braces, literal braces doubled) kept apart from the
-generator in :mod:`tvm_memplan.deploy.mcu` so that the C there stays readable.
+generator in :mod:`tvm_memplan.deploy.mcu_c` so that the C there stays readable.
 """
 
 from __future__ import annotations

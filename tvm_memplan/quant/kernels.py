@@ -29,16 +29,25 @@ INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
 def requantize(
-    value: tirx.PrimExpr, multiplier: tirx.PrimExpr, zero_point: int, low: int, high: int, dtype: str
+    value: tirx.PrimExpr,
+    multiplier: tirx.PrimExpr,
+    zero_point: int,
+    low: int,
+    high: int,
+    dtype: str,
+    min_max: bool = False,
 ) -> tirx.PrimExpr:
     """MLAS requantization of an int32 (or float32) ``value``: scale, clamp, round half to even, add
     the zero point. ``low``/``high`` are the output's quantized bounds (the type's range narrowed by a
-    folded Relu or Clip)."""
+    folded Relu or Clip). ``min_max``: clamp with calls of C's ``fmaxf``/``fminf`` (the same values)."""
     scaled = value.astype("float32") * multiplier
-    clamped = tirx.min(
-        tirx.max(scaled, tirx.const(float(low - zero_point), "float32")),
-        tirx.const(float(high - zero_point), "float32"),
-    )
+    lowest, highest = tirx.const(float(low - zero_point), "float32"), tirx.const(float(high - zero_point), "float32")
+    if min_max:  # C's fmaxf/fminf: one VMAXNM/VMINNM each on an FPv5 FPU, no compare and branch (never NaN here)
+        clamped = tirx.call_pure_extern(
+            "float32", "fminf", tirx.call_pure_extern("float32", "fmaxf", scaled, lowest), highest
+        )
+    else:
+        clamped = tirx.min(tirx.max(scaled, lowest), highest)
     return (tirx.nearbyint(clamped).astype("int32") + zero_point).astype(dtype)
 
 
@@ -160,6 +169,7 @@ def conv2d(
     residual: te.Tensor | None = None,
     residual_add: dict | None = None,
     quantize_input: tuple[float, str] | None = None,
+    min_max: bool = False,
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
     float32 ``multiplier`` (O). Regular, grouped and depthwise. The dot products accumulate in
@@ -169,7 +179,8 @@ def conv2d(
     ``bias - x_zero_point * sum(weight[o])`` (:func:`fold_zero_point`), exact in integers because
     the padding is the zero point too. The reduction is then a plain int8 x int8 dot product.
 
-    ``quantize_input`` (scale, type): ``x`` is float32 and this kernel quantizes it (QuantizeLinear
+    ``min_max``: see :func:`requantize`. ``quantize_input`` (scale, type): ``x`` is float32 and this
+    kernel quantizes it (QuantizeLinear
     with zero point ``x_zero_point``) as it pads it: the network input's quantized copy is then no
     tensor of the arena (the float input, a function parameter, is not one either). The schedule
     computes the padding per row, so each input element is quantized about once per kernel row."""
@@ -188,20 +199,13 @@ def conv2d(
         return te.sum(data * weight[oc, rc, ry, rx].astype(accumulate), axis=[rc, ry, rx])
 
     acc = te.compute((n, o, oh, ow), accumulate_products, name="conv2d_acc")
-    return te.compute(
-        acc.shape,
-        lambda b, oc, y, xx: _through(
-            table,
-            requantize(
-                acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], y_zero_point, low, high, out_dtype
-            ),
-            out_dtype,
-            residual,
-            residual_add,
-            (b, oc, y, xx),
-        ),
-        name="requantize",
-    )
+    output = (y_zero_point, low, high, out_dtype, min_max)
+
+    def epilogue(b, oc, y, xx):
+        code = requantize(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], *output)
+        return _through(table, code, out_dtype, residual, residual_add, (b, oc, y, xx))
+
+    return te.compute(acc.shape, epilogue, name="requantize")
 
 
 DEPTHWISE_ROUND = 16
@@ -303,6 +307,7 @@ DOT_INSTRUCTIONS = {
     "avx512vnni": DotInstruction(16, 4, "uint8"),  # vpdpbusd: uint8 x int8
     "avx2": DotInstruction(8, 2, "uint8"),  # vpmaddwd on bytes widened exactly to int16
     "neon-dotprod": DotInstruction(4, 4, "int8"),  # sdot: int8 x int8 (Armv8.2 dot product)
+    "dsp-smlad": DotInstruction(4, 4, "int8"),  # Cortex-M DSP: SXTB16-widened pairs into SMLAD, in C
 }
 """The instructions :func:`conv2d_dot` kernels are tensorized with, by :class:`CpuSpec` ``int8_dot`` name."""
 
@@ -348,6 +353,7 @@ def conv2d_dot(
     residual_add: dict | None = None,
     quantize_input: tuple[float, str] | None = None,
     packed_dtype: str = "uint8",
+    min_max: bool = False,
 ) -> te.Tensor:
     """QLinearConv (groups 1) in the shape of a CPU's int8 dot-product instruction
     (:data:`DOT_INSTRUCTIONS`): the result equals :func:`conv2d`'s bit for bit.
@@ -390,20 +396,13 @@ def conv2d_dot(
         ),
         name="dot_acc",
     )
-    return te.compute(
-        (n, out_channels, oh, ow),
-        lambda b, oc, y, xx: _through(
-            table,
-            requantize(
-                acc[b, oc // lanes, y, xx, oc % lanes] + bias[oc], multiplier[oc], y_zero_point, low, high, out_dtype
-            ),
-            out_dtype,
-            residual,
-            residual_add,
-            (b, oc, y, xx),
-        ),
-        name="requantize",
-    )
+    output = (y_zero_point, low, high, out_dtype, min_max)
+
+    def epilogue(b, oc, y, xx):
+        code = requantize(acc[b, oc // lanes, y, xx, oc % lanes] + bias[oc], multiplier[oc], *output)
+        return _through(table, code, out_dtype, residual, residual_add, (b, oc, y, xx))
+
+    return te.compute((n, out_channels, oh, ow), epilogue, name="requantize")
 
 
 def dense_dot(

@@ -61,6 +61,9 @@ from .qdq_graph import (
 )
 from .tables import quantized_table, requantization_table, tabulate
 
+_POINTWISE = {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1]}
+"""The geometry of a dense as a 1x1 convolution."""
+
 
 @dataclass
 class LoweringReport:
@@ -78,8 +81,17 @@ class LoweringReport:
 
 @mutator
 class _Lowerer(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, graph: QDQGraph, report: LoweringReport, int8_dot: str | None = None) -> None:
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        graph: QDQGraph,
+        report: LoweringReport,
+        int8_dot: str | None = None,
+        min_max: bool = False,
+    ) -> None:
         super().__init__(mod)
+        self.min_max = min_max
+        """Whether the convolutions clamp with C's fmaxf/fminf (:attr:`.CpuSpec.float_min_max`)."""
         self.graph = graph
         self.report = report
         self.int8_dot = int8_dot
@@ -297,6 +309,8 @@ class _Lowerer(PyExprMutator):
             attrs = call.attrs
             groups = int(attrs.groups)
             kind = "depthwise_conv2d" if groups == channels and groups > 1 else "conv2d"
+            if self.int8_dot == "dsp-smlad" and kind == "depthwise_conv2d":
+                accumulate = "int32"  # a Cortex-M: integer multiply-adds, no int-to-float conversion per operand
             float_input = self._fusable_quantize(x, call.args[0], xq)
             geometry = {
                 "strides": [int(v) for v in attrs.strides],
@@ -304,7 +318,8 @@ class _Lowerer(PyExprMutator):
                 "dilation": [int(v) for v in attrs.dilation],
                 "x_zero_point": xq.zero_point,
             }
-            if self.int8_dot and groups == 1:
+            # (on a Cortex-M, a conv of at most 4 input channels, the stem, gains nothing from SMLAD's layout)
+            if self.int8_dot and groups == 1 and not (self.int8_dot == "dsp-smlad" and w_shifted.shape[1] <= 4):
                 # the dot-product kernel: the input packed to the instruction's signedness, weights
                 # packed, the bias folded for the moved zero point
                 instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
@@ -312,7 +327,7 @@ class _Lowerer(PyExprMutator):
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}
                 zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
                 stored = kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
-            elif self.int8_dot and kind == "depthwise_conv2d":
+            elif self.int8_dot and self.int8_dot != "dsp-smlad" and kind == "depthwise_conv2d":
                 # the same CPUs' integer vectors: int8 products widened to int32
                 func, kwargs = kernels.depthwise_conv2d, {**geometry, **common}
                 zero_point, stored = xq.zero_point, w_shifted
@@ -323,9 +338,19 @@ class _Lowerer(PyExprMutator):
             if float_input is not None:
                 x, kind = float_input, f"quantize+{kind}"
                 kwargs["quantize_input"] = (xq.scale, xq.dtype)
+        elif self.int8_dot == "dsp-smlad" and (static_shape(x.ty) or (0, 0))[:-1] == (1,):
+            # a Cortex-M: a dense of one row as the 1x1 convolution of one pixel, on the SMLAD micro-kernel
+            func, kind, zero_point = (
+                kernels.conv2d_dot,
+                "dense",
+                kernels.dot_zero_point(xq.zero_point, xq.dtype, "int8"),
+            )
+            kwargs = {"out_channels": channels, "packed_dtype": "int8", **_POINTWISE, "x_zero_point": xq.zero_point}
+            kwargs.update(common)
+            stored = kernels.pack_dot_weights(w_shifted[:, :, None, None], 4, 4)
         else:
             kind = "dense"
-            if self.int8_dot and len(static_shape(x.ty) or ()) == 2:
+            if self.int8_dot and self.int8_dot != "dsp-smlad" and len(static_shape(x.ty) or ()) == 2:
                 # as a 1x1 convolution of the rows on the dot-product instruction
                 instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
                 func = kernels.dense_dot
@@ -345,8 +370,14 @@ class _Lowerer(PyExprMutator):
             relax.const(bias_int),
             relax.const(multiplier.astype(np.float32)),
         ]
+        if self.min_max and func in (kernels.conv2d, kernels.conv2d_dot):
+            kwargs["min_max"] = True
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
+        if kind == "dense" and func is kernels.conv2d_dot:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
+            pixel = self.builder_.emit(relax.op.reshape(x_new, (1, w_shifted.shape[1], 1, 1)))
+            out = self.builder_.emit(self._call_te(func, pixel, *consts, name=kernel_name, **kwargs))
+            return relax.op.reshape(out, (1, channels)), kind
         self._recipe = (func, [x_new, *consts], kwargs, kernel_name, kind)
         return self._call_te(func, x_new, *consts, name=kernel_name, **kwargs), kind
 
@@ -519,13 +550,13 @@ class _Lowerer(PyExprMutator):
 
 
 def lower_function(
-    mod: tvm.IRModule, gv: tvm.ir.GlobalVar, int8_dot: str | None = None
+    mod: tvm.IRModule, gv: tvm.ir.GlobalVar, int8_dot: str | None = None, min_max: bool = False
 ) -> tuple[tvm.IRModule, LoweringReport]:
     """``mod`` with function ``gv`` lowered and its integer kernels added (regular convolutions in
     the layout of the dot-product instruction ``int8_dot``, when given)."""
     report = LoweringReport({}, [])
     func = mod[gv]
-    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), QDQGraph(func), report, int8_dot)
+    lowerer = _Lowerer(tvm.IRModule(dict(mod.functions), attrs=mod.attrs), QDQGraph(func), report, int8_dot, min_max)
     lowered = lowerer.visit_expr(func)
     lowered = relax.analysis.remove_all_unused(lowered)
     bound = [binding.var for block in lowered.body.blocks for binding in block.bindings]
@@ -545,10 +576,14 @@ def LowerQDQ(
     on_report: Callable[[LoweringReport], None] | None = None, target: tvm.target.Target | None = None
 ) -> tvm.transform.Pass:
     """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring).
-    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2, Arm's sdot), regular
-    convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`), which the schedule
-    tensorizes, and depthwise ones to :func:`.kernels.depthwise_conv2d` (int32 vectors)."""
-    int8_dot = cpu_spec(target).int8_dot if target is not None else None
+    Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2, Arm's sdot, a
+    Cortex-M's SMLAD), regular convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`),
+    which the schedule tensorizes. On the vector CPUs depthwise ones go to :func:`.kernels.depthwise_conv2d`
+    (int32 vectors) and dense ones to :func:`.kernels.dense_dot`; on a Cortex-M the one-row dense takes the
+    convolution's layout, depthwise convolutions accumulate in int32, and the clamps use fmaxf/fminf where
+    the FPU has them."""
+    spec = cpu_spec(target) if target is not None else None
+    int8_dot, min_max = (spec.int8_dot, spec.float_min_max) if spec is not None else (None, False)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.LowerQDQ")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -556,7 +591,7 @@ def LowerQDQ(
         if not functions:
             return mod
         for gv, _func in functions:
-            mod, report = lower_function(mod, gv, int8_dot)
+            mod, report = lower_function(mod, gv, int8_dot, min_max)
             if on_report is not None:
                 on_report(report)
         return mod

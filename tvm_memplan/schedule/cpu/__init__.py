@@ -2,8 +2,9 @@
 
 TVM 0.27's ``cpu_generic`` pipeline leaves convolutions, matmuls and pools as plain loop nests.
 Four rules cover what the fused kernels of CNNs and transformers contain, after two for the int8
-convolutions of CPUs with a dot-product instruction: :class:`Int8DotProduct` (regular ones, lowered
-in its layout) and :class:`Int8Depthwise` (depthwise ones, on int32 vectors):
+convolutions of CPUs with a dot-product instruction: regular ones lowered in its layout
+(:class:`Int8Smlad` on a Cortex-M with the DSP extension, :class:`Int8DotProduct` elsewhere) and
+depthwise ones on int32 vectors (:class:`Int8Depthwise`):
 
 * :class:`BlockedConv` — a convolution in a blocked channel layout (NCHW[x]c) with its epilogue;
 * :class:`TiledReduction` — one reduction block with injective producers and an elementwise
@@ -19,11 +20,13 @@ from .blocked_conv import BlockedConv
 from .generic import Generic
 from .int8_depthwise import Int8Depthwise
 from .int8_dot import Int8DotProduct
+from .int8_smlad import Int8Smlad
 from .spatial import Spatial
 from .spec import CpuSpec, cpu_spec
 from .tiled_reduction import TiledReduction
 
 DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (
+    Int8Smlad(),
     Int8DotProduct(),
     Int8Depthwise(),
     BlockedConv(),
@@ -40,6 +43,7 @@ __all__ = [
     "Generic",
     "Int8Depthwise",
     "Int8DotProduct",
+    "Int8Smlad",
     "Spatial",
     "TiledReduction",
     "cpu_spec",

@@ -1,6 +1,7 @@
 """The int8 convolutions lowered in a dot-product instruction's layout
 (:func:`tvm_memplan.quant.kernels.conv2d_dot`), tensorized with AVX-512 VNNI's ``vpdpbusd`` (16 lanes
-x 4 bytes), AVX2's ``vpmaddwd`` on widened bytes (8 lanes x 2) or Armv8.2's ``sdot`` (4 lanes x 4).
+x 4 bytes), AVX2's ``vpmaddwd`` on widened bytes (8 lanes x 2) or Armv8.2's ``sdot`` (4 lanes x 4);
+on a Cortex-M with the DSP extension, with a C micro-kernel on ``SMLAD`` (:mod:`.int8_smlad`).
 
 As in oneDNN's and MLAS's int8 convolutions, a register tile of ``blocks x pixels`` accumulators
 (one int32 vector each) stays in registers over the whole reduction: each step loads one weight
@@ -83,7 +84,7 @@ INTRINSICS = {
 """Instruction (a :class:`~tvm_memplan.schedule.cpu.CpuSpec` ``int8_dot``) → (registered tensor intrinsic,
 the LLVM intrinsic it calls)."""
 
-for _isa, (_name, _llvm_intrinsic) in INTRINSICS.items():
+for _isa, (_name, _llvm_intrinsic) in INTRINSICS.items():  # "dsp-smlad": :mod:`.int8_smlad`, a rule of its own
     TensorIntrin.register(_name, _dot_prim_func(_isa), _dot_prim_func(_isa, _llvm_intrinsic), override=True)
 
 
@@ -114,7 +115,7 @@ class Int8DotProduct(CPUScheduleRule):
         ow_o, ow_i = sch.split(ow, [None, tile_pixels])
         lanes, depth = loop_extent(sch, lane), loop_extent(sch, rk)
         packed_dtype = str(sch.get(pack).writes[0].source.dtype)
-        tensorized = spec.int8_dot is not None and DOT_INSTRUCTIONS[spec.int8_dot] == (lanes, depth, packed_dtype)
+        tensorized = spec.int8_dot in INTRINSICS and DOT_INSTRUCTIONS[spec.int8_dot] == (lanes, depth, packed_dtype)
         inner = (lane, rk) if tensorized else (rk, lane)
         sch.reorder(n, ob_o, oh, ow_o, rc, ry, rx, ob_i, ow_i, *inner)
         sch.reverse_compute_at(epilogue, ow_o)

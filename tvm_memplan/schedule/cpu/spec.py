@@ -24,7 +24,12 @@ class CpuSpec:
     int8_dot: str | None = None
     """The CPU's int8 dot-product instruction the integer convolutions tensorize with
     (``"avx512vnni"``: ``vpdpbusd``; ``"avx2"``: ``vpmaddwd`` on widened bytes; ``"neon-dotprod"``:
-    Armv8.2's ``sdot``, where the target enables it, e.g. ``mattr`` ``+dotprod``), or None."""
+    Armv8.2's ``sdot``, where the target enables it, e.g. ``mattr`` ``+dotprod``; ``"dsp-smlad"``: a
+    Cortex-M's ``SMLAD`` through a C micro-kernel), or None."""
+
+    float_min_max: bool = False
+    """Whether C's ``fmaxf``/``fminf`` are one instruction each (VMAXNM/VMINNM of the Cortex-M7's
+    and M55's FPU; the M4's FPv4 has none): the int8 kernels then clamp with them."""
 
     @property
     def accumulators(self) -> int:
@@ -40,7 +45,17 @@ def cpu_spec(target: tvm.target.Target) -> CpuSpec:
         # A microcontroller: one core, scalar float code (the C compiler vectorizes nothing), and the FPU's
         # 32 single-precision registers (FPv4-SP/FPv5 on the M4/M7, the M55's). On the emulated M7 this
         # tile beats the generic 4 x 16 one: MobileNetV2-0.35 @ 144 86.2M -> 76.3M instructions, int8 136M -> 118M.
-        return CpuSpec(lanes=1, registers=32, threads=1, vector_codegen=False)
+        # The DSP extension's dual 16-bit multiply-accumulate (SMLAD) runs the int8 convolutions
+        # (the M4, M7 and M55 have it; the M0/M0+/M3 do not).
+        dsp = str(target.attrs["mcpu"]) in ("cortex-m4", "cortex-m7", "cortex-m55")
+        return CpuSpec(
+            lanes=1,
+            registers=32,
+            threads=1,
+            vector_codegen=False,
+            int8_dot="dsp-smlad" if dsp else None,
+            float_min_max=str(target.attrs["mcpu"]) in ("cortex-m7", "cortex-m55"),
+        )
     lanes, registers = 4, 16
     if triple.startswith(("aarch64", "arm64")):
         lanes, registers = 4, 32
