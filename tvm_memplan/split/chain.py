@@ -242,6 +242,9 @@ def _chain_of_fields(
 class SplitChoice:
     chain: Chain
     parts: int
+    fused: bool = False
+    """The chain's tiles run as one kernel (every stage of a tile before the next tile), not one
+    kernel per operator and tile."""
 
 
 def disjoint(chains: list[Chain]) -> bool:

@@ -8,25 +8,12 @@ import re
 
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ...split.chain import Chain
 from ..ir_utils import op_name, static_shape, top_level_bindings
 from .normalize import normalize
 from .operators import channels
-
-
-@mutator
-class _Substitute(PyExprMutator):
-    def __init__(self, remap: dict) -> None:
-        super().__init__()
-        self.remap = remap
-
-    def visit_var_(self, var: relax.Var) -> relax.Expr:
-        return self.remap.get(var, var)
-
-    def visit_dataflow_var_(self, var: relax.Var) -> relax.Expr:
-        return self.remap.get(var, var)
+from .outline import rebind
 
 
 def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
@@ -42,7 +29,7 @@ def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
     with bb.function("main", params):
         with bb.dataflow():
             for i, b in enumerate(links):
-                value = _Substitute(remap).visit_expr(b.value)
+                value = rebind(b.value, remap)
                 emit = bb.emit_output if i == len(links) - 1 else bb.emit
                 remap[b.var] = emit(value, name_hint=b.var.name)
         bb.emit_func_output(remap[links[-1].var])
