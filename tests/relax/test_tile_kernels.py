@@ -107,3 +107,24 @@ def test_mobilenet_with_fused_spatial_and_channel_chains_verifies():
     plan = plan_model(model, "llvm", prepare=lambda _: split, order="program")  # the module normalized above
     result = verify_plan(plan, stock=False)  # vs onnxruntime, VM requests vs the plan
     assert result.ok, result.problems
+
+
+def test_a_gathered_chain_is_not_fused(stem):
+    """Its last tiles are kept until the end: one kernel would hold them and the output at once."""
+    chain = _longest(stem, gathered=True)
+    assert not chain.fusable and _longest(stem).fusable
+    with pytest.raises(ValueError, match="one kernel"):
+        split_chains(stem, [SplitChoice(chain, 3, fused=True)])
+
+
+def test_fused_and_per_kernel_tiles_are_measured_apart(stem):
+    """The latency cache keys a chain module by what its time depends on, the fused tiles included."""
+    from tvm_memplan.relax.split import chain_signature
+
+    chain = _longest(stem)
+    signatures = {
+        chain_signature(split_chains(stem, [SplitChoice(chain, parts, fused=fused)]))
+        for parts in (2, 3)
+        for fused in (False, True)
+    }
+    assert len(signatures) == 4

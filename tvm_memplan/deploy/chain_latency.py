@@ -85,15 +85,15 @@ class ChainLatency:
             self.timers[key] = self._compile(mod)
         return self.timers[key]
 
-    def compare(self, first: tvm.IRModule, second: tvm.IRModule, rounds: int = 3) -> tuple[list[float], list[float]]:
-        """Timings (ms) of two modules in interleaved rounds (not cached): drift on a busy
-        machine hits both alike."""
-        timers = [self.timer(first), self.timer(second)]
-        samples: list[list[float]] = [[], []]
+    def compare(self, *modules: tvm.IRModule, rounds: int = 3) -> list[list[float]]:
+        """Timings (ms) of each module in interleaved rounds (not cached): drift on a busy
+        machine hits all alike."""
+        timers = [self.timer(mod) for mod in modules]
+        samples: list[list[float]] = [[] for _ in modules]
         for _ in range(rounds):
             for timer, into in zip(timers, samples, strict=True):
                 into.extend(timer())
-        return samples[0], samples[1]
+        return samples
 
     def _compile(self, mod: tvm.IRModule):
         from ..relax.pipeline import pipeline

@@ -11,9 +11,10 @@ from tvm import relax
 
 from ...split.chain import Chain
 from ..ir_utils import op_name, static_shape, top_level_bindings
+from ..module import relax_functions
 from .normalize import normalize
 from .operators import channels
-from .outline import rebind
+from .outline import TILES_ATTR, rebind
 
 
 def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
@@ -37,9 +38,11 @@ def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
 
 
 def chain_signature(mod: tvm.IRModule) -> str:
-    """What a chain module's latency depends on (operators, attributes, shapes), not its
-    weights or variable names: identical blocks of a network share one measurement."""
-    text = mod["main"].script(show_meta=False)
+    """What a chain module's latency depends on (operators, attributes, shapes; tiles that run as
+    one kernel), not its weights or variable names: identical blocks of a network share one
+    measurement."""
+    tiles = sorted((g.name_hint, f) for g, f in relax_functions(mod) if f.attrs is not None and TILES_ATTR in f.attrs)
+    text = "\n".join(f.script(show_meta=False) for f in [mod["main"], *(f for _, f in tiles)])
     names: dict[str, str] = {}
     text = re.sub(r"\b(lv\d*(?:_\d+)?|gv\d*)\b", lambda m: names.setdefault(m.group(1), f"v{len(names)}"), text)
     return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -465,6 +465,8 @@ def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
         return mod
     if not disjoint([c.chain for c in choices]):
         raise ValueError("a chosen chain overlaps another chosen chain")
+    if any(c.fused and not c.chain.fusable for c in choices):
+        raise ValueError("a chain chosen to run as one kernel cannot (see Chain.fusable)")
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     rewriter = _SplitRewriter(mod, choices)
     func = rewriter.visit_expr(mod["main"])
