@@ -129,6 +129,31 @@ def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path)
     assert plot.stat().st_size > 0  # the layout of the split plan: its tiles at their offsets
 
 
+def test_plan_split_with_fused_tiles_verifies(capsys, tmp_path):
+    """``--fused-tiles on``: the chains that can run as one kernel per chain do, and the plan verifies."""
+    code, out, err = run_cli(
+        capsys,
+        "plan",
+        "zoo:mcu_cnn",
+        "--split",
+        "acg",
+        "--memory-limit",
+        "30K",
+        "--fused-tiles",
+        "on",
+        "--split-cache",
+        str(tmp_path / "latency.jsonl"),
+        "--verify",
+        "--json",
+        "--order-seconds",
+        "1",
+    )
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["verified"] is True and summary["arena_bytes"] <= 30 * 1024
+    assert any(s["fused"] for s in summary["split_subgraphs"])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

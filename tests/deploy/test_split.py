@@ -131,3 +131,22 @@ def test_confirmation_falls_back_to_the_channel_plan(monkeypatch):
     before, after, kept = split_module._confirm("model", result, Timer(), budget=0.05)
     assert Timer.tried == ["s0", "s1", "s2", "c"]
     assert kept.best is channel and "channel chains' plan" in kept.stopped and after == [1.02]
+
+
+def test_auto_fused_tiles_keep_the_faster_of_fused_and_per_kernel_tiles(mcu, tmp_path):
+    from tvm_memplan.deploy.chain_latency import ChainLatency
+    from tvm_memplan.deploy.measure import Device
+    from tvm_memplan.deploy.targets import get_target
+    from tvm_memplan.frontend import to_relax
+    from tvm_memplan.relax.split import chain_module, find_chains
+
+    mod = normalize(to_relax(mcu))
+    chain = next(c for c in find_chains(mod) if c.fusable)
+    measurer = ChainLatency(mod, get_target("host"), Device(), cache=tmp_path / "c.jsonl", fused_tiles="auto")
+    added = measurer(chain, 2)
+    assert measurer.misses == 3  # the chain whole, in per-kernel tiles and in fused tiles
+    alone = chain_module(mod, chain)
+    times = {f: measurer.time_ms(split_chains(alone, [SplitChoice(chain, 2, f)]), "split2") for f in (False, True)}
+    choice = measurer.choice(chain, 2)
+    assert times[choice.fused] == min(times.values())
+    assert added == pytest.approx(times[choice.fused] - measurer.time_ms(alone, "whole"))

@@ -263,6 +263,11 @@ class SplitChoice:
     kernel per operator and tile."""
 
 
+FUSED_TILES = ("off", "on", "auto")
+"""Whether a split chain's tiles run as one kernel (:attr:`SplitChoice.fused`, where :attr:`Chain.fusable`):
+never, always, or where that measured faster than the per-kernel tiles."""
+
+
 def disjoint(chains: list[Chain]) -> bool:
     names = [n for c in chains for n in c.bindings]
     return len(names) == len(set(names))
