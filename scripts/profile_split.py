@@ -76,11 +76,12 @@ def launches(mod: tvm.IRModule, target: tvm.target.Target) -> int:
     )
 
 
-def _median_ms(samples: list[float]) -> float:
-    return float(np.median(samples))
+STATISTICS = {"median": np.median, "min": np.min}
+"""How the samples of one variant become its time: the median, or the minimum (on a machine other
+processes share, what the variant costs when nothing interferes)."""
 
 
-def profile(spec: str, names: list[str], parts: list[int], rounds: int) -> list[dict]:
+def profile(spec: str, names: list[str], parts: list[int], rounds: int, statistic: str = "median") -> list[dict]:
     model = load_model(spec)
     mod = normalize(to_relax(model))
     chains = {c.name: c for c in find_chains(mod)}
@@ -111,8 +112,9 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int) -> list[
             if chain.fusable:  # the tiles as one kernel, timed in the same rounds
                 fused = [SplitChoice(chain, count, fused=True)]
                 modules = [(*pair, split_chains(pair[0], fused)) for pair in modules]
+            summarize = STATISTICS[statistic]
             chain_ms, model_ms = (
-                [_median_ms(s) for s in measurer.compare(*variants, rounds=rounds)] for variants in modules
+                [float(summarize(s)) for s in measurer.compare(*variants, rounds=rounds)] for variants in modules
             )
             row[count] = {
                 "peak": peak(split_program(program, choice)).bytes,
@@ -127,7 +129,7 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int) -> list[
     return rows
 
 
-def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int) -> str:
+def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int, statistic: str = "median") -> str:
     threads = os.environ.get("TVM_NUM_THREADS", "unset")
     lines = [
         f"## Where a split's time goes: {spec} ({datetime.date.today()})",
@@ -135,7 +137,7 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int) -> str:
         f"Target `host`, {platform.machine()} with {os.cpu_count()} cores, TVM_NUM_THREADS={threads}. One chain split "
         "at a time (nothing else split). Peak: the simulator's, whole model. Launches: the chain's kernels after TVM's "
         "fusion. Reduction steps: iterations of its kernels' reduction blocks (the multiply-adds of convolutions and "
-        "matmuls, the window reads of pools; halos recomputed). Times: medians over "
+        f"matmuls, the window reads of pools; halos recomputed). Times: {statistic}s over "
         f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit, "
         "split into per-kernel tiles and (fused columns) split with the chain's tiles run as one kernel, side by "
         "side in the same rounds. Produced by `scripts/profile_split.py`.",
@@ -173,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chains", nargs="*", default=[])
     parser.add_argument("--parts", default="2,4,8")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--statistic", choices=list(STATISTICS), default="median", help="of each variant's samples (default median)"
+    )
     parser.add_argument("--list", action="store_true", help="print the model's chains and exit")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -182,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{chain.name:40s} {chain.kind:9s} units {chain.units}")
         return 0
     parts = [int(p) for p in args.parts.split(",")]
-    rows = profile(args.model, args.chains, parts, args.rounds)
-    text = markdown(args.model, rows, parts, args.rounds)
+    rows = profile(args.model, args.chains, parts, args.rounds, args.statistic)
+    text = markdown(args.model, rows, parts, args.rounds, args.statistic)
     if args.out:
         write_atomically(args.out, text)
     print(text)

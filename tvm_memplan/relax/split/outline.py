@@ -76,9 +76,12 @@ def _outline(
     return relax.VarBinding(output, relax.Call(gvar, inputs))
 
 
-def outline_marked(func: relax.Function, markers: list[tuple[relax.Var, relax.Var]], builder: relax.BlockBuilder):
+def outline_marked(
+    func: relax.Function, markers: list[tuple[relax.Var, relax.Var]], builder: relax.BlockBuilder
+) -> relax.Function:
     """``func`` with the bindings between each pair of markers outlined (see the module docstring)
-    and the markers dropped. A range with more than one result used after it stays in place."""
+    and the markers dropped. Each range has one result used after it: the chain's last tensor
+    (:attr:`~tvm_memplan.split.chain.Chain.fusable`)."""
     begins = {begin: end for begin, end in markers}
     ends = {end for _, end in markers}
     blocks = []
@@ -100,12 +103,9 @@ def outline_marked(func: relax.Function, markers: list[tuple[relax.Var, relax.Va
             j = next(k for k in range(i + 1, len(bindings)) if bindings[k].var.same_as(begins[b.var]))
             inside = bindings[i + 1 : j]
             used_after = set().union(*later_uses[j + 1 :], relax.analysis.free_vars(func.body.body))
-            outputs = [x.var for x in inside if x.var in used_after or not isinstance(x.var, relax.DataflowVar)]
-            if len(outputs) == 1:
-                new.append(_outline(inside, outputs[0], f"chain_tiles{count}", builder))
-                count += 1
-            else:
-                new.extend(inside)
+            (output,) = [x.var for x in inside if x.var in used_after or not isinstance(x.var, relax.DataflowVar)]
+            new.append(_outline(inside, output, f"chain_tiles{count}", builder))
+            count += 1
             i = j + 1
         blocks.append(type(block)(new))
     return with_blocks(func, blocks)
