@@ -132,7 +132,7 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int, statisti
 def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int, statistic: str = "median") -> str:
     threads = os.environ.get("TVM_NUM_THREADS", "unset")
     lines = [
-        f"## Where a split's time goes: {spec} ({datetime.date.today()})",
+        f"## Where a split's time goes: {Path(spec).name if Path(spec).is_file() else spec} ({datetime.date.today()})",
         "",
         f"Target `host`, {platform.machine()} with {os.cpu_count()} cores, TVM_NUM_THREADS={threads}. One chain split "
         "at a time (nothing else split). Peak: the simulator's, whole model. Launches: the chain's kernels after TVM's "
