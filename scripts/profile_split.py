@@ -6,8 +6,9 @@
 For each chain and number of parts: the simulated peak of the model with that chain split (nothing
 else), the chain's kernel launches after TVM's fusion, the iterations of its reduction blocks
 (multiply-adds of convolutions and matmuls, window reads of pools; row tiles recompute their halos),
-the chain compiled alone and timed whole and split, and the whole model timed unsplit and split; each pair in
-interleaved rounds with the default CPU schedules.
+the chain compiled alone and timed whole and split, and the whole model timed unsplit and split; where the
+chain can run as one kernel per chain (``SplitChoice.fused``), its launches and both times with the tiles
+fused too. Each set of variants is timed in the same interleaved rounds with the default CPU schedules.
 ``--list`` prints the model's chains instead.
 """
 
@@ -75,11 +76,12 @@ def launches(mod: tvm.IRModule, target: tvm.target.Target) -> int:
     )
 
 
-def _median_ms(samples: list[float]) -> float:
-    return float(np.median(samples))
+STATISTICS = {"median": np.median, "min": np.min}
+"""How the samples of one variant become its time: the median, or the minimum (on a machine other
+processes share, what the variant costs when nothing interferes)."""
 
 
-def profile(spec: str, names: list[str], parts: list[int], rounds: int) -> list[dict]:
+def profile(spec: str, names: list[str], parts: list[int], rounds: int, statistic: str = "median") -> list[dict]:
     model = load_model(spec)
     mod = normalize(to_relax(model))
     chains = {c.name: c for c in find_chains(mod)}
@@ -106,50 +108,63 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int) -> list[
         for count in parts:
             choice = [SplitChoice(chain, count)]
             split_alone = split_chains(alone, choice)
-            chain_before, chain_after = measurer.compare(alone, split_alone, rounds)
-            model_before, model_after = measurer.compare(mod, split_chains(mod, choice), rounds)
+            modules = [(alone, split_alone), (mod, split_chains(mod, choice))]
+            if chain.fusable:  # the tiles as one kernel, timed in the same rounds
+                fused = [SplitChoice(chain, count, fused=True)]
+                modules = [(*pair, split_chains(pair[0], fused)) for pair in modules]
+            summarize = STATISTICS[statistic]
+            chain_ms, model_ms = (
+                [float(summarize(s)) for s in measurer.compare(*variants, rounds=rounds)] for variants in modules
+            )
             row[count] = {
                 "peak": peak(split_program(program, choice)).bytes,
                 "launches": launches(split_alone, target),
                 "macs": reduction_steps(split_alone),
-                "chain_ms": (_median_ms(chain_before), _median_ms(chain_after)),
-                "model_ms": (_median_ms(model_before), _median_ms(model_after)),
+                "chain_ms": chain_ms,
+                "model_ms": model_ms,
+                "fused_launches": launches(modules[0][2], target) if chain.fusable else None,
             }
             print(f"{name} x{count}: {row[count]}", flush=True)
         rows.append(row)
     return rows
 
 
-def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int) -> str:
+def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int, statistic: str = "median") -> str:
     threads = os.environ.get("TVM_NUM_THREADS", "unset")
     lines = [
-        f"## Where a split's time goes: {spec} ({datetime.date.today()})",
+        f"## Where a split's time goes: {Path(spec).name if Path(spec).is_file() else spec} ({datetime.date.today()})",
         "",
         f"Target `host`, {platform.machine()} with {os.cpu_count()} cores, TVM_NUM_THREADS={threads}. One chain split "
         "at a time (nothing else split). Peak: the simulator's, whole model. Launches: the chain's kernels after TVM's "
         "fusion. Reduction steps: iterations of its kernels' reduction blocks (the multiply-adds of convolutions and "
-        "matmuls, the window reads of pools; halos recomputed). Times: medians over "
-        f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit and "
-        "split "
-        "side by side. Produced by `scripts/profile_split.py`.",
+        f"matmuls, the window reads of pools; halos recomputed). Times: {statistic}s over "
+        f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit, "
+        "split into per-kernel tiles and (fused columns) split with the chain's tiles run as one kernel, side by "
+        "side in the same rounds. Produced by `scripts/profile_split.py`.",
         "",
         "| chain | parts | peak KiB | launches | reduction steps (M) | chain alone ms: unsplit / split (added µs) "
-        "| whole model ms: unsplit / split (overhead) |",
-        "|---|---|---|---|---|---|---|",
+        "| whole model ms: unsplit / split (overhead) | fused: launches | fused: chain alone ms (added µs) "
+        "| fused: whole model ms (overhead) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         base = row["unsplit"]
         lines.append(
             f"| {row['chain']} ({row['kind']}) | 1 | {base['peak'] / 1024:.1f} | {base['launches']} | "
-            f"{base['macs'] / 1e6:.2f} | | |"
+            f"{base['macs'] / 1e6:.2f} | | | | | |"
         )
         for count in parts:
             r = row[count]
-            (cb, ca), (mb, ma) = r["chain_ms"], r["model_ms"]
+            (cb, ca, *cf), (mb, ma, *mf) = r["chain_ms"], r["model_ms"]
+            fused = (
+                f"{r['fused_launches']} | {cf[0]:.3f} ({(cf[0] - cb) * 1e3:+.0f}) | {mf[0]:.3f} ({mf[0] / mb - 1:+.1%})"
+                if cf
+                else "not fusable | | "
+            )
             lines.append(
                 f"| | {count} | {r['peak'] / 1024:.1f} | {r['launches']} | {r['macs'] / 1e6:.2f} "
                 f"({r['macs'] / base['macs'] - 1:+.0%}) | {cb:.3f} / {ca:.3f} ({(ca - cb) * 1e3:+.0f}) | "
-                f"{mb:.3f} / {ma:.3f} ({ma / mb - 1:+.1%}) |"
+                f"{mb:.3f} / {ma:.3f} ({ma / mb - 1:+.1%}) | {fused} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -160,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chains", nargs="*", default=[])
     parser.add_argument("--parts", default="2,4,8")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--statistic", choices=list(STATISTICS), default="median", help="of each variant's samples (default median)"
+    )
     parser.add_argument("--list", action="store_true", help="print the model's chains and exit")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -169,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{chain.name:40s} {chain.kind:9s} units {chain.units}")
         return 0
     parts = [int(p) for p in args.parts.split(",")]
-    rows = profile(args.model, args.chains, parts, args.rounds)
-    text = markdown(args.model, rows, parts, args.rounds)
+    rows = profile(args.model, args.chains, parts, args.rounds, args.statistic)
+    text = markdown(args.model, rows, parts, args.rounds, args.statistic)
     if args.out:
         write_atomically(args.out, text)
     print(text)

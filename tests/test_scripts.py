@@ -36,7 +36,8 @@ def test_check_exports_splits_and_verifies_an_exported_stem(tmp_path):
 
 def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
     """The profile of mcu_cnn's stem chain in 2 and 4 row tiles: launches grow with the tiles, the
-    reduction steps cannot shrink (halos are recomputed), the simulated peak drops."""
+    reduction steps cannot shrink (halos are recomputed), the simulated peak drops; fused, the
+    chain is one launch."""
     out = tmp_path / "profile.md"
     done = subprocess.run(
         [
@@ -64,6 +65,8 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
     peak, launches, steps = float(unsplit[3]), int(unsplit[4]), float(unsplit[5])
     assert all(float(r[3]) < peak and int(r[4]) > launches and float(r[5].split()[0]) >= steps for r in tiles)
     assert all("/" in r[6] and "/" in r[7] for r in tiles)  # both timed, side by side
+    # the chain's tiles as one kernel: one launch, timed in the same rounds
+    assert all(int(r[8]) == 1 and "(" in r[9] and "(" in r[10] for r in tiles)
 
 
 def test_published_memory_tables_match_what_the_script_plans_now():

@@ -9,6 +9,7 @@ from tvm_memplan.errors import UserError
 from tvm_memplan.frontend import load_model
 from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.split import normalize, split_chains
+from tvm_memplan.split.chain import disjoint
 from tvm_memplan.split.simulate import SplitChoice
 from tvm_memplan.verify import verify_plan
 
@@ -131,3 +132,43 @@ def test_confirmation_falls_back_to_the_channel_plan(monkeypatch):
     before, after, kept = split_module._confirm("model", result, Timer(), budget=0.05)
     assert Timer.tried == ["s0", "s1", "s2", "c"]
     assert kept.best is channel and "channel chains' plan" in kept.stopped and after == [1.02]
+
+
+def test_auto_fused_tiles_keep_the_faster_of_fused_and_per_kernel_tiles(mcu, tmp_path):
+    from tvm_memplan.deploy.chain_latency import ChainLatency
+    from tvm_memplan.deploy.measure import Device
+    from tvm_memplan.deploy.targets import get_target
+    from tvm_memplan.frontend import to_relax
+    from tvm_memplan.relax.split import chain_module, find_chains
+
+    mod = normalize(to_relax(mcu))
+    chain = next(c for c in find_chains(mod) if c.fusable)
+    measurer = ChainLatency(mod, get_target("host"), Device(), cache=tmp_path / "c.jsonl", fused_tiles="auto")
+    added = measurer(chain, 2)
+    assert measurer.misses == 3  # the chain whole, in per-kernel tiles and in fused tiles
+    alone = chain_module(mod, chain)
+    times = {f: measurer.time_ms(split_chains(alone, [SplitChoice(chain, 2, f)]), "split2") for f in (False, True)}
+    choice = measurer.choice(chain, 2)
+    assert times[choice.fused] == min(times.values())
+    assert added == pytest.approx(times[choice.fused] - measurer.time_ms(alone, "whole"))
+
+
+def test_fused_tiles_run_in_the_standalone_c(capsys, tmp_path):
+    """A channel chain and a spatial chain, each one kernel: the standalone C calls them once each,
+    computes what onnxruntime computes and reserves exactly the planned arena (scratch inside)."""
+    from tvm_memplan.deploy.emit_c import emit_c
+    from tvm_memplan.relax.split import find_chains
+
+    from .conftest import run_cli_json
+
+    def prepare(mod):
+        mod = normalize(mod)
+        chains = [c for c in find_chains(mod) if c.fusable]
+        channel = max((c for c in chains if c.tail), key=lambda c: c.tile_bytes)
+        spatial = max((c for c in chains if c.spatial and disjoint([c, channel])), key=lambda c: c.tile_bytes)
+        return split_chains(mod, [SplitChoice(channel, 4, fused=True), SplitChoice(spatial, 2, fused=True)])
+
+    emitted = emit_c("zoo:mcu_cnn", tmp_path / "c", "c", prepare=prepare)
+    assert sum(name.endswith("_fused") for name in emitted.kernels) == 2
+    report = run_cli_json(capsys, "measure", str(tmp_path / "c"), "--log", str(tmp_path / "log.jsonl"))["memplan"]
+    assert report["correct"] and report["arena_bytes"] == report["planned_arena_bytes"] == emitted.model.arena_bytes

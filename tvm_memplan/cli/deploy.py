@@ -186,6 +186,7 @@ def run_build(args: argparse.Namespace) -> int:
                 memory_limit=args.memory_limit,
                 schedule=args.schedule,
                 progress=progress,
+                fused_tiles=args.fused_tiles,
             ).prepare()
     output = emitted = None
     if args.output is not None:

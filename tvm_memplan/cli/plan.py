@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..options import LAYOUTS, SCHEDULES
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
+from ..split.chain import FUSED_TILES
 from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
 from .vocabulary import (
     add_deprecated_alias,
@@ -89,6 +90,13 @@ def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> arg
         default=60.0,
         metavar="S",
         help="with --split acg: search time limit (default 60)",
+    )
+    group.add_argument(
+        "--fused-tiles",
+        choices=list(FUSED_TILES),
+        default="off",
+        help="with --split acg: run a split chain's tiles as one kernel (every stage of a tile before the next): "
+        "off (one kernel per operator and tile, default), on, or auto (per chain, the faster as measured)",
     )
     return group
 
@@ -342,6 +350,7 @@ def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
             schedule=args.schedule,
             progress=progress,
             cache=Path(args.split_cache) if args.split_cache else default_cache(),
+            fused_tiles=args.fused_tiles,
         )
 
 
@@ -351,7 +360,13 @@ def _split_summary(split, arena: int) -> dict:
         "split": "acg",
         "split_candidates": len(split.chains),
         "split_subgraphs": [
-            {"chain": c.chain.name, "bindings": list(c.chain.bindings), "parts": c.parts, "kind": c.chain.kind}
+            {
+                "chain": c.chain.name,
+                "bindings": list(c.chain.bindings),
+                "parts": c.parts,
+                "kind": c.chain.kind,
+                "fused": c.fused,
+            }
             for c in split.choices
         ],
         "split_reason": result.stopped if split.chains else "no chain to split in the model: plan unchanged",
@@ -490,7 +505,12 @@ def _groups_rows(summary: dict) -> list[tuple[str, str]]:
 
 def _split_rows(summary: dict) -> list[tuple[str, str]]:
     before, after = summary["peak_before_bytes"], summary["peak_after_bytes"]
-    chosen = ", ".join(f"{s['chain']} x{s['parts']}" for s in summary["split_subgraphs"]) or "none"
+    chosen = (
+        ", ".join(
+            f"{s['chain']} x{s['parts']}{' (one kernel)' if s['fused'] else ''}" for s in summary["split_subgraphs"]
+        )
+        or "none"
+    )
     return [
         ("split (axis connection graph)", f"{summary['split_candidates']} candidate chains; split: {chosen}"),
         ("simulated peak", f"{human_bytes(before)} -> {human_bytes(after)}  ({before / after:.2f}x)" if after else "-"),

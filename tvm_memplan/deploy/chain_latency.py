@@ -18,9 +18,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..errors import UserError
 from ..paths import cache_dir
 from ..relax.split import chain_module, chain_signature, split_chains
-from ..split.chain import Chain, SplitChoice
+from ..split.chain import FUSED_TILES, Chain, SplitChoice
 from .measure import Device
 from .results import ResultsLog
 from .targets import DeployTarget
@@ -35,7 +36,8 @@ DEFAULT_CACHE = default_cache()
 
 
 class ChainLatency:
-    """``ChainLatency(mod, target, device)(chain, parts)`` → measured ms added by the split."""
+    """``ChainLatency(mod, target, device)(chain, parts)`` → measured ms added by the split (with
+    ``fused_tiles``: of the fused tiles, or of the faster of fused and per-kernel tiles)."""
 
     def __init__(
         self,
@@ -46,7 +48,13 @@ class ChainLatency:
         repeat: int = 5,
         min_repeat_ms: int = 20,
         schedule: str = "default",
+        fused_tiles: str = "off",
     ) -> None:
+        if fused_tiles not in FUSED_TILES:
+            raise UserError(f"unknown fused tiles setting {fused_tiles!r}; choose one of {', '.join(FUSED_TILES)}")
+        self.fused_tiles = fused_tiles
+        self.fused: dict[tuple[Chain, int], bool] = {}
+        """(chain, parts) → whether its tiles run as one kernel (what was measured)."""
         self.mod, self.target, self.device = mod, target, device
         self.repeat, self.min_repeat_ms, self.schedule = repeat, min_repeat_ms, schedule
         self.log = ResultsLog(cache) if cache is not None else None
@@ -59,8 +67,19 @@ class ChainLatency:
 
     def __call__(self, chain: Chain, parts: int) -> float:
         alone = chain_module(self.mod, chain)
-        split = split_chains(alone, [SplitChoice(chain, parts)])
-        return self.time_ms(split, f"split{parts}") - self.time_ms(alone, "whole")
+        wanted = {"off": [False], "on": [True], "auto": [False, True]}[self.fused_tiles]
+        variants = [fused for fused in wanted if chain.fusable or not fused] or [False]
+        times = {
+            fused: self.time_ms(split_chains(alone, [SplitChoice(chain, parts, fused)]), f"split{parts}")
+            for fused in variants
+        }
+        fused = min(times, key=times.get)
+        self.fused[(chain, parts)] = fused
+        return times[fused] - self.time_ms(alone, "whole")
+
+    def choice(self, chain: Chain, parts: int) -> SplitChoice:
+        """The split of ``chain`` into ``parts`` as measured: fused where that was chosen."""
+        return SplitChoice(chain, parts, self.fused.get((chain, parts), False))
 
     def time_ms(self, mod: tvm.IRModule, variant: str) -> float:
         key = "|".join((chain_signature(mod), variant, self.target.name, self.device.name, self.schedule))
@@ -85,15 +104,15 @@ class ChainLatency:
             self.timers[key] = self._compile(mod)
         return self.timers[key]
 
-    def compare(self, first: tvm.IRModule, second: tvm.IRModule, rounds: int = 3) -> tuple[list[float], list[float]]:
-        """Timings (ms) of two modules in interleaved rounds (not cached): drift on a busy
-        machine hits both alike."""
-        timers = [self.timer(first), self.timer(second)]
-        samples: list[list[float]] = [[], []]
+    def compare(self, *modules: tvm.IRModule, rounds: int = 3) -> list[list[float]]:
+        """Timings (ms) of each module in interleaved rounds (not cached): drift on a busy
+        machine hits all alike."""
+        timers = [self.timer(mod) for mod in modules]
+        samples: list[list[float]] = [[] for _ in modules]
         for _ in range(rounds):
             for timer, into in zip(timers, samples, strict=True):
                 into.extend(timer())
-        return samples[0], samples[1]
+        return samples
 
     def _compile(self, mod: tvm.IRModule):
         from ..relax.pipeline import pipeline

@@ -1,6 +1,6 @@
 """Fine-grained splitting end to end (axis-connection-graph splitting, as MAGIS and MCUNetV2 split):
-analyse a model's channel chains, search splits with the simulator and measured latencies, and hand the
-chosen rewrite to the planner."""
+analyse a model's chains, search splits with the simulator and measured latencies, and hand the chosen
+rewrite to the planner."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..errors import UserError
 from ..frontend import LoadedModel, to_relax
 from ..relax.split import describe_tensors, find_chains, normalize, program_of, split_chains
 from ..split.chain import Chain, SplitChoice
-from ..split.search import SearchResult, search_phased
+from ..split.search import Point, SearchResult, search_phased
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, ChainLatency
 from .measure import Device
@@ -59,9 +59,12 @@ def search_split(
     cache: Path | None = DEFAULT_CACHE,
     schedule: str = "default",
     progress: Callable[[int, int], None] | None = None,
+    fused_tiles: str = "off",
 ) -> SplitOutcome:
     """Search the split plan of ``model``; latencies are measured on ``device`` (default: here).
-    ``progress(candidates timed, lowest peak so far)`` follows the search."""
+    ``progress(candidates timed, lowest peak so far)`` follows the search. ``fused_tiles`` (``off``,
+    ``on``, ``auto``: per chain, the faster as measured) runs a chain's tiles as one kernel
+    (:data:`~tvm_memplan.split.chain.FUSED_TILES`)."""
     if budget < 0:
         raise UserError(f"--latency-budget must not be negative (got {budget})")
     if seconds <= 0:
@@ -80,10 +83,11 @@ def search_split(
     device = device or Device()
     mod = normalize(to_relax(model))
     chains = find_chains(mod)
-    measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule)
+    measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule, fused_tiles=fused_tiles)
     before = measurer.time_ms(mod, "model")
     program = program_of(mod)
     result = search_phased(program, chains, before, measurer, budget, seconds, memory_limit, progress)
+    result = _as_measured(result, measurer)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
         raise UserError(
@@ -103,6 +107,23 @@ def search_split(
         measurer.hits,
         measurer.misses,
         describe_tensors(mod, list(result.bottleneck.live[:6])),
+    )
+
+
+def _as_measured(result: SearchResult, measurer: ChainLatency) -> SearchResult:
+    """The search's plans with each chain split as it was measured (its tiles fused where chosen)."""
+
+    def measured(point: Point | None) -> Point | None:
+        if point is None:
+            return None
+        return replace(point, choices=tuple(measurer.choice(c.chain, c.parts) for c in point.choices))
+
+    return replace(
+        result,
+        best=measured(result.best),
+        original=measured(result.original),
+        front=[measured(p) for p in result.front],
+        fallback=measured(result.fallback),
     )
 
 

@@ -146,10 +146,14 @@ def extract_plan_input(
     sites: dict[relax.Var, AllocSite] = {}
     unplanned: dict[str, str] = {}
     owners: dict[relax.Var, frozenset[relax.Var]] = {}  # var → planned tensors it may point into
+    fields: dict[relax.Var, list[frozenset[relax.Var]]] = {}  # a tuple's owners, field by field
     operators: list[Operator] = []
     removable_ops = 0
 
     def owners_of(expr: relax.Expr) -> set[relax.Var]:
+        if isinstance(expr, relax.TupleGetItem) and expr.tuple_value in fields:
+            # one field of a tuple (a kernel's second output, say): only that field's tensors
+            return set(fields[expr.tuple_value][expr.index])
         found: set[relax.Var] = set()
         for used in relax.analysis.free_vars(expr):
             found |= owners.get(used, frozenset())
@@ -173,6 +177,8 @@ def extract_plan_input(
             removable_ops += 1
         if read and not _is_prim_func_call(value, mod) and _may_alias(value, binding.var):
             owners[binding.var] = frozenset(read)
+        if isinstance(value, relax.Tuple):
+            fields[binding.var] = [frozenset(owners_of(field)) for field in value.fields]
 
     outputs = owners_of(func.body.body) if isinstance(func.body, relax.SeqExpr) else set()
     for var in outputs:

@@ -22,6 +22,7 @@ from .layout import BlockedLayout, channel_block
 from .offsets import BakeKernelOffsets, KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
+from .tile_kernels import MergeTileKernels
 from .tile_writes import WriteTilesInPlace
 from .vector_math import VECTOR_MATH_LEGALIZE
 
@@ -111,7 +112,7 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: s
     before += finalize[:at]
     before_names = [p.info.name for p in before]
     cut = before_names.index(_RESHAPE) + 1 if _RESHAPE in before_names else len(before)
-    return Stages(before[:cut] + [WriteTilesInPlace()], before[cut:], finalize[at:])
+    return Stages(before[:cut] + [WriteTilesInPlace(), MergeTileKernels(target, schedule)], before[cut:], finalize[at:])
 
 
 def order_passes(options: MemplanOptions, on_order_report: Callable[[OrderReport], None] | None = None) -> list:

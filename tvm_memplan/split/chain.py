@@ -111,6 +111,14 @@ class Chain(metaclass=_LegacyConstructor):
     def name(self) -> str:
         return f"{self.head}..{self.final}"
 
+    @property
+    def fusable(self) -> bool:
+        """Whether its tiles may run as one kernel (``SplitChoice.fused``) for the memory of the
+        per-kernel tiles: its last tensor is written tile by tile where it ends up, or accumulated in
+        place (a tile kernel holds its output for the whole chain; tiles gathered at the end would
+        need room for both)."""
+        return False
+
     def parts_ladder(self, limit: int = 64) -> list[int]:
         """Numbers of parts worth trying: powers of two up to the number of units."""
         ladder, parts = [], 2
@@ -152,6 +160,10 @@ class ChannelChain(Chain):
     @property
     def tiled(self) -> tuple[str, ...]:
         return tuple(b for b in self.bindings if b != self.tail)
+
+    @property
+    def fusable(self) -> bool:
+        return self.tail is not None and len(self.branches) == 1
 
     def channel_offset(self, index: int) -> int:
         """Where branch ``index``'s channels start in the joined tensor."""
@@ -208,6 +220,10 @@ class SpatialChain(_OneBranch):
     def name(self) -> str:
         return f"{self.head}..{self.ops[-1].name} (rows{', gathered' if self.gathered else ''})"
 
+    @property
+    def fusable(self) -> bool:
+        return not self.gathered
+
     def tile_rows(self, parts: int) -> list[dict[str, Rows]]:
         """Per tile, the output rows every operator computes (halos included)."""
         return tile_rows(self.ops, parts)
@@ -242,6 +258,14 @@ def _chain_of_fields(
 class SplitChoice:
     chain: Chain
     parts: int
+    fused: bool = False
+    """The chain's tiles run as one kernel (every stage of a tile before the next tile), not one
+    kernel per operator and tile."""
+
+
+FUSED_TILES = ("off", "on", "auto")
+"""Whether a split chain's tiles run as one kernel (:attr:`SplitChoice.fused`, where :attr:`Chain.fusable`):
+never, always, or where that measured faster than the per-kernel tiles."""
 
 
 def disjoint(chains: list[Chain]) -> bool:

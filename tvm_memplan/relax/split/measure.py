@@ -8,25 +8,13 @@ import re
 
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ...split.chain import Chain
 from ..ir_utils import op_name, static_shape, top_level_bindings
+from ..module import relax_functions
 from .normalize import normalize
 from .operators import channels
-
-
-@mutator
-class _Substitute(PyExprMutator):
-    def __init__(self, remap: dict) -> None:
-        super().__init__()
-        self.remap = remap
-
-    def visit_var_(self, var: relax.Var) -> relax.Expr:
-        return self.remap.get(var, var)
-
-    def visit_dataflow_var_(self, var: relax.Var) -> relax.Expr:
-        return self.remap.get(var, var)
+from .outline import TILES_ATTR, rebind
 
 
 def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
@@ -42,7 +30,7 @@ def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
     with bb.function("main", params):
         with bb.dataflow():
             for i, b in enumerate(links):
-                value = _Substitute(remap).visit_expr(b.value)
+                value = rebind(b.value, remap)
                 emit = bb.emit_output if i == len(links) - 1 else bb.emit
                 remap[b.var] = emit(value, name_hint=b.var.name)
         bb.emit_func_output(remap[links[-1].var])
@@ -50,9 +38,11 @@ def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
 
 
 def chain_signature(mod: tvm.IRModule) -> str:
-    """What a chain module's latency depends on (operators, attributes, shapes), not its
-    weights or variable names: identical blocks of a network share one measurement."""
-    text = mod["main"].script(show_meta=False)
+    """What a chain module's latency depends on (operators, attributes, shapes; tiles that run as
+    one kernel), not its weights or variable names: identical blocks of a network share one
+    measurement."""
+    tiles = sorted((g.name_hint, f) for g, f in relax_functions(mod) if f.attrs is not None and TILES_ATTR in f.attrs)
+    text = "\n".join(f.script(show_meta=False) for f in [mod["main"], *(f for _, f in tiles)])
     names: dict[str, str] = {}
     text = re.sub(r"\b(lv\d*(?:_\d+)?|gv\d*)\b", lambda m: names.setdefault(m.group(1), f"v{len(names)}"), text)
     return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -22,6 +22,7 @@ from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
 from ..tile_writes import ROW_OFFSET_ATTR
 from .chains import row_axis
 from .operators import CHANNEL, CONV, POOLS, ROWS, channels, nchw, padding
+from .outline import marker, outline_marked
 
 
 def _outside_row_axis(
@@ -128,6 +129,9 @@ class _SplitRewriter(PyExprMutator):
         # a chain module (the chain alone) has its anchor as a parameter: tiles run at the head
         self.anchored = {c.chain.anchor: c for c in choices if c.chain.anchor in self.table}
         self.deferred = {c.chain for c in self.anchored.values()}
+        self.begins: dict[Chain, relax.Var] = {}
+        self.markers: list[tuple[relax.Var, relax.Var]] = []
+        """Where the tiles of each chain to run as one kernel begin and end (see :mod:`.outline`)."""
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         name = binding.var.name
@@ -215,14 +219,19 @@ class _SplitRewriter(PyExprMutator):
 
     def _emit_branch(self, choice: SplitChoice, index: int) -> None:
         """Branch ``index`` of the chosen chain, tile by tile."""
-        match choice.chain:
+        chain = choice.chain
+        if choice.fused and self.left[chain] == len(chain.branches):
+            self.begins[chain] = marker(self.builder_)
+        match chain:
             case RowChain():
                 self._emit_rows(choice)
             case SpatialChain():
                 self._emit_spatial(choice)
             case ChannelChain():
                 self._emit_channel_branch(choice, index)
-        self.left[choice.chain] -= 1
+        self.left[chain] -= 1
+        if choice.fused and not self.left[chain]:
+            self.markers.append((self.begins[chain], marker(self.builder_)))
 
     def _emit_channel_branch(self, choice: SplitChoice, index: int) -> None:
         """A branch of a channel chain: its tiles, each through the shared operators after a concat
@@ -456,8 +465,11 @@ def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
         return mod
     if not disjoint([c.chain for c in choices]):
         raise ValueError("a chosen chain overlaps another chosen chain")
+    if any(c.fused and not c.chain.fusable for c in choices):
+        raise ValueError("a chain chosen to run as one kernel cannot (see Chain.fusable)")
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     rewriter = _SplitRewriter(mod, choices)
     func = rewriter.visit_expr(mod["main"])
+    func = outline_marked(func, rewriter.markers, rewriter.builder_)
     rewriter.builder_.update_func(mod.get_global_var("main"), func)
     return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())

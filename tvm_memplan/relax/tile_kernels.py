@@ -1,0 +1,274 @@
+"""One kernel per split chain: every stage of a tile runs before the next tile starts, in one call.
+
+The split rewriter outlines a chain whose tiles are to run as one kernel into a private Relax function
+(:mod:`~tvm_memplan.relax.split.outline`), which TVM legalizes and fuses like ``main``: after ``FuseTIR``
+(and :func:`~tvm_memplan.relax.tile_writes.WriteTilesInPlace`) it is a sequence of per-tile kernel
+calls. :func:`MergeTileKernels` schedules each of those kernels as :class:`~tvm_memplan.schedule.
+DefaultCPUSchedule` would and concatenates their bodies, in call order (tile-major), into one PrimFunc.
+The chain's inputs and its output are that PrimFunc's parameters; every tensor that lives only inside
+the chain (tile buffers) becomes a view into one scratch parameter, at offsets planned by the arena
+allocators over the kernels' sequence. The scratch is a second output of the call, so the arena planner
+places it like any tensor and the VM allocates exactly the plan (no ``TVMBackendAllocWorkspace``).
+Halo rows are recomputed, as the per-kernel tiles do. Where the kernels cannot be merged (a call this
+pass does not model, a GPU target whose kernels are bound to threads), the chain's calls go back into
+the caller one by one: the per-kernel tiles.
+
+MCUNetV2 (Lin et al., NeurIPS 2021) and TinyEngine run a patch through the first stages the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+
+from ..planning import Buffer, Problem, align_up, plan_aliased
+from ..schedule.cpu import CpuSpec, cpu_spec
+from ..schedule.passes import schedule_function
+from .inplace import inplace_safe
+from .ir_utils import static_shape, top_level_bindings
+from .module import referenced_globals, relax_functions, with_blocks
+from .split.outline import TILES_ATTR, rebind
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
+_ALIGNMENT = 64
+"""Byte alignment of every view in the scratch buffer (what the arena gives every tensor)."""
+
+
+@dataclass
+class _Kernel:
+    func: tirx.PrimFunc
+    tensors: list[relax.Expr]
+    """The Relax tensor each parameter is, in parameter order (for an in-place call, the output is
+    the input it overwrites)."""
+    writes_new: bool
+    """Its last parameter is a tensor it creates (``call_tir``), not one it updates in place."""
+
+
+@dataclass
+class MergedChain:
+    func: tirx.PrimFunc
+    """Parameters: the chain's inputs, its output, the scratch buffer."""
+    inputs: list[relax.Expr]
+    scratch: relax.TensorType
+
+
+def _kernels(func: relax.Function, mod: tvm.IRModule) -> tuple[list[_Kernel], relax.Expr] | None:
+    """The chain function's kernel calls, and the tensor it returns (its variables resolved through
+    aliases and in-place calls), or None where it holds anything else."""
+    root: dict[relax.Var, relax.Expr] = {}
+
+    def resolve(expr: relax.Expr) -> relax.Expr:
+        return root.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    kernels = []
+    for binding in top_level_bindings(func):
+        value = binding.value
+        if isinstance(value, relax.Var):
+            root[binding.var] = resolve(value)
+            continue
+        if not isinstance(value, relax.Call) or not isinstance(binding.var.ty, relax.TensorType):
+            return None
+        if not (value.op.same_as(_CALL_TIR) or value.op.same_as(_CALL_TIR_INPLACE)):
+            return None
+        prim = mod[value.args[0]]
+        args = [resolve(a) for a in value.args[1].fields]
+        tensors = all(isinstance(a, (relax.Var, tvm.ir.GenericConst)) for a in args)
+        if not isinstance(prim, tirx.PrimFunc) or not tensors:
+            return None
+        if value.op.same_as(_CALL_TIR):
+            kernels.append(_Kernel(prim, [*args, binding.var], True))
+        else:
+            (index,) = [int(i) for i in value.attrs.inplace_indices]
+            root[binding.var] = args[index]
+            kernels.append(_Kernel(prim, args, False))
+        if len(kernels[-1].tensors) != len(prim.params):
+            return None
+    return kernels, resolve(func.body.body)
+
+
+def _in_place_sources(kernels: list[_Kernel], inside: list[relax.Var]) -> dict[relax.Var, relax.Var]:
+    """Tensor → the inner tensor it overwrites: a kernel's new output over an input read there for the
+    last time, where the kernel reads it elementwise (the planner's in-place rule,
+    :func:`~tvm_memplan.relax.inplace.inplace_safe`)."""
+    last = {t: i for i, k in enumerate(kernels) for t in k.tensors if isinstance(t, relax.Var)}
+    sources: dict[relax.Var, relax.Var] = {}
+    for i, kernel in enumerate(kernels):
+        if not kernel.writes_new:
+            continue
+        *reads, out = kernel.tensors
+        for j, tensor in enumerate(reads):
+            once = sum(t.same_as(tensor) for t in reads) == 1
+            free = tensor in inside and last[tensor] == i and tensor not in sources.values()
+            if once and free and inplace_safe(kernel.func, j, len(reads)):
+                sources[out] = tensor
+                break
+    return sources
+
+
+def _scratch_offsets(
+    kernels: list[_Kernel], inside: list[relax.Var], output: relax.Var
+) -> tuple[dict[relax.Var, int], set[relax.Var], int, str] | None:
+    """Element offsets of the chain's inner tensors in one scratch buffer (planned over the kernels'
+    sequence by the arena allocators, in-place outputs over their inputs), the inner tensors that
+    live in the output instead (overwritten by it in place), the scratch's element count and dtype;
+    None unless they share a dtype."""
+    dtypes = {str(v.ty.dtype) for v in inside}
+    if len(dtypes) != 1:
+        return None
+    (dtype,) = dtypes
+    itemsize = np.dtype(dtype).itemsize
+    sources = _in_place_sources(kernels, inside)
+
+    def root(tensor: relax.Var) -> relax.Var:
+        while tensor in sources:
+            tensor = sources[tensor]
+        return tensor
+
+    in_output = {t for t in inside if root(output).same_as(root(t))}
+    planned = [t for t in inside if t not in in_output]
+    index = {t: i for i, t in enumerate(planned)}
+    buffers = []
+    for v in planned:
+        steps = [i for i, k in enumerate(kernels) if any(t.same_as(v) for t in k.tensors)]
+        buffers.append(Buffer(v, int(np.prod(static_shape(v.ty))) * itemsize, steps[0], steps[-1] + 1))
+    aliases = {index[t]: (index[root(t)], 0) for t in planned if not root(t).same_as(t)}
+    plan, _ = plan_aliased(Problem(buffers, alignment=_ALIGNMENT, aliases=aliases), time_budget=1.0)
+    offsets = {v: offset // itemsize for v, offset in zip(planned, plan.offsets, strict=True)}
+    return offsets, in_output, max(align_up(plan.arena_bytes, itemsize) // itemsize, 1), dtype
+
+
+def _param(name: str, shape: tuple[int, ...], dtype: str) -> tvm.ir.Var:
+    return tirx.decl_buffer([tirx.IntImm("int64", d) for d in shape], dtype, name)
+
+
+def _substitute(stmt: tirx.Stmt, mapping: dict) -> tirx.Stmt:
+    def swap(var: tvm.ir.Var) -> object:
+        return next((new for old, new in mapping.items() if var.same_as(old)), var)
+
+    return tvm_ffi.structural_map(stmt, [(tvm.ir.Var, swap)])
+
+
+def merge_chain(func: relax.Function, mod: tvm.IRModule, spec: CpuSpec | None) -> MergedChain | None:
+    """The chain function's kernels as one PrimFunc (see the module docstring), each scheduled for
+    ``spec`` first (None: as they are); None where this pass cannot merge them."""
+    found = _kernels(func, mod)
+    if found is None or len(found[0]) < 2:
+        return None
+    kernels, output = found
+    if not isinstance(output, relax.Var) or any(output.same_as(p) for p in func.params):
+        return None
+    inputs: list[relax.Expr] = []
+    inside: list[relax.Var] = []
+    for kernel in kernels:
+        for tensor in kernel.tensors:
+            outside = isinstance(tensor, tvm.ir.GenericConst) or any(tensor.same_as(p) for p in func.params)
+            group = inputs if outside else inside
+            if not tensor.same_as(output) and not any(tensor.same_as(t) for t in group):
+                group.append(tensor)
+    if not inside or any(static_shape(t.ty) is None for t in [*inputs, *inside, output]):
+        return None
+    planned = _scratch_offsets(kernels, inside, output)
+    if planned is None:
+        return None
+    offsets, in_output, elements, dtype = planned
+    params = [_param(f"input{i}", static_shape(t.ty), str(t.ty.dtype)) for i, t in enumerate(inputs)]
+    out = _param("output", static_shape(output.ty), str(output.ty.dtype))
+    scratch = _param("scratch", (elements,), dtype)
+    scheduled: dict[tirx.PrimFunc, tirx.PrimFunc] = {}
+    bodies = []
+    for kernel in kernels:
+        key = kernel.func
+        if key not in scheduled:
+            done = schedule_function(kernel.func, spec) if spec is not None else None
+            scheduled[key] = done[0] if done is not None else kernel.func
+        prim = s_tir.renew_defs(scheduled[key])  # each copy with variables and buffers of its own
+        views, mapping = [], {}
+        for param, tensor in zip(prim.params, kernel.tensors, strict=True):
+            if tensor.same_as(output) or tensor in in_output:
+                target, offset = out, 0
+            elif any(tensor.same_as(t) for t in inside):
+                target, offset = scratch, next(o for v, o in offsets.items() if v.same_as(tensor))
+            else:
+                target, offset = params[next(i for i, t in enumerate(inputs) if t.same_as(tensor))], 0
+            ty = param.ty
+            index_type = ty.shape[0].ty if len(ty.shape) else "int64"
+            view = tirx.decl_buffer(list(ty.shape), ty.dtype, param.name, elem_offset=tirx.IntImm(index_type, offset))
+            views.append(tirx.DeclBuffer(view, data=tirx.buffer_data(target)))
+            mapping[param] = view
+        bodies.append(tirx.SeqStmt([*views, _substitute(prim.body, mapping)]))
+    root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(bodies))
+    merged = tirx.PrimFunc([*params, out, scratch], s_tir.SBlockRealize([], True, root))
+    merged = merged.with_attrs({"tir.is_scheduled": True, "tirx.noalias": True})
+    return MergedChain(merged, inputs, relax.TensorType((elements,), dtype))
+
+
+def _inlined(call: relax.Call, var: relax.Var, func: relax.Function) -> list[relax.Binding]:
+    """The bindings of the chain function ``func`` in place of ``var = func(args)``: the per-kernel tiles."""
+    func = relax.utils.copy_with_new_vars(func)
+    mapping = dict(zip(func.params, call.args, strict=True))
+    bindings = [relax.VarBinding(b.var, rebind(b.value, mapping)) for b in top_level_bindings(func)]
+    return [*bindings, relax.VarBinding(var, rebind(func.body.body, mapping))]
+
+
+def _merged_call(
+    call: relax.Call, var: relax.Var, func: relax.Function, merged: MergedChain, gvar: tvm.ir.GlobalVar
+) -> list[relax.Binding]:
+    """``var = func(args)`` as one call of the merged kernel ``gvar``, which also returns the scratch."""
+    args = [rebind(t, dict(zip(func.params, call.args, strict=True))) for t in merged.inputs]
+    kind = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
+    both = kind(f"{var.name}_scratch", relax.TupleType([var.ty, merged.scratch]))
+    return [
+        relax.VarBinding(both, relax.call_tir(gvar, args, out_ty=[var.ty, merged.scratch])),
+        relax.VarBinding(var, relax.TupleGetItem(both, 0)),
+    ]
+
+
+def MergeTileKernels(target: tvm.target.Target, schedule: str = "default") -> tvm.transform.Pass:  # noqa: N802
+    """Each outlined chain as one kernel call on ``llvm`` and ``c`` targets, else its per-kernel tiles
+    back in the caller (see the module docstring). Kernels are scheduled first unless ``schedule`` is
+    ``none``."""
+    cpu = target.kind.name in ("llvm", "c")
+    spec = cpu_spec(target) if cpu and schedule != "none" else None
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.MergeTileKernels")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        chains = {gvar: f for gvar, f in relax_functions(mod) if f.attrs is not None and TILES_ATTR in f.attrs}
+        if not chains:
+            return mod
+        builder = relax.BlockBuilder(mod)
+        kernels = {}
+        for gvar, func in chains.items():
+            merged = merge_chain(func, mod, spec) if cpu else None
+            if merged is not None:
+                kernels[gvar] = (merged, builder.add_func(merged.func, f"{gvar.name_hint}_fused"))
+        updates = {}
+        for gvar, func in relax_functions(mod):
+            if gvar in chains:
+                continue
+            blocks = []
+            for block in func.body.blocks:
+                bindings = []
+                for b in block.bindings:
+                    chain = b.value.op if isinstance(b.value, relax.Call) else None
+                    if chain not in chains:
+                        bindings.append(b)
+                    elif chain in kernels:
+                        bindings.extend(_merged_call(b.value, b.var, chains[chain], *kernels[chain]))
+                    else:
+                        bindings.extend(_inlined(b.value, b.var, chains[chain]))
+                blocks.append(type(block)(bindings))
+            updates[gvar] = builder.normalize(with_blocks(func, blocks))
+        functions = {**dict(builder.get().functions), **updates}
+        kept = tvm.IRModule({g: f for g, f in functions.items() if g not in chains}, attrs=mod.attrs)
+        used = referenced_globals(kept)
+        return tvm.IRModule(
+            {g: f for g, f in kept.functions.items() if not isinstance(f, tirx.PrimFunc) or g.name_hint in used},
+            attrs=mod.attrs,
+        )
+
+    return _pass
