@@ -7,9 +7,9 @@ QDQ, per-channel int8 weights, int8 activations, MinMax on random normal calibra
 weights are the zoo's random ones, so only the arithmetic is meaningful, not accuracy). Then, in one
 run: the float and int8 arenas and the int8 liveness bound; the initializer bytes; whether the VM's
 storage requests equal the plan; latency of our int8 build, onnxruntime on the same int8 file at
-the same threads, and our float build; the largest output difference from onnxruntime's default
-session in output LSB beside onnxruntime's own optimized-vs-unoptimized spread; the top class
-agreement on the same inputs (20 by default).
+the same threads, and our float build (medians over interleaved rounds); the largest output
+difference from onnxruntime's default session in output LSB beside onnxruntime's own
+optimized-vs-unoptimized spread; the top class agreement on the same inputs (20 by default).
 
 Weights are counted twice: the ONNX files' initializers (the int8 file adds per-channel weight scales
 and zero points, int32 biases with their own scales and zero points) and the tensors the built VM
@@ -24,10 +24,14 @@ import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+ROUNDS = 5
+"""Interleaved rounds per model; each round times our int8 build, onnxruntime and our float build in turn."""
 
 DEFAULT_MODELS = [
     "zoo:mcu_cnn",
@@ -38,17 +42,20 @@ DEFAULT_MODELS = [
 ]
 
 
-def _latency_tvm(executable, inputs: dict[str, np.ndarray]) -> float:
+def _tvm_timer(executable, inputs: dict[str, np.ndarray]) -> Callable[[], list[float]]:
+    """One round of a VM's latency: 3 repeats of at least 50 ms, in ms."""
     import tvm
     from tvm import relax
 
     dev = tvm.cpu()
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
-    return vm.time_evaluator("main", dev, number=1, repeat=15, min_repeat_ms=50)(*args).median * 1e3
+    evaluator = vm.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=50)
+    return lambda: [r * 1e3 for r in evaluator(*args).results]
 
 
-def _latency_onnxruntime(path: Path, inputs: dict[str, np.ndarray], threads: int) -> float:
+def _onnxruntime_timer(path: Path, inputs: dict[str, np.ndarray], threads: int) -> Callable[[], list[float]]:
+    """One round of onnxruntime's latency on ``path``: 3 repeats of at least 50 ms, in ms."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -56,14 +63,28 @@ def _latency_onnxruntime(path: Path, inputs: dict[str, np.ndarray], threads: int
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     session.run(None, inputs)
-    repeats = []
-    for _ in range(15):
-        start, runs = time.perf_counter(), 0
-        while time.perf_counter() - start < 0.05:
-            session.run(None, inputs)
-            runs += 1
-        repeats.append((time.perf_counter() - start) / runs * 1e3)
-    return float(np.median(repeats))
+
+    def round_() -> list[float]:
+        repeats = []
+        for _ in range(3):
+            start, runs = time.perf_counter(), 0
+            while time.perf_counter() - start < 0.05:
+                session.run(None, inputs)
+                runs += 1
+            repeats.append((time.perf_counter() - start) / runs * 1e3)
+        return repeats
+
+    return round_
+
+
+def interleaved_medians(timers: dict[str, Callable[[], list[float]]], rounds: int = ROUNDS) -> dict[str, float]:
+    """Median latency of each timer over ``rounds`` rounds that take turns (A, B, C, A, B, C, ...), so a
+    change in the machine's speed during the run (other jobs, frequency) reaches every column alike."""
+    samples: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            samples[name] += timer()
+    return {name: float(np.median(values)) for name, values in samples.items()}
 
 
 def bench_model(
@@ -112,6 +133,13 @@ def bench_model(
             fused_first.append(fused)
             plain_first.append(plain)
         inputs = int8.random_inputs(0)
+        latency = interleaved_medians(
+            {
+                "ms_ours_int8": _tvm_timer(int8_exe, inputs),
+                "ms_ort_int8": _onnxruntime_timer(target, inputs, threads),
+                "ms_ours_float": _tvm_timer(float_exe, inputs),
+            }
+        )
         built_float, built_int8 = constant_bytes(float_exe), constant_bytes(int8_exe)
         top = top_class_agreement(ours_first, fused_first, plain_first)
         return {
@@ -126,9 +154,7 @@ def bench_model(
             "built_int8_by_dtype": built_int8.by_dtype,
             "kept_float": len(lowering[0].kept_float),
             "trace_ok": trace_ok,
-            "ms_ours_int8": float(_latency_tvm(int8_exe, inputs)),
-            "ms_ort_int8": _latency_onnxruntime(target, inputs, threads),
-            "ms_ours_float": float(_latency_tvm(float_exe, inputs)),
+            **latency,
             "lsb": max(ours_lsb, default=None),
             "spread": max(spread_lsb, default=None),
             "top": str(top) + ("" if top.ok else " (fewer than onnxruntime's unoptimized run)"),
@@ -140,7 +166,8 @@ def table(rows: list[dict], threads: int, cpu: str, load: tuple[float, float], i
         f"## Int8 (QDQ) networks: tvm_memplan against onnxruntime ({threads} thread(s), {cpu})\n\n"
         f"Our kernels: {isa}. onnxruntime picks its kernels from this CPU's instruction set at run time.\n\n"
         f"Load average {load[0]:.1f} before the run, {load[1]:.1f} after (other jobs on the same cores make "
-        "the latencies noisy; the other columns do not depend on it).\n\n"
+        f"the latencies noisy; the other columns do not depend on it). Latencies: medians over {ROUNDS} "
+        "interleaved rounds of 3 repeats (our int8 build, onnxruntime, our float build in turn).\n\n"
         "Arenas in bytes. Weights twice: the ONNX files' initializers (the int8 file adds per-channel scales, zero "
         "points, int32 biases and their scales and zero points) and the tensors the built VM executables hold "
         "(int8 build: int8 weights and lookup tables, int32 biases, float32 requantization multipliers). "

@@ -15,7 +15,7 @@ import pytest
 import tvm
 from tvm import te
 
-from tvm_memplan.quant import kernels
+from tvm_memplan.quant import dot_kernels, kernels
 from tvm_memplan.schedule.cpu import Int8Depthwise, cpu_spec
 from tvm_memplan.schedule.passes import schedule_function
 
@@ -48,7 +48,7 @@ def build(target, x_shape, x_dtype, k, **conv) -> tuple[tvm.runtime.Module, list
         te.placeholder((c,), "int32", "b"),
         te.placeholder((c,), "float32", "m"),
     ]
-    out = kernels.depthwise_conv2d(*tensors, out_dtype="int8", **conv)
+    out = dot_kernels.depthwise_conv2d(*tensors, out_dtype="int8", **conv)
     spec = dataclasses.replace(cpu_spec(target), threads=2)  # channels run in parallel where there is work enough
     scheduled = schedule_function(te.create_prim_func([*tensors, out]), spec, rules=[Int8Depthwise()])
     assert scheduled is not None, "the int8_depthwise rule must schedule depthwise_conv2d"
@@ -179,7 +179,7 @@ def test_depthwise_fusions_equal_the_generic_kernel(fusion):
     ]
     outputs = []
     for kernel, extra_conv, rule in (
-        (kernels.depthwise_conv2d, {}, "int8_depthwise"),
+        (dot_kernels.depthwise_conv2d, {}, "int8_depthwise"),
         (kernels.conv2d, {"groups": c}, "tiled_reduction"),
     ):
         out = kernel(*tensors, **conv, **extra_conv)

@@ -18,7 +18,7 @@ from tvm import te
 
 from tvm_memplan.frontend import LoadedModel
 from tvm_memplan.planner import plan_model
-from tvm_memplan.quant import kernels
+from tvm_memplan.quant import dot_kernels, kernels
 from tvm_memplan.quant.reference import lsb_difference, output_scales, run_onnxruntime
 from tvm_memplan.schedule import DefaultCPUSchedule
 from tvm_memplan.schedule.cpu import Int8DotProduct, cpu_spec
@@ -30,7 +30,7 @@ from ..quant import models
 HOST = tvm.target.Target.from_device("cpu")
 HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2 without VNNI
 ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"]})
-VNNI, AVX2, SDOT = (kernels.DOT_INSTRUCTIONS[name] for name in ("avx512vnni", "avx2", "neon-dotprod"))
+VNNI, AVX2, SDOT = (dot_kernels.DOT_INSTRUCTIONS[name] for name in ("avx512vnni", "avx2", "neon-dotprod"))
 # name: target, the spec's instruction (None: the portable fallback), the packing, its mnemonic
 TARGETS = {
     "portable": (HOST, None, VNNI, None),
@@ -80,7 +80,7 @@ def run_dot_conv(
     bias: np.ndarray,
     multiplier: np.ndarray,
     zx: int,
-    kernel=kernels.conv2d_dot,
+    kernel=dot_kernels.conv2d_dot,
     **conv,
 ) -> tuple[np.ndarray, str]:
     """``kernel`` (``conv2d_dot`` or ``dense_dot``) built for ``TARGETS[target_name]`` and run here on
@@ -88,8 +88,8 @@ def run_dot_conv(
     other keywords."""
     target, instruction, layout, _mnemonic = TARGETS[target_name]
     x_dtype = conv.get("quantize_input", (None, str(x.dtype)))[1]
-    folded = kernels.fold_zero_point(bias, weight, kernels.dot_zero_point(zx, x_dtype, layout.packed_dtype))
-    packed = kernels.pack_dot_weights(weight, layout.lanes, layout.depth)
+    folded = kernels.fold_zero_point(bias, weight, dot_kernels.dot_zero_point(zx, x_dtype, layout.packed_dtype))
+    packed = dot_kernels.pack_dot_weights(weight, layout.lanes, layout.depth)
     tensors = [
         te.placeholder(a.shape, str(a.dtype), n) for a, n in ((x, "x"), (packed, "w"), (folded, "b"), (multiplier, "m"))
     ]
@@ -154,11 +154,11 @@ def test_rule_declines_other_kernels():
 
 def test_weights_pack_into_instruction_blocks():
     weight = np.arange(20 * 6 * 1 * 1).reshape(20, 6, 1, 1).astype(np.int8)
-    packed = kernels.pack_dot_weights(weight, 16, 4)
+    packed = dot_kernels.pack_dot_weights(weight, 16, 4)
     assert packed.shape == (2, 2, 1, 1, 16, 4)
     assert packed[1, 1, 0, 0, 3, 1] == weight[19, 5, 0, 0]
     assert packed[1, 1, 0, 0, 4, 0] == 0 and packed[0, 1, 0, 0, 0, 2] == 0  # padded channels are zero
-    assert kernels.pack_dot_weights(weight, 8, 2)[2, 1, 0, 0, 3, 1] == weight[19, 3, 0, 0]
+    assert dot_kernels.pack_dot_weights(weight, 8, 2)[2, 1, 0, 0, 3, 1] == weight[19, 3, 0, 0]
 
 
 @pytest.mark.parametrize("target_name", list(TARGETS))
@@ -197,7 +197,7 @@ def test_sdot_kernel_compiles_to_sdot_for_arm():
     w = te.placeholder((2, 2, 3, 3, 4, 4), "int8", "w")
     b = te.placeholder((8,), "int32", "b")
     m = te.placeholder((8,), "float32", "m")
-    out = kernels.conv2d_dot(
+    out = dot_kernels.conv2d_dot(
         x,
         w,
         b,
@@ -230,7 +230,7 @@ def test_dense_dot_equals_integer_arithmetic(target_name):
     multiplier = (rng.random(n) * 2e-4).astype(np.float32)
     zx = 9
     result, _ = run_dot_conv(
-        target_name, x, weight, bias, multiplier, zx, kernels.dense_dot, y_zero_point=4, low=-128, high=127
+        target_name, x, weight, bias, multiplier, zx, dot_kernels.dense_dot, y_zero_point=4, low=-128, high=127
     )
     image = x.T.reshape(1, k, m, 1)
     expected = reference(image, weight, bias, multiplier, 1, 1, (0, 0, 0, 0), zx, 4, -128, 127, np.int8)

@@ -1,6 +1,6 @@
 """The C micro-kernel behind the Cortex-M int8 convolutions: dual 16-bit multiply-accumulates (SMLAD).
 
-The schedule tensorizes :func:`tvm_memplan.quant.kernels.conv2d_dot`'s innermost block (4 output
+The schedule tensorizes :func:`tvm_memplan.quant.dot_kernels.conv2d_dot`'s innermost block (4 output
 channels x 4 input channels, int8) into a call of ``tvm_memplan_dot_4x4_smlad``
 (:mod:`tvm_memplan.schedule.cpu.int8_dot`). TVM's C codegen declares that call as an external
 function; :func:`with_micro_kernels` replaces the declaration by this inline definition, so the C

@@ -13,10 +13,10 @@ Patterns (the output quantize is per-tensor; weights per-tensor or per-channel, 
 
 * ``conv2d(dq(x), dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.conv2d` (a folded Relu/Clip
   narrows the output clamp: quantization is monotonic, so clamping before or after is the same;
-  on a CPU with a dot-product instruction :func:`.kernels.conv2d_dot`, or for a depthwise one
-  :func:`.kernels.depthwise_conv2d`);
+  on a CPU with a dot-product instruction :func:`.dot_kernels.conv2d_dot`, or for a depthwise one
+  :func:`.dot_kernels.depthwise_conv2d`);
 * ``matmul(dq(x), dq(W)ᵀ | dq(W)) [+ bias] [relu|clip]`` → :func:`.kernels.dense` (2-d on such a
-  CPU: :func:`.kernels.dense_dot`). The weights may
+  CPU: :func:`.dot_kernels.dense_dot`). The weights may
   also be ``dq(q(float constant))`` and the bias a float constant (PyTorch's exports) or an int32
   one of another scale (a bias tensor shared between convs): both are quantized to the
   accumulator's scale here;
@@ -48,7 +48,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..relax.ir_utils import constant_value, op_name, static_shape
 from ..schedule.cpu.spec import cpu_spec
-from . import kernels
+from . import dot_kernels, kernels
 from .kernels import INT_RANGE
 from .qdq_graph import (
     Clamp,
@@ -95,8 +95,8 @@ class _Lowerer(PyExprMutator):
         self.graph = graph
         self.report = report
         self.int8_dot = int8_dot
-        """The CPU's int8 dot-product instruction (a key of :data:`.kernels.DOT_INSTRUCTIONS`): regular
-        convolutions then use :func:`.kernels.conv2d_dot`, depthwise ones :func:`.kernels.depthwise_conv2d`
+        """The CPU's int8 dot-product instruction (a key of :data:`.dot_kernels.DOT_INSTRUCTIONS`): regular
+        convolutions then use :func:`.dot_kernels.conv2d_dot`, depthwise ones :func:`.dot_kernels.depthwise_conv2d`
         (integer vectors, which every CPU with such an instruction has)."""
         self._recipe: tuple | None = None
         self.recipes: dict[relax.Var, tuple] = {}
@@ -322,14 +322,14 @@ class _Lowerer(PyExprMutator):
             if self.int8_dot and groups == 1 and not (self.int8_dot == "dsp-smlad" and w_shifted.shape[1] <= 4):
                 # the dot-product kernel: the input packed to the instruction's signedness, weights
                 # packed, the bias folded for the moved zero point
-                instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
-                func = kernels.conv2d_dot
+                instruction = dot_kernels.DOT_INSTRUCTIONS[self.int8_dot]
+                func = dot_kernels.conv2d_dot
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}
-                zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
-                stored = kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
+                zero_point = dot_kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
+                stored = dot_kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
             elif self.int8_dot and self.int8_dot != "dsp-smlad" and kind == "depthwise_conv2d":
                 # the same CPUs' integer vectors: int8 products widened to int32
-                func, kwargs = kernels.depthwise_conv2d, {**geometry, **common}
+                func, kwargs = dot_kernels.depthwise_conv2d, {**geometry, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             else:
                 func = kernels.conv2d
@@ -341,23 +341,23 @@ class _Lowerer(PyExprMutator):
         elif self.int8_dot == "dsp-smlad" and (static_shape(x.ty) or (0, 0))[:-1] == (1,):
             # a Cortex-M: a dense of one row as the 1x1 convolution of one pixel, on the SMLAD micro-kernel
             func, kind, zero_point = (
-                kernels.conv2d_dot,
+                dot_kernels.conv2d_dot,
                 "dense",
-                kernels.dot_zero_point(xq.zero_point, xq.dtype, "int8"),
+                dot_kernels.dot_zero_point(xq.zero_point, xq.dtype, "int8"),
             )
             kwargs = {"out_channels": channels, "packed_dtype": "int8", **_POINTWISE, "x_zero_point": xq.zero_point}
             kwargs.update(common)
-            stored = kernels.pack_dot_weights(w_shifted[:, :, None, None], 4, 4)
+            stored = dot_kernels.pack_dot_weights(w_shifted[:, :, None, None], 4, 4)
         else:
             kind = "dense"
             if self.int8_dot and self.int8_dot != "dsp-smlad" and len(static_shape(x.ty) or ()) == 2:
                 # as a 1x1 convolution of the rows on the dot-product instruction
-                instruction = kernels.DOT_INSTRUCTIONS[self.int8_dot]
-                func = kernels.dense_dot
+                instruction = dot_kernels.DOT_INSTRUCTIONS[self.int8_dot]
+                func = dot_kernels.dense_dot
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **common}
                 kwargs["x_zero_point"] = xq.zero_point
-                zero_point = kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
-                stored = kernels.pack_dot_weights(w_shifted[:, :, None, None], instruction.lanes, instruction.depth)
+                zero_point = dot_kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
+                stored = dot_kernels.pack_dot_weights(w_shifted[:, :, None, None], instruction.lanes, instruction.depth)
             else:
                 func, kwargs = kernels.dense, {"accumulate": accumulate, **common}
                 zero_point, stored = xq.zero_point, np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
@@ -370,11 +370,11 @@ class _Lowerer(PyExprMutator):
             relax.const(bias_int),
             relax.const(multiplier.astype(np.float32)),
         ]
-        if self.min_max and func in (kernels.conv2d, kernels.conv2d_dot):
+        if self.min_max and func in (kernels.conv2d, dot_kernels.conv2d_dot):
             kwargs["min_max"] = True
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
-        if kind == "dense" and func is kernels.conv2d_dot:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
+        if kind == "dense" and func is dot_kernels.conv2d_dot:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
             pixel = self.builder_.emit(relax.op.reshape(x_new, (1, w_shifted.shape[1], 1, 1)))
             out = self.builder_.emit(self._call_te(func, pixel, *consts, name=kernel_name, **kwargs))
             return relax.op.reshape(out, (1, channels)), kind
@@ -577,9 +577,9 @@ def LowerQDQ(
 ) -> tvm.transform.Pass:
     """Lower the QDQ groups of every Relax function to integer kernels (see the module docstring).
     Where ``target``'s CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX2, Arm's sdot, a
-    Cortex-M's SMLAD), regular convolutions are lowered in its operand layout (:func:`.kernels.conv2d_dot`),
-    which the schedule tensorizes. On the vector CPUs depthwise ones go to :func:`.kernels.depthwise_conv2d`
-    (int32 vectors) and dense ones to :func:`.kernels.dense_dot`; on a Cortex-M the one-row dense takes the
+    Cortex-M's SMLAD), regular convolutions are lowered in its operand layout (:func:`.dot_kernels.conv2d_dot`),
+    which the schedule tensorizes. On the vector CPUs depthwise ones go to :func:`.dot_kernels.depthwise_conv2d`
+    (int32 vectors) and dense ones to :func:`.dot_kernels.dense_dot`; on a Cortex-M the one-row dense takes the
     convolution's layout, depthwise convolutions accumulate in int32, and the clamps use fmaxf/fminf where
     the FPU has them."""
     spec = cpu_spec(target) if target is not None else None

@@ -1,4 +1,4 @@
-"""The int8 depthwise convolution (:func:`tvm_memplan.quant.kernels.depthwise_conv2d`) on the CPU's
+"""The int8 depthwise convolution (:func:`tvm_memplan.quant.dot_kernels.depthwise_conv2d`) on the CPU's
 integer vectors.
 
 Each task is one channel (tasks run in parallel where the kernel is big enough). Its input is
@@ -32,7 +32,7 @@ the grid): several independent vectors keep a tap's loads and multiplies in flig
 
 
 class Int8Depthwise(CPUScheduleRule):
-    """:func:`~tvm_memplan.quant.kernels.depthwise_conv2d` kernels, as the module docstring describes."""
+    """:func:`~tvm_memplan.quant.dot_kernels.depthwise_conv2d` kernels, as the module docstring describes."""
 
     name = "int8_depthwise"
 

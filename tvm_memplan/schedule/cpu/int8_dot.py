@@ -1,5 +1,5 @@
 """The int8 convolutions lowered in a dot-product instruction's layout
-(:func:`tvm_memplan.quant.kernels.conv2d_dot`), tensorized with AVX-512 VNNI's ``vpdpbusd`` (16 lanes
+(:func:`tvm_memplan.quant.dot_kernels.conv2d_dot`), tensorized with AVX-512 VNNI's ``vpdpbusd`` (16 lanes
 x 4 bytes), AVX2's ``vpmaddwd`` on widened bytes (8 lanes x 2) or Armv8.2's ``sdot`` (4 lanes x 4);
 on a Cortex-M with the DSP extension, with a C micro-kernel on ``SMLAD`` (:mod:`.int8_smlad`).
 
@@ -17,7 +17,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from ...quant.kernels import DOT_INSTRUCTIONS
+from ...quant.dot_kernels import DOT_INSTRUCTIONS
 from ..blocks import NotApplicable, loop_extent, top_level_blocks
 from .base import CPUScheduleRule, fuse_parallel
 from .spec import CpuSpec
@@ -89,7 +89,7 @@ for _isa, (_name, _llvm_intrinsic) in INTRINSICS.items():  # "dsp-smlad": :mod:`
 
 
 class Int8DotProduct(CPUScheduleRule):
-    """:func:`~tvm_memplan.quant.kernels.conv2d_dot` kernels: register-tiled, tensorized with the
+    """:func:`~tvm_memplan.quant.dot_kernels.conv2d_dot` kernels: register-tiled, tensorized with the
     target's dot-product instruction when the kernel is in its layout (else its lanes are vectorized
     as int32 arithmetic)."""
 

@@ -2,7 +2,7 @@
 pixel and block of 4 output channels, which runs the whole input-channel reduction on ``SMLAD``.
 
 The C target has no vector types, and a call per 4x4 step leaves the accumulators in memory. So the
-intrinsic covers the channel loop of :func:`tvm_memplan.quant.kernels.conv2d_dot` (``rc``: 4 input
+intrinsic covers the channel loop of :func:`tvm_memplan.quant.dot_kernels.conv2d_dot` (``rc``: 4 input
 channels per step, the packed input and the weights each at a stride of their own), and the
 micro-kernel (:data:`tvm_memplan.deploy.mcu_dsp.MICRO_KERNELS`) keeps the 4 accumulators in
 registers over it, as CMSIS-NN's and TinyEngine's hand-written inner loops do. The window's taps
@@ -19,7 +19,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from ...quant.kernels import DOT_INSTRUCTIONS
+from ...quant.dot_kernels import DOT_INSTRUCTIONS
 from ..blocks import NotApplicable, loop_extent, top_level_blocks
 from .base import CPUScheduleRule
 from .spec import CpuSpec
@@ -103,7 +103,7 @@ def _unit_stride(sch: s_tir.Schedule, pack: s_tir.SBlockRV, ow: s_tir.LoopRV, rx
 
 
 class Int8Smlad(CPUScheduleRule):
-    """:func:`~tvm_memplan.quant.kernels.conv2d_dot` kernels in the ``dsp-smlad`` layout on a
+    """:func:`~tvm_memplan.quant.dot_kernels.conv2d_dot` kernels in the ``dsp-smlad`` layout on a
     Cortex-M: output row, block of 4 channels, pixel; then the window; the channel loop is the
     micro-kernel's. The input is packed row by row, just before the output row that reads it: the
     scratch is the window's rows of the input, not a second copy of the whole input (as the vector
