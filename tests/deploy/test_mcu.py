@@ -16,6 +16,7 @@ from tvm_memplan.deploy.emit_c import emit_c
 from tvm_memplan.deploy.mcu import ModelC
 from tvm_memplan.deploy.mcu_program import edge_quantization
 from tvm_memplan.deploy.measure import int8_tolerances, reference_outputs
+from tvm_memplan.deploy.standalone import qemu_command
 from tvm_memplan.deploy.targets import CORTEX_M7
 from tvm_memplan.frontend import load_model
 
@@ -149,22 +150,7 @@ def _firmware(directories, main_source: str, work, defines=()) -> subprocess.Com
         text=True,
     )
     return subprocess.run(
-        [
-            "qemu-system-arm",
-            "-M",
-            CORTEX_M7.machine,
-            "-nographic",
-            "-monitor",
-            "none",
-            "-serial",
-            "none",
-            "-semihosting-config",
-            "enable=on,target=native",
-            "-icount",
-            "shift=0,sleep=off",
-            "-kernel",
-            "firmware.elf",
-        ],
+        qemu_command(CORTEX_M7.machine, "firmware.elf"),
         cwd=work,
         capture_output=True,
         text=True,

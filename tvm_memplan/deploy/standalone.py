@@ -37,6 +37,27 @@ _LINE = re.compile(
 _ARM_PACKAGES = "Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 
 
+def qemu_command(machine: str, kernel: str) -> list[str]:
+    """qemu-system-arm running ``kernel`` (an ELF) on board ``machine`` with semihosting for its I/O and
+    ``-icount shift=0``: one instruction per virtual nanosecond, so counts are deterministic."""
+    return [
+        "qemu-system-arm",
+        "-M",
+        machine,
+        "-nographic",
+        "-monitor",
+        "none",
+        "-serial",
+        "none",
+        "-semihosting-config",
+        "enable=on,target=native",
+        "-icount",
+        "shift=0,sleep=off",
+        "-kernel",
+        kernel,
+    ]
+
+
 @dataclass
 class CMeasurement:
     """The standalone C of one model run once on one device."""
@@ -167,22 +188,7 @@ def measure_c(
     if board is None:
         run_cmd = [str(binary.resolve())]
     else:
-        run_cmd = [
-            "qemu-system-arm",
-            "-M",
-            board.machine,
-            "-nographic",
-            "-monitor",
-            "none",
-            "-serial",
-            "none",
-            "-semihosting-config",
-            "enable=on,target=native",
-            "-icount",
-            "shift=0,sleep=off",
-            "-kernel",
-            binary.name,
-        ]
+        run_cmd = qemu_command(board.machine, binary.name)
     result = _run(run_cmd, directory, timeout, f"running {binary.name} on {device}")
     printed = result.stdout + result.stderr  # qemu writes semihosting text to stderr
     found = _LINE.search(printed)
