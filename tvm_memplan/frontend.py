@@ -44,10 +44,9 @@ class LoadedModel:
         rng = np.random.default_rng(seed)
         inputs = {}
         for name, shape, dtype in self.input_specs():
-            if not all(isinstance(d, int) and d > 0 for d in shape):
-                example = "x".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in shape)
+            if is_dynamic(shape):
                 raise UserError(
-                    f"input {name!r} has a dynamic shape {shape}: give --input-shapes {name}:{example} "
+                    f"input {name!r} has a dynamic shape {shape}: give --input-shapes {example_binding(name, shape)} "
                     "(or export the model with static shapes)"
                 )
             if np.issubdtype(dtype, np.floating):
@@ -55,6 +54,16 @@ class LoadedModel:
             else:
                 inputs[name] = rng.integers(0, 10, size=shape).astype(dtype)
         return inputs
+
+
+def is_dynamic(shape: tuple[int | str, ...]) -> bool:
+    """Whether an input shape (:meth:`LoadedModel.input_specs`) has a symbolic or unknown dimension."""
+    return not all(isinstance(d, int) and d > 0 for d in shape)
+
+
+def example_binding(name: str, shape: tuple[int | str, ...]) -> str:
+    """``--input-shapes`` text for ``name`` with every dynamic dimension bound to 1 (``x:1x3x224x224``)."""
+    return f"{name}:" + "x".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in shape)
 
 
 def parse_input_shapes(text: str) -> dict[str, tuple[int, ...]]:

@@ -208,7 +208,7 @@ def _target_arg(text: str):
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from ..frontend import load_model
+    from ..frontend import example_binding, is_dynamic, load_model
     from ..planner import plan_model
     from ..relax.pipeline import resolve_target
     from ..verify import target_device, verify_plan
@@ -239,6 +239,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     bound = plan.total("lower_bound_bytes")
     arena = plan.total("arena_bytes")
+    dynamic = [(name, shape) for name, shape, _ in model.input_specs() if is_dynamic(shape)]
     summary = {
         "model": model.name,
         "target": str(plan.target.kind.name),
@@ -263,11 +264,8 @@ def run_plan(args: argparse.Namespace) -> int:
         "allocators": sorted({a for r in plan.reports for a in r.allocators}),
         "functions": [r.function for r in plan.reports],
         "unplanned": {f"{r.function}.{k}": v for r in plan.reports for k, v in r.unplanned.items()},
-        "dynamic_inputs": {
-            name: [str(d) for d in shape]
-            for name, shape, _ in model.input_specs()
-            if not all(isinstance(d, int) and d > 0 for d in shape)
-        },
+        "dynamic_inputs": {name: [str(d) for d in shape] for name, shape in dynamic},
+        "input_shapes_hint": ",".join(example_binding(name, shape) for name, shape in dynamic),
         "verified": verified,
     }
     if plan.options.groups is not None:
@@ -456,14 +454,10 @@ def _print_plan_report(summary: dict, layouts) -> None:
         out.print(memory_profile(problem, arena_bytes))
     for line in unplanned_lines(summary["unplanned"]):
         out.print(f"  {line}")
-    if summary["dynamic_inputs"]:
-        bound = ",".join(
-            f"{name}:" + "x".join(d if d.isdigit() and d != "0" else "1" for d in dims)
-            for name, dims in summary["dynamic_inputs"].items()
-        )
+    if summary["input_shapes_hint"]:
         out.print(
             f"  [yellow]note[/yellow]: tensors whose shapes depend on the model's dynamic dimensions are left to "
-            f"TVM's planner; bind them to plan everything: --input-shapes {bound}"
+            f"TVM's planner; bind them to plan everything: --input-shapes {summary['input_shapes_hint']}"
         )
     for name, reason in summary["concats_kept"].items():
         out.print(f"  concat kept {name}: {reason}")
