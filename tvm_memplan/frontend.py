@@ -282,7 +282,7 @@ def computes_shapes(mod) -> bool:
 
 
 def _static_inputs(model: LoadedModel) -> bool:
-    return all(isinstance(d, int) and d > 0 for _, shape, _ in model.input_specs() for d in shape)
+    return not any(is_dynamic(shape) for _, shape, _ in model.input_specs())
 
 
 def fold_constants(onnx_model: onnx.ModelProto) -> onnx.ModelProto:
