@@ -109,6 +109,7 @@ NETWORKS: dict[str, Factory] = {
     "densenet121": _torchvision("densenet121"),
     "resnet18": _torchvision("resnet18"),
     "resnet50": _torchvision("resnet50"),
+    "resnext50_32x4d": _torchvision("resnext50_32x4d"),
     "timm_mobilenetv3_large_100": _timm("mobilenetv3_large_100"),
     "timm_efficientnet_lite0": _timm("efficientnet_lite0"),
     "hf_bert_tiny": _bert(),
