@@ -12,8 +12,10 @@ and on x86 uint8: int8 tensors read by one DequantizeLinear are turned into uint
 output that SiLU reads twice (Sigmoid and Mul) stays int8, so that conv runs in float (54 of the
 81 convs of a TorchScript EfficientNet-B0 export with int8 activations, onnxruntime 1.32; with uint8
 activations all 81 are QLinearConv). A float conv's float32 sum can land on the other side of a
-rounding tie for an output within ~1e-5 LSB of one: 1 LSB on about ten of EfficientNet-B0's 6.7
-million conv outputs per input, which later layers carry on and amplify. onnxruntime's unoptimized
+rounding tie for an output within ~1e-5 LSB of one (the integer kernel's value is the correctly
+rounded one unless MLAS's float32 requantization, which it copies, lands on the tie itself): 1 LSB
+on about ten of EfficientNet-B0's 6.7 million conv outputs per input, which later layers carry on
+and amplify. onnxruntime's unoptimized
 run, all float, differs from its default one the same way at the groups that the default run fuses.
 :func:`top_class_agreement` therefore also reports how close the default run's top two classes
 were wherever a run's top class differs.
