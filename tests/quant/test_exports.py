@@ -66,3 +66,27 @@ def test_top_class_agrees_with_onnxruntime_at_least_as_often_as_its_unoptimized_
     agreement = top_class_agreement(ours, default, unoptimized)
     assert agreement.inputs == 20
     assert agreement.ok, agreement
+
+
+def test_efficientnet_stem_is_identical_where_onnxruntime_runs_integer_operators(tmp_path):
+    """With uint8 activations onnxruntime's default run executes EfficientNet-B0's SiLU, squeeze-excite
+    and residual add as integer operators (QLinearConv, QLinearSigmoid, QLinearMul, QLinearAdd; only
+    ReduceMean stays float): our kernels give the same integers. With int8 activations it keeps the
+    convs that SiLU reads in float, whose float32 sums break rounding ties their own way (see
+    :mod:`tvm_memplan.quant.reference`)."""
+    import onnxruntime as ort
+
+    name = "torchvision_efficientnet_b0_stem.dynamo"
+    qmodel = models.quantize_qdq(onnx.load(str(FIXTURES / f"{name}.onnx")), activation="uint8", samples=2)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(qmodel.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    fused = {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
+    assert {"QLinearConv", "QLinearSigmoid", "QLinearMul", "QLinearAdd"} <= fused
+    assert not fused & {"Conv", "Sigmoid", "Mul", "Add"}
+    loaded = LoadedModel(name, qmodel)
+    executable = plan_model(loaded, None, order="program").build()
+    for seed in range(4):
+        inputs = loaded.random_inputs(seed)
+        ours = run_vm(executable, inputs)[0][0]
+        np.testing.assert_array_equal(ours, run_onnxruntime(qmodel, inputs)[0])

@@ -7,16 +7,24 @@ compared with the default run, within that spread measured in output LSB (at lea
 :data:`MIN_TOLERANCE_LSB`).
 
 The default session fuses only the groups its selectors match; the rest run as float ops between
-DequantizeLinear and QuantizeLinear (54 of the 81 convs of a TorchScript EfficientNet-B0 export with
-onnxruntime 1.32). A float conv's float32 sum can land on the other side of a rounding tie for an
-output within ~1e-6 of one, where the integer kernel gives the correctly rounded value: 1 LSB on a
-few elements, which later layers carry on.
+DequantizeLinear and QuantizeLinear. Its Conv selector wants the same activation type in and out,
+and on x86 uint8: int8 tensors read by one DequantizeLinear are turned into uint8, but a conv
+output that SiLU reads twice (Sigmoid and Mul) stays int8, so that conv runs in float (54 of the
+81 convs of a TorchScript EfficientNet-B0 export with int8 activations, onnxruntime 1.32; with uint8
+activations all 81 are QLinearConv). A float conv's float32 sum can land on the other side of a
+rounding tie for an output within ~1e-5 LSB of one (the integer kernel's value is the correctly
+rounded one unless MLAS's float32 requantization, which it copies, lands on the tie itself): 1 LSB
+on about ten of EfficientNet-B0's 6.7 million conv outputs per input, which later layers carry on
+and amplify. onnxruntime's unoptimized
+run, all float, differs from its default one the same way at the groups that the default run fuses.
+:func:`top_class_agreement` therefore also reports how close the default run's top two classes
+were wherever a run's top class differs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -109,6 +117,11 @@ class TopClassAgreement:
     inputs: int
     ours: int
     unoptimized: int
+    ours_margins_lsb: list[int] = field(default_factory=list)
+    """Where our top class differs: the default run's value of its top class minus its value of ours,
+    in output LSB (0: a tie the default run broke by class index)."""
+    unoptimized_margins_lsb: list[int] = field(default_factory=list)
+    """The same for onnxruntime's unoptimized run."""
 
     @property
     def ok(self) -> bool:
@@ -119,18 +132,33 @@ class TopClassAgreement:
 
 
 def top_class_agreement(
-    ours: Sequence[np.ndarray], default: Sequence[np.ndarray], unoptimized: Sequence[np.ndarray]
+    ours: Sequence[np.ndarray],
+    default: Sequence[np.ndarray],
+    unoptimized: Sequence[np.ndarray],
+    scale: float | None = None,
 ) -> TopClassAgreement:
     """Count top-class agreements with onnxruntime's ``default`` run, one first output per input
-    (batch 1: the argmax of the whole output)."""
+    (batch 1: the argmax of the whole output); with the output's ``scale``, also the default run's
+    margins (in LSB) where they differ."""
     if not len(ours) == len(default) == len(unoptimized):
         raise ValueError("one output per input from each run")
 
     def top(output: np.ndarray) -> int:
         return int(np.argmax(output))
 
+    def margins(runs: Sequence[np.ndarray]) -> list[int]:
+        if scale is None:
+            return []
+        return [
+            int(np.rint((np.max(r) - r.reshape(-1)[top(a)]) / scale))
+            for a, r in zip(runs, default, strict=True)
+            if top(a) != top(r)
+        ]
+
     return TopClassAgreement(
         inputs=len(default),
         ours=sum(top(a) == top(r) for a, r in zip(ours, default, strict=True)),
         unoptimized=sum(top(u) == top(r) for u, r in zip(unoptimized, default, strict=True)),
+        ours_margins_lsb=margins(ours),
+        unoptimized_margins_lsb=margins(unoptimized),
     )
