@@ -98,12 +98,9 @@ def peak(program: Program) -> Peak:
             best, best_step, ties = running, i, 1
         elif running == best:
             ties += 1
+    shared = {n for n, (start, end) in inside.items() if start <= best_step < end}  # in an input's bytes
     live = sorted(
-        (
-            n
-            for n, (start, end) in lifetimes.items()
-            if start <= best_step < end and not inside.get(n, (0, 0))[0] <= best_step < inside.get(n, (0, 0))[1]
-        ),
+        (n for n, (start, end) in lifetimes.items() if start <= best_step < end and n not in shared),
         key=lambda n: -program.sizes[n],
     )
     return Peak(best, best_step, tuple(live), ties)
