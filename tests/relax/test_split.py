@@ -189,15 +189,18 @@ def test_attention_splits_along_the_query_rows():
     # alone (as the measurer times it) the keys and values are parameters: the tiles run at the head
     alone = chain_module(mod, attention[0])
     tvm.compile(split_chains(alone, [SplitChoice(attention[0], 2)]), TARGET)
-    chosen = [SplitChoice(c, 4) for c in attention]
+    # 8 tiles: in program order, fewer tiles keep the keys, values and more scores live than the
+    # coarse plan does (the planner reorders them lower; the simulator orders only the coarse model)
+    chosen = [SplitChoice(c, 8) for c in attention]
     split = split_chains(mod, chosen)
     ids = np.random.default_rng(0).integers(0, 30000, (1, 32)).astype("int64")
     np.testing.assert_allclose(_run(split, ids), _run(mod, ids), rtol=1e-5, atol=1e-5)
     program = program_of(mod)
-    assert peak(split_program(program, chosen)).bytes < peak(program).bytes
+    simulated = peak(split_program(program, chosen)).bytes
+    assert simulated < peak(program).bytes
     before = plan_model(model, "llvm").total("arena_bytes")
     after = plan_model(model, "llvm", prepare=lambda m: split_chains(normalize(m), chosen)).total("arena_bytes")
-    assert after < before
+    assert after == simulated and before == peak(program).bytes
 
 
 def _exported_block(path) -> str:

@@ -1,6 +1,11 @@
 """The memory simulator on hand-built programs (no TVM)."""
 
-from tvm_memplan.split.simulate import Branch, Chain, Program, SplitChoice, Step, peak, split_program
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tvm_memplan.planning import Buffer, Operator, Problem, plan_aliased, tensor_lifetimes
+from tvm_memplan.planning.order import OrderGraph
+from tvm_memplan.split.simulate import Branch, Chain, Program, SplitChoice, Step, in_place, peak, split_program
 
 from .programs import inverted_residual
 
@@ -94,3 +99,41 @@ def test_an_anchor_inside_another_chain_places_the_tiles_after_that_chain():
     names = [s.name for s in split.steps]
     assert names.index("q#q#0") > max(i for i, n in enumerate(names) if n.startswith("kt#k#"))
     assert all(n not in names for n in ("q", "k", "kt", "s", "o"))
+
+
+@st.composite
+def _programs(draw) -> Program:
+    """Random kernels in order, each writing a new tensor from earlier ones (some of them read
+    at the written index, which an in-place kernel may overwrite); the last one returned."""
+    count = draw(st.integers(2, 14))
+    steps, sizes = [], {}
+    for i in range(count):
+        reads = tuple(sorted(draw(st.sets(st.integers(0, i - 1), max_size=3)) if i else ()))
+        pointwise = tuple(f"t{r}" for r in reads if draw(st.booleans()))
+        steps.append(Step(f"t{i}", f"t{i}", tuple(f"t{r}" for r in reads), pointwise))
+        if i < count - 1:  # the result lives outside the arena
+            sizes[f"t{i}"] = 64 * draw(st.integers(1, 4))
+    return Program(steps, sizes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_programs())
+def test_simulated_peak_is_the_planners_bound(program):
+    """The simulator's peak equals the lower bound of the planning problem the planner builds from the
+    same kernels (lifetimes, in-place outputs as aliases of the input they overwrite) and the peak
+    of the order search's model in program order; no placement of the problem is smaller."""
+    lifetimes = tensor_lifetimes(program.steps)
+    names = [t for t in dict.fromkeys(s.writes for s in program.steps) if t in program.sizes]
+    buffers = [Buffer(t, program.sizes[t], *lifetimes[t]) for t in names]
+    index = {t: i for i, t in enumerate(names)}
+    inside = in_place(program, lifetimes)
+    problem = Problem(buffers, aliases={index[t]: (index[source], 0) for t, (source, _, _) in inside.items()})
+    graph = OrderGraph.from_operators(
+        [Operator(s.name, s.reads, (s.writes,)) for s in program.steps],
+        program.sizes,
+        inplace={i: s.overwrites for i, s in enumerate(program.steps)},
+    )
+    simulated = peak(program).bytes
+    assert simulated == problem.lower_bound() == graph.peak(range(len(program.steps)))
+    plan, _ = plan_aliased(problem, time_budget=0.5)
+    assert plan.arena_bytes >= simulated

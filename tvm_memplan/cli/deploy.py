@@ -187,6 +187,7 @@ def run_build(args: argparse.Namespace) -> int:
                 schedule=args.schedule,
                 progress=progress,
                 fused_tiles=args.fused_tiles,
+                plan_options=options,
             ).prepare()
     output = emitted = None
     if args.output is not None:

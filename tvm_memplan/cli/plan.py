@@ -349,6 +349,7 @@ def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
             progress=progress,
             cache=Path(args.split_cache) if args.split_cache else default_cache(),
             fused_tiles=args.fused_tiles,
+            plan_options=model_planner_kwargs(args),
         )
 
 

@@ -4,16 +4,20 @@ rewrite to the planner."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tvm
 
 from ..errors import UserError
 from ..frontend import LoadedModel, to_relax
-from ..relax.split import describe_tensors, find_chains, normalize, program_of, split_chains
+from ..planner import plan_model
+from ..planning import DEFAULT_ALIGNMENT
+from ..relax.ir_utils import top_level_bindings
+from ..relax.split import describe_tensors, find_chains, in_order, memory_order, normalize, program_of, split_chains
 from ..split.chain import Chain, SplitChoice
 from ..split.search import Point, SearchResult, search_phased
 from ..split.simulate import peak, split_program
@@ -38,6 +42,12 @@ class SplitOutcome:
     cache_misses: int
     bottleneck: list[str]
     """What is live at the kept plan's peak, largest first, as operators and shapes."""
+    order: tuple[str, ...] = ()
+    """``main``'s bindings in the order the search simulated (:func:`~tvm_memplan.relax.split.memory_order`)."""
+    coarse_arena_bytes: int = 0
+    """The planner's arena for the unsplit model."""
+    arena_bytes: int = 0
+    """The planner's arena for the kept plan (the coarse arena when it is unsplit)."""
 
     @property
     def choices(self) -> list[SplitChoice]:
@@ -45,8 +55,12 @@ class SplitOutcome:
 
     def prepare(self) -> Callable[[tvm.IRModule], tvm.IRModule]:
         """The rewrite for :func:`tvm_memplan.planner.plan_model` (``prepare=``)."""
-        choices = self.choices
-        return lambda mod: split_chains(normalize(mod), choices)
+        return _rewrite(self.order, self.choices)
+
+
+def _rewrite(order: tuple[str, ...], choices: list[SplitChoice]) -> Callable[[tvm.IRModule], tvm.IRModule]:
+    """Normalize, put ``main`` in the simulated order, split the chosen chains."""
+    return lambda mod: split_chains(in_order(normalize(mod), order) if order else normalize(mod), choices)
 
 
 def search_split(
@@ -60,11 +74,16 @@ def search_split(
     schedule: str = "default",
     progress: Callable[[int, int], None] | None = None,
     fused_tiles: str = "off",
+    plan_options: Mapping[str, Any] | None = None,
 ) -> SplitOutcome:
     """Search the split plan of ``model``; latencies are measured on ``device`` (default: here).
     ``progress(candidates timed, lowest peak so far)`` follows the search. ``fused_tiles`` (``off``,
     ``on``, ``auto``: per chain, the faster as measured) runs a chain's tiles as one kernel
-    (:data:`~tvm_memplan.split.chain.FUSED_TILES`)."""
+    (:data:`~tvm_memplan.split.chain.FUSED_TILES`).
+
+    The simulator reads ``main`` in the order the planner's order search gives it. The kept plan is
+    planned (:func:`~tvm_memplan.planner.plan_model` with ``plan_options``) and kept only when its
+    arena is below the unsplit model's: the simulator's estimate is checked, never trusted."""
     if budget < 0:
         raise UserError(f"--latency-budget must not be negative (got {budget})")
     if seconds <= 0:
@@ -81,11 +100,18 @@ def search_split(
         raise UserError(f"{model.name}: --split acg does not take int8 (QDQ) models yet; plan it without --split")
     deploy_target = get_target(target)
     device = device or Device()
+    options = dict(plan_options or {})
+    alignment = options.get("alignment") or DEFAULT_ALIGNMENT
     mod = normalize(to_relax(model))
+    if options.get("order", "search") == "search" and options.get("groups") is None:
+        order = tuple(memory_order(mod, options.get("order_seconds", 10.0), alignment))
+    else:  # the planner keeps (or sorts) the program order: so does the simulator
+        order = tuple(b.var.name for b in top_level_bindings(mod["main"]))
+    mod = in_order(mod, order)
     chains = find_chains(mod)
     measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule, fused_tiles=fused_tiles)
     before = measurer.time_ms(mod, "model")
-    program = program_of(mod)
+    program = program_of(mod, alignment)
     result = search_phased(program, chains, before, measurer, budget, seconds, memory_limit, progress)
     result = _as_measured(result, measurer)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
@@ -95,6 +121,10 @@ def search_split(
             f"{min(p.peak_bytes for p in result.front):,} bytes ({at_peak} live at its peak)"
         )
     before, after, result = _confirm(mod, result, measurer, budget if memory_limit is None else None)
+    planning_target = target if target == "host" else deploy_target.tvm_target()
+    coarse, arena, result = _planned(model, planning_target, options, order, result)
+    if not result.best.choices:
+        after = before
     result.bottleneck = peak(split_program(program, list(result.best.choices)))
     return SplitOutcome(
         model.name,
@@ -107,7 +137,31 @@ def search_split(
         measurer.hits,
         measurer.misses,
         describe_tensors(mod, list(result.bottleneck.live[:6])),
+        order,
+        coarse,
+        arena,
     )
+
+
+def _planned(
+    model: LoadedModel, target: Any, options: Mapping[str, Any], order: tuple[str, ...], result: SearchResult
+) -> tuple[int, int, SearchResult]:
+    """The planner's arenas for the unsplit model and for the kept plan, and the search's result with
+    the kept plan replaced by the unsplit one when its arena is not below the unsplit model's (the
+    simulator's estimate, checked by the planner that produces the real plan)."""
+    coarse = plan_model(model, target, **options).total("arena_bytes")
+    if not result.best.choices:
+        return coarse, coarse, result
+    arena = plan_model(model, target, prepare=_rewrite(order, list(result.best.choices)), **options).total(
+        "arena_bytes"
+    )
+    if arena < coarse:
+        return coarse, arena, result
+    stopped = (
+        f"{result.stopped}; the kept split plan's planned arena ({arena:,} bytes) is not below the coarse "
+        f"plan's ({coarse:,} bytes), kept unsplit"
+    )
+    return coarse, coarse, replace(result, best=result.original, stopped=stopped)
 
 
 def _as_measured(result: SearchResult, measurer: ChainLatency) -> SearchResult:

@@ -27,6 +27,7 @@ __all__ = [
     "SplitChoice",
     "Step",
     "disjoint",
+    "in_place",
     "peak",
     "split_program",
 ]
@@ -41,6 +42,9 @@ class Step:
     """The binding that runs at this step (tiles: ``name#t``)."""
     writes: str
     reads: tuple[str, ...]
+    overwrites: tuple[str, ...] = ()
+    """Tensors the step reads only at the index it writes: an in-place kernel's output takes over
+    the bytes of the first of them that dies at this step and is as large."""
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -77,12 +81,16 @@ class Peak:
 def peak(program: Program) -> Peak:
     """Largest sum of live tensor bytes over the steps, with the planner's lifetimes
     (:func:`~tvm_memplan.planning.lifetimes.tensor_lifetimes`: from the first step that touches a
-    tensor to the last)."""
+    tensor to the last) and its in-place kernels (:func:`in_place`)."""
     lifetimes = {t: span for t, span in tensor_lifetimes(program.steps).items() if t in program.sizes}
     events: dict[int, int] = {}
     for name, (start, end) in lifetimes.items():
         events[start] = events.get(start, 0) + program.sizes[name]
         events[end] = events.get(end, 0) - program.sizes[name]
+    inside = {name: (start, end) for name, (_, start, end) in in_place(program, lifetimes).items()}
+    for name, (start, end) in inside.items():
+        events[start] -= program.sizes[name]
+        events[end] = events.get(end, 0) + program.sizes[name]
     best, best_step, running, ties = 0, 0, 0, 0
     for i in range(len(program.steps) + 1):
         running += events.get(i, 0)
@@ -90,10 +98,37 @@ def peak(program: Program) -> Peak:
             best, best_step, ties = running, i, 1
         elif running == best:
             ties += 1
+    shared = {n for n, (start, end) in inside.items() if start <= best_step < end}  # in an input's bytes
     live = sorted(
-        (n for n, (start, end) in lifetimes.items() if start <= best_step < end), key=lambda n: -program.sizes[n]
+        (n for n, (start, end) in lifetimes.items() if start <= best_step < end and n not in shared),
+        key=lambda n: -program.sizes[n],
     )
     return Peak(best, best_step, tuple(live), ties)
+
+
+def in_place(program: Program, lifetimes: dict[str, tuple[int, int]]) -> dict[str, tuple[str, int, int]]:
+    """Tensors written in place of an input (the planner's in-place kernels), each with that input
+    and the steps ``[start, end)`` where both share its bytes: from the tensor's first step (a fused
+    kernel's first operator) to the step where the input dies."""
+    inside: dict[str, tuple[str, int, int]] = {}
+    taken: set[str] = set()
+    for i, step in enumerate(program.steps):
+        written = step.writes
+        if not step.overwrites or written in inside or written not in program.sizes:
+            continue
+        start = lifetimes[written][0]
+        for source in step.overwrites:
+            if (
+                source in program.sizes
+                and source not in taken
+                and program.sizes[source] == program.sizes[written]
+                and lifetimes[source][0] < start
+                and lifetimes[source][1] == i + 1
+            ):
+                inside[written] = (source, start, i + 1)
+                taken.add(source)
+                break
+    return inside
 
 
 def split_program(program: Program, choices: list[SplitChoice]) -> Program:

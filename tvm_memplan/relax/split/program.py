@@ -1,16 +1,23 @@
 """``main`` of a normalized module as the splitter's memory simulator reads it (a
 :class:`~tvm_memplan.split.simulate.Program`), approximating what TVM's fusion and the arena
-planner's concat elimination make of it."""
+planner's concat elimination make of it, and the execution order the planner's order search
+(:func:`~tvm_memplan.planning.order.search_order`) would run it in."""
 
 from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import replace
 
 import tvm
 from tvm import relax
 
-from ...planning import DEFAULT_ALIGNMENT
+from ...planning import DEFAULT_ALIGNMENT, Operator
 from ...planning.concat import concat_slices
-from ...split.simulate import Program, Step
+from ...planning.order import OrderGraph, search_order
+from ...split.simulate import Program, Step, peak
 from ..ir_utils import op_name, static_shape, top_level_bindings
+from ..module import with_blocks
 from .operators import ELEMENTWISE, nbytes
 
 
@@ -23,6 +30,86 @@ def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program
     reshapes are views. Inputs, constants and returned tensors stay outside the arena (no size).
     Concats are eliminated by the planner's rule at its ``alignment``.
     """
+    return _fused_program(mod, alignment)[0]
+
+
+def memory_order(mod: tvm.IRModule, seconds: float = 10.0, alignment: int = DEFAULT_ALIGNMENT) -> list[str]:
+    """``main``'s binding names in the order of least simulated peak: the planner's execution-order
+    search (Serenity's dynamic programming, beam search, branch grouping) over the simulator's
+    kernels, a fused kernel one operator that may write in place, so that the simulator peaks where
+    the planner, which reorders the fused module, plans. Program order unless an order lowers the peak
+    (or ``main`` is more than one dataflow block)."""
+    program, kernel_of = _fused_program(mod, alignment)
+    names = [step.name for step in program.steps]
+    blocks = mod["main"].body.blocks
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        return names
+    members: dict[str, list[str]] = {}
+    for name in names:
+        members.setdefault(kernel_of[name], []).append(name)
+    reads = {head: [] for head in members}  # bindings of other kernels each kernel reads
+    for b in top_level_bindings(mod["main"]):
+        head = kernel_of[b.var.name]
+        reads[head] += [v.name for v in relax.analysis.free_vars(b.value) if kernel_of.get(v.name, head) != head]
+    heads = _topological(list(members), {head: {kernel_of[r] for r in reads[head]} for head in members})
+    if heads is None:
+        return names  # kernels that wait on each other: keep the program order
+    steps = {step.name: step for step in program.steps}
+    overwrites = {i: [t for name in members[head] for t in steps[name].overwrites] for i, head in enumerate(heads)}
+    graph = OrderGraph.from_operators(
+        [Operator(head, tuple(dict.fromkeys(reads[head])), tuple(members[head])) for head in heads],
+        program.sizes,
+        {binding: tensor for binding, tensor in program.aliases.items() if binding != tensor},
+        overwrites,
+    )
+    result = search_order(graph, time_budget=seconds)
+    order = [name for i in result.order for name in members[heads[i]]]
+    program_peak = peak(program).bytes
+    if result.peak >= program_peak or peak(_fused_program(in_order(mod, order), alignment)[0]).bytes >= program_peak:
+        return names
+    return order
+
+
+def in_order(mod: tvm.IRModule, names: Sequence[str]) -> tvm.IRModule:
+    """``mod`` with ``main``'s bindings in the order of ``names`` (:func:`memory_order`), when that is
+    not already their order; ``main`` must be one dataflow block."""
+    func = mod["main"]
+    blocks = func.body.blocks
+    current = [b.var.name for b in top_level_bindings(func)]
+    if list(names) == current:
+        return mod
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock) or sorted(names) != sorted(current):
+        raise ValueError("the order must name every binding of main's single dataflow block")
+    by_name = {b.var.name: b for b in blocks[0].bindings}
+    updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    updated["main"] = with_blocks(func, [relax.DataflowBlock([by_name[n] for n in names])])
+    return updated
+
+
+def _topological(heads: list[str], needs: dict[str, set[str]]) -> list[str] | None:
+    """``heads`` in a dependency order, each as early as its program position allows (Kahn's
+    algorithm); None when they depend on each other in a cycle."""
+    position = {head: i for i, head in enumerate(heads)}
+    waiting = {head: len(needs[head]) for head in heads}
+    users: dict[str, list[str]] = {head: [] for head in heads}
+    for head in heads:
+        for need in needs[head]:
+            users[need].append(head)
+    ready = [position[h] for h in heads if not waiting[h]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        head = heads[heapq.heappop(ready)]
+        order.append(head)
+        for user in users[head]:
+            waiting[user] -= 1
+            if not waiting[user]:
+                heapq.heappush(ready, position[user])
+    return order if len(order) == len(heads) else None
+
+
+def _fused_program(mod: tvm.IRModule, alignment: int) -> tuple[Program, dict[str, str]]:
+    """The simulator program and, per binding, the first binding of the fused kernel it runs in."""
     func = mod["main"]
     bindings = top_level_bindings(func)
     uses: dict[relax.Var, int] = {}
@@ -31,10 +118,18 @@ def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program
         for var in relax.analysis.free_vars(b.value):
             uses[var] = uses.get(var, 0) + 1
             elementwise_uses[var] = elementwise_uses.get(var, 0) + (op_name(b.value) in ELEMENTWISE)
+
+    def fused_into_consumer(var: relax.Var) -> bool:
+        """TVM fuses a concat into its one elementwise consumer (DenseNet's concat, batch norm,
+        ReLU): the kernel writes the consumer's tensor and no concat kernel is left to eliminate."""
+        return uses.get(var, 0) == 1 and elementwise_uses.get(var, 0) == 1
+
+    placed: set[relax.Var] = set()
     returned = set(relax.analysis.free_vars(func.body.body))
     tensor: dict[relax.Var, str] = {p: p.name for p in func.params}
     sizes: dict[str, int] = {}
     aliases: dict[str, str] = {}
+    kernel_of: dict[str, str] = {}
     steps: list[Step] = []
     for b in bindings:
         var, value, name = b.var, b.value, b.var.name
@@ -60,6 +155,7 @@ def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program
                 )
             )
         )
+        kernel_of[name] = kernel_of.get(first.name, first.name) if fused else name
         if fused:
             target = tensor[first]
             aliases[name] = target
@@ -70,10 +166,38 @@ def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program
             if var not in returned:
                 sizes[target] = nbytes(var)
         tensor[var] = target
-        steps.append(Step(name, target, tuple(r for r in reads if r != target)))
-        if op == "relax.concat" and target in sizes:
-            _eliminate_concat(value, target, tensor, sizes, aliases, steps, alignment)
-    return Program(steps, sizes, aliases)
+        overwrites = _pointwise_operands(value, var, tensor, target) if op in ELEMENTWISE else ()
+        steps.append(Step(name, target, tuple(r for r in reads if r != target), overwrites))
+        if op == "relax.concat" and target in sizes and not fused_into_consumer(var):
+            _eliminate_concat(value, target, tensor, sizes, aliases, steps, alignment, placed)
+    # a tensor a kernel also reads in a reduction (a matmul's operand) may not be overwritten in place
+    reduced: dict[str, set[str]] = {}
+    for b, step in zip(bindings, steps, strict=True):
+        if op_name(b.value) not in ELEMENTWISE:
+            reduced.setdefault(kernel_of[step.name], set()).update(step.reads)
+    for i, step in enumerate(steps):
+        kept = tuple(t for t in step.overwrites if t not in reduced.get(kernel_of[step.name], ()))
+        if kept != step.overwrites:
+            steps[i] = replace(step, overwrites=kept)
+    return Program(steps, sizes, aliases), kernel_of
+
+
+def _pointwise_operands(value: relax.Call, var: relax.Var, tensor: dict, target: str) -> tuple[str, ...]:
+    """The tensors an elementwise operator reads at the index it writes: operands of its output's
+    shape and type, each passed once (the in-place kernel's condition,
+    :func:`~tvm_memplan.relax.inplace.inplace_safe`)."""
+    shape = static_shape(var.ty)
+    operands = [a for a in value.args if isinstance(a, relax.Var) and a in tensor]
+    return tuple(
+        dict.fromkeys(
+            tensor[a]
+            for a in operands
+            if tensor[a] != target
+            and operands.count(a) == 1
+            and static_shape(a.ty) == shape
+            and str(a.ty.dtype) == str(var.ty.dtype)
+        )
+    )
 
 
 def _written_operand(value: relax.Expr, var: relax.Var) -> relax.Expr | None:
@@ -91,17 +215,27 @@ def _written_operand(value: relax.Expr, var: relax.Var) -> relax.Expr | None:
 
 
 def _eliminate_concat(
-    value: relax.Call, target: str, tensor: dict, sizes: dict, aliases: dict, steps: list[Step], alignment: int
+    value: relax.Call,
+    target: str,
+    tensor: dict,
+    sizes: dict,
+    aliases: dict,
+    steps: list[Step],
+    alignment: int,
+    placed: set[relax.Var],
 ) -> None:
-    """Concat elimination as the planner decides it: inputs that are distinct arena tensors and
-    contiguous slices of the output at aligned offsets (:func:`~tvm_memplan.planning.concat.concat_slices`)
-    are written into their slices. They become the concat's tensor, alive from the first input on."""
+    """Concat elimination as the planner decides it: inputs that are distinct arena tensors, none
+    already ``placed`` in another concat, and contiguous slices of the output at aligned offsets
+    (:func:`~tvm_memplan.planning.concat.concat_slices`) are written into their slices. They become
+    the concat's tensor, alive from the first input on."""
     fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else []
     shape = static_shape(value.ty)
     inputs = [f for f in fields if isinstance(f, relax.Var) and f in tensor and tensor[f] in sizes]
     merged = {tensor[f] for f in inputs}
     if not fields or shape is None or len(inputs) != len(fields) or len(merged) != len(fields):
         return  # an input outside the arena, or one tensor twice (the planner keeps such a copy)
+    if any(f in placed for f in inputs):
+        return  # an input already in another concat's tensor (the planner keeps this one a copy)
     itemsize = tvm.runtime.DataType(str(value.ty.dtype)).bits // 8
     offsets, _ = concat_slices([static_shape(f.ty) for f in inputs], shape, itemsize, alignment)
     if offsets is None:
@@ -113,7 +247,12 @@ def _eliminate_concat(
             aliases[binding] = target
     for f in inputs:
         aliases[f.name] = target
+    for var, written in list(tensor.items()):
+        if written in merged:  # later readers of an input read its slice of the concat's tensor
+            tensor[var] = target
+            placed.add(var)
     for i, step in enumerate(steps):
         writes = target if step.writes in merged else step.writes
         reads = tuple(dict.fromkeys(target if r in merged else r for r in step.reads))
-        steps[i] = Step(step.name, writes, tuple(r for r in reads if r != writes))
+        overwrites = tuple(t for t in step.overwrites if t not in merged and t != writes)
+        steps[i] = Step(step.name, writes, tuple(r for r in reads if r != writes), overwrites)
