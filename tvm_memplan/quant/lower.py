@@ -48,7 +48,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..relax.ir_utils import constant_value, op_name, static_shape
 from ..schedule.cpu.spec import cpu_spec
-from . import dot_kernels, kernels
+from . import dot_kernels, kernels, mcu_kernels
 from .kernels import INT_RANGE
 from .qdq_graph import (
     Clamp,
@@ -112,7 +112,11 @@ class _Lowerer(PyExprMutator):
         self.kinds.append((binding.var, kind))
 
     def _call_te(self, func: Callable, *args, name: str, **kwargs) -> relax.Expr:
-        return self.builder_.call_te(func, *args, primfunc_name_hint=name, **kwargs)
+        call = self.builder_.call_te(func, *args, primfunc_name_hint=name, **kwargs)
+        kernel = self.builder_.get()[call.args[0]]
+        if mcu_kernels.is_layer_call(kernel):  # a C kernel's call: nothing fuses into it
+            self.builder_.update_func(call.args[0], kernel.with_attr("op_pattern", 8))
+        return call
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
@@ -324,6 +328,8 @@ class _Lowerer(PyExprMutator):
                 # packed, the bias folded for the moved zero point
                 instruction = dot_kernels.DOT_INSTRUCTIONS[self.int8_dot]
                 func = dot_kernels.conv2d_dot
+                if self.int8_dot == "dsp-smlad" and mcu_kernels.pointwise_applies(w_shifted.shape, geometry, xq.dtype):
+                    func = mcu_kernels.pointwise_conv2d  # a Cortex-M: the C kernel of a whole 1x1 layer
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}
                 zero_point = dot_kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
                 stored = dot_kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
@@ -332,7 +338,9 @@ class _Lowerer(PyExprMutator):
                 func, kwargs = dot_kernels.depthwise_conv2d, {**geometry, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             else:
-                func = kernels.conv2d
+                # a Cortex-M's depthwise: the C kernel of the whole layer
+                depthwise_c = self.int8_dot == "dsp-smlad" and kind == "depthwise_conv2d" and xq.dtype == "int8"
+                func = mcu_kernels.depthwise_conv2d if depthwise_c else kernels.conv2d
                 kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             if float_input is not None:
@@ -370,7 +378,7 @@ class _Lowerer(PyExprMutator):
             relax.const(bias_int),
             relax.const(multiplier.astype(np.float32)),
         ]
-        if self.min_max and func in (kernels.conv2d, dot_kernels.conv2d_dot):
+        if self.min_max and func is not kernels.dense:
             kwargs["min_max"] = True
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"

@@ -1,0 +1,269 @@
+"""The C text of the whole-layer int8 kernels that :mod:`tvm_memplan.quant.mcu_kernels` calls.
+
+Written in the manner of CMSIS-NN (``arm_depthwise_conv_s8``, ``arm_nn_mat_mult_kernel_s8_s16``)
+for NCHW tensors:
+
+* depthwise: each channel's input rows go once into a small row cache padded with the input zero
+  point (a window of rows at a time, reused across output rows), so the inner loop has no bounds
+  checks. A 3x3 window at stride 1 computes two outputs per word of 4 input bytes: ``SXTB16``
+  splits it into the even and odd bytes, ``SMLAD`` adds taps 0 and 2 of a row, ``SMLABB``/``SMLATB``
+  tap 1 (the pairing of TinyEngine's depthwise kernels); at stride 2 one output per word;
+* pointwise (1x1, stride 1): a tile of pixels is packed once as ``SXTB16`` pairs of 4 input
+  channels, then 2 output channels x 2 pixels accumulate on ``SMLAD`` over the channels (4
+  accumulators in registers), reading the weights in :func:`.dot_kernels.pack_dot_weights`'s
+  layout, the one :func:`.dot_kernels.conv2d_dot` reads.
+
+Both requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
+channel's bias and multiplier loaded once. Without the DSP extension (the host build) the same
+code runs on portable definitions of the intrinsics.
+"""
+
+from __future__ import annotations
+
+from ..quant.mcu_kernels import DEPTHWISE_KERNEL, MAX_WINDOW, POINTWISE_KERNEL
+
+LAYER_KERNELS = (
+    r"""
+/* tvm-memplan's whole-layer int8 kernels (NCHW, requantization fused; see tvm_memplan.quant.mcu_kernels) */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__ARM_FEATURE_DSP)
+#include <arm_acle.h>
+static inline __attribute__((always_inline)) uint32_t tvm_memplan_even(uint32_t word) { return __sxtb16(word); }
+static inline __attribute__((always_inline)) uint32_t tvm_memplan_odd(uint32_t word) {
+  uint32_t pairs;
+  __asm__("sxtb16 %0, %1, ror #8" : "=r"(pairs) : "r"(word));
+  return pairs;
+}
+#define tvm_memplan_smlad(a, b, acc) __smlad((a), (b), (acc))
+#define tvm_memplan_smlabb(a, b, acc) __smlabb((int32_t)(a), (b), (acc))
+#define tvm_memplan_smlatb(a, b, acc) __smlatb((int32_t)(a), (b), (acc))
+#define tvm_memplan_smlabt(a, b, acc) __smlabt((int32_t)(a), (int32_t)(b), (acc))
+#define tvm_memplan_smlatt(a, b, acc) __smlatt((int32_t)(a), (int32_t)(b), (acc))
+#else
+static inline uint32_t tvm_memplan_even(uint32_t word) {
+  return (uint32_t)(uint16_t)(int16_t)(int8_t)(word & 0xff) | ((uint32_t)(uint16_t)(int16_t)(int8_t)(word >> 16) << 16);
+}
+static inline uint32_t tvm_memplan_odd(uint32_t word) { return tvm_memplan_even(word >> 8 | word << 24); }
+static inline int32_t tvm_memplan_smlad(uint32_t a, uint32_t b, int32_t acc) {
+  return acc + (int16_t)(a & 0xffff) * (int16_t)(b & 0xffff) + (int16_t)(a >> 16) * (int16_t)(b >> 16);
+}
+static inline int32_t tvm_memplan_smlabb(uint32_t a, int32_t b, int32_t acc) {
+  return acc + (int16_t)(a & 0xffff) * (int16_t)b;
+}
+static inline int32_t tvm_memplan_smlatb(uint32_t a, int32_t b, int32_t acc) {
+  return acc + (int16_t)(a >> 16) * (int16_t)b;
+}
+static inline int32_t tvm_memplan_smlabt(uint32_t a, uint32_t b, int32_t acc) {
+  return acc + (int16_t)(a & 0xffff) * (int16_t)(b >> 16);
+}
+static inline int32_t tvm_memplan_smlatt(uint32_t a, uint32_t b, int32_t acc) {
+  return acc + (int16_t)(a >> 16) * (int16_t)(b >> 16);
+}
+#endif
+static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
+  uint32_t word;
+  memcpy(&word, p, 4);
+  return word;
+}
+/* a float rounded half to even (the FPSCR's default mode) to int32, saturating: VCVTR on a Cortex-M FPU */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_round(float value) {
+#if defined(__ARM_FP) && (__ARM_FP & 4)
+  float rounded;
+  int32_t code;
+  __asm__("vcvtr.s32.f32 %0, %1" : "=t"(rounded) : "t"(value));
+  memcpy(&code, &rounded, 4);
+  return code;
+#else
+  return value >= 2147483520.0f ? 2147483647 : value <= -2147483648.0f ? (-2147483647 - 1) : (int32_t)nearbyintf(value);
+#endif
+}
+static inline __attribute__((always_inline)) int32_t tvm_memplan_clamp(int32_t code, int32_t low, int32_t high) {
+#if defined(__ARM_FEATURE_DSP)  /* one SSAT or USAT where the bounds are a type's */
+  if (low == -128 && high == 127) return __ssat(code, 8);
+  if (low == 0 && high == 255) return __usat(code, 8);
+#endif
+  return code < low ? low : code > high ? high : code;
+}
+/* MLAS's requantization: float32 multiply, round half to even, zero point, clamp (clamping after the
+ * rounding is the same as before it: the bounds are integers) */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_requantize(
+    int32_t acc, float multiplier, int32_t zero_point, int32_t low, int32_t high) {
+  const int32_t code = tvm_memplan_round((float)acc * multiplier);
+#if defined(__ARM_FEATURE_DSP)
+  return tvm_memplan_clamp(__qadd(code, zero_point), low, high);
+#else
+  const int64_t sum = (int64_t)code + zero_point;
+  return (int32_t)(sum < low ? low : sum > high ? high : sum);
+#endif
+}
+/* MLAS's QLinearAdd of two codes: fma(a, ra, fma(b, rb, constant)), rounded half to even, saturated */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_add(
+    int32_t a, int32_t b, float ratio_a, float ratio_b, float constant, int32_t low, int32_t high) {
+  return tvm_memplan_clamp(tvm_memplan_round(fmaf((float)a, ratio_a, fmaf((float)b, ratio_b, constant))), low, high);
+}
+/* two taps of a row as an int16 pair for SMLAD: bottom a, top b */
+static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
+  return (uint32_t)(uint16_t)(int16_t)a | ((uint32_t)(uint16_t)(int16_t)b << 16);
+}
+"""
+    + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n"
+    + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
+    + r"""
+    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
+    int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
+    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high) {
+  const int8_t* x = (const int8_t*)x_;
+  const int8_t* weights = (const int8_t*)w_;
+  const int32_t* bias = (const int32_t*)bias_;
+  const float* multiplier = (const float*)multiplier_;
+  int8_t* y = (int8_t*)y_;
+  const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
+  const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3; /* 4 bytes of slack for word reads */
+  /* a ring of the window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
+  int8_t cache[2 * kh * stride];
+  for (int32_t plane = 0; plane < planes; ++plane) {
+    const int32_t channel = plane % channels;
+    const int8_t* src = x + plane * h * w;
+    const int8_t* tap = weights + channel * kh * kw;
+    int8_t* dst = y + plane * oh * ow;
+    const int32_t b = bias[channel];
+    const float m = multiplier[channel];
+    int32_t next = -top; /* the first input row not yet in the ring */
+    uint32_t outer0 = 0, outer1 = 0, outer2 = 0, middle01 = 0;
+    int32_t middle2 = 0;
+    if (kh == 3 && kw == 3) {
+      outer0 = tvm_memplan_pair(tap[0], tap[2]), outer1 = tvm_memplan_pair(tap[3], tap[5]);
+      outer2 = tvm_memplan_pair(tap[6], tap[8]), middle01 = tvm_memplan_pair(tap[1], tap[4]), middle2 = tap[7];
+    }
+    for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
+      const int32_t first = oy * sh - top;
+      if (next < first) next = first;
+      for (; next < first + kh; ++next) {
+        int8_t* row = cache + (((next % kh) + kh) % kh) * stride;
+        if (next < 0 || next >= h) {
+          memset(row, x_zp, stride);
+        } else {
+          memset(row, x_zp, left);
+          memcpy(row + left, src + next * w, w);
+          memset(row + filled, x_zp, stride - filled);
+        }
+        memcpy(row + kh * stride, row, stride);
+      }
+      const int8_t* r0 = cache + (((first % kh) + kh) % kh) * stride;
+      if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
+        int8_t* out = dst;
+        for (int32_t ox = 0; ox < ow; ox += 2, r0 += 2, out += 2) {
+          uint32_t e = tvm_memplan_word(r0), o = tvm_memplan_odd(e);
+          e = tvm_memplan_even(e);
+          int32_t a0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));
+          int32_t a1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));
+          e = tvm_memplan_word(r0 + stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);
+          a0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, a0));
+          a1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, a1));
+          e = tvm_memplan_word(r0 + 2 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);
+          a0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, a0));
+          a1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, a1));
+          out[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
+          if (ox + 1 < ow) out[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
+        }
+      } else if (kh == 3 && kw == 3) { /* one output per word of each row at the stride */
+        for (int32_t ox = 0; ox < ow; ++ox, r0 += sw) {
+          uint32_t e = tvm_memplan_word(r0);
+          int32_t a = tvm_memplan_smlad(tvm_memplan_even(e), outer0, b);
+          a = tvm_memplan_smlabb(tvm_memplan_odd(e), middle01, a);
+          e = tvm_memplan_word(r0 + stride);
+          a = tvm_memplan_smlabt(tvm_memplan_odd(e), middle01, tvm_memplan_smlad(tvm_memplan_even(e), outer1, a));
+          e = tvm_memplan_word(r0 + 2 * stride);
+          a = tvm_memplan_smlabb(tvm_memplan_odd(e), middle2, tvm_memplan_smlad(tvm_memplan_even(e), outer2, a));
+          dst[ox] = (int8_t)tvm_memplan_requantize(a, m, y_zp, low, high);
+        }
+      } else {
+        for (int32_t ox = 0; ox < ow; ++ox) {
+          int32_t a = b;
+          for (int32_t r = 0; r < kh; ++r) {
+            const int8_t* at = r0 + r * stride + ox * sw;
+            for (int32_t k = 0; k < kw; ++k) a += at[k] * tap[r * kw + k];
+          }
+          dst[ox] = (int8_t)tvm_memplan_requantize(a, m, y_zp, low, high);
+        }
+      }
+    }
+  }
+  return 0;
+}
+"""
+    + f"static inline __attribute__((always_inline)) int32_t {POINTWISE_KERNEL}("
+    + r"""
+    void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
+    int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
+    float ratio_b, float constant, int32_t add_low, int32_t add_high) {
+  const int8_t* x = (const int8_t*)x_;
+  const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
+  const int32_t* bias = (const int32_t*)bias_;
+  const float* multiplier = (const float*)multiplier_;
+  const int8_t* residual = (const int8_t*)residual_;
+  int8_t* y = (int8_t*)y_;
+  const int32_t steps = (cin + 3) >> 2;
+  int32_t tile = (2048 / (8 * steps)) & ~1;
+  tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
+  uint32_t packed[2 * steps * tile]; /* per pixel, per step of 4 channels: the even and the odd pair */
+#define TVM_MEMPLAN_STORE(at, acc, m)                                                                   \
+  do {                                                                                                  \
+    int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
+    if (add) {                                                                                          \
+      const int32_t other = residual[at];                                                               \
+      code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
+                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high); \
+    }                                                                                                   \
+    y[at] = (int8_t)code;                                                                               \
+  } while (0)
+  for (int32_t p0 = 0; p0 < pixels; p0 += tile) {
+    const int32_t n = pixels - p0 < tile ? pixels - p0 : tile;
+    for (int32_t s = 0; s < steps; ++s) {
+      const int8_t* c0 = x + 4 * s * pixels + p0;
+      const int32_t there = cin - 4 * s; /* channels of this step that exist */
+      uint32_t* to = packed + 2 * s;
+      for (int32_t p = 0; p < n; ++p, to += 2 * steps) {
+        uint32_t word = (uint8_t)c0[p];
+        if (there > 1) word |= (uint32_t)(uint8_t)c0[pixels + p] << 8;
+        if (there > 2) word |= (uint32_t)(uint8_t)c0[2 * pixels + p] << 16;
+        if (there > 3) word |= (uint32_t)(uint8_t)c0[3 * pixels + p] << 24;
+        to[0] = tvm_memplan_even(word), to[1] = tvm_memplan_odd(word);
+      }
+    }
+    for (int32_t o = 0; o < cout; o += 2) { /* channels o and o + 1: lanes of one block of 4 */
+      const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
+      const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
+      const float ma = multiplier[o], mb = o + 1 < cout ? multiplier[o + 1] : 0.0f;
+      for (int32_t p = 0; p < n; p += 2) {
+        const uint32_t* q = packed + 2 * p * steps;
+        const int8_t* v = wa;
+        int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;
+#pragma GCC unroll 4
+        for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
+          const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);
+          const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
+          const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
+          const uint32_t x0e = q[0], x0o = q[1], x1e = q[2 * steps], x1o = q[2 * steps + 1];
+          a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
+          a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
+          b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
+          b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
+        }
+        const int32_t at = o * pixels + p0 + p;
+        TVM_MEMPLAN_STORE(at, a0, ma);
+        if (p + 1 < n) TVM_MEMPLAN_STORE(at + 1, a1, ma);
+        if (o + 1 < cout) {
+          TVM_MEMPLAN_STORE(at + pixels, b0, mb);
+          if (p + 1 < n) TVM_MEMPLAN_STORE(at + pixels + 1, b1, mb);
+        }
+      }
+    }
+  }
+#undef TVM_MEMPLAN_STORE
+  return 0;
+}
+"""
+)

@@ -1,0 +1,172 @@
+"""Whole int8 layers as calls of hand-written C kernels on a Cortex-M with the DSP extension.
+
+TVM's C target has no vector types, and a depthwise convolution or a small-channel 1x1 one spends
+most of its instructions on loop control, re-indexing and a requantization the compiler cannot
+hoist when TVM emits it per element. So on ``dsp-smlad`` these layers are ``te.extern`` calls of C
+kernels (:mod:`tvm_memplan.deploy.mcu_layers_c` holds their text), written like CMSIS-NN's
+``arm_depthwise_conv_s8`` / ``arm_nn_mat_mult_kernel_s8_s16`` loops: SMLAD on pairs of taps or
+input channels unpacked with SXTB16, the per-channel bias and multiplier loaded once per plane
+or block, and the requantization fused per output. They compute what :func:`.kernels.conv2d`
+computes, bit for bit (the same MLAS float requantization); shapes they do not cover take
+:func:`.kernels.conv2d` or :func:`.dot_kernels.conv2d_dot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tvm
+from tvm import te, tirx
+
+from . import dot_kernels, kernels
+from .kernels import conv_geometry
+
+DEPTHWISE_KERNEL = "tvm_memplan_depthwise_s8"
+"""``(x, w, bias, multiplier, y, planes, channels, h, w, oh, ow, kh, kw, sh, sw, top, left, x_zp,
+y_zp, low, high)``: NCHW int8 depthwise convolution (dilation 1) with the requantization fused."""
+POINTWISE_KERNEL = "tvm_memplan_pointwise_s8"
+"""``(x, w, bias, multiplier, residual, y, cin, cout, pixels, y_zp, low, high, add, code_first, ratio_a,
+ratio_b, constant, add_low, add_high)``: NCHW int8 1x1 convolution of stride 1 (weights in
+:func:`.dot_kernels.pack_dot_weights`'s layout) with the requantization and a residual QLinearAdd
+(:func:`.kernels.add_codes`, where ``add``) fused."""
+C_KERNELS = (DEPTHWISE_KERNEL, POINTWISE_KERNEL)
+MAX_WINDOW = 8
+"""The largest window height the depthwise kernel's row cache holds."""
+
+
+def _plain(residual: te.Tensor | None, table: te.Tensor | None, quantize_input: tuple | None, x: te.Tensor) -> bool:
+    """Whether a kernel is the plain int8-in layer the C kernels compute (no fused epilogue)."""
+    return residual is None and table is None and quantize_input is None and str(x.dtype) == "int8"
+
+
+def depthwise_conv2d(
+    x: te.Tensor,
+    weight: te.Tensor,
+    bias: te.Tensor,
+    multiplier: te.Tensor,
+    *,
+    strides: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    x_zero_point: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+    accumulate: str = "int32",
+    table: te.Tensor | None = None,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
+    quantize_input: tuple[float, str] | None = None,
+    min_max: bool = False,
+) -> te.Tensor:
+    """:func:`.kernels.conv2d` of a depthwise convolution (``groups`` = channels), as one call of
+    :data:`DEPTHWISE_KERNEL` where the input is int8, the dilation 1 and nothing is fused after it."""
+    n, c, h, w = (int(d) for d in x.shape)
+    o, _one, kh, kw = (int(d) for d in weight.shape)
+    if not _plain(residual, table, quantize_input, x) or list(dilation) != [1, 1] or o != c or kh > MAX_WINDOW:
+        return kernels.conv2d(
+            x,
+            weight,
+            bias,
+            multiplier,
+            strides=strides,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+            x_zero_point=x_zero_point,
+            y_zero_point=y_zero_point,
+            low=low,
+            high=high,
+            out_dtype=out_dtype,
+            accumulate=accumulate,
+            table=table,
+            residual=residual,
+            residual_add=residual_add,
+            quantize_input=quantize_input,
+            min_max=min_max,
+        )
+    (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = conv_geometry(x, kh, kw, strides, dilation, padding)
+    geometry = (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, x_zero_point, y_zero_point, low, high)
+
+    def call(ins, outs):
+        pointers = [buffer.data for buffer in (*ins, *outs)]
+        return tirx.call_extern("int32", DEPTHWISE_KERNEL, *pointers, *(tirx.const(v, "int32") for v in geometry))
+
+    return te.extern((n, c, oh, ow), [x, weight, bias, multiplier], call, name="root", dtype=out_dtype)
+
+
+def pointwise_applies(weight_shape: Sequence[int], geometry: dict, x_dtype: str) -> bool:
+    """Whether a groups-1 convolution is a 1x1 of stride 1 without padding on int8 codes."""
+    _o, _c, kh, kw = weight_shape
+    unit = list(geometry["strides"]) == [1, 1] and not any(geometry["padding"])
+    return (kh, kw) == (1, 1) and unit and x_dtype == "int8"
+
+
+def pointwise_conv2d(
+    x: te.Tensor,
+    weight: te.Tensor,
+    bias: te.Tensor,
+    multiplier: te.Tensor,
+    *,
+    out_channels: int,
+    y_zero_point: int,
+    low: int,
+    high: int,
+    out_dtype: str,
+    table: te.Tensor | None = None,
+    residual: te.Tensor | None = None,
+    residual_add: dict | None = None,
+    quantize_input: tuple[float, str] | None = None,
+    **kwargs,
+) -> te.Tensor:
+    """:func:`.dot_kernels.conv2d_dot` of a 1x1 convolution of stride 1 (``weight`` in
+    :func:`.dot_kernels.pack_dot_weights`'s layout) as one call of :data:`POINTWISE_KERNEL` where
+    the input is int8; a fused int8 ``residual`` add is computed there too (MLAS's formula)."""
+    n, c, h, w = (int(d) for d in x.shape)
+    fused = residual is not None and str(residual.dtype) != "int8"
+    if not _plain(None, table, quantize_input, x) or n != 1 or fused:
+        return dot_kernels.conv2d_dot(
+            x,
+            weight,
+            bias,
+            multiplier,
+            out_channels=out_channels,
+            y_zero_point=y_zero_point,
+            low=low,
+            high=high,
+            out_dtype=out_dtype,
+            table=table,
+            residual=residual,
+            residual_add=residual_add,
+            quantize_input=quantize_input,
+            **kwargs,
+        )
+    add = residual_add or {"code_first": True, "ratio_a": 0.0, "ratio_b": 0.0, "constant": 0.0, "low": 0, "high": 0}
+    ints = (c, out_channels, h * w, y_zero_point, low, high, int(residual is not None), int(add["code_first"]))
+    floats = (add["ratio_a"], add["ratio_b"], add["constant"])
+    inputs = [x, weight, bias, multiplier] + ([residual] if residual is not None else [])
+
+    def call(ins, outs):
+        tensors = [*ins, *outs] if residual is not None else [*ins, outs[0], *outs]  # (no residual: y twice)
+        return tirx.call_extern(
+            "int32",
+            POINTWISE_KERNEL,
+            *(buffer.data for buffer in tensors),
+            *(tirx.const(v, "int32") for v in ints),
+            *(tirx.const(v, "float32") for v in floats),
+            *(tirx.const(add[k], "int32") for k in ("low", "high")),
+        )
+
+    return te.extern((n, out_channels, h, w), inputs, call, name="root", dtype=out_dtype)
+
+
+def is_layer_call(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is one of these C kernels' calls (a ``te.extern`` block named ``root``)."""
+    body = func.body
+    block = getattr(body, "block", None)
+    call = getattr(getattr(block, "body", None), "value", None)
+    if not isinstance(call, tvm.ir.Call) or getattr(call.op, "name", "") != "tirx.call_extern":
+        return False
+    return getattr(call.args[0], "value", None) in C_KERNELS
