@@ -20,7 +20,7 @@ code runs on portable definitions of the intrinsics.
 
 from __future__ import annotations
 
-from ..quant.mcu_kernels import DEPTHWISE_KERNEL, MAX_WINDOW, POINTWISE_KERNEL
+from ..quant.mcu_kernels import DEPTHWISE_KERNEL, MAX_ROWS, MAX_WINDOW, POINTWISE_KERNEL, WINDOW_KERNEL
 
 LAYER_KERNELS = (
     r"""
@@ -86,17 +86,21 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_clamp(int32_t c
 #endif
   return code < low ? low : code > high ? high : code;
 }
-/* MLAS's requantization: float32 multiply, round half to even, zero point, clamp (clamping after the
- * rounding is the same as before it: the bounds are integers) */
-static inline __attribute__((always_inline)) int32_t tvm_memplan_requantize(
-    int32_t acc, float multiplier, int32_t zero_point, int32_t low, int32_t high) {
-  const int32_t code = tvm_memplan_round((float)acc * multiplier);
+/* a rounded code plus a zero point, saturated to [low, high] */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_offset(
+    int32_t code, int32_t zero_point, int32_t low, int32_t high) {
 #if defined(__ARM_FEATURE_DSP)
   return tvm_memplan_clamp(__qadd(code, zero_point), low, high);
 #else
   const int64_t sum = (int64_t)code + zero_point;
   return (int32_t)(sum < low ? low : sum > high ? high : sum);
 #endif
+}
+/* MLAS's requantization: float32 multiply, round half to even, zero point, clamp (clamping after the
+ * rounding is the same as before it: the bounds are integers) */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_requantize(
+    int32_t acc, float multiplier, int32_t zero_point, int32_t low, int32_t high) {
+  return tvm_memplan_offset(tvm_memplan_round((float)acc * multiplier), zero_point, low, high);
 }
 /* MLAS's QLinearAdd of two codes: fma(a, ra, fma(b, rb, constant)), rounded half to even, saturated */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_add(
@@ -108,7 +112,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   return (uint32_t)(uint16_t)(int16_t)a | ((uint32_t)(uint16_t)(int16_t)b << 16);
 }
 """
-    + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n"
+    + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n#define TVM_MEMPLAN_MAX_ROWS {MAX_ROWS}\n"
     + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
@@ -263,6 +267,83 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     }
   }
 #undef TVM_MEMPLAN_STORE
+  return 0;
+}
+"""
+    + f"static inline __attribute__((always_inline)) int32_t {WINDOW_KERNEL}("
+    + r"""
+    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t cin, int32_t h, int32_t w, int32_t cout,
+    int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left, int32_t x_zp,
+    int32_t y_zp, int32_t low, int32_t high, int32_t quantize, float x_scale) {
+  const int8_t* weights = (const int8_t*)w_; /* OIHW */
+  const int32_t* bias = (const int32_t*)bias_;
+  const float* multiplier = (const float*)multiplier_;
+  int8_t* y = (int8_t*)y_;
+  const int32_t depth = cin * kh * kw, pairs = (depth + 1) >> 1;
+  const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
+  const int32_t stride = ((cols > filled ? cols : filled) + 3) & ~3;
+  int8_t cache[cin * kh * stride]; /* per input channel, a ring of the window's rows, padded */
+  int16_t columns[2][2 * pairs];   /* two pixels' windows (im2col), as int16 pairs */
+  uint32_t packed[cout * pairs];   /* each output channel's weights in the same order */
+  const int8_t* rows[TVM_MEMPLAN_MAX_ROWS];
+  for (int32_t o = 0; o < cout; ++o) {
+    int16_t lanes[2 * pairs];
+    for (int32_t i = 0; i < 2 * pairs; ++i) lanes[i] = i < depth ? weights[o * depth + i] : 0;
+    memcpy(packed + o * pairs, lanes, 4 * pairs);
+  }
+  columns[0][2 * pairs - 1] = columns[1][2 * pairs - 1] = 0;
+  int32_t next = -top;
+  for (int32_t oy = 0; oy < oh; ++oy) {
+    const int32_t first = oy * sh - top;
+    if (next < first) next = first;
+    for (; next < first + kh; ++next) {
+      for (int32_t c = 0; c < cin; ++c) {
+        int8_t* row = cache + (c * kh + ((next % kh) + kh) % kh) * stride;
+        memset(row, x_zp, stride);
+        if (next < 0 || next >= h) continue;
+        if (quantize) { /* the network input: MLAS's QuantizeLinear (divide, round half to even, saturate) */
+          const float* from = (const float*)x_ + (c * h + next) * w;
+          for (int32_t i = 0; i < w; ++i) row[left + i] = (int8_t)tvm_memplan_offset(
+              tvm_memplan_round(from[i] / x_scale), x_zp, -128, 127);
+        } else {
+          memcpy(row + left, (const int8_t*)x_ + (c * h + next) * w, w);
+        }
+      }
+    }
+    for (int32_t c = 0; c < cin; ++c) {
+      for (int32_t r = 0; r < kh; ++r) rows[c * kh + r] = cache + (c * kh + (((first + r) % kh) + kh) % kh) * stride;
+    }
+    for (int32_t ox = 0; ox < ow; ox += 2) {
+      const int32_t two = ox + 1 < ow;
+      for (int32_t p = 0; p <= two; ++p) {
+        int16_t* to = columns[p];
+        for (int32_t i = 0; i < cin * kh; ++i) {
+          const int8_t* from = rows[i] + (ox + p) * sw;
+          for (int32_t k = 0; k < kw; ++k) *to++ = from[k];
+        }
+      }
+      const int8_t* x0 = (const int8_t*)columns[0];
+      const int8_t* x1 = (const int8_t*)columns[two];
+      int8_t* out = y + oy * ow + ox;
+      for (int32_t o = 0; o < cout; o += 2) {
+        const int32_t second = o + 1 < cout;
+        const uint32_t* u = packed + o * pairs;
+        const uint32_t* v = second ? u + pairs : u;
+        int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
+        for (int32_t i = 0; i < pairs; ++i) {
+          const uint32_t wu = u[i], wv = v[i], xa = tvm_memplan_word(x0 + 4 * i), xb = tvm_memplan_word(x1 + 4 * i);
+          a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
+          b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
+        }
+        out[o * oh * ow] = (int8_t)tvm_memplan_requantize(a0, multiplier[o], y_zp, low, high);
+        if (two) out[o * oh * ow + 1] = (int8_t)tvm_memplan_requantize(a1, multiplier[o], y_zp, low, high);
+        if (second) {
+          out[(o + 1) * oh * ow] = (int8_t)tvm_memplan_requantize(b0, multiplier[o + 1], y_zp, low, high);
+          if (two) out[(o + 1) * oh * ow + 1] = (int8_t)tvm_memplan_requantize(b1, multiplier[o + 1], y_zp, low, high);
+        }
+      }
+    }
+  }
   return 0;
 }
 """

@@ -338,9 +338,8 @@ class _Lowerer(PyExprMutator):
                 func, kwargs = dot_kernels.depthwise_conv2d, {**geometry, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             else:
-                # a Cortex-M's depthwise: the C kernel of the whole layer
-                depthwise_c = self.int8_dot == "dsp-smlad" and kind == "depthwise_conv2d" and xq.dtype == "int8"
-                func = mcu_kernels.depthwise_conv2d if depthwise_c else kernels.conv2d
+                # a Cortex-M's depthwise or stem: the C kernel of the whole layer
+                func = mcu_kernels.conv2d if self.int8_dot == "dsp-smlad" else kernels.conv2d
                 kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             if float_input is not None:

@@ -29,9 +29,18 @@ POINTWISE_KERNEL = "tvm_memplan_pointwise_s8"
 ratio_b, constant, add_low, add_high)``: NCHW int8 1x1 convolution of stride 1 (weights in
 :func:`.dot_kernels.pack_dot_weights`'s layout) with the requantization and a residual QLinearAdd
 (:func:`.kernels.add_codes`, where ``add``) fused."""
-C_KERNELS = (DEPTHWISE_KERNEL, POINTWISE_KERNEL)
+WINDOW_KERNEL = "tvm_memplan_window_s8"
+"""``(x, w, bias, multiplier, y, cin, h, w, cout, oh, ow, kh, kw, sh, sw, top, left, x_zp, y_zp, low,
+high, quantize, x_scale)``: NCHW int8 convolution of few input channels (dilation 1) on im2col'd
+windows of two pixels, with the requantization fused (``quantize``: ``x`` is float32, quantized
+with ``x_scale`` and ``x_zp`` as it enters the row cache)."""
+C_KERNELS = (DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL)
 MAX_WINDOW = 8
-"""The largest window height the depthwise kernel's row cache holds."""
+"""The largest window height the row caches hold."""
+MAX_ROWS = 32
+"""The most input rows (input channels x window height) :data:`WINDOW_KERNEL` reads per output row."""
+WINDOW_WEIGHT_BYTES = 4096
+"""The most bytes :data:`WINDOW_KERNEL` unpacks its weights to (int16 pairs, on the stack)."""
 
 
 def _plain(residual: te.Tensor | None, table: te.Tensor | None, quantize_input: tuple | None, x: te.Tensor) -> bool:
@@ -39,7 +48,7 @@ def _plain(residual: te.Tensor | None, table: te.Tensor | None, quantize_input: 
     return residual is None and table is None and quantize_input is None and str(x.dtype) == "int8"
 
 
-def depthwise_conv2d(
+def conv2d(
     x: te.Tensor,
     weight: te.Tensor,
     bias: te.Tensor,
@@ -54,47 +63,48 @@ def depthwise_conv2d(
     low: int,
     high: int,
     out_dtype: str,
-    accumulate: str = "int32",
     table: te.Tensor | None = None,
     residual: te.Tensor | None = None,
-    residual_add: dict | None = None,
-    quantize_input: tuple[float, str] | None = None,
-    min_max: bool = False,
+    **options,
 ) -> te.Tensor:
-    """:func:`.kernels.conv2d` of a depthwise convolution (``groups`` = channels), as one call of
-    :data:`DEPTHWISE_KERNEL` where the input is int8, the dilation 1 and nothing is fused after it."""
+    """:func:`.kernels.conv2d` as one call of :data:`DEPTHWISE_KERNEL` (a depthwise convolution) or
+    :data:`WINDOW_KERNEL` (a regular one of few input channels: the stem, quantizing the float network
+    input as MLAS does where ``quantize_input`` says so), where the input is int8, the dilation 1 and
+    nothing is fused after it; else :func:`.kernels.conv2d` itself."""
     n, c, h, w = (int(d) for d in x.shape)
-    o, _one, kh, kw = (int(d) for d in weight.shape)
-    if not _plain(residual, table, quantize_input, x) or list(dilation) != [1, 1] or o != c or kh > MAX_WINDOW:
+    o, per_group, kh, kw = (int(d) for d in weight.shape)
+    quantize_input = options.get("quantize_input")
+    codes = str(x.dtype) == "int8" if quantize_input is None else quantize_input[1] == "int8"
+    plain = table is None and residual is None and list(dilation) == [1, 1] and codes and kh <= MAX_WINDOW
+    depthwise = plain and groups == c == o and quantize_input is None
+    pairs = (per_group * kh * kw + 1) // 2
+    window = plain and groups == 1 and n == 1 and c * kh <= MAX_ROWS and o * pairs * 4 <= WINDOW_WEIGHT_BYTES
+    geometry = {"strides": strides, "padding": padding, "dilation": dilation, "groups": groups}
+    quantization = {"x_zero_point": x_zero_point, "y_zero_point": y_zero_point, "low": low, "high": high}
+    if not (depthwise or window):
         return kernels.conv2d(
-            x,
-            weight,
-            bias,
-            multiplier,
-            strides=strides,
-            padding=padding,
-            dilation=dilation,
-            groups=groups,
-            x_zero_point=x_zero_point,
-            y_zero_point=y_zero_point,
-            low=low,
-            high=high,
-            out_dtype=out_dtype,
-            accumulate=accumulate,
-            table=table,
-            residual=residual,
-            residual_add=residual_add,
-            quantize_input=quantize_input,
-            min_max=min_max,
-        )
+            x, weight, bias, multiplier, **geometry, **quantization, out_dtype=out_dtype, table=table,
+            residual=residual, **options,
+        )  # fmt: skip
     (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = conv_geometry(x, kh, kw, strides, dilation, padding)
-    geometry = (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, x_zero_point, y_zero_point, low, high)
+    if depthwise:
+        name, ints = DEPTHWISE_KERNEL, (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left)
+        floats = ()
+    else:
+        name, ints = WINDOW_KERNEL, (c, h, w, o, oh, ow, kh, kw, sh, sw, top, left)
+        floats = (float(quantize_input[0]) if quantize_input else 1.0,)
+    ints += (x_zero_point, y_zero_point, low, high) + (() if depthwise else (int(quantize_input is not None),))
 
     def call(ins, outs):
-        pointers = [buffer.data for buffer in (*ins, *outs)]
-        return tirx.call_extern("int32", DEPTHWISE_KERNEL, *pointers, *(tirx.const(v, "int32") for v in geometry))
+        return tirx.call_extern(
+            "int32",
+            name,
+            *(buffer.data for buffer in (*ins, *outs)),
+            *(tirx.const(v, "int32") for v in ints),
+            *(tirx.const(v, "float32") for v in floats),
+        )
 
-    return te.extern((n, c, oh, ow), [x, weight, bias, multiplier], call, name="root", dtype=out_dtype)
+    return te.extern((n, o, oh, ow), [x, weight, bias, multiplier], call, name="root", dtype=out_dtype)
 
 
 def pointwise_applies(weight_shape: Sequence[int], geometry: dict, x_dtype: str) -> bool:
