@@ -127,6 +127,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3; /* 4 bytes of slack for word reads */
   /* a ring of the window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
   int8_t cache[2 * kh * stride];
+  memset(cache, x_zp, sizeof(cache)); /* the padding columns stay */
   for (int32_t plane = 0; plane < planes; ++plane) {
     const int32_t channel = plane % channels;
     const int8_t* src = x + plane * h * w;
@@ -144,16 +145,13 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
       const int32_t first = oy * sh - top;
       if (next < first) next = first;
-      for (; next < first + kh; ++next) {
-        int8_t* row = cache + (((next % kh) + kh) % kh) * stride;
+      for (; next < first + kh; ++next) { /* the columns between the (constant) padding, at slot and slot + kh */
+        int8_t* row = cache + (((next % kh) + kh) % kh) * stride + left;
         if (next < 0 || next >= h) {
-          memset(row, x_zp, stride);
+          memset(row, x_zp, w), memset(row + kh * stride, x_zp, w);
         } else {
-          memset(row, x_zp, left);
-          memcpy(row + left, src + next * w, w);
-          memset(row + filled, x_zp, stride - filled);
+          memcpy(row, src + next * w, w), memcpy(row + kh * stride, src + next * w, w);
         }
-        memcpy(row + kh * stride, row, stride);
       }
       const int8_t* r0 = cache + (((first % kh) + kh) % kh) * stride;
       if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
@@ -210,9 +208,11 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   const int8_t* residual = (const int8_t*)residual_;
   int8_t* y = (int8_t*)y_;
   const int32_t steps = (cin + 3) >> 2;
-  int32_t tile = (2048 / (8 * steps)) & ~1;
+  int32_t tile = (4096 / (8 * steps)) & ~1;
   tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
+  const int32_t unpack = tile >= 8; /* enough pixels a tile to unpack each channel pair's weights once */
   uint32_t packed[2 * steps * tile]; /* per pixel, per step of 4 channels: the even and the odd pair */
+  uint32_t unpacked[unpack ? 4 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
 #define TVM_MEMPLAN_STORE(at, acc, m)                                                                   \
   do {                                                                                                  \
     int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
@@ -241,20 +241,40 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
       const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
       const float ma = multiplier[o], mb = o + 1 < cout ? multiplier[o + 1] : 0.0f;
+      if (unpack) {
+        for (int32_t s = 0; s < steps; ++s) {
+          const uint32_t u = tvm_memplan_word(wa + 16 * s), t = tvm_memplan_word(wa + 16 * s + 4);
+          unpacked[4 * s] = tvm_memplan_even(u), unpacked[4 * s + 1] = tvm_memplan_odd(u);
+          unpacked[4 * s + 2] = tvm_memplan_even(t), unpacked[4 * s + 3] = tvm_memplan_odd(t);
+        }
+      }
       for (int32_t p = 0; p < n; p += 2) {
         const uint32_t* q = packed + 2 * p * steps;
-        const int8_t* v = wa;
         int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;
+        if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */
+          const uint32_t* v = unpacked;
 #pragma GCC unroll 4
-        for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
-          const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);
-          const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
-          const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
-          const uint32_t x0e = q[0], x0o = q[1], x1e = q[2 * steps], x1o = q[2 * steps + 1];
-          a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
-          a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
-          b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
-          b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
+          for (int32_t s = 0; s < steps; ++s, v += 4, q += 2) {
+            const uint32_t ue = v[0], uo = v[1], te = v[2], to = v[3];
+            const uint32_t x0e = q[0], x0o = q[1], x1e = q[2 * steps], x1o = q[2 * steps + 1];
+            a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
+            a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
+            b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
+            b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
+          }
+        } else {
+          const int8_t* v = wa;
+#pragma GCC unroll 4
+          for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
+            const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);
+            const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
+            const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
+            const uint32_t x0e = q[0], x0o = q[1], x1e = q[2 * steps], x1o = q[2 * steps + 1];
+            a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
+            a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
+            b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
+            b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
+          }
         }
         const int32_t at = o * pixels + p0 + p;
         TVM_MEMPLAN_STORE(at, a0, ma);
