@@ -339,6 +339,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         int16_t* to = columns[p];
         for (int32_t i = 0; i < cin * kh; ++i) {
           const int8_t* from = rows[i] + (ox + p) * sw;
+#pragma GCC unroll 8
           for (int32_t k = 0; k < kw; ++k) *to++ = from[k];
         }
       }
@@ -350,6 +351,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         const uint32_t* u = packed + o * pairs;
         const uint32_t* v = second ? u + pairs : u;
         int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
+#pragma GCC unroll 8
         for (int32_t i = 0; i < pairs; ++i) {
           const uint32_t wu = u[i], wv = v[i], xa = tvm_memplan_word(x0 + 4 * i), xb = tvm_memplan_word(x1 + 4 * i);
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
