@@ -237,7 +237,32 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         to[0] = tvm_memplan_even(word), to[1] = tvm_memplan_odd(word);
       }
     }
-    for (int32_t o = 0; o < cout; o += 2) { /* channels o and o + 1: lanes of one block of 4 */
+    for (int32_t o = 0; steps == 2 && o < cout; ++o) { /* 8 channels: 1 channel x 4 pixels, weights in registers */
+      const int8_t* wo = weights + (o >> 2) * 32 + (o & 3) * 4;
+      const uint32_t u = tvm_memplan_word(wo), t = tvm_memplan_word(wo + 16);
+      const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
+      const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
+      const int32_t bo = bias[o];
+      const float mo = multiplier[o];
+      const int32_t at = o * pixels + p0;
+      for (int32_t p = 0; p < n; p += 4) {
+        const uint32_t* q = packed + 4 * p;
+        const int32_t more = n - p;
+        const uint32_t* q1 = more > 1 ? q + 4 : q;
+        const uint32_t* q2 = more > 2 ? q + 8 : q;
+        const uint32_t* q3 = more > 3 ? q + 12 : q;
+#define TVM_MEMPLAN_DOT8(x) \
+  tvm_memplan_smlad(to, (x)[3], tvm_memplan_smlad(te, (x)[2], tvm_memplan_smlad(uo, (x)[1], tvm_memplan_smlad(ue, (x)[0], bo))))
+        const int32_t a0 = TVM_MEMPLAN_DOT8(q), a1 = TVM_MEMPLAN_DOT8(q1), a2 = TVM_MEMPLAN_DOT8(q2);
+        const int32_t a3 = TVM_MEMPLAN_DOT8(q3);
+#undef TVM_MEMPLAN_DOT8
+        TVM_MEMPLAN_STORE(at + p, a0, mo);
+        if (more > 1) TVM_MEMPLAN_STORE(at + p + 1, a1, mo);
+        if (more > 2) TVM_MEMPLAN_STORE(at + p + 2, a2, mo);
+        if (more > 3) TVM_MEMPLAN_STORE(at + p + 3, a3, mo);
+      }
+    }
+    for (int32_t o = 0; steps != 2 && o < cout; o += 2) { /* channels o and o + 1: lanes of one block of 4 */
       const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
       const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
       const float ma = multiplier[o], mb = o + 1 < cout ? multiplier[o + 1] : 0.0f;
