@@ -251,8 +251,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         const uint32_t* q1 = more > 1 ? q + 4 : q;
         const uint32_t* q2 = more > 2 ? q + 8 : q;
         const uint32_t* q3 = more > 3 ? q + 12 : q;
-#define TVM_MEMPLAN_DOT8(x) \
-  tvm_memplan_smlad(to, (x)[3], tvm_memplan_smlad(te, (x)[2], tvm_memplan_smlad(uo, (x)[1], tvm_memplan_smlad(ue, (x)[0], bo))))
+#define TVM_MEMPLAN_DOT8(x)                                                              \
+  tvm_memplan_smlad(to, (x)[3], tvm_memplan_smlad(te, (x)[2],                            \
+                                                  tvm_memplan_smlad(uo, (x)[1], tvm_memplan_smlad(ue, (x)[0], bo))))
         const int32_t a0 = TVM_MEMPLAN_DOT8(q), a1 = TVM_MEMPLAN_DOT8(q1), a2 = TVM_MEMPLAN_DOT8(q2);
         const int32_t a3 = TVM_MEMPLAN_DOT8(q3);
 #undef TVM_MEMPLAN_DOT8

@@ -113,10 +113,7 @@ class _Lowerer(PyExprMutator):
 
     def _call_te(self, func: Callable, *args, name: str, **kwargs) -> relax.Expr:
         call = self.builder_.call_te(func, *args, primfunc_name_hint=name, **kwargs)
-        kernel = self.builder_.get()[call.args[0]]
-        if mcu_kernels.is_layer_call(kernel):  # a C kernel's call: nothing fuses into it
-            self.builder_.update_func(call.args[0], kernel.with_attr("op_pattern", 8))
-        return call
+        return mcu_kernels.opaque_to_fusion(self.builder_, call)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
@@ -327,9 +324,7 @@ class _Lowerer(PyExprMutator):
                 # the dot-product kernel: the input packed to the instruction's signedness, weights
                 # packed, the bias folded for the moved zero point
                 instruction = dot_kernels.DOT_INSTRUCTIONS[self.int8_dot]
-                func = dot_kernels.conv2d_dot
-                if self.int8_dot == "dsp-smlad" and mcu_kernels.pointwise_applies(w_shifted.shape, geometry, xq.dtype):
-                    func = mcu_kernels.pointwise_conv2d  # a Cortex-M: the C kernel of a whole 1x1 layer
+                func = mcu_kernels.dot_conv(self.int8_dot, w_shifted.shape, geometry, xq.dtype)
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}
                 zero_point = dot_kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
                 stored = dot_kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
@@ -338,8 +333,7 @@ class _Lowerer(PyExprMutator):
                 func, kwargs = dot_kernels.depthwise_conv2d, {**geometry, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             else:
-                # a Cortex-M's depthwise or stem: the C kernel of the whole layer
-                func = mcu_kernels.conv2d if self.int8_dot == "dsp-smlad" else kernels.conv2d
+                func = mcu_kernels.conv2d if self.int8_dot == "dsp-smlad" else kernels.conv2d  # Cortex-M: C kernels
                 kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             if float_input is not None:
@@ -377,7 +371,7 @@ class _Lowerer(PyExprMutator):
             relax.const(bias_int),
             relax.const(multiplier.astype(np.float32)),
         ]
-        if self.min_max and func is not kernels.dense:
+        if self.min_max and func in (kernels.conv2d, dot_kernels.conv2d_dot, *mcu_kernels.CONVOLUTIONS):
             kwargs["min_max"] = True
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"

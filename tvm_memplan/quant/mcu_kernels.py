@@ -13,10 +13,10 @@ computes, bit for bit (the same MLAS float requantization); shapes they do not c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tvm
-from tvm import te, tirx
+from tvm import relax, te, tirx
 
 from . import dot_kernels, kernels
 from .kernels import conv_geometry
@@ -107,11 +107,14 @@ def conv2d(
     return te.extern((n, o, oh, ow), [x, weight, bias, multiplier], call, name="root", dtype=out_dtype)
 
 
-def pointwise_applies(weight_shape: Sequence[int], geometry: dict, x_dtype: str) -> bool:
-    """Whether a groups-1 convolution is a 1x1 of stride 1 without padding on int8 codes."""
+def dot_conv(int8_dot: str, weight_shape: Sequence[int], geometry: dict, x_dtype: str) -> Callable:
+    """The kernel of a groups-1 convolution on a CPU with a dot-product instruction:
+    :func:`pointwise_conv2d` for a 1x1 of stride 1 without padding on int8 codes on a Cortex-M
+    (``dsp-smlad``), else :func:`.dot_kernels.conv2d_dot`."""
     _o, _c, kh, kw = weight_shape
     unit = list(geometry["strides"]) == [1, 1] and not any(geometry["padding"])
-    return (kh, kw) == (1, 1) and unit and x_dtype == "int8"
+    pointwise = int8_dot == "dsp-smlad" and (kh, kw) == (1, 1) and unit and x_dtype == "int8"
+    return pointwise_conv2d if pointwise else dot_kernels.conv2d_dot
 
 
 def pointwise_conv2d(
@@ -170,6 +173,19 @@ def pointwise_conv2d(
         )
 
     return te.extern((n, out_channels, h, w), inputs, call, name="root", dtype=out_dtype)
+
+
+CONVOLUTIONS = (conv2d, pointwise_conv2d)
+"""The kernels here that take ``min_max`` (passed on where they fall back to TVM's)."""
+
+
+def opaque_to_fusion(builder: relax.BlockBuilder, call: relax.Call) -> relax.Call:
+    """``call``, with its PrimFunc marked opaque (``op_pattern`` 8) where it is one of these C kernels'
+    calls: FuseOps must not fuse an epilogue into an external call."""
+    kernel = builder.get()[call.args[0]]
+    if is_layer_call(kernel):
+        builder.update_func(call.args[0], kernel.with_attr("op_pattern", 8))
+    return call
 
 
 def is_layer_call(func: tirx.PrimFunc) -> bool:
