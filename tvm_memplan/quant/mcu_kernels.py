@@ -188,11 +188,30 @@ def opaque_to_fusion(builder: relax.BlockBuilder, call: relax.Call) -> relax.Cal
     return call
 
 
-def is_layer_call(func: tirx.PrimFunc) -> bool:
-    """Whether ``func`` is one of these C kernels' calls (a ``te.extern`` block named ``root``)."""
-    body = func.body
-    block = getattr(body, "block", None)
+def _layer_call(func: tirx.PrimFunc) -> tvm.ir.Call | None:
+    block = getattr(func.body, "block", None)
     call = getattr(getattr(block, "body", None), "value", None)
     if not isinstance(call, tvm.ir.Call) or getattr(call.op, "name", "") != "tirx.call_extern":
-        return False
-    return getattr(call.args[0], "value", None) in C_KERNELS
+        return None
+    return call if getattr(call.args[0], "value", None) in C_KERNELS else None
+
+
+def is_layer_call(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is one of these C kernels' calls (a ``te.extern`` block named ``root``)."""
+    return _layer_call(func) is not None
+
+
+def layer_flops(func: tirx.PrimFunc) -> int | None:
+    """The multiply-adds x 2 of one of these C kernels' calls (None for any other function): what
+    TVM's FLOP estimate cannot see through an external call."""
+    call = _layer_call(func)
+    if call is None:
+        return None
+    name, args = call.args[0].value, call.args[1:]
+    pointers = sum(1 for a in args if not isinstance(a, tirx.IntImm | tirx.FloatImm))
+    v = [int(a.value) for a in args[pointers:] if isinstance(a, tirx.IntImm)]
+    if name == DEPTHWISE_KERNEL:  # planes, channels, h, w, oh, ow, kh, kw
+        return 2 * v[0] * v[4] * v[5] * v[6] * v[7]
+    if name == POINTWISE_KERNEL:  # cin, cout, pixels
+        return 2 * v[0] * v[1] * v[2]
+    return 2 * v[0] * v[3] * v[4] * v[5] * v[6] * v[7]  # window: cin, h, w, cout, oh, ow, kh, kw
