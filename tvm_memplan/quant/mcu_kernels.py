@@ -14,7 +14,9 @@ computes, bit for bit (the same MLAS float requantization); shapes they do not c
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax, te, tirx
 
@@ -43,68 +45,48 @@ WINDOW_WEIGHT_BYTES = 4096
 """The most bytes :data:`WINDOW_KERNEL` unpacks its weights to (int16 pairs, on the stack)."""
 
 
-def _plain(residual: te.Tensor | None, table: te.Tensor | None, quantize_input: tuple | None, x: te.Tensor) -> bool:
-    """Whether a kernel is the plain int8-in layer the C kernels compute (no fused epilogue)."""
-    return residual is None and table is None and quantize_input is None and str(x.dtype) == "int8"
-
-
-def conv2d(
-    x: te.Tensor,
-    weight: te.Tensor,
-    bias: te.Tensor,
-    multiplier: te.Tensor,
-    *,
-    strides: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-    x_zero_point: int,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
-    table: te.Tensor | None = None,
-    residual: te.Tensor | None = None,
-    **options,
-) -> te.Tensor:
-    """:func:`.kernels.conv2d` as one call of :data:`DEPTHWISE_KERNEL` (a depthwise convolution) or
-    :data:`WINDOW_KERNEL` (a regular one of few input channels: the stem, quantizing the float network
-    input as MLAS does where ``quantize_input`` says so), where the input is int8, the dilation 1 and
-    nothing is fused after it; else :func:`.kernels.conv2d` itself."""
+def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tensor, **options: Any) -> te.Tensor:
+    """:func:`.kernels.conv2d` (same arguments) as one call of :data:`DEPTHWISE_KERNEL` (a depthwise
+    convolution) or :data:`WINDOW_KERNEL` (a regular one of few input channels: the stem, quantizing
+    the float network input as MLAS does where ``quantize_input`` says so), where the input is int8,
+    the dilation 1 and nothing is fused after it; else :func:`.kernels.conv2d` itself."""
     n, c, h, w = (int(d) for d in x.shape)
     o, per_group, kh, kw = (int(d) for d in weight.shape)
-    quantize_input = options.get("quantize_input")
+    quantize_input, groups = options.get("quantize_input"), options["groups"]
     codes = str(x.dtype) == "int8" if quantize_input is None else quantize_input[1] == "int8"
-    plain = table is None and residual is None and list(dilation) == [1, 1] and codes and kh <= MAX_WINDOW
+    fused = options.get("table") is not None or options.get("residual") is not None
+    plain = not fused and list(options["dilation"]) == [1, 1] and codes and kh <= MAX_WINDOW
     depthwise = plain and groups == c == o and quantize_input is None
     pairs = (per_group * kh * kw + 1) // 2
     window = plain and groups == 1 and n == 1 and c * kh <= MAX_ROWS and o * pairs * 4 <= WINDOW_WEIGHT_BYTES
-    geometry = {"strides": strides, "padding": padding, "dilation": dilation, "groups": groups}
-    quantization = {"x_zero_point": x_zero_point, "y_zero_point": y_zero_point, "low": low, "high": high}
     if not (depthwise or window):
-        return kernels.conv2d(
-            x, weight, bias, multiplier, **geometry, **quantization, out_dtype=out_dtype, table=table,
-            residual=residual, **options,
-        )  # fmt: skip
-    (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = conv_geometry(x, kh, kw, strides, dilation, padding)
+        return kernels.conv2d(x, weight, bias, multiplier, **options)
+    geometry = conv_geometry(x, kh, kw, options["strides"], options["dilation"], options["padding"])
+    (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = geometry
+    quantization = tuple(int(options[k]) for k in ("x_zero_point", "y_zero_point", "low", "high"))
     if depthwise:
-        name, ints = DEPTHWISE_KERNEL, (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left)
-        floats = ()
+        name, args = DEPTHWISE_KERNEL, (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, *quantization)
     else:
-        name, ints = WINDOW_KERNEL, (c, h, w, o, oh, ow, kh, kw, sh, sw, top, left)
-        floats = (float(quantize_input[0]) if quantize_input else 1.0,)
-    ints += (x_zero_point, y_zero_point, low, high) + (() if depthwise else (int(quantize_input is not None),))
+        scale = float(quantize_input[0]) if quantize_input else 1.0
+        args = (c, h, w, o, oh, ow, kh, kw, sh, sw, top, left, *quantization, int(quantize_input is not None), scale)
+        name = WINDOW_KERNEL
+    return _extern((n, o, oh, ow), [x, weight, bias, multiplier], name, args, options["out_dtype"])
+
+
+def _extern(
+    shape: tuple[int, ...], inputs: list[te.Tensor], name: str, args: tuple, dtype: str, twice: bool = False
+) -> te.Tensor:
+    """``te.extern`` of C kernel ``name`` on the inputs' and the output's pointers (``twice``: the output's
+    pointer passed twice, in a residual's place), then ``args`` (floats as float32, the rest int32). The
+    block is named ``root``, as the function's only block, for the schedule rules and analyses that look
+    it up."""
 
     def call(ins, outs):
-        return tirx.call_extern(
-            "int32",
-            name,
-            *(buffer.data for buffer in (*ins, *outs)),
-            *(tirx.const(v, "int32") for v in ints),
-            *(tirx.const(v, "float32") for v in floats),
-        )
+        tensors = [*ins, *outs, *(outs if twice else [])]
+        values = [tirx.const(v, "float32" if isinstance(v, float | np.floating) else "int32") for v in args]
+        return tirx.call_extern("int32", name, *(buffer.data for buffer in tensors), *values)
 
-    return te.extern((n, o, oh, ow), [x, weight, bias, multiplier], call, name="root", dtype=out_dtype)
+    return te.extern(shape, inputs, call, name="root", dtype=dtype)
 
 
 def dot_conv(int8_dot: str, weight_shape: Sequence[int], geometry: dict, x_dtype: str) -> Callable:
@@ -118,61 +100,23 @@ def dot_conv(int8_dot: str, weight_shape: Sequence[int], geometry: dict, x_dtype
 
 
 def pointwise_conv2d(
-    x: te.Tensor,
-    weight: te.Tensor,
-    bias: te.Tensor,
-    multiplier: te.Tensor,
-    *,
-    out_channels: int,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
-    table: te.Tensor | None = None,
-    residual: te.Tensor | None = None,
-    residual_add: dict | None = None,
-    quantize_input: tuple[float, str] | None = None,
-    **kwargs,
+    x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tensor, **options: Any
 ) -> te.Tensor:
-    """:func:`.dot_kernels.conv2d_dot` of a 1x1 convolution of stride 1 (``weight`` in
+    """:func:`.dot_kernels.conv2d_dot` (same arguments) of a 1x1 convolution of stride 1 (``weight`` in
     :func:`.dot_kernels.pack_dot_weights`'s layout) as one call of :data:`POINTWISE_KERNEL` where
     the input is int8; a fused int8 ``residual`` add is computed there too (MLAS's formula)."""
     n, c, h, w = (int(d) for d in x.shape)
-    fused = residual is not None and str(residual.dtype) != "int8"
-    if not _plain(None, table, quantize_input, x) or n != 1 or fused:
-        return dot_kernels.conv2d_dot(
-            x,
-            weight,
-            bias,
-            multiplier,
-            out_channels=out_channels,
-            y_zero_point=y_zero_point,
-            low=low,
-            high=high,
-            out_dtype=out_dtype,
-            table=table,
-            residual=residual,
-            residual_add=residual_add,
-            quantize_input=quantize_input,
-            **kwargs,
-        )
-    add = residual_add or {"code_first": True, "ratio_a": 0.0, "ratio_b": 0.0, "constant": 0.0, "low": 0, "high": 0}
-    ints = (c, out_channels, h * w, y_zero_point, low, high, int(residual is not None), int(add["code_first"]))
-    floats = (add["ratio_a"], add["ratio_b"], add["constant"])
+    residual = options.get("residual")
+    plain = options.get("table") is None and options.get("quantize_input") is None and str(x.dtype) == "int8"
+    if not plain or n != 1 or (residual is not None and str(residual.dtype) != "int8"):
+        return dot_kernels.conv2d_dot(x, weight, bias, multiplier, **options)
+    add = options.get("residual_add") or {"code_first": 1, "ratio_a": 0.0, "ratio_b": 0.0, "constant": 0.0}
+    cout, requantization = options["out_channels"], tuple(int(options[k]) for k in ("y_zero_point", "low", "high"))
+    floats = tuple(float(add[k]) for k in ("ratio_a", "ratio_b", "constant"))
+    args = (c, cout, h * w, *requantization, int(residual is not None), int(add["code_first"]), *floats)
+    args += (int(add.get("low", 0)), int(add.get("high", 0)))
     inputs = [x, weight, bias, multiplier] + ([residual] if residual is not None else [])
-
-    def call(ins, outs):
-        tensors = [*ins, *outs] if residual is not None else [*ins, outs[0], *outs]  # (no residual: y twice)
-        return tirx.call_extern(
-            "int32",
-            POINTWISE_KERNEL,
-            *(buffer.data for buffer in tensors),
-            *(tirx.const(v, "int32") for v in ints),
-            *(tirx.const(v, "float32") for v in floats),
-            *(tirx.const(add[k], "int32") for k in ("low", "high")),
-        )
-
-    return te.extern((n, out_channels, h, w), inputs, call, name="root", dtype=out_dtype)
+    return _extern((n, cout, h, w), inputs, POINTWISE_KERNEL, args, options["out_dtype"], twice=residual is None)
 
 
 CONVOLUTIONS = (conv2d, pointwise_conv2d)
