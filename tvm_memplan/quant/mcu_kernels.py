@@ -41,8 +41,9 @@ MAX_WINDOW = 8
 """The largest window height the row caches hold."""
 MAX_ROWS = 32
 """The most input rows (input channels x window height) :data:`WINDOW_KERNEL` reads per output row."""
-WINDOW_WEIGHT_BYTES = 4096
-"""The most bytes :data:`WINDOW_KERNEL` unpacks its weights to (int16 pairs, on the stack)."""
+STACK_BYTES = 8192
+"""The most stack a C kernel may take for its row cache, packed operands and unpacked weights; a
+larger layer keeps TVM's kernel."""
 
 
 def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tensor, **options: Any) -> te.Tensor:
@@ -56,9 +57,11 @@ def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tens
     codes = str(x.dtype) == "int8" if quantize_input is None else quantize_input[1] == "int8"
     fused = options.get("table") is not None or options.get("residual") is not None
     plain = not fused and list(options["dilation"]) == [1, 1] and codes and kh <= MAX_WINDOW
-    depthwise = plain and groups == c == o and quantize_input is None
+    row = w + 2 * kw + 8  # a row cache's row (the padding and word-read slack at most)
+    depthwise = plain and groups == c == o and quantize_input is None and 2 * kh * row <= STACK_BYTES
     pairs = (per_group * kh * kw + 1) // 2
-    window = plain and groups == 1 and n == 1 and c * kh <= MAX_ROWS and o * pairs * 4 <= WINDOW_WEIGHT_BYTES
+    scratch = c * kh * row + (o + 3) * pairs * 4  # (the row cache, the unpacked weights and two windows)
+    window = plain and groups == 1 and n == 1 and c * kh <= MAX_ROWS and scratch <= STACK_BYTES
     if not (depthwise or window):
         return kernels.conv2d(x, weight, bias, multiplier, **options)
     geometry = conv_geometry(x, kh, kw, options["strides"], options["dilation"], options["padding"])
@@ -93,9 +96,11 @@ def dot_conv(int8_dot: str, weight_shape: Sequence[int], geometry: dict, x_dtype
     """The kernel of a groups-1 convolution on a CPU with a dot-product instruction:
     :func:`pointwise_conv2d` for a 1x1 of stride 1 without padding on int8 codes on a Cortex-M
     (``dsp-smlad``), else :func:`.dot_kernels.conv2d_dot`."""
-    _o, _c, kh, kw = weight_shape
+    _o, c, kh, kw = weight_shape
     unit = list(geometry["strides"]) == [1, 1] and not any(geometry["padding"])
-    pointwise = int8_dot == "dsp-smlad" and (kh, kw) == (1, 1) and unit and x_dtype == "int8"
+    steps = -(-c // 4)  # the kernel's stack: two packed pixels and the unpacked weights at least
+    small = 2 * 8 * steps + 16 * steps <= STACK_BYTES
+    pointwise = int8_dot == "dsp-smlad" and (kh, kw) == (1, 1) and unit and x_dtype == "int8" and small
     return pointwise_conv2d if pointwise else dot_kernels.conv2d_dot
 
 
