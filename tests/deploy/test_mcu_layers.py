@@ -120,9 +120,10 @@ def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, ke
 @needs_cc
 @pytest.mark.parametrize(
     "cin, cout, pixels, residual",
-    [(8, 6, 13, False), (6, 5, 9, True), (24, 10, 70, True), (200, 4, 3, False)],  # 8 channels: 1 x 4 pixels
+    [(8, 6, 13, False), (6, 5, 9, True), (24, 10, 70, True), (200, 4, 3, False), (42, 10, 1, False)],
 )
 def test_pointwise_kernel_equals_integer_arithmetic(tmp_path, cin, cout, pixels, residual):
+    """Its paths: 5 to 8 input channels (1 channel x 4 pixels), one pixel (a dense), 2 channels x 2 pixels."""
     rng = np.random.default_rng(cin + cout + pixels)
     zx, zy = -7, 3
     x, w, bias, multiplier, folded = _operands(rng, cout, cin, (1, cin, 1, pixels), zx)

@@ -237,7 +237,27 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         to[0] = tvm_memplan_even(word), to[1] = tvm_memplan_odd(word);
       }
     }
-    for (int32_t o = 0; steps == 2 && o < cout; ++o) { /* 8 channels: 1 channel x 4 pixels, weights in registers */
+    for (int32_t o = 0; pixels == 1 && o < cout; o += 4) { /* one pixel (a dense): a block of 4 channels */
+      const int8_t* v = weights + (o >> 2) * steps * 16;
+      const uint32_t* q = packed;
+      int32_t a[4];
+      for (int32_t k = 0; k < 4; ++k) a[k] = o + k < cout ? bias[o + k] : 0;
+      int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+#pragma GCC unroll 2
+      for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
+        const uint32_t xe = q[0], xo = q[1];
+        const uint32_t w0 = tvm_memplan_word(v), w1 = tvm_memplan_word(v + 4);
+        const uint32_t w2 = tvm_memplan_word(v + 8), w3 = tvm_memplan_word(v + 12);
+        a0 = tvm_memplan_smlad(tvm_memplan_odd(w0), xo, tvm_memplan_smlad(tvm_memplan_even(w0), xe, a0));
+        a1 = tvm_memplan_smlad(tvm_memplan_odd(w1), xo, tvm_memplan_smlad(tvm_memplan_even(w1), xe, a1));
+        a2 = tvm_memplan_smlad(tvm_memplan_odd(w2), xo, tvm_memplan_smlad(tvm_memplan_even(w2), xe, a2));
+        a3 = tvm_memplan_smlad(tvm_memplan_odd(w3), xo, tvm_memplan_smlad(tvm_memplan_even(w3), xe, a3));
+      }
+      a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
+      for (int32_t k = 0; k < 4 && o + k < cout; ++k) TVM_MEMPLAN_STORE((o + k) * pixels + p0, a[k], multiplier[o + k]);
+    }
+    /* 5 to 8 channels: 1 channel x 4 pixels, its weights in registers */
+    for (int32_t o = 0; pixels > 1 && steps == 2 && o < cout; ++o) {
       const int8_t* wo = weights + (o >> 2) * 32 + (o & 3) * 4;
       const uint32_t u = tvm_memplan_word(wo), t = tvm_memplan_word(wo + 16);
       const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
@@ -263,7 +283,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         if (more > 3) TVM_MEMPLAN_STORE(at + p + 3, a3, mo);
       }
     }
-    for (int32_t o = 0; steps != 2 && o < cout; o += 2) { /* channels o and o + 1: lanes of one block of 4 */
+    /* else channels o and o + 1 (lanes of one block of 4) x 2 pixels */
+    for (int32_t o = 0; pixels > 1 && steps != 2 && o < cout; o += 2) {
       const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
       const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
       const float ma = multiplier[o], mb = o + 1 < cout ? multiplier[o + 1] : 0.0f;

@@ -340,9 +340,9 @@ class _Lowerer(PyExprMutator):
                 x, kind = float_input, f"quantize+{kind}"
                 kwargs["quantize_input"] = (xq.scale, xq.dtype)
         elif self.int8_dot == "dsp-smlad" and (static_shape(x.ty) or (0, 0))[:-1] == (1,):
-            # a Cortex-M: a dense of one row as the 1x1 convolution of one pixel, on the SMLAD micro-kernel
+            # a Cortex-M: a dense of one row as the 1x1 convolution of one pixel, on SMLAD
             func, kind, zero_point = (
-                dot_kernels.conv2d_dot,
+                mcu_kernels.dot_conv(self.int8_dot, (channels, w_shifted.shape[1], 1, 1), _POINTWISE, xq.dtype),
                 "dense",
                 dot_kernels.dot_zero_point(xq.zero_point, xq.dtype, "int8"),
             )
@@ -375,7 +375,7 @@ class _Lowerer(PyExprMutator):
             kwargs["min_max"] = True
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
-        if kind == "dense" and func is dot_kernels.conv2d_dot:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
+        if kind == "dense" and func in mcu_kernels.DOT_CONVOLUTIONS:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
             pixel = self.builder_.emit(relax.op.reshape(x_new, (1, w_shifted.shape[1], 1, 1)))
             out = self.builder_.emit(self._call_te(func, pixel, *consts, name=kernel_name, **kwargs))
             return relax.op.reshape(out, (1, channels)), kind

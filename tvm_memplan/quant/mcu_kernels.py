@@ -98,8 +98,8 @@ def dot_conv(int8_dot: str, weight_shape: Sequence[int], geometry: dict, x_dtype
     (``dsp-smlad``), else :func:`.dot_kernels.conv2d_dot`."""
     _o, c, kh, kw = weight_shape
     unit = list(geometry["strides"]) == [1, 1] and not any(geometry["padding"])
-    steps = -(-c // 4)  # the kernel's stack: two packed pixels and the unpacked weights at least
-    small = 2 * 8 * steps + 16 * steps <= STACK_BYTES
+    steps = -(-c // 4)  # the kernel's stack: a tile of packed pixels (4 KiB, or 2 pixels), unpacked weights
+    small = max(4096, 16 * steps) + (16 * steps if steps <= 64 else 0) <= STACK_BYTES
     pointwise = int8_dot == "dsp-smlad" and (kh, kw) == (1, 1) and unit and x_dtype == "int8" and small
     return pointwise_conv2d if pointwise else dot_kernels.conv2d_dot
 
@@ -125,6 +125,8 @@ def pointwise_conv2d(
 
 
 CONVOLUTIONS = (conv2d, pointwise_conv2d)
+DOT_CONVOLUTIONS = (dot_kernels.conv2d_dot, pointwise_conv2d)
+"""What :func:`dot_conv` returns."""
 """The kernels here that take ``min_max`` (passed on where they fall back to TVM's)."""
 
 
