@@ -3,13 +3,14 @@ and compared code for code with integer arithmetic in numpy and with onnxruntime
 
 The shapes are the ones the packing must get right: input channels not a multiple of 4 (the last
 step padded), output channels not a multiple of the 4 lanes, a stride, a 3x3 window, and one input
-channel step (the stem's, which stays a plain conv). Even output widths of stride 1 run the kernel of
-two pixels a call, the others one pixel a call. The portable C of the same micro-kernels runs on
-this machine.
+channel step (the stem's, which runs the whole-layer C kernel of :mod:`tvm_memplan.deploy.mcu_layers_c`,
+as does the second, 1x1, conv). Even output widths of stride 1 run the kernel of two pixels a call,
+the others one pixel a call. The portable C of the same kernels runs on this machine.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -22,6 +23,7 @@ from onnx import numpy_helper
 from tvm_memplan.deploy.emit_c import emit_c
 from tvm_memplan.deploy.mcu_dsp import with_micro_kernels
 from tvm_memplan.deploy.standalone import measure_c
+from tvm_memplan.quant.mcu_kernels import POINTWISE_KERNEL, WINDOW_KERNEL
 from tvm_memplan.schedule.cpu import cpu_spec
 from tvm_memplan.schedule.cpu.int8_smlad import SMLAD_MICRO_KERNELS
 
@@ -96,12 +98,17 @@ def test_smlad_conv_on_the_emulated_m7_equals_integer_arithmetic(shape, tmp_path
     onnx.save(model, str(path))
     directory = tmp_path / "c"
     emit_c(str(path), directory, "cortex-m7", order_seconds=1)
-    on_smlad = cin > 4  # more than one step of 4 input channels
+    # the conv under test quantizes the float input: TVM's kernel, on the micro-kernel where it has more than one
+    # step of 4 channels, the window C kernel where it has one; the second conv is a C kernel of a whole layer
+    on_smlad = cin > 4
     two_pixels = on_smlad and stride == 1 and (size + 2 * pad - kernel + 1) % 2 == 0
     source = (directory / "kernels.c").read_text()
     assert (f"{SMLAD_MICRO_KERNELS[2]}((" in source) == two_pixels
     assert (f"{SMLAD_MICRO_KERNELS[1]}((" in source) == (on_smlad and not two_pixels)
-    assert "fmaxf(" in source and "fminf(" in source  # the clamp on the M7's VMAXNM/VMINNM
+    called = set(re.findall(r"(tvm_memplan_\w+_s8)\(\w+, ", source))  # calls, not the definitions
+    second = WINDOW_KERNEL if cout <= 4 else POINTWISE_KERNEL  # at most 4 input channels: the window kernel
+    assert called == {second} | ({WINDOW_KERNEL} if cin <= 4 else set())
+    assert ("fmaxf(" in source and "fminf(" in source) == on_smlad  # TVM's clamp on the M7's VMAXNM/VMINNM
 
     for device in ("qemu-cortex-m7", "host"):
         result = measure_c(directory, device)
@@ -118,8 +125,9 @@ def test_smlad_conv_on_the_emulated_m7_equals_integer_arithmetic(shape, tmp_path
     disassembly = subprocess.run(
         ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
     ).stdout
-    assert ("smlad" in disassembly and "sxtb16" in disassembly) == on_smlad
-    assert "vmaxnm.f32" in disassembly and "vminnm.f32" in disassembly
+    assert "smlad" in disassembly and "sxtb16" in disassembly
+    assert "vcvtr.s32.f32" in disassembly and "ssat" in disassembly  # the C kernels' requantization
+    assert ("vmaxnm.f32" in disassembly and "vminnm.f32" in disassembly) == on_smlad
 
 
 def test_micro_kernel_replaces_tvms_declaration_and_nothing_else():
@@ -155,12 +163,13 @@ def test_cores_with_the_dsp_extension_lower_convolutions_for_smlad(mcpu, instruc
 @needs_arm
 @pytest.mark.slow
 def test_dense_of_one_row_runs_as_a_one_pixel_convolution_on_smlad(tmp_path):
+    """A dense of 21 inputs (not a multiple of 4) to 10 outputs (not a multiple of the 4 lanes)."""
     model = models.quantize_qdq(models.gemm(m=1, k=21, n=10))
     path = tmp_path / "gemm.onnx"
     onnx.save(model, str(path))
     directory = tmp_path / "c"
     emit_c(str(path), directory, "cortex-m7", order_seconds=1)
-    assert f"{SMLAD_MICRO_KERNELS[1]}((" in (directory / "kernels.c").read_text()
+    assert re.search(rf"{POINTWISE_KERNEL}\(\w+, ", (directory / "kernels.c").read_text())  # its one-pixel path
     result = measure_c(directory, "qemu-cortex-m7")
     y_scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "y_scale")))
     assert result.correct and result.max_abs_diff < 0.5 * y_scale, result  # onnxruntime's codes

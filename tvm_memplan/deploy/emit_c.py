@@ -23,6 +23,7 @@ import tvm
 
 from ..errors import UserError
 from ..frontend import load_model
+from ..quant.mcu_kernels import is_layer_call
 from .build import compile_plan, plan_for
 from .mcu import ModelC, emit_model_c
 from .mcu_c import kernel_symbol, prefix_kernel_symbols
@@ -258,7 +259,8 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     kernels = _DEFINITION.findall(source)
     functions = {gv.name_hint: f for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
     signatures = {name: _params(functions[name]) if name in functions else None for name in kernels}
-    runnable = [name for name, params in signatures.items() if params and len(params) >= 2]
+    # (not a whole-layer C kernel's call: TVM's LLVM, which computes the example's output, cannot run it)
+    runnable = [n for n, p in signatures.items() if p and len(p) >= 2 and not is_layer_call(functions[n])]
     if not runnable:
         raise UserError(f"{model.name}: no kernel with static tensor parameters to run in the example")
     # The smallest kernel that computes something from weights (3+ tensors), not a plain copy.

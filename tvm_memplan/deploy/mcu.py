@@ -5,7 +5,9 @@ sit at fixed offsets of the arena (``R.memory.alloc_tensor(arena, offset, ...)``
 on constants and on the outputs. :mod:`.mcu_program` walks that line, :mod:`.mcu_c` writes it out as C: one
 ``static uint8_t memplan_arena[N]`` of exactly the planned size, every weight a ``const`` array
 (int8 weights of a QDQ model as ``const int8_t``, their biases ``int32_t``), and a ``<name>_run``
-function that calls TVM's C kernels in the planned order with pointers ``arena + offset``.
+function that calls TVM's C kernels in the planned order with pointers ``arena + offset``. On a core
+with the DSP extension, an int8 model's depthwise, 1x1 and stem convolutions are calls of whole-layer
+C kernels written for SMLAD (:mod:`.mcu_layers_c`), which TVM's kernels call as external functions.
 In-place kernels and eliminated concatenations need nothing special: they are already offsets in
 the plan. Nothing is allocated at run time, and nothing of TVM beyond its header-only
 tvm-ffi/dlpack headers is needed.

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import re
 
+from ..quant.mcu_kernels import C_KERNELS
 from ..schedule.cpu.int8_smlad import SMLAD_MICRO_KERNELS
+from .mcu_layers_c import LAYER_KERNELS
 
 MICRO_KERNELS = f"""
 /* tvm-memplan's Cortex-M micro-kernels: for s < steps, i, k < 4 (int8 x, w; int32 acc):
@@ -89,18 +91,23 @@ static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNELS[2]}(
 }}
 """
 
+_EXTERNAL = (*SMLAD_MICRO_KERNELS.values(), *C_KERNELS)
 _DECLARATION = re.compile(
-    r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t '
-    + f"(?:{'|'.join(SMLAD_MICRO_KERNELS.values())})"
-    + r"\([^)]*\);\n"
+    r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t ' + f"(?:{'|'.join(_EXTERNAL)})" + r"\([^)]*\);\n"
 )
 
 
 def with_micro_kernels(source: str) -> str:
-    """TVM's C kernels with the micro-kernel defined before its first use (nothing changes in a
-    source that does not call it)."""
-    if not any(name in source for name in SMLAD_MICRO_KERNELS.values()):
+    """TVM's C kernels with the micro-kernels and the whole-layer kernels
+    (:mod:`tvm_memplan.deploy.mcu_layers_c`) defined before their first use, in place of TVM's
+    declarations (nothing changes in a source that calls none)."""
+    definitions = "".join(
+        text
+        for names, text in ((SMLAD_MICRO_KERNELS.values(), MICRO_KERNELS), (C_KERNELS, LAYER_KERNELS))
+        if any(name in source for name in names)
+    )
+    if not definitions:
         return source
     stripped = _DECLARATION.sub("", source)
     first = stripped.index("#ifdef __cplusplus")
-    return stripped[:first] + MICRO_KERNELS + stripped[first:]
+    return stripped[:first] + definitions + stripped[first:]

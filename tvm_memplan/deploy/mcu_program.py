@@ -22,6 +22,7 @@ from tvm import relax
 
 from ..errors import UserError
 from ..planner import ModelPlan
+from ..quant.mcu_kernels import layer_flops
 from ..relax.ir_utils import static_shape
 
 C_TYPES = {
@@ -318,7 +319,9 @@ def step_table(program: CProgram, functions: dict[str, tvm.tirx.PrimFunc]) -> li
     for number, step in enumerate(program.steps, 1):
         if step.kernel not in flops:
             func = functions.get(step.kernel)
-            flops[step.kernel] = float(estimate_tir_flops(tvm.IRModule({"main": func}))) if func is not None else 0.0
+            external = layer_flops(func) if func is not None else None  # a whole-layer C kernel's call
+            estimate = estimate_tir_flops(tvm.IRModule({"main": func})) if func is not None and external is None else 0
+            flops[step.kernel] = float(external if external is not None else estimate)
         live = [name for name in ranges if first[name] <= number <= last[name]]
         by_arena: dict[str, list[tuple[int, int]]] = {}
         for name in live:

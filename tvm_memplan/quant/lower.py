@@ -48,7 +48,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..relax.ir_utils import constant_value, op_name, static_shape
 from ..schedule.cpu.spec import cpu_spec
-from . import dot_kernels, kernels
+from . import dot_kernels, kernels, mcu_kernels
 from .kernels import INT_RANGE
 from .qdq_graph import (
     Clamp,
@@ -112,7 +112,8 @@ class _Lowerer(PyExprMutator):
         self.kinds.append((binding.var, kind))
 
     def _call_te(self, func: Callable, *args, name: str, **kwargs) -> relax.Expr:
-        return self.builder_.call_te(func, *args, primfunc_name_hint=name, **kwargs)
+        call = self.builder_.call_te(func, *args, primfunc_name_hint=name, **kwargs)
+        return mcu_kernels.opaque_to_fusion(self.builder_, call)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
@@ -323,7 +324,7 @@ class _Lowerer(PyExprMutator):
                 # the dot-product kernel: the input packed to the instruction's signedness, weights
                 # packed, the bias folded for the moved zero point
                 instruction = dot_kernels.DOT_INSTRUCTIONS[self.int8_dot]
-                func = dot_kernels.conv2d_dot
+                func = mcu_kernels.dot_conv(self.int8_dot, w_shifted.shape, geometry, xq.dtype)
                 kwargs = {"out_channels": channels, "packed_dtype": instruction.packed_dtype, **geometry, **common}
                 zero_point = dot_kernels.dot_zero_point(xq.zero_point, xq.dtype, instruction.packed_dtype)
                 stored = dot_kernels.pack_dot_weights(w_shifted, instruction.lanes, instruction.depth)
@@ -332,16 +333,16 @@ class _Lowerer(PyExprMutator):
                 func, kwargs = dot_kernels.depthwise_conv2d, {**geometry, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             else:
-                func = kernels.conv2d
+                func = mcu_kernels.conv2d if self.int8_dot == "dsp-smlad" else kernels.conv2d  # Cortex-M: C kernels
                 kwargs = {**geometry, "groups": groups, "accumulate": accumulate, **common}
                 zero_point, stored = xq.zero_point, w_shifted
             if float_input is not None:
                 x, kind = float_input, f"quantize+{kind}"
                 kwargs["quantize_input"] = (xq.scale, xq.dtype)
         elif self.int8_dot == "dsp-smlad" and (static_shape(x.ty) or (0, 0))[:-1] == (1,):
-            # a Cortex-M: a dense of one row as the 1x1 convolution of one pixel, on the SMLAD micro-kernel
+            # a Cortex-M: a dense of one row as the 1x1 convolution of one pixel, on SMLAD
             func, kind, zero_point = (
-                dot_kernels.conv2d_dot,
+                mcu_kernels.dot_conv(self.int8_dot, (channels, w_shifted.shape[1], 1, 1), _POINTWISE, xq.dtype),
                 "dense",
                 dot_kernels.dot_zero_point(xq.zero_point, xq.dtype, "int8"),
             )
@@ -370,11 +371,11 @@ class _Lowerer(PyExprMutator):
             relax.const(bias_int),
             relax.const(multiplier.astype(np.float32)),
         ]
-        if self.min_max and func in (kernels.conv2d, dot_kernels.conv2d_dot):
+        if self.min_max and func in (kernels.conv2d, dot_kernels.conv2d_dot, *mcu_kernels.CONVOLUTIONS):
             kwargs["min_max"] = True
         x_new = self.visit_expr(x)
         kernel_name = "qdense" if kind == "dense" else f"q{kind.split('+')[-1]}"
-        if kind == "dense" and func is dot_kernels.conv2d_dot:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
+        if kind == "dense" and func in mcu_kernels.DOT_CONVOLUTIONS:  # (1, K) -> (1, K, 1, 1) -> (1, N, 1, 1) -> (1, N)
             pixel = self.builder_.emit(relax.op.reshape(x_new, (1, w_shifted.shape[1], 1, 1)))
             out = self.builder_.emit(self._call_te(func, pixel, *consts, name=kernel_name, **kwargs))
             return relax.op.reshape(out, (1, channels)), kind

@@ -10,7 +10,10 @@ registers over it, as CMSIS-NN's and TinyEngine's hand-written inner loops do. T
 
 A convolution of one channel step (the stem's 3 input channels) is not lowered in this layout
 (:mod:`tvm_memplan.quant.lower`): a micro-kernel call per window tap gained nothing there (the stem
-of MobileNetV2-0.35 @ 144 on the emulated M7: 9.67M instructions, 9.74M as a plain conv).
+of MobileNetV2-0.35 @ 144 on the emulated M7: 9.67M instructions, 9.74M as a plain conv). It runs
+the im2col C kernel of :mod:`tvm_memplan.deploy.mcu_layers_c` instead (5.2M), as do the 1x1
+convolutions of stride 1 and the depthwise ones, which a call per output pixel served worse than a
+loop nest written for the whole layer (:mod:`tvm_memplan.quant.mcu_kernels`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,211 @@
+"""The whole-layer int8 C kernels of :mod:`tvm_memplan.deploy.mcu_layers_c`, code for code against
+integer arithmetic in numpy (MLAS's requantization): each kernel compiled alone with this machine's C
+compiler (the portable intrinsics), and a MobileNetV2 block on the emulated Cortex-M7 (SMLAD, SXTB16,
+VCVTR, SSAT) and on this machine, against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tvm_memplan.deploy.emit_c import emit_c
+from tvm_memplan.deploy.mcu_layers_c import LAYER_KERNELS
+from tvm_memplan.deploy.standalone import measure_c
+from tvm_memplan.quant import dot_kernels
+from tvm_memplan.quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL
+
+from ..quant import models
+from ..schedule.test_int8_dot import reference
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+needs_arm = pytest.mark.skipif(
+    shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+    reason="arm-none-eabi-gcc or qemu-system-arm missing (.ci/run installs them)",
+)
+
+
+def _array(name: str, values: np.ndarray) -> str:
+    ctype = {"int8": "int8_t", "int32": "int32_t", "float32": "float"}[str(values.dtype)]
+    body = ", ".join(f"{v!r}f" if ctype == "float" else str(int(v)) for v in values.ravel().tolist())
+    return f"static {ctype} {name}[{max(values.size, 1)}] = {{{body or 0}}};\n"
+
+
+def run_kernel(tmp_path: Path, arrays: dict[str, np.ndarray], out_size: int, call: str) -> np.ndarray:
+    """``call`` (C, on the ``arrays`` and ``y``) compiled with the kernels on this machine; ``y``'s bytes."""
+    source = LAYER_KERNELS + "#include <stdio.h>\n" + "".join(_array(n, a) for n, a in arrays.items())
+    source += f"static int8_t y[{out_size}];\nint main(void) {{\n  {call};\n  fwrite(y, 1, {out_size}, stdout);\n"
+    source += "  return 0;\n}\n"
+    (tmp_path / "kernel.c").write_text(source)
+    binary = tmp_path / "kernel"
+    subprocess.run(["cc", "-O2", "-o", str(binary), str(tmp_path / "kernel.c"), "-lm"], check=True)
+    output = subprocess.run([str(binary)], capture_output=True, check=True).stdout
+    return np.frombuffer(output, np.int8).astype(np.int32)
+
+
+def _fma(a: np.ndarray, b: float, c: np.ndarray | float) -> np.ndarray:
+    """C's ``fmaf`` for int8 ``a``: the product and the sum are exact in float64 here, then one rounding."""
+    return (a.astype(np.float64) * np.float64(np.float32(b)) + np.asarray(c, np.float32).astype(np.float64)).astype(
+        np.float32
+    )
+
+
+def add_codes(a, b, ratio_a, ratio_b, constant, low, high) -> np.ndarray:
+    """MLAS's QLinearAdd of two code arrays (:func:`tvm_memplan.quant.kernels.add_codes`)."""
+    value = _fma(a, ratio_a, _fma(b, ratio_b, np.float32(constant)))
+    return np.clip(np.rint(value), low, high).astype(np.int32)
+
+
+def _operands(rng, cout: int, depth: int, x_shape: tuple[int, ...], zx: int):
+    x = rng.integers(-128, 128, size=x_shape).astype(np.int8)
+    w = rng.integers(-128, 128, size=(cout, depth)).astype(np.int8)
+    bias = rng.integers(-3000, 3000, size=cout).astype(np.int32)
+    multiplier = (rng.uniform(0.5, 2.0, size=cout) / max(depth, 1) / 40).astype(np.float32)
+    folded = (bias.astype(np.int64) - zx * w.astype(np.int64).sum(axis=1)).astype(np.int32)
+    return x, w, bias, multiplier, folded
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    "channels, size, kernel, stride, pad, low",
+    [
+        (3, 8, 3, 1, 1, -128),  # two outputs per word
+        (2, 7, 3, 1, 1, -128),  # an odd width: the last output alone
+        (3, 9, 3, 2, 1, -100),  # stride 2, a narrowed clamp (a folded Relu)
+        (2, 6, 5, 1, 2, -128),  # the generic window
+        (2, 5, 3, 2, 0, -128),  # no padding, an odd input
+    ],
+)
+def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, kernel, stride, pad, low):
+    rng = np.random.default_rng(channels * 100 + size)
+    zx, zy = 5, -128
+    x, w, bias, multiplier, folded = _operands(rng, channels, kernel * kernel, (1, channels, size, size), zx)
+    weight = w.reshape(channels, 1, kernel, kernel)
+    expected = np.concatenate(
+        [
+            reference(
+                x[:, c : c + 1],
+                weight[c : c + 1],
+                bias[c : c + 1],
+                multiplier[c : c + 1],
+                stride,
+                1,
+                [pad] * 4,
+                zx,
+                zy,
+                low,
+                127,
+                "int8",
+            )  # fmt: skip
+            for c in range(channels)
+        ],
+        axis=1,
+    )
+    oh = expected.shape[2]
+    call = (
+        f"{DEPTHWISE_KERNEL}(x, w, b, m, y, {channels}, {channels}, {size}, {size}, {oh}, {oh}, {kernel}, {kernel}, "
+        f"{stride}, {stride}, {pad}, {pad}, {zx}, {zy}, {low}, 127)"
+    )
+    got = run_kernel(tmp_path, {"x": x, "w": weight, "b": folded, "m": multiplier}, expected.size, call)
+    assert np.array_equal(got, expected.astype(np.int32).ravel())
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    "cin, cout, pixels, residual",
+    [(8, 6, 13, False), (6, 5, 9, True), (24, 10, 70, True), (200, 4, 3, False), (42, 10, 1, False)],
+)
+def test_pointwise_kernel_equals_integer_arithmetic(tmp_path, cin, cout, pixels, residual):
+    """Its paths: 5 to 8 input channels (1 channel x 4 pixels), one pixel (a dense), 2 channels x 2 pixels."""
+    rng = np.random.default_rng(cin + cout + pixels)
+    zx, zy = -7, 3
+    x, w, bias, multiplier, folded = _operands(rng, cout, cin, (1, cin, 1, pixels), zx)
+    expected = reference(x, w.reshape(cout, cin, 1, 1), bias, multiplier, 1, 1, [0] * 4, zx, zy, -128, 127, "int8")
+    arrays = {"x": x, "w": dot_kernels.pack_dot_weights(w.reshape(cout, cin, 1, 1), 4, 4), "b": folded, "m": multiplier}
+    add = {"ratio_a": 0.75, "ratio_b": 0.5, "constant": -3.25, "low": -128, "high": 127}
+    if residual:  # MLAS's QLinearAdd of the conv's codes (first) and the residual's
+        arrays["r"] = rng.integers(-128, 128, size=(1, cout, 1, pixels)).astype(np.int8)
+        expected = add_codes(expected, arrays["r"], **add)
+    call = (
+        f"{POINTWISE_KERNEL}(x, w, b, m, {'r' if residual else 'y'}, y, {cin}, {cout}, {pixels}, {zy}, -128, 127, "
+        f"{int(residual)}, 1, {add['ratio_a']}f, {add['ratio_b']}f, {add['constant']}f, -128, 127)"
+    )
+    got = run_kernel(tmp_path, arrays, expected.size, call)
+    assert np.array_equal(got, expected.astype(np.int32).ravel())
+
+
+@needs_cc
+@pytest.mark.parametrize("quantize", [False, True])
+def test_window_kernel_equals_integer_arithmetic(tmp_path, quantize):
+    """The stem: 3 input channels, 3x3, stride 2, 5 output channels; from int8 codes, or from the
+    float network input quantized as MLAS does (divide, round half to even, saturate)."""
+    rng = np.random.default_rng(int(quantize))
+    cin, cout, size, zx, zy, scale = 3, 5, 11, 4, -128, 0.02
+    x, w, bias, multiplier, folded = _operands(rng, cout, cin * 9, (1, cin, size, size), zx)
+    real = (rng.standard_normal((1, cin, size, size)) * 1.5).astype(np.float32)
+    if quantize:
+        x = np.clip(np.rint(real / np.float32(scale)) + zx, -128, 127).astype(np.int8)
+    weight = w.reshape(cout, cin, 3, 3)
+    expected = reference(x, weight, bias, multiplier, 2, 1, [1] * 4, zx, zy, -128, 127, "int8")
+    oh = expected.shape[2]
+    call = (
+        f"{WINDOW_KERNEL}({'xf' if quantize else 'x'}, w, b, m, y, {cin}, {size}, {size}, {cout}, {oh}, {oh}, 3, 3, "
+        f"2, 2, 1, 1, {zx}, {zy}, -128, 127, {int(quantize)}, {scale}f)"
+    )
+    arrays = {"x": x, "xf": real, "w": weight, "b": folded, "m": multiplier}
+    got = run_kernel(tmp_path, arrays, expected.size, call)
+    assert np.array_equal(got, expected.astype(np.int32).ravel())
+
+
+def inverted_residual(channels: int = 8, expand: int = 3, size: int = 10) -> onnx.ModelProto:
+    """A MobileNetV2 block: 1x1 expand + Relu6, 3x3 depthwise + Relu6, 1x1 project, + the input."""
+    rng = np.random.default_rng(1)
+    hidden = channels * expand
+    inits = {
+        "we": rng.standard_normal((hidden, channels, 1, 1)) * 0.3,
+        "be": rng.standard_normal(hidden) * 0.1,
+        "wd": rng.standard_normal((hidden, 1, 3, 3)) * 0.3,
+        "bd": rng.standard_normal(hidden) * 0.1,
+        "wp": rng.standard_normal((channels, hidden, 1, 1)) * 0.2,
+        "bp": rng.standard_normal(channels) * 0.1,
+        "zero": np.float32(0.0),
+        "six": np.float32(6.0),
+    }
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "we", "be"], ["e"]),
+        onnx.helper.make_node("Clip", ["e", "zero", "six"], ["er"]),
+        onnx.helper.make_node("Conv", ["er", "wd", "bd"], ["d"], group=hidden, pads=[1] * 4),
+        onnx.helper.make_node("Clip", ["d", "zero", "six"], ["dr"]),
+        onnx.helper.make_node("Conv", ["dr", "wp", "bp"], ["p"]),
+        onnx.helper.make_node("Add", ["p", "x"], ["y"]),
+    ]
+    shape = [1, channels, size, size]
+    return models.float_model(nodes, inits, {"x": shape}, {"y": shape})
+
+
+@needs_arm
+@pytest.mark.slow
+def test_inverted_residual_block_on_the_emulated_m7_gives_onnxruntimes_codes(tmp_path):
+    model = models.quantize_qdq(inverted_residual())
+    path = tmp_path / "block.onnx"
+    onnx.save(model, str(path))
+    directory = tmp_path / "c"
+    emit_c(str(path), directory, "cortex-m7", order_seconds=1)
+    source = (directory / "kernels.c").read_text()
+    assert f"{DEPTHWISE_KERNEL}(" in source
+    pointwise = re.findall(rf"{POINTWISE_KERNEL}\(\w+, \w+, \w+, \w+, (\w+), (\w+),", source)  # (residual, y)
+    assert len(pointwise) == 2 and any(residual != y for residual, y in pointwise)  # the add fused into the project
+    y_scale = next(
+        float(numpy_helper.to_array(i)) for i in model.graph.initializer if i.name.startswith("y_scale")
+    )  # fmt: skip
+    for device in ("qemu-cortex-m7", "host"):
+        result = measure_c(directory, device)
+        assert result.correct and result.arena_bytes == result.planned_arena_bytes, (device, result)
+        assert result.max_abs_diff < 0.5 * y_scale, (device, result)  # onnxruntime's codes

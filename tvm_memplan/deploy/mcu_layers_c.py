@@ -1,0 +1,419 @@
+"""The C text of the whole-layer int8 kernels that :mod:`tvm_memplan.quant.mcu_kernels` calls.
+
+Written in the manner of CMSIS-NN (``arm_depthwise_conv_s8``, ``arm_nn_mat_mult_kernel_s8_s16``)
+for NCHW tensors:
+
+* depthwise: each channel's input rows go once into a small row cache padded with the input zero
+  point (a window of rows at a time, reused across output rows), so the inner loop has no bounds
+  checks. A 3x3 window at stride 1 computes two outputs per word of 4 input bytes: ``SXTB16``
+  splits it into the even and odd bytes, ``SMLAD`` adds taps 0 and 2 of a row, ``SMLABB``/``SMLATB``
+  tap 1 (the pairing of TinyEngine's depthwise kernels); at stride 2 one output per word;
+* pointwise (1x1, stride 1): a tile of pixels is packed once as ``SXTB16`` pairs of 4 input
+  channels, then 2 output channels x 2 pixels accumulate on ``SMLAD`` over the channels (4
+  accumulators in registers), reading the weights in :func:`.dot_kernels.pack_dot_weights`'s
+  layout, the one :func:`.dot_kernels.conv2d_dot` reads.
+
+Both requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
+channel's bias and multiplier loaded once. Without the DSP extension (the host build) the same
+code runs on portable definitions of the intrinsics.
+"""
+
+from __future__ import annotations
+
+from ..quant.mcu_kernels import DEPTHWISE_KERNEL, MAX_ROWS, MAX_WINDOW, POINTWISE_KERNEL, WINDOW_KERNEL
+
+LAYER_KERNELS = (
+    r"""
+/* tvm-memplan's whole-layer int8 kernels (NCHW, requantization fused; see tvm_memplan.quant.mcu_kernels) */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__ARM_FEATURE_DSP)
+#include <arm_acle.h>
+static inline __attribute__((always_inline)) uint32_t tvm_memplan_even(uint32_t word) { return __sxtb16(word); }
+static inline __attribute__((always_inline)) uint32_t tvm_memplan_odd(uint32_t word) {
+  uint32_t pairs;
+  __asm__("sxtb16 %0, %1, ror #8" : "=r"(pairs) : "r"(word));
+  return pairs;
+}
+#define tvm_memplan_smlad(a, b, acc) __smlad((a), (b), (acc))
+#define tvm_memplan_smlabb(a, b, acc) __smlabb((int32_t)(a), (b), (acc))
+#define tvm_memplan_smlatb(a, b, acc) __smlatb((int32_t)(a), (b), (acc))
+#define tvm_memplan_smlabt(a, b, acc) __smlabt((int32_t)(a), (int32_t)(b), (acc))
+#define tvm_memplan_smlatt(a, b, acc) __smlatt((int32_t)(a), (int32_t)(b), (acc))
+#else
+static inline uint32_t tvm_memplan_even(uint32_t word) {
+  return (uint32_t)(uint16_t)(int16_t)(int8_t)(word & 0xff) | ((uint32_t)(uint16_t)(int16_t)(int8_t)(word >> 16) << 16);
+}
+static inline uint32_t tvm_memplan_odd(uint32_t word) { return tvm_memplan_even(word >> 8 | word << 24); }
+static inline int32_t tvm_memplan_smlad(uint32_t a, uint32_t b, int32_t acc) {
+  return acc + (int16_t)(a & 0xffff) * (int16_t)(b & 0xffff) + (int16_t)(a >> 16) * (int16_t)(b >> 16);
+}
+static inline int32_t tvm_memplan_smlabb(uint32_t a, int32_t b, int32_t acc) {
+  return acc + (int16_t)(a & 0xffff) * (int16_t)b;
+}
+static inline int32_t tvm_memplan_smlatb(uint32_t a, int32_t b, int32_t acc) {
+  return acc + (int16_t)(a >> 16) * (int16_t)b;
+}
+static inline int32_t tvm_memplan_smlabt(uint32_t a, uint32_t b, int32_t acc) {
+  return acc + (int16_t)(a & 0xffff) * (int16_t)(b >> 16);
+}
+static inline int32_t tvm_memplan_smlatt(uint32_t a, uint32_t b, int32_t acc) {
+  return acc + (int16_t)(a >> 16) * (int16_t)(b >> 16);
+}
+#endif
+static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
+  uint32_t word;
+  memcpy(&word, p, 4);
+  return word;
+}
+/* a float rounded half to even (the FPSCR's default mode) to int32, saturating: VCVTR on a Cortex-M FPU */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_round(float value) {
+#if defined(__ARM_FP) && (__ARM_FP & 4)
+  float rounded;
+  int32_t code;
+  __asm__("vcvtr.s32.f32 %0, %1" : "=t"(rounded) : "t"(value));
+  memcpy(&code, &rounded, 4);
+  return code;
+#else
+  return value >= 2147483520.0f ? 2147483647 : value <= -2147483648.0f ? (-2147483647 - 1) : (int32_t)nearbyintf(value);
+#endif
+}
+static inline __attribute__((always_inline)) int32_t tvm_memplan_clamp(int32_t code, int32_t low, int32_t high) {
+#if defined(__ARM_FEATURE_DSP)  /* one SSAT or USAT where the bounds are a type's */
+  if (low == -128 && high == 127) return __ssat(code, 8);
+  if (low == 0 && high == 255) return __usat(code, 8);
+#endif
+  return code < low ? low : code > high ? high : code;
+}
+/* a rounded code plus a zero point, saturated to [low, high] */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_offset(
+    int32_t code, int32_t zero_point, int32_t low, int32_t high) {
+#if defined(__ARM_FEATURE_DSP)
+  return tvm_memplan_clamp(__qadd(code, zero_point), low, high);
+#else
+  const int64_t sum = (int64_t)code + zero_point;
+  return (int32_t)(sum < low ? low : sum > high ? high : sum);
+#endif
+}
+/* MLAS's requantization: float32 multiply, round half to even, zero point, clamp (clamping after the
+ * rounding is the same as before it: the bounds are integers) */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_requantize(
+    int32_t acc, float multiplier, int32_t zero_point, int32_t low, int32_t high) {
+  return tvm_memplan_offset(tvm_memplan_round((float)acc * multiplier), zero_point, low, high);
+}
+/* MLAS's QLinearAdd of two codes: fma(a, ra, fma(b, rb, constant)), rounded half to even, saturated */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_add(
+    int32_t a, int32_t b, float ratio_a, float ratio_b, float constant, int32_t low, int32_t high) {
+  return tvm_memplan_clamp(tvm_memplan_round(fmaf((float)a, ratio_a, fmaf((float)b, ratio_b, constant))), low, high);
+}
+/* two taps of a row as an int16 pair for SMLAD: bottom a, top b */
+static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
+  return (uint32_t)(uint16_t)(int16_t)a | ((uint32_t)(uint16_t)(int16_t)b << 16);
+}
+"""
+    + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n#define TVM_MEMPLAN_MAX_ROWS {MAX_ROWS}\n"
+    + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
+    + r"""
+    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
+    int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
+    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high) {
+  const int8_t* x = (const int8_t*)x_;
+  const int8_t* weights = (const int8_t*)w_;
+  const int32_t* bias = (const int32_t*)bias_;
+  const float* multiplier = (const float*)multiplier_;
+  int8_t* y = (int8_t*)y_;
+  const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
+  const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3; /* 4 bytes of slack for word reads */
+  /* a ring of the window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
+  int8_t cache[2 * kh * stride];
+  memset(cache, x_zp, sizeof(cache)); /* the padding columns stay */
+  for (int32_t plane = 0; plane < planes; ++plane) {
+    const int32_t channel = plane % channels;
+    const int8_t* src = x + plane * h * w;
+    const int8_t* tap = weights + channel * kh * kw;
+    int8_t* dst = y + plane * oh * ow;
+    const int32_t b = bias[channel];
+    const float m = multiplier[channel];
+    int32_t next = -top; /* the first input row not yet in the ring */
+    uint32_t outer0 = 0, outer1 = 0, outer2 = 0, middle01 = 0;
+    int32_t middle2 = 0;
+    if (kh == 3 && kw == 3) {
+      outer0 = tvm_memplan_pair(tap[0], tap[2]), outer1 = tvm_memplan_pair(tap[3], tap[5]);
+      outer2 = tvm_memplan_pair(tap[6], tap[8]), middle01 = tvm_memplan_pair(tap[1], tap[4]), middle2 = tap[7];
+    }
+    for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
+      const int32_t first = oy * sh - top;
+      if (next < first) next = first;
+      for (; next < first + kh; ++next) { /* the columns between the (constant) padding, at slot and slot + kh */
+        int8_t* row = cache + (((next % kh) + kh) % kh) * stride + left;
+        if (next < 0 || next >= h) {
+          memset(row, x_zp, w), memset(row + kh * stride, x_zp, w);
+        } else {
+          memcpy(row, src + next * w, w), memcpy(row + kh * stride, src + next * w, w);
+        }
+      }
+      const int8_t* r0 = cache + (((first % kh) + kh) % kh) * stride;
+      if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
+        int8_t* out = dst;
+        for (int32_t ox = 0; ox < ow; ox += 2, r0 += 2, out += 2) {
+          uint32_t e = tvm_memplan_word(r0), o = tvm_memplan_odd(e);
+          e = tvm_memplan_even(e);
+          int32_t a0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));
+          int32_t a1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));
+          e = tvm_memplan_word(r0 + stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);
+          a0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, a0));
+          a1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, a1));
+          e = tvm_memplan_word(r0 + 2 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);
+          a0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, a0));
+          a1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, a1));
+          out[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
+          if (ox + 1 < ow) out[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
+        }
+      } else if (kh == 3 && kw == 3) { /* one output per word of each row at the stride */
+        for (int32_t ox = 0; ox < ow; ++ox, r0 += sw) {
+          uint32_t e = tvm_memplan_word(r0);
+          int32_t a = tvm_memplan_smlad(tvm_memplan_even(e), outer0, b);
+          a = tvm_memplan_smlabb(tvm_memplan_odd(e), middle01, a);
+          e = tvm_memplan_word(r0 + stride);
+          a = tvm_memplan_smlabt(tvm_memplan_odd(e), middle01, tvm_memplan_smlad(tvm_memplan_even(e), outer1, a));
+          e = tvm_memplan_word(r0 + 2 * stride);
+          a = tvm_memplan_smlabb(tvm_memplan_odd(e), middle2, tvm_memplan_smlad(tvm_memplan_even(e), outer2, a));
+          dst[ox] = (int8_t)tvm_memplan_requantize(a, m, y_zp, low, high);
+        }
+      } else {
+        for (int32_t ox = 0; ox < ow; ++ox) {
+          int32_t a = b;
+          for (int32_t r = 0; r < kh; ++r) {
+            const int8_t* at = r0 + r * stride + ox * sw;
+            for (int32_t k = 0; k < kw; ++k) a += at[k] * tap[r * kw + k];
+          }
+          dst[ox] = (int8_t)tvm_memplan_requantize(a, m, y_zp, low, high);
+        }
+      }
+    }
+  }
+  return 0;
+}
+"""
+    + f"static inline __attribute__((always_inline)) int32_t {POINTWISE_KERNEL}("
+    + r"""
+    void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
+    int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
+    float ratio_b, float constant, int32_t add_low, int32_t add_high) {
+  const int8_t* x = (const int8_t*)x_;
+  const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
+  const int32_t* bias = (const int32_t*)bias_;
+  const float* multiplier = (const float*)multiplier_;
+  const int8_t* residual = (const int8_t*)residual_;
+  int8_t* y = (int8_t*)y_;
+  const int32_t steps = (cin + 3) >> 2;
+  int32_t tile = (4096 / (8 * steps)) & ~1;
+  tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
+  const int32_t unpack = tile >= 8; /* enough pixels a tile to unpack each channel pair's weights once */
+  uint32_t packed[2 * steps * tile]; /* per pixel, per step of 4 channels: the even and the odd pair */
+  uint32_t unpacked[unpack ? 4 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
+#define TVM_MEMPLAN_STORE(at, acc, m)                                                                   \
+  do {                                                                                                  \
+    int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
+    if (add) {                                                                                          \
+      const int32_t other = residual[at];                                                               \
+      code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
+                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high); \
+    }                                                                                                   \
+    y[at] = (int8_t)code;                                                                               \
+  } while (0)
+  for (int32_t p0 = 0; p0 < pixels; p0 += tile) {
+    const int32_t n = pixels - p0 < tile ? pixels - p0 : tile;
+    for (int32_t s = 0; s < steps; ++s) {
+      const int8_t* c0 = x + 4 * s * pixels + p0;
+      const int32_t there = cin - 4 * s; /* channels of this step that exist */
+      uint32_t* to = packed + 2 * s;
+      for (int32_t p = 0; p < n; ++p, to += 2 * steps) {
+        uint32_t word = (uint8_t)c0[p];
+        if (there > 1) word |= (uint32_t)(uint8_t)c0[pixels + p] << 8;
+        if (there > 2) word |= (uint32_t)(uint8_t)c0[2 * pixels + p] << 16;
+        if (there > 3) word |= (uint32_t)(uint8_t)c0[3 * pixels + p] << 24;
+        to[0] = tvm_memplan_even(word), to[1] = tvm_memplan_odd(word);
+      }
+    }
+    for (int32_t o = 0; pixels == 1 && o < cout; o += 4) { /* one pixel (a dense): a block of 4 channels */
+      const int8_t* v = weights + (o >> 2) * steps * 16;
+      const uint32_t* q = packed;
+      int32_t a[4];
+      for (int32_t k = 0; k < 4; ++k) a[k] = o + k < cout ? bias[o + k] : 0;
+      int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+#pragma GCC unroll 2
+      for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
+        const uint32_t xe = q[0], xo = q[1];
+        const uint32_t w0 = tvm_memplan_word(v), w1 = tvm_memplan_word(v + 4);
+        const uint32_t w2 = tvm_memplan_word(v + 8), w3 = tvm_memplan_word(v + 12);
+        a0 = tvm_memplan_smlad(tvm_memplan_odd(w0), xo, tvm_memplan_smlad(tvm_memplan_even(w0), xe, a0));
+        a1 = tvm_memplan_smlad(tvm_memplan_odd(w1), xo, tvm_memplan_smlad(tvm_memplan_even(w1), xe, a1));
+        a2 = tvm_memplan_smlad(tvm_memplan_odd(w2), xo, tvm_memplan_smlad(tvm_memplan_even(w2), xe, a2));
+        a3 = tvm_memplan_smlad(tvm_memplan_odd(w3), xo, tvm_memplan_smlad(tvm_memplan_even(w3), xe, a3));
+      }
+      a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
+      for (int32_t k = 0; k < 4 && o + k < cout; ++k) TVM_MEMPLAN_STORE((o + k) * pixels + p0, a[k], multiplier[o + k]);
+    }
+    /* 5 to 8 channels: 1 channel x 4 pixels, its weights in registers */
+    for (int32_t o = 0; pixels > 1 && steps == 2 && o < cout; ++o) {
+      const int8_t* wo = weights + (o >> 2) * 32 + (o & 3) * 4;
+      const uint32_t u = tvm_memplan_word(wo), t = tvm_memplan_word(wo + 16);
+      const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
+      const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
+      const int32_t bo = bias[o];
+      const float mo = multiplier[o];
+      const int32_t at = o * pixels + p0;
+      for (int32_t p = 0; p < n; p += 4) {
+        const uint32_t* q = packed + 4 * p;
+        const int32_t more = n - p;
+        const uint32_t* q1 = more > 1 ? q + 4 : q;
+        const uint32_t* q2 = more > 2 ? q + 8 : q;
+        const uint32_t* q3 = more > 3 ? q + 12 : q;
+#define TVM_MEMPLAN_DOT8(x)                                                              \
+  tvm_memplan_smlad(to, (x)[3], tvm_memplan_smlad(te, (x)[2],                            \
+                                                  tvm_memplan_smlad(uo, (x)[1], tvm_memplan_smlad(ue, (x)[0], bo))))
+        const int32_t a0 = TVM_MEMPLAN_DOT8(q), a1 = TVM_MEMPLAN_DOT8(q1), a2 = TVM_MEMPLAN_DOT8(q2);
+        const int32_t a3 = TVM_MEMPLAN_DOT8(q3);
+#undef TVM_MEMPLAN_DOT8
+        TVM_MEMPLAN_STORE(at + p, a0, mo);
+        if (more > 1) TVM_MEMPLAN_STORE(at + p + 1, a1, mo);
+        if (more > 2) TVM_MEMPLAN_STORE(at + p + 2, a2, mo);
+        if (more > 3) TVM_MEMPLAN_STORE(at + p + 3, a3, mo);
+      }
+    }
+    /* else channels o and o + 1 (lanes of one block of 4) x 2 pixels */
+    for (int32_t o = 0; pixels > 1 && steps != 2 && o < cout; o += 2) {
+      const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
+      const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
+      const float ma = multiplier[o], mb = o + 1 < cout ? multiplier[o + 1] : 0.0f;
+      if (unpack) {
+        for (int32_t s = 0; s < steps; ++s) {
+          const uint32_t u = tvm_memplan_word(wa + 16 * s), t = tvm_memplan_word(wa + 16 * s + 4);
+          unpacked[4 * s] = tvm_memplan_even(u), unpacked[4 * s + 1] = tvm_memplan_odd(u);
+          unpacked[4 * s + 2] = tvm_memplan_even(t), unpacked[4 * s + 3] = tvm_memplan_odd(t);
+        }
+      }
+      for (int32_t p = 0; p < n; p += 2) {
+        const uint32_t* q = packed + 2 * p * steps;
+        int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;
+        if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */
+          const uint32_t* v = unpacked;
+#pragma GCC unroll 4
+          for (int32_t s = 0; s < steps; ++s, v += 4, q += 2) {
+            const uint32_t ue = v[0], uo = v[1], te = v[2], to = v[3];
+            const uint32_t x0e = q[0], x0o = q[1], x1e = q[2 * steps], x1o = q[2 * steps + 1];
+            a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
+            a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
+            b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
+            b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
+          }
+        } else {
+          const int8_t* v = wa;
+#pragma GCC unroll 4
+          for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
+            const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);
+            const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
+            const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
+            const uint32_t x0e = q[0], x0o = q[1], x1e = q[2 * steps], x1o = q[2 * steps + 1];
+            a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
+            a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
+            b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
+            b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
+          }
+        }
+        const int32_t at = o * pixels + p0 + p;
+        TVM_MEMPLAN_STORE(at, a0, ma);
+        if (p + 1 < n) TVM_MEMPLAN_STORE(at + 1, a1, ma);
+        if (o + 1 < cout) {
+          TVM_MEMPLAN_STORE(at + pixels, b0, mb);
+          if (p + 1 < n) TVM_MEMPLAN_STORE(at + pixels + 1, b1, mb);
+        }
+      }
+    }
+  }
+#undef TVM_MEMPLAN_STORE
+  return 0;
+}
+"""
+    + f"static inline __attribute__((always_inline)) int32_t {WINDOW_KERNEL}("
+    + r"""
+    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t cin, int32_t h, int32_t w, int32_t cout,
+    int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left, int32_t x_zp,
+    int32_t y_zp, int32_t low, int32_t high, int32_t quantize, float x_scale) {
+  const int8_t* weights = (const int8_t*)w_; /* OIHW */
+  const int32_t* bias = (const int32_t*)bias_;
+  const float* multiplier = (const float*)multiplier_;
+  int8_t* y = (int8_t*)y_;
+  const int32_t depth = cin * kh * kw, pairs = (depth + 1) >> 1;
+  const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
+  const int32_t stride = ((cols > filled ? cols : filled) + 3) & ~3;
+  int8_t cache[cin * kh * stride]; /* per input channel, a ring of the window's rows, padded */
+  int16_t columns[2][2 * pairs];   /* two pixels' windows (im2col), as int16 pairs */
+  uint32_t packed[cout * pairs];   /* each output channel's weights in the same order */
+  const int8_t* rows[TVM_MEMPLAN_MAX_ROWS];
+  for (int32_t o = 0; o < cout; ++o) {
+    int16_t lanes[2 * pairs];
+    for (int32_t i = 0; i < 2 * pairs; ++i) lanes[i] = i < depth ? weights[o * depth + i] : 0;
+    memcpy(packed + o * pairs, lanes, 4 * pairs);
+  }
+  columns[0][2 * pairs - 1] = columns[1][2 * pairs - 1] = 0;
+  int32_t next = -top;
+  for (int32_t oy = 0; oy < oh; ++oy) {
+    const int32_t first = oy * sh - top;
+    if (next < first) next = first;
+    for (; next < first + kh; ++next) {
+      for (int32_t c = 0; c < cin; ++c) {
+        int8_t* row = cache + (c * kh + ((next % kh) + kh) % kh) * stride;
+        memset(row, x_zp, stride);
+        if (next < 0 || next >= h) continue;
+        if (quantize) { /* the network input: MLAS's QuantizeLinear (divide, round half to even, saturate) */
+          const float* from = (const float*)x_ + (c * h + next) * w;
+          for (int32_t i = 0; i < w; ++i) row[left + i] = (int8_t)tvm_memplan_offset(
+              tvm_memplan_round(from[i] / x_scale), x_zp, -128, 127);
+        } else {
+          memcpy(row + left, (const int8_t*)x_ + (c * h + next) * w, w);
+        }
+      }
+    }
+    for (int32_t c = 0; c < cin; ++c) {
+      for (int32_t r = 0; r < kh; ++r) rows[c * kh + r] = cache + (c * kh + (((first + r) % kh) + kh) % kh) * stride;
+    }
+    for (int32_t ox = 0; ox < ow; ox += 2) {
+      const int32_t two = ox + 1 < ow;
+      for (int32_t p = 0; p <= two; ++p) {
+        int16_t* to = columns[p];
+        for (int32_t i = 0; i < cin * kh; ++i) {
+          const int8_t* from = rows[i] + (ox + p) * sw;
+#pragma GCC unroll 8
+          for (int32_t k = 0; k < kw; ++k) *to++ = from[k];
+        }
+      }
+      const int8_t* x0 = (const int8_t*)columns[0];
+      const int8_t* x1 = (const int8_t*)columns[two];
+      int8_t* out = y + oy * ow + ox;
+      for (int32_t o = 0; o < cout; o += 2) {
+        const int32_t second = o + 1 < cout;
+        const uint32_t* u = packed + o * pairs;
+        const uint32_t* v = second ? u + pairs : u;
+        int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
+#pragma GCC unroll 8
+        for (int32_t i = 0; i < pairs; ++i) {
+          const uint32_t wu = u[i], wv = v[i], xa = tvm_memplan_word(x0 + 4 * i), xb = tvm_memplan_word(x1 + 4 * i);
+          a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
+          b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
+        }
+        out[o * oh * ow] = (int8_t)tvm_memplan_requantize(a0, multiplier[o], y_zp, low, high);
+        if (two) out[o * oh * ow + 1] = (int8_t)tvm_memplan_requantize(a1, multiplier[o], y_zp, low, high);
+        if (second) {
+          out[(o + 1) * oh * ow] = (int8_t)tvm_memplan_requantize(b0, multiplier[o + 1], y_zp, low, high);
+          if (two) out[(o + 1) * oh * ow + 1] = (int8_t)tvm_memplan_requantize(b1, multiplier[o + 1], y_zp, low, high);
+        }
+      }
+    }
+  }
+  return 0;
+}
+"""
+)

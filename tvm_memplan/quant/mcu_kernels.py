@@ -1,0 +1,168 @@
+"""Whole int8 layers as calls of hand-written C kernels on a Cortex-M with the DSP extension.
+
+TVM's C target has no vector types, and a depthwise convolution or a small-channel 1x1 one spends
+most of its instructions on loop control, re-indexing and a requantization the compiler cannot
+hoist when TVM emits it per element. So on ``dsp-smlad`` these layers are ``te.extern`` calls of C
+kernels (:mod:`tvm_memplan.deploy.mcu_layers_c` holds their text), written like CMSIS-NN's
+``arm_depthwise_conv_s8`` / ``arm_nn_mat_mult_kernel_s8_s16`` loops: SMLAD on pairs of taps or
+input channels unpacked with SXTB16, the per-channel bias and multiplier loaded once per plane
+or block, and the requantization fused per output. They compute what :func:`.kernels.conv2d`
+computes, bit for bit (the same MLAS float requantization); shapes they do not cover take
+:func:`.kernels.conv2d` or :func:`.dot_kernels.conv2d_dot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, te, tirx
+
+from . import dot_kernels, kernels
+from .kernels import conv_geometry
+
+DEPTHWISE_KERNEL = "tvm_memplan_depthwise_s8"
+"""``(x, w, bias, multiplier, y, planes, channels, h, w, oh, ow, kh, kw, sh, sw, top, left, x_zp,
+y_zp, low, high)``: NCHW int8 depthwise convolution (dilation 1) with the requantization fused."""
+POINTWISE_KERNEL = "tvm_memplan_pointwise_s8"
+"""``(x, w, bias, multiplier, residual, y, cin, cout, pixels, y_zp, low, high, add, code_first, ratio_a,
+ratio_b, constant, add_low, add_high)``: NCHW int8 1x1 convolution of stride 1 (weights in
+:func:`.dot_kernels.pack_dot_weights`'s layout) with the requantization and a residual QLinearAdd
+(:func:`.kernels.add_codes`, where ``add``) fused."""
+WINDOW_KERNEL = "tvm_memplan_window_s8"
+"""``(x, w, bias, multiplier, y, cin, h, w, cout, oh, ow, kh, kw, sh, sw, top, left, x_zp, y_zp, low,
+high, quantize, x_scale)``: NCHW int8 convolution of few input channels (dilation 1) on im2col'd
+windows of two pixels, with the requantization fused (``quantize``: ``x`` is float32, quantized
+with ``x_scale`` and ``x_zp`` as it enters the row cache)."""
+C_KERNELS = (DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL)
+MAX_WINDOW = 8
+"""The largest window height the row caches hold."""
+MAX_ROWS = 32
+"""The most input rows (input channels x window height) :data:`WINDOW_KERNEL` reads per output row."""
+STACK_BYTES = 8192
+"""The most stack a C kernel may take for its row cache, packed operands and unpacked weights; a
+larger layer keeps TVM's kernel."""
+
+
+def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tensor, **options: Any) -> te.Tensor:
+    """:func:`.kernels.conv2d` (same arguments) as one call of :data:`DEPTHWISE_KERNEL` (a depthwise
+    convolution) or :data:`WINDOW_KERNEL` (a regular one of few input channels: the stem, quantizing
+    the float network input as MLAS does where ``quantize_input`` says so), where the input is int8,
+    the dilation 1 and nothing is fused after it; else :func:`.kernels.conv2d` itself."""
+    n, c, h, w = (int(d) for d in x.shape)
+    o, per_group, kh, kw = (int(d) for d in weight.shape)
+    quantize_input, groups = options.get("quantize_input"), options["groups"]
+    codes = str(x.dtype) == "int8" if quantize_input is None else quantize_input[1] == "int8"
+    fused = options.get("table") is not None or options.get("residual") is not None
+    plain = not fused and list(options["dilation"]) == [1, 1] and codes and kh <= MAX_WINDOW
+    row = w + 2 * kw + 8  # a row cache's row (the padding and word-read slack at most)
+    depthwise = plain and groups == c == o and quantize_input is None and 2 * kh * row <= STACK_BYTES
+    pairs = (per_group * kh * kw + 1) // 2
+    scratch = c * kh * row + (o + 3) * pairs * 4  # (the row cache, the unpacked weights and two windows)
+    window = plain and groups == 1 and n == 1 and c * kh <= MAX_ROWS and scratch <= STACK_BYTES
+    if not (depthwise or window):
+        return kernels.conv2d(x, weight, bias, multiplier, **options)
+    geometry = conv_geometry(x, kh, kw, options["strides"], options["dilation"], options["padding"])
+    (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = geometry
+    quantization = tuple(int(options[k]) for k in ("x_zero_point", "y_zero_point", "low", "high"))
+    if depthwise:
+        name, args = DEPTHWISE_KERNEL, (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, *quantization)
+    else:
+        scale = float(quantize_input[0]) if quantize_input else 1.0
+        args = (c, h, w, o, oh, ow, kh, kw, sh, sw, top, left, *quantization, int(quantize_input is not None), scale)
+        name = WINDOW_KERNEL
+    return _extern((n, o, oh, ow), [x, weight, bias, multiplier], name, args, options["out_dtype"])
+
+
+def _extern(
+    shape: tuple[int, ...], inputs: list[te.Tensor], name: str, args: tuple, dtype: str, twice: bool = False
+) -> te.Tensor:
+    """``te.extern`` of C kernel ``name`` on the inputs' and the output's pointers (``twice``: the output's
+    pointer passed twice, in a residual's place), then ``args`` (floats as float32, the rest int32). The
+    block is named ``root``, as the function's only block, for the schedule rules and analyses that look
+    it up."""
+
+    def call(ins, outs):
+        tensors = [*ins, *outs, *(outs if twice else [])]
+        values = [tirx.const(v, "float32" if isinstance(v, float | np.floating) else "int32") for v in args]
+        return tirx.call_extern("int32", name, *(buffer.data for buffer in tensors), *values)
+
+    return te.extern(shape, inputs, call, name="root", dtype=dtype)
+
+
+def dot_conv(int8_dot: str, weight_shape: Sequence[int], geometry: dict, x_dtype: str) -> Callable:
+    """The kernel of a groups-1 convolution on a CPU with a dot-product instruction:
+    :func:`pointwise_conv2d` for a 1x1 of stride 1 without padding on int8 codes on a Cortex-M
+    (``dsp-smlad``), else :func:`.dot_kernels.conv2d_dot`."""
+    _o, c, kh, kw = weight_shape
+    unit = list(geometry["strides"]) == [1, 1] and not any(geometry["padding"])
+    steps = -(-c // 4)  # the kernel's stack: a tile of packed pixels (4 KiB, or 2 pixels), unpacked weights
+    small = max(4096, 16 * steps) + (16 * steps if steps <= 64 else 0) <= STACK_BYTES
+    pointwise = int8_dot == "dsp-smlad" and (kh, kw) == (1, 1) and unit and x_dtype == "int8" and small
+    return pointwise_conv2d if pointwise else dot_kernels.conv2d_dot
+
+
+def pointwise_conv2d(
+    x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tensor, **options: Any
+) -> te.Tensor:
+    """:func:`.dot_kernels.conv2d_dot` (same arguments) of a 1x1 convolution of stride 1 (``weight`` in
+    :func:`.dot_kernels.pack_dot_weights`'s layout) as one call of :data:`POINTWISE_KERNEL` where
+    the input is int8; a fused int8 ``residual`` add is computed there too (MLAS's formula)."""
+    n, c, h, w = (int(d) for d in x.shape)
+    residual = options.get("residual")
+    plain = options.get("table") is None and options.get("quantize_input") is None and str(x.dtype) == "int8"
+    if not plain or n != 1 or (residual is not None and str(residual.dtype) != "int8"):
+        return dot_kernels.conv2d_dot(x, weight, bias, multiplier, **options)
+    add = options.get("residual_add") or {"code_first": 1, "ratio_a": 0.0, "ratio_b": 0.0, "constant": 0.0}
+    cout, requantization = options["out_channels"], tuple(int(options[k]) for k in ("y_zero_point", "low", "high"))
+    floats = tuple(float(add[k]) for k in ("ratio_a", "ratio_b", "constant"))
+    args = (c, cout, h * w, *requantization, int(residual is not None), int(add["code_first"]), *floats)
+    args += (int(add.get("low", 0)), int(add.get("high", 0)))
+    inputs = [x, weight, bias, multiplier] + ([residual] if residual is not None else [])
+    return _extern((n, cout, h, w), inputs, POINTWISE_KERNEL, args, options["out_dtype"], twice=residual is None)
+
+
+CONVOLUTIONS = (conv2d, pointwise_conv2d)
+DOT_CONVOLUTIONS = (dot_kernels.conv2d_dot, pointwise_conv2d)
+"""What :func:`dot_conv` returns."""
+"""The kernels here that take ``min_max`` (passed on where they fall back to TVM's)."""
+
+
+def opaque_to_fusion(builder: relax.BlockBuilder, call: relax.Call) -> relax.Call:
+    """``call``, with its PrimFunc marked opaque (``op_pattern`` 8) where it is one of these C kernels'
+    calls: FuseOps must not fuse an epilogue into an external call."""
+    kernel = builder.get()[call.args[0]]
+    if is_layer_call(kernel):
+        builder.update_func(call.args[0], kernel.with_attr("op_pattern", 8))
+    return call
+
+
+def _layer_call(func: tirx.PrimFunc) -> tvm.ir.Call | None:
+    block = getattr(func.body, "block", None)
+    call = getattr(getattr(block, "body", None), "value", None)
+    if not isinstance(call, tvm.ir.Call) or getattr(call.op, "name", "") != "tirx.call_extern":
+        return None
+    return call if getattr(call.args[0], "value", None) in C_KERNELS else None
+
+
+def is_layer_call(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is one of these C kernels' calls (a ``te.extern`` block named ``root``)."""
+    return _layer_call(func) is not None
+
+
+def layer_flops(func: tirx.PrimFunc) -> int | None:
+    """The multiply-adds x 2 of one of these C kernels' calls (None for any other function): what
+    TVM's FLOP estimate cannot see through an external call."""
+    call = _layer_call(func)
+    if call is None:
+        return None
+    name, args = call.args[0].value, call.args[1:]
+    pointers = sum(1 for a in args if not isinstance(a, tirx.IntImm | tirx.FloatImm))
+    v = [int(a.value) for a in args[pointers:] if isinstance(a, tirx.IntImm)]
+    if name == DEPTHWISE_KERNEL:  # planes, channels, h, w, oh, ow, kh, kw
+        return 2 * v[0] * v[4] * v[5] * v[6] * v[7]
+    if name == POINTWISE_KERNEL:  # cin, cout, pixels
+        return 2 * v[0] * v[1] * v[2]
+    return 2 * v[0] * v[3] * v[4] * v[5] * v[6] * v[7]  # window: cin, h, w, cout, oh, ow, kh, kw
