@@ -141,7 +141,6 @@ def conv2d_dot(
     *,
     out_channels: int,
     packed_dtype: str = "uint8",
-    min_max: bool = False,
     **options: Unpack[ConvOptions],
 ) -> te.Tensor:
     """QLinearConv (groups 1) in the shape of a CPU's int8 dot-product instruction
@@ -189,7 +188,7 @@ def conv2d_dot(
 
     def epilogue(b, oc, y, xx):
         value = acc[b, oc // lanes, y, xx, oc % lanes] + bias[oc]
-        return output_code(value, multiplier[oc], (b, oc, y, xx), options, min_max)
+        return output_code(value, multiplier[oc], (b, oc, y, xx), options)
 
     return te.compute((n, out_channels, oh, ow), epilogue, name="requantize")
 

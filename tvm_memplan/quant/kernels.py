@@ -40,8 +40,9 @@ class _Requantization(TypedDict):
 
 class KernelOutput(_Requantization, total=False):
     """The keyword arguments of every conv and dense kernel's output: :func:`requantize`'s zero point,
-    bounds and type, and :func:`apply_epilogue`'s consumer ``table`` or ``residual`` add."""
+    bounds, type and ``min_max`` clamp, and :func:`apply_epilogue`'s consumer ``table`` or ``residual`` add."""
 
+    min_max: bool
     table: te.Tensor | None
     residual: te.Tensor | None
     residual_add: dict | None
@@ -115,11 +116,11 @@ def apply_epilogue(
 
 
 def output_code(
-    value: tirx.PrimExpr, multiplier: tirx.PrimExpr, index: Sequence, output: KernelOutput, min_max: bool = False
+    value: tirx.PrimExpr, multiplier: tirx.PrimExpr, index: Sequence, output: KernelOutput
 ) -> tirx.PrimExpr:
     """A kernel's output at ``index``: :func:`requantize` of ``value`` (accumulator plus bias), then
     :func:`apply_epilogue` with ``output``'s table or residual add."""
-    dtype = output["out_dtype"]
+    dtype, min_max = output["out_dtype"], output.get("min_max", False)
     code = requantize(value, multiplier, output["y_zero_point"], output["low"], output["high"], dtype, min_max)
     return apply_epilogue(output.get("table"), code, dtype, output.get("residual"), output.get("residual_add"), index)
 
@@ -199,14 +200,13 @@ def conv2d(
     bias: te.Tensor,
     multiplier: te.Tensor,
     *,
-    groups: int,
+    groups: int = 1,
     accumulate: str = "int32",
-    min_max: bool = False,
     **options: Unpack[ConvOptions],
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
-    float32 ``multiplier`` (O). Regular, grouped and depthwise. The dot products accumulate in
-    ``accumulate`` (:func:`accumulator_dtype`: float32 only where that is exact).
+    float32 ``multiplier`` (O). Regular, grouped (``groups``, 1 by default as in ONNX) and depthwise. The
+    dot products accumulate in ``accumulate`` (:func:`accumulator_dtype`: float32 only where that is exact).
 
     The input zero point is not subtracted per multiply: ``bias`` must already hold
     ``bias - x_zero_point * sum(weight[o])`` (:func:`fold_zero_point`), exact in integers because
@@ -234,9 +234,7 @@ def conv2d(
     acc = te.compute((n, o, oh, ow), accumulate_products, name="conv2d_acc")
 
     def epilogue(b, oc, y, xx):
-        return output_code(
-            acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], (b, oc, y, xx), options, min_max
-        )
+        return output_code(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], (b, oc, y, xx), options)
 
     return te.compute(acc.shape, epilogue, name="requantize")
 
