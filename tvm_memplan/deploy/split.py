@@ -15,7 +15,7 @@ from ..errors import UserError
 from ..frontend import LoadedModel, to_relax
 from ..relax.split import describe_tensors, find_chains, normalize, program_of, split_chains
 from ..split.chain import Chain, SplitChoice
-from ..split.search import Point, SearchResult, search_phased
+from ..split.search import Point, SearchOptions, SearchResult, search_phased
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, ChainLatency
 from .measure import Device
@@ -86,7 +86,8 @@ def search_split(
     measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule, fused_tiles=fused_tiles)
     before = measurer.time_ms(mod, "model")
     program = program_of(mod)
-    result = search_phased(program, chains, before, measurer, budget, seconds, memory_limit, progress)
+    limits = SearchOptions(budget=budget, seconds=seconds, memory_limit=memory_limit, progress=progress)
+    result = search_phased(program, chains, before, measurer, **limits)
     result = _as_measured(result, measurer)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
