@@ -17,6 +17,7 @@ from ..errors import UserError
 from .format import console, human_bytes, key_value_table, print_json, progress_display, split_search_progress
 from .plan import model_planner_kwargs, model_planner_options, parse_bytes, split_search_options
 from .vocabulary import (
+    add_command,
     add_cross_compiler,
     add_json,
     add_model_inputs,
@@ -25,6 +26,7 @@ from .vocabulary import (
     add_target,
     add_work_dir,
     model_spec_and_inputs,
+    rpc_device,
 )
 
 
@@ -33,9 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     target_help = "; ".join(f"{name}: {t.what}" for name, t in TARGETS.items())
 
-    build = subparsers.add_parser(
+    build = add_command(
+        subparsers,
         "build",
-        help="build a model into a shared library for a device (memplan pipeline)",
+        run_build,
         description=(
             f"Compile MODEL for --target and write OUT.so plus OUT.so.json (its manifest). Targets: {target_help}."
         ),
@@ -75,14 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "acg: split channel chains into tiles before planning (latencies measured on this machine)",
     )
     model_planner_options(build)
-    build.set_defaults(func=run_build)
 
-    measure = subparsers.add_parser(
-        "measure",
-        help="latency, requested memory and correctness of a model or an artifact, here or over RPC",
-        description="Measure MODEL (built here for --target) or OUT.so (built by 'tvm-memplan build'); "
-        "with --log, results are also appended to a JSON-lines log.",
-    )
+    measure = add_command(subparsers, "measure", run_measure)
     measure.add_argument(
         "source", metavar="MODEL|OUT.so|DIR", help="a model, a built library, or a directory written by build --emit-c"
     )
@@ -108,21 +105,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measure.add_argument(
         "--log", metavar="FILE.jsonl", help="append each result to this JSON-lines log (atomic writes)"
     )
-    measure.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object: each pipeline's result under its name "
+    add_json(
+        measure,
+        "print one JSON object: each pipeline's result under its name "
         "(memplan, or the artifact's; with --compare stock and memplan)",
     )
     model_planner_options(measure)
-    measure.set_defaults(func=run_measure)
 
-    farm = subparsers.add_parser(
-        "rpc-local",
-        help="run an RPC tracker and servers on 127.0.0.1 until Ctrl-C",
-        description="Start a tracker and servers on 127.0.0.1 (first free ports from 9190 / 9090); "
-        "Ctrl-C, SIGTERM or --lifetime stops them all.",
-    )
+    farm = add_command(subparsers, "rpc-local", run_rpc_local)
     farm.add_argument("--port", type=int, default=9190, help="first tracker port to try (default 9190)")
     farm.add_argument("--key", default="local", help="device key of the servers (default local)")
     farm.add_argument(
@@ -130,14 +120,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     farm.add_argument("--lifetime", type=float, default=3600.0, metavar="S", help="stop after S seconds (default 3600)")
     add_json(farm, "print the tracker's address as one JSON object when it is up (nothing more on stdout)")
-    farm.set_defaults(func=run_rpc_local)
 
-    tune = subparsers.add_parser(
-        "tune",
-        help="tune the model's kernels with MetaSchedule (XGBoost cost model), resumable",
-        description="Tune MODEL's kernels into the database in --work-dir; a second run continues up to "
-        "--trials in total. build/measure --work-dir apply it.",
-    )
+    tune = add_command(subparsers, "tune", run_tune)
     tune.add_argument("model", metavar="MODEL")
     tune.add_argument("--trials", type=int, required=True, metavar="N", help="total trials over the selected kernels")
     add_work_dir(tune, tuning=True)
@@ -152,13 +136,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="give up on a candidate whose build takes longer (default 120)",
     )
     add_json(tune)
-    tune.set_defaults(func=run_tune)
 
 
 def run_build(args: argparse.Namespace) -> int:
+    """build a model into a shared library for a device (memplan pipeline)"""
     from ..deploy.build import Manifest, build
     from ..deploy.emit_c import emit_c
-    from ..deploy.mcu import check_limits
+    from ..deploy.mcu import PLAN_FIGURES, check_limits
     from ..deploy.targets import get_target
 
     limits = {key: getattr(args, key) for key in ("sram_limit", "flash_limit") if getattr(args, key) is not None}
@@ -213,17 +197,7 @@ def run_build(args: argparse.Namespace) -> int:
     }
     if emitted is not None:
         model_c = emitted.model
-        summary |= {
-            "arena_bytes": model_c.arena_bytes,
-            "workspace_bytes": model_c.workspace_bytes,
-            "weight_bytes": model_c.weight_bytes,
-            "tvm_default_bytes": model_c.tvm_default_bytes,
-            "naive_bytes": model_c.naive_bytes,
-            "kernel_calls": model_c.kernel_calls,
-            "split": model_c.split,
-            "peak_tensors": model_c.peak_tensors,
-            "steps": model_c.steps,
-        }
+        summary |= model_c.figures(("arena_bytes", *PLAN_FIGURES, "split", "peak_tensors", "steps"))
     if args.json:
         print_json(summary)
         return 0
@@ -283,6 +257,10 @@ def _steps_table(model_c) -> Table:
 
 
 def run_measure(args: argparse.Namespace) -> int:
+    """latency, requested memory and correctness of a model or an artifact, here or over RPC
+
+    Measure MODEL (built here for --target) or OUT.so (built by 'tvm-memplan build'); with --log, results are
+    also appended to a JSON-lines log."""
     from ..deploy.measure import measure
     from ..deploy.results import ResultsLog
 
@@ -324,8 +302,7 @@ def run_measure(args: argparse.Namespace) -> int:
             inputs=inputs,
             compare=args.compare,
             repeat=args.repeat,
-            tracker=args.rpc_tracker,
-            key=args.rpc_key,
+            **rpc_device(args),
             log=log,
             tuning_dir=args.work_dir,
             progress=progress,
@@ -434,6 +411,10 @@ def _interrupt(*_: object) -> None:
 
 
 def run_rpc_local(args: argparse.Namespace) -> int:
+    """run an RPC tracker and servers on 127.0.0.1 until Ctrl-C
+
+    Start a tracker and servers on 127.0.0.1 (first free ports from 9190 / 9090); Ctrl-C, SIGTERM or --lifetime
+    stops them all."""
     from ..deploy.rpc import start_farm
 
     if args.servers < 0:
@@ -492,6 +473,10 @@ def _tuning_progress(work_dir: Path, trials: int) -> Iterator[None]:
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    """tune the model's kernels with MetaSchedule (XGBoost cost model), resumable
+
+    Tune MODEL's kernels into the database in --work-dir; a second run continues up to --trials in total.
+    build/measure --work-dir apply it."""
     from ..deploy.targets import get_target
     from ..deploy.tune import tune
 
@@ -508,8 +493,7 @@ def run_tune(args: argparse.Namespace) -> int:
             args.trials,
             args.work_dir,
             kernels=args.kernels,
-            tracker=args.rpc_tracker,
-            key=args.rpc_key,
+            **rpc_device(args),
             builder_timeout=args.builder_timeout,
         )
     if args.json:

@@ -9,20 +9,13 @@ from pathlib import Path
 
 from ..errors import UserError
 from .format import console, print_json, progress_display
+from .vocabulary import add_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..backends.sidecars import HOW_TO_GET_SOURCE, SIDECARS, SOURCE_ENV
 
-    setup = subparsers.add_parser(
-        "setup-gpu",
-        help="build TVM's OpenCL and Vulkan runtimes for the installed TVM and list the devices",
-        description="Compile TVM's OpenCL and Vulkan runtimes (which the apache-tvm wheel ships without) from "
-        "TVM v0.27's source against the installed wheel, into your data directory (~/.local/share/tvm_memplan "
-        "on Linux), where 'import tvm' loads them; skipped when already up to date. "
-        "Needs Debian g++, opencl-headers, ocl-icd-opencl-dev, libvulkan-dev; a device needs a driver "
-        "(pocl-opencl-icd and mesa-vulkan-drivers run on the CPU).",
-    )
+    setup = add_command(subparsers, "setup-gpu", run_setup_gpu)
     setup.add_argument(
         "--tvm-src",
         metavar="DIR",
@@ -34,10 +27,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     setup.add_argument("--jobs", type=int, metavar="N", help="parallel compiler processes (default: CPU count)")
     setup.add_argument("--force", action="store_true", help="rebuild even when the installed runtime is up to date")
     setup.add_argument("--json", action="store_true", help="print one JSON object")
-    setup.set_defaults(func=run_setup_gpu)
 
 
 def run_setup_gpu(args: argparse.Namespace) -> int:
+    """build TVM's OpenCL and Vulkan runtimes for the installed TVM and list the devices
+
+    Compile TVM's OpenCL and Vulkan runtimes (which the apache-tvm wheel ships without) from TVM v0.27's source
+    against the installed wheel, into your data directory (~/.local/share/tvm_memplan on Linux), where 'import tvm'
+    loads them; skipped when already up to date. Needs Debian g++, opencl-headers, ocl-icd-opencl-dev,
+    libvulkan-dev; a device needs a driver (pocl-opencl-icd and mesa-vulkan-drivers run on the CPU)."""
     from ..backends.sidecars import setup_gpu
 
     if args.jobs is not None and args.jobs < 1:

@@ -11,19 +11,13 @@ from rich.table import Table
 
 from .format import console, human_bytes, print_json, progress_display
 from .plan import model_planner_kwargs, model_planner_options
-from .vocabulary import add_json, add_repeats, add_rpc_device, add_target, deprecation_note
+from .vocabulary import add_command, add_json, add_repeats, add_rpc_device, add_target, deprecation_note
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..deploy.groups import DEFAULT_SETTINGS
 
-    bench = subparsers.add_parser(
-        "compare-groups",
-        aliases=["bench"],
-        help="layer-grouping settings side by side: latency, arena and launches per setting ('bench' is deprecated)",
-        description="Plan, build, check and time MODEL ungrouped (TVM's planner, memplan) and with each "
-        "layer-grouping setting, on this machine or a device from an RPC tracker, in one run.",
-    )
+    bench = add_command(subparsers, "compare-groups", run_bench, aliases=["bench"])
     bench.add_argument("model", metavar="MODEL", help="ONNX file or zoo:NAME[?k=v&...]")
     bench.add_argument(
         "--groups",
@@ -38,10 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all builds (default 1)")
     add_json(bench, 'print {"rows": [...], ...} instead of the table')
     model_planner_options(bench, groups=False)
-    bench.set_defaults(func=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    """layer-grouping settings side by side: latency, arena and launches per setting ('bench' is deprecated)
+
+    Plan, build, check and time MODEL ungrouped (TVM's planner, memplan) and with each layer-grouping setting, on
+    this machine or a device from an RPC tracker, in one run."""
     from ..deploy.groups import bench_groups, parse_group_settings
 
     if args.command == "bench":

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from .format import progress_display
-from .vocabulary import add_deprecated_alias, add_json, add_target
+from .vocabulary import add_command, add_deprecated_alias, add_json, add_switch, add_target
 
 if TYPE_CHECKING:
     import tvm
@@ -23,35 +23,21 @@ TARGETS = ("host", "x86-64", "llvm-aarch64")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    quantize = subparsers.add_parser(
-        "quantize",
-        help="quantize the dense layers of an ONNX model to learned low-bit codes and compile it",
-        description="Calibrate LQ-Nets quantizers (QEM) on real data, replace dense/Gemm/MatMul layers "
-        "with bitserial popcount kernels, compile, and write the library plus a JSON report. By default each "
-        "layer is fine-tuned on the quantized upstream path, the first and last layer get at least 4 bits, and "
-        "a layer whose calibration error exceeds its limit is widened (or left in float); the printout lists "
-        "each layer's bits, error and reason.",
-    )
+    quantize = add_command(subparsers, "quantize", run_quantize)
     quantize.add_argument("model", type=Path, help="ONNX model")
     quantize.add_argument(
         "--calib", type=Path, required=True, help=".npz with one (samples, ...) array per model input"
     )
     quantize.add_argument("--wbits", type=int, default=2, help="weight bits, 1-4 (default 2)")
     quantize.add_argument("--abits", type=int, default=2, help="activation bits, 1-4 (default 2)")
-    quantize.add_argument(
-        "--finetune",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="fit each layer on what the quantized upstream layers produce (default on)",
+    add_switch(
+        quantize, "--finetune", True, "fit each layer on what the quantized upstream layers produce (default on)"
     )
-    quantize.add_argument(
+    add_switch(
+        quantize,
         "--layer-check",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help=(
-            "give a layer whose output error exceeds its limit one more bit, up to 4, else leave it in float "
-            "(default on)"
-        ),
+        True,
+        "give a layer whose output error exceeds its limit one more bit, up to 4, else leave it in float (default on)",
     )
     quantize.add_argument(
         "--act-codes",
@@ -105,15 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     int8.add_argument(
         "--per-tensor", action="store_true", help="with --int8: one weight scale per tensor, not per channel"
     )
-    quantize.set_defaults(func=run_quantize)
 
-    bench = subparsers.add_parser(
-        "lq-bench",
-        help="reproduce the LQ table on real digits: accuracy, size, latency, kernel speed",
-        description="Train a 784-512-10 tanh MLP on scikit-learn's digits (upsampled to 28x28), quantize it "
-        "at several bit widths, and time the LQ kernels against scheduled fp32 TVM and numpy. "
-        "Set TVM_NUM_THREADS (e.g. 2) for timings; without it TVM runs one thread.",
-    )
+    bench = add_command(subparsers, "lq-bench", run_bench)
     bench.add_argument("--json", action="store_true", help='print {"rows": [...], "kernels": [...]} as JSON')
     bench.add_argument("--finetune", action="store_true", help="use the fine-tuning calibration mode")
     bench.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
@@ -141,7 +120,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="where the trained MLP is cached (default: the user cache, $XDG_CACHE_HOME/tvm_memplan)",
     )
-    bench.set_defaults(func=run_bench)
 
 
 def _target(name: str) -> tvm.target.Target:
@@ -215,6 +193,12 @@ def _run_int8(args: argparse.Namespace, arrays: dict) -> int:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
+    """quantize the dense layers of an ONNX model to learned low-bit codes and compile it
+
+    Calibrate LQ-Nets quantizers (QEM) on real data, replace dense/Gemm/MatMul layers with bitserial popcount
+    kernels, compile, and write the library plus a JSON report. By default each layer is fine-tuned on the quantized
+    upstream path, the first and last layer get at least 4 bits, and a layer whose calibration error exceeds its
+    limit is widened (or left in float); the printout lists each layer's bits, error and reason."""
     from ..lq.calibrate import LQConfig, build, load_npz, quantize_module
     from ..lq.quantizer import check_bits
 
@@ -331,6 +315,11 @@ def parse_settings(text: str) -> list[tuple[int, int]]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    """reproduce the LQ table on real digits: accuracy, size, latency, kernel speed
+
+    Train a 784-512-10 tanh MLP on scikit-learn's digits (upsampled to 28x28), quantize it at several bit widths,
+    and time the LQ kernels against scheduled fp32 TVM and numpy. Set TVM_NUM_THREADS (e.g. 2) for timings; without
+    it TVM runs one thread."""
     # TVM's pool runs one thread unless told otherwise.
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     from ..lq import bench

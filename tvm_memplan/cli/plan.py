@@ -12,22 +12,20 @@ from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, wri
 from ..split.chain import FUSED_TILES
 from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
 from .vocabulary import (
+    add_command,
     add_deprecated_alias,
     add_json,
     add_model_inputs,
     add_rpc_device,
+    add_switch,
     add_target,
     model_spec_and_inputs,
+    rpc_device,
 )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    plan = subparsers.add_parser(
-        "plan",
-        help="plan a model's intermediate tensors into one arena and compare with TVM's planner",
-        description="Plan MODEL (an ONNX file or zoo:NAME[?k=v&...]) and report naive, TVM default, "
-        "lower-bound and arena bytes.",
-    )
+    plan = add_command(subparsers, "plan", run_plan)
     plan.add_argument(
         "model", metavar="MODEL", help="ONNX file or zoo:NAME, e.g. zoo:mobilenet_v2?width=0.35&resolution=144"
     )
@@ -52,20 +50,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default chain_latency.jsonl in the user cache: $XDG_CACHE_HOME/tvm_memplan, else ~/.cache/tvm_memplan)",
     )
     add_rpc_device(split, "to measure chain latencies on")
-    plan.set_defaults(func=run_plan)
 
-    solve = subparsers.add_parser(
-        "solve",
-        help="plan a raw problem in MiniMalloc's CSV format (id,lower,upper,size)",
-        description="Place every buffer of PROBLEM.csv (half-open lifetimes [lower, upper)) at an offset.",
-    )
+    solve = add_command(subparsers, "solve", run_solve)
     solve.add_argument("problem", metavar="PROBLEM.csv")
     solve.add_argument("-o", "--output", metavar="OFFSETS.csv", help="write id,lower,upper,size,offset")
     add_deprecated_alias(solve, "--out", "-o/--output", dest="output")
     solve.add_argument("--plot", metavar="FILE.png", help="draw the memory layout")
     add_json(solve)
     _planner_options(solve, default_alignment=1)
-    solve.set_defaults(func=run_solve)
 
 
 def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> argparse._ArgumentGroup:
@@ -127,12 +119,7 @@ def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) 
             help="layer grouping: seq, a group count per layer, "
             "or auto; tensors a group uses never share memory (default: off)",
         )
-    parser.add_argument(
-        "--inplace",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="in-place kernels and concat elimination (default on)",
-    )
+    add_switch(parser, "--inplace", None, "in-place kernels and concat elimination (default on)")
     parser.add_argument(
         "--order",
         choices=["program", "dfs", "bfs", "search"],
@@ -208,6 +195,9 @@ def _target_arg(text: str):
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    """plan a model's intermediate tensors into one arena and compare with TVM's planner
+
+    Plan MODEL (an ONNX file or zoo:NAME[?k=v&...]) and report naive, TVM default, lower-bound and arena bytes."""
     from ..frontend import example_binding, is_dynamic, load_model
     from ..planner import plan_model
     from ..relax.pipeline import resolve_target
@@ -336,7 +326,7 @@ def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
     from ..deploy.measure import Device
     from ..deploy.split import search_split
 
-    device = Device(args.rpc_tracker, args.rpc_key)
+    device = Device(**rpc_device(args))
     with split_search_progress(args.search_seconds) as progress:
         return search_split(
             model,
@@ -537,6 +527,9 @@ def _front_table(summary: dict):
 
 
 def run_solve(args: argparse.Namespace) -> int:
+    """plan a raw problem in MiniMalloc's CSV format (id,lower,upper,size)
+
+    Place every buffer of PROBLEM.csv (half-open lifetimes [lower, upper)) at an offset."""
     try:
         problem = read_minimalloc_csv(args.problem, alignment=args.alignment)
     except ProblemFormatError as exc:

@@ -5,12 +5,27 @@ stderr."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
 
 OLD_TARGET_NAMES = {"native": "host", "aarch64": "llvm-aarch64"}
 """quantize's former target names and the device names that replace them."""
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], Any], **texts: Any
+) -> argparse.ArgumentParser:
+    """The subcommand ``name``, which runs ``run(args)``. As click does, ``run``'s docstring is its text: the
+    first paragraph the help line, the rest the description; ``texts`` (aliases, a computed description)
+    go to ``add_parser`` as they are."""
+    summary, _, rest = (inspect.getdoc(run) or "").partition("\n\n")
+    texts.setdefault("help", " ".join(summary.split()))
+    texts.setdefault("description", rest or None)
+    parser = subparsers.add_parser(name, **texts)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def deprecation_note(old: str, new: str) -> None:
@@ -66,6 +81,11 @@ def add_rpc_device(parser: argparse.ArgumentParser | argparse._ArgumentGroup, pu
     parser.add_argument("--rpc-key", metavar="KEY", help="device key at the tracker")
 
 
+def rpc_device(args: argparse.Namespace) -> dict[str, str | None]:
+    """What :func:`add_rpc_device` parsed, as the ``tracker`` and ``key`` keywords of ``Device``, measure and tune."""
+    return {"tracker": args.rpc_tracker, "key": args.rpc_key}
+
+
 def add_repeats(parser: argparse.ArgumentParser, per: str = "") -> None:
     """``--repeat`` and ``--min-repeat-ms``: how a latency is timed (TVM's ``time_evaluator``)."""
     parser.add_argument("--repeat", type=int, default=10, metavar="N", help=f"timed repeats{per} (default 10)")
@@ -80,6 +100,13 @@ def add_work_dir(parser: argparse.ArgumentParser, tuning: bool = False) -> None:
         parser.add_argument("--work-dir", required=True, metavar="DIR", help="the MetaSchedule database and logs")
     else:
         parser.add_argument("--work-dir", metavar="DIR", help="apply the kernels tuned by 'tvm-memplan tune' in DIR")
+
+
+def add_switch(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, default: bool | None, help: str
+) -> None:
+    """``flag`` and its ``--no-`` form (argparse's ``BooleanOptionalAction``); None: the caller's default."""
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
 
 
 def add_cross_compiler(parser: argparse.ArgumentParser) -> None:

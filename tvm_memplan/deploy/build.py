@@ -8,7 +8,6 @@ check it against a local reference without the user repeating any of it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from ..frontend import LoadedModel, load_model
 from ..planner import ModelPlan
 from . import error_line
 from .artifact import constant_bytes, library_constants
+from .manifest import load_manifest, save_manifest
 from .plans import plan_for_target
 from .targets import DeployTarget, get_target
 from .tune import apply_tuning
@@ -61,17 +61,13 @@ class Manifest:
         return self.storage_bytes + self.output_bytes
 
     def save(self, artifact: Path) -> None:
-        manifest_path(artifact).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        save_manifest(self, manifest_path(artifact))
 
     @classmethod
     def load(cls, artifact: Path) -> Manifest:
         path = manifest_path(artifact)
-        if not path.exists():
-            raise UserError(f"{artifact} has no manifest {path.name}: build it with tvm-memplan build")
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (TypeError, json.JSONDecodeError) as exc:
-            raise UserError(f"{path} is not a tvm-memplan manifest: {exc}") from None
+        missing = f"{artifact} has no manifest {path.name}: build it with tvm-memplan build"
+        return load_manifest(cls, path, missing, "tvm-memplan manifest")
 
 
 def manifest_path(artifact: Path) -> Path:

@@ -223,11 +223,12 @@ three runtime symbols they call (kernel scratch memory is a static pool).
 
 | file | what |
 |---|---|
-| `model.h`, `model.c` | `{name}_init(arena, size)`, `{name}_run(...)`: {calls} kernel calls on a {arena}-byte arena |
-| `model_weights.c` | the weights as `const` arrays ({weights} bytes) |
+| `model.h`, `model.c` | `{name}_init(arena, size)`, `{name}_run(...)`: {kernel_calls} kernel calls on a \
+{arena_bytes}-byte arena |
+| `model_weights.c` | the weights as `const` arrays ({weight_bytes} bytes) |
 | `kernels.c` | the {count} kernels (TVM's output, symbols renamed `{name}_kernel_<kernel>`) |
 | `kernels.h` | calling convention, one prototype per kernel with its tensor parameters |
-| `tvm_memplan_runtime.c` | error buffer and scratch allocator ({workspace} bytes after the tensors); weak |
+| `tvm_memplan_runtime.c` | error buffer and scratch allocator ({workspace_bytes} bytes after the tensors); weak |
 | `main.c`, `platform_*.c` | a harness: reads `input0.bin`..., runs the model, writes `output0.bin`... |
 | `startup_cortexm.c`, `cortex_m.ld` | Cortex-M startup (stack painting) and the linker script for the emulated board |
 | `example_main.c`, `example_data.h` | runs `{example}` alone on fixed inputs and checks TVM's LLVM output |
@@ -296,13 +297,7 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     )
     (directory / "README.md").write_text(
         _README.format(
-            target=target.name,
-            name=emitted.name,
-            calls=emitted.kernel_calls,
-            arena=emitted.arena_bytes,
-            weights=emitted.weight_bytes,
-            workspace=emitted.workspace_bytes,
-            **fields,
+            target=target.name, name=emitted.name, arena_bytes=emitted.arena_bytes, **emitted.figures(), **fields
         )
     )
     return EmittedC(directory, kernels, example, emitted)

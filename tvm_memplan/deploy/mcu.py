@@ -23,7 +23,6 @@ This module writes the project and its manifest (what ``measure DIR`` reads) and
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import tvm
 from ..errors import UserError
 from ..planner import ModelPlan
 from . import mcu_files
+from .manifest import load_manifest, save_manifest
 from .mcu_c import harness_source, model_header, model_source, padded, weights_source
 from .mcu_program import (
     KERNEL_DEFINITION,
@@ -45,6 +45,9 @@ from .mcu_program import (
 )
 
 MANIFEST = "memplan_c.json"
+
+PLAN_FIGURES = ("workspace_bytes", "weight_bytes", "tvm_default_bytes", "naive_bytes", "kernel_calls")
+"""The figures of a :class:`ModelC` that build's summary, its README and a measurement report under these names."""
 """What ``measure DIR`` reads: the model, the plan's figures, inputs and outputs."""
 
 
@@ -73,18 +76,17 @@ class ModelC:
     steps: list[dict[str, Any]] = field(default_factory=list)
     """Per kernel call: :func:`step_table`."""
 
+    def figures(self, names: tuple[str, ...] = PLAN_FIGURES) -> dict[str, Any]:
+        """The fields ``names`` (:data:`PLAN_FIGURES` by default) by name."""
+        return {name: getattr(self, name) for name in names}
+
     def save(self, directory: Path) -> None:
-        (directory / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        save_manifest(self, directory / MANIFEST)
 
     @classmethod
     def load(cls, directory: Path) -> ModelC:
-        path = Path(directory) / MANIFEST
-        if not path.is_file():
-            raise UserError(f"{directory} has no {MANIFEST}: write it with tvm-memplan build --emit-c DIR")
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (TypeError, json.JSONDecodeError) as exc:
-            raise UserError(f"{path} is not a tvm-memplan C manifest: {exc}") from None
+        missing = f"{directory} has no {MANIFEST}: write it with tvm-memplan build --emit-c DIR"
+        return load_manifest(cls, Path(directory) / MANIFEST, missing, "tvm-memplan C manifest")
 
 
 def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, target: Any, split: bool = False) -> ModelC:

@@ -168,27 +168,23 @@ static int semihost(int op, const void* arg) {
   return r0;
 }
 
-static int open_file(const char* path, int mode) {
-  uint32_t args[3] = {(uint32_t)path, (uint32_t)mode, (uint32_t)strlen(path)};
-  return semihost(SYS_OPEN, args);
+/* Opens path in mode, moves the bytes with op (SYS_READ or SYS_WRITE), closes: 0 when all moved. */
+static int transfer(const char* path, int mode, int op, const void* data, size_t bytes) {
+  uint32_t open_args[3] = {(uint32_t)path, (uint32_t)mode, (uint32_t)strlen(path)};
+  int handle = semihost(SYS_OPEN, open_args);
+  if (handle < 0) return -1;
+  uint32_t args[3] = {(uint32_t)handle, (uint32_t)data, (uint32_t)bytes};
+  int missing = semihost(op, args);
+  semihost(SYS_CLOSE, &handle);
+  return missing == 0 ? 0 : -1;
 }
 
 int platform_read(const char* path, void* data, size_t bytes) {
-  int handle = open_file(path, 1);  /* "rb" */
-  if (handle < 0) return -1;
-  uint32_t args[3] = {(uint32_t)handle, (uint32_t)data, (uint32_t)bytes};
-  int missing = semihost(SYS_READ, args);
-  semihost(SYS_CLOSE, &handle);
-  return missing == 0 ? 0 : -1;
+  return transfer(path, 1 /* "rb" */, SYS_READ, data, bytes);
 }
 
 int platform_write(const char* path, const void* data, size_t bytes) {
-  int handle = open_file(path, 5);  /* "wb" */
-  if (handle < 0) return -1;
-  uint32_t args[3] = {(uint32_t)handle, (uint32_t)data, (uint32_t)bytes};
-  int missing = semihost(SYS_WRITE, args);
-  semihost(SYS_CLOSE, &handle);
-  return missing == 0 ? 0 : -1;
+  return transfer(path, 5 /* "wb" */, SYS_WRITE, data, bytes);
 }
 
 /* SysTick counts CPU clock ticks down from 2^24 - 1; its interrupt counts the wraps. */

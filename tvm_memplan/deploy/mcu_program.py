@@ -22,7 +22,11 @@ from tvm import relax
 
 from ..errors import UserError
 from ..planner import ModelPlan
+<<<<<<< HEAD
 from ..quant.mcu_kernels import layer_flops
+=======
+from ..planning.problem import TensorBytes
+>>>>>>> dups
 from ..relax.ir_utils import static_shape
 
 C_TYPES = {
@@ -51,7 +55,9 @@ class Storage:
 
 
 @dataclass
-class TensorRef:
+class TensorRef(TensorBytes):
+    """A tensor of the C program: where its bytes are (``storage`` at ``offset``), its shape and type."""
+
     storage: Storage
     offset: int
     shape: tuple[int, ...]
@@ -59,8 +65,8 @@ class TensorRef:
     name: str
 
     @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
 
     def pointer(self) -> str:
         return self.storage.c_name if not self.offset else f"{self.storage.c_name} + {self.offset}"

@@ -19,7 +19,7 @@ from ..planning import DEFAULT_ALIGNMENT
 from ..relax.ir_utils import top_level_bindings
 from ..relax.split import describe_tensors, find_chains, in_order, memory_order, normalize, program_of, split_chains
 from ..split.chain import Chain, SplitChoice
-from ..split.search import Point, SearchResult, search_phased
+from ..split.search import Point, SearchOptions, SearchResult, search_phased
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, ChainLatency
 from .measure import Device
@@ -112,7 +112,8 @@ def search_split(
     measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule, fused_tiles=fused_tiles)
     before = measurer.time_ms(mod, "model")
     program = program_of(mod, alignment)
-    result = search_phased(program, chains, before, measurer, budget, seconds, memory_limit, progress)
+    limits = SearchOptions(budget=budget, seconds=seconds, memory_limit=memory_limit, progress=progress)
+    result = search_phased(program, chains, before, measurer, **limits)
     result = _as_measured(result, measurer)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))

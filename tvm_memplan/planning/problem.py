@@ -6,6 +6,7 @@ This module is TVM-free on purpose: everything here runs and tests in millisecon
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -17,6 +18,17 @@ DEFAULT_ALIGNMENT = 64
 def align_up(value: int, alignment: int) -> int:
     """Round ``value`` up to a multiple of ``alignment``."""
     return -(-value // alignment) * alignment
+
+
+class TensorBytes:
+    """The byte size of a tensor class with a ``shape`` and an ``itemsize`` (bytes per element)."""
+
+    shape: tuple[int, ...]
+    itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.itemsize * math.prod(self.shape)
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,17 @@ integers as :mod:`.kernels` (onnxruntime's requantization), laid out for the sch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from tvm import te, tirx
 
-from .kernels import apply_epilogue, conv_geometry, pad_codes, quantize_value, requantize
+from .kernels import apply_epilogue, conv_geometry, output_code, pad_codes, quantize_value
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .kernels import ConvOptions, KernelOutput
 
 DEPTHWISE_ROUND = 16
 """:func:`depthwise_conv2d` computes a multiple of this many outputs per channel (the int32 lanes of
@@ -23,19 +27,7 @@ def depthwise_conv2d(
     weight: te.Tensor,
     bias: te.Tensor,
     multiplier: te.Tensor,
-    *,
-    strides: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    x_zero_point: int,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
-    table: te.Tensor | None = None,
-    residual: te.Tensor | None = None,
-    residual_add: dict | None = None,
-    quantize_input: tuple[float, str] | None = None,
+    **options: Unpack[ConvOptions],
 ) -> te.Tensor:
     """QLinearConv with one input channel per output channel (depthwise), in integers: int8/uint8
     codes times int8 weights (``(C, 1, KH, KW)``), each product exact in 16 bits and summed in
@@ -53,12 +45,13 @@ def depthwise_conv2d(
     (:mod:`tvm_memplan.schedule.cpu.int8_depthwise`)."""
     n, c, h, w = (int(d) for d in x.shape)
     o, _one, kh, kw = (int(d) for d in weight.shape)
-    (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = conv_geometry(x, kh, kw, strides, dilation, padding)
+    (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = conv_geometry(x, kh, kw, options)
     cols = -(-(w + left + right) // sw)
     grid = -(-(oh * cols) // DEPTHWISE_ROUND) * DEPTHWISE_ROUND
     reach = ((kh - 1) * dh // sh) * cols + (kw - 1) * dw // sw
     rows = -(-(grid + reach) // cols)
-    padded = pad_codes(x, (top, left, max(rows * sh - h - top, 0), cols * sw - w - left), x_zero_point, quantize_input)
+    padding = (top, left, max(rows * sh - h - top, 0), cols * sw - w - left)
+    padded = pad_codes(x, padding, options["x_zero_point"], options.get("quantize_input"))
     if padded is x:  # nothing to pad: a copy, which the schedule places per channel
         padded = te.compute(x.shape, lambda *i: x[i], name="pad")
     if (sh, sw) == (1, 1):
@@ -81,20 +74,22 @@ def depthwise_conv2d(
         return te.sum(product, axis=[ry, rx])
 
     acc = te.compute((n, o, grid), accumulate, name="dw_acc")
+    table_only = {**options, "residual": None}
     codes = te.compute(
         acc.shape,
-        lambda b, ch, p: apply_epilogue(
-            table, requantize(acc[b, ch, p] + bias[ch], multiplier[ch], y_zero_point, low, high, out_dtype), out_dtype
-        ),
+        lambda b, ch, p: output_code(acc[b, ch, p] + bias[ch], multiplier[ch], (), table_only),
         name="dw_requantize",
     )
     return te.compute(
         (n, o, oh, ow),
-        lambda b, ch, y, xx: apply_epilogue(
-            None, codes[b, ch, y * cols + xx], out_dtype, residual, residual_add, (b, ch, y, xx)
-        ),
+        lambda b, ch, y, xx: _residual_add(codes[b, ch, y * cols + xx], (b, ch, y, xx), options),
         name="dw_output",
     )
+
+
+def _residual_add(code: tirx.PrimExpr, index: tuple, output: KernelOutput) -> tirx.PrimExpr:
+    """``code`` plus ``output``'s residual at ``index`` (an output view's epilogue)."""
+    return apply_epilogue(None, code, output["out_dtype"], output.get("residual"), output.get("residual_add"), index)
 
 
 class DotInstruction(NamedTuple):
@@ -145,20 +140,8 @@ def conv2d_dot(
     multiplier: te.Tensor,
     *,
     out_channels: int,
-    strides: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    x_zero_point: int,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
-    table: te.Tensor | None = None,
-    residual: te.Tensor | None = None,
-    residual_add: dict | None = None,
-    quantize_input: tuple[float, str] | None = None,
     packed_dtype: str = "uint8",
-    min_max: bool = False,
+    **options: Unpack[ConvOptions],
 ) -> te.Tensor:
     """QLinearConv (groups 1) in the shape of a CPU's int8 dot-product instruction
     (:data:`DOT_INSTRUCTIONS`): the result equals :func:`.kernels.conv2d`'s bit for bit.
@@ -173,7 +156,8 @@ def conv2d_dot(
     quantized as it is packed (see :func:`.kernels.conv2d`)."""
     n, c, h, w = (int(d) for d in x.shape)
     blocks, steps, kh, kw, lanes, depth = (int(d) for d in weight.shape)
-    (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = conv_geometry(x, kh, kw, strides, dilation, padding)
+    (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = conv_geometry(x, kh, kw, options)
+    x_zero_point, quantize_input = options["x_zero_point"], options.get("quantize_input")
     x_dtype = str(x.dtype) if quantize_input is None else quantize_input[1]
     zero = dot_zero_point(x_zero_point, x_dtype, packed_dtype)
     shift = _dot_shift(x_dtype, packed_dtype)
@@ -201,11 +185,10 @@ def conv2d_dot(
         ),
         name="dot_acc",
     )
-    output = (y_zero_point, low, high, out_dtype, min_max)
 
     def epilogue(b, oc, y, xx):
-        code = requantize(acc[b, oc // lanes, y, xx, oc % lanes] + bias[oc], multiplier[oc], *output)
-        return apply_epilogue(table, code, out_dtype, residual, residual_add, (b, oc, y, xx))
+        value = acc[b, oc // lanes, y, xx, oc % lanes] + bias[oc]
+        return output_code(value, multiplier[oc], (b, oc, y, xx), options)
 
     return te.compute((n, out_channels, oh, ow), epilogue, name="requantize")
 
@@ -218,14 +201,8 @@ def dense_dot(
     *,
     out_channels: int,
     x_zero_point: int,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
-    table: te.Tensor | None = None,
-    residual: te.Tensor | None = None,
-    residual_add: dict | None = None,
     packed_dtype: str = "uint8",
+    **output: Unpack[KernelOutput],
 ) -> te.Tensor:
     """QGemm/QLinearMatMul of a 2-d ``x`` (M, K) on a dot-product instruction: :func:`conv2d_dot`
     of ``x`` viewed as an ``(1, K, M, 1)`` image (rows are its pixels) and the weights as 1x1
@@ -233,25 +210,18 @@ def dense_dot(
     ``residual`` is added); the schedule inlines both views. ``bias`` is folded as for :func:`conv2d_dot`."""
     rows, depth = (int(d) for d in x.shape)
     image = te.compute((1, depth, rows, 1), lambda b, k, m, one: x[m, k], name="as_image")
+    pointwise = {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "x_zero_point": x_zero_point}
+    requantized = {**output, "residual": None, "residual_add": None}
     out = conv2d_dot(
         image,
         weight,
         bias,
         multiplier,
         out_channels=out_channels,
-        strides=[1, 1],
-        padding=[0, 0, 0, 0],
-        dilation=[1, 1],
-        x_zero_point=x_zero_point,
-        y_zero_point=y_zero_point,
-        low=low,
-        high=high,
-        out_dtype=out_dtype,
-        table=table,
         packed_dtype=packed_dtype,
+        **pointwise,
+        **requantized,
     )
     return te.compute(
-        (rows, out_channels),
-        lambda m, n: apply_epilogue(None, out[0, n, m, 0], out_dtype, residual, residual_add, (m, n)),
-        name="as_matrix",
+        (rows, out_channels), lambda m, n: _residual_add(out[0, n, m, 0], (m, n), output), name="as_matrix"
     )

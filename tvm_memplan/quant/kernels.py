@@ -20,11 +20,46 @@ the structure tvm_memplan's default CPU schedule tiles.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 from tvm import te, tirx
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+class _Requantization(TypedDict):
+    y_zero_point: int
+    low: int
+    high: int
+    out_dtype: str
+
+
+class KernelOutput(_Requantization, total=False):
+    """The keyword arguments of every conv and dense kernel's output: :func:`requantize`'s zero point,
+    bounds, type and ``min_max`` clamp, and :func:`apply_epilogue`'s consumer ``table`` or ``residual`` add."""
+
+    min_max: bool
+    table: te.Tensor | None
+    residual: te.Tensor | None
+    residual_add: dict | None
+
+
+class _ConvWindow(KernelOutput):
+    strides: Sequence[int]
+    padding: Sequence[int]
+    dilation: Sequence[int]
+    x_zero_point: int
+
+
+class ConvOptions(_ConvWindow, total=False):
+    """A convolution kernel's keyword arguments: its window, the input zero point (the padding value),
+    :class:`KernelOutput`, and ``quantize_input`` (scale, type) where ``x`` is the float32 network input."""
+
+    quantize_input: tuple[float, str] | None
 
 
 def requantize(
@@ -78,6 +113,16 @@ def apply_epilogue(
             residual_add["out_dtype"],
         )
     return code
+
+
+def output_code(
+    value: tirx.PrimExpr, multiplier: tirx.PrimExpr, index: Sequence, output: KernelOutput
+) -> tirx.PrimExpr:
+    """A kernel's output at ``index``: :func:`requantize` of ``value`` (accumulator plus bias), then
+    :func:`apply_epilogue` with ``output``'s table or residual add."""
+    dtype, min_max = output["out_dtype"], output.get("min_max", False)
+    code = requantize(value, multiplier, output["y_zero_point"], output["low"], output["high"], dtype, min_max)
+    return apply_epilogue(output.get("table"), code, dtype, output.get("residual"), output.get("residual_add"), index)
 
 
 def _saturate(value: tirx.PrimExpr, low: int, high: int) -> tirx.PrimExpr:
@@ -135,14 +180,15 @@ def pad_codes(
 
 
 def conv_geometry(
-    x: te.Tensor, kh: int, kw: int, strides: Sequence[int], dilation: Sequence[int], padding: Sequence[int]
+    x: te.Tensor, kh: int, kw: int, window: ConvOptions
 ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int], tuple[int, int]]:
     """A 2-d convolution's strides, dilation, padding (top, left, bottom, right) as ints, and its
-    output height and width, for an NCHW ``x`` and a ``kh x kw`` kernel."""
+    output height and width, for an NCHW ``x``, a ``kh x kw`` kernel and ``window``'s strides,
+    dilation and padding."""
     h, w = (int(d) for d in x.shape[2:])
-    sh, sw = (int(v) for v in strides)
-    dh, dw = (int(v) for v in dilation)
-    top, left, bottom, right = (int(p) for p in padding)
+    sh, sw = (int(v) for v in window["strides"])
+    dh, dw = (int(v) for v in window["dilation"])
+    top, left, bottom, right = (int(p) for p in window["padding"])
     oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
     ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
     return (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow)
@@ -154,25 +200,13 @@ def conv2d(
     bias: te.Tensor,
     multiplier: te.Tensor,
     *,
-    strides: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-    x_zero_point: int,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
+    groups: int = 1,
     accumulate: str = "int32",
-    table: te.Tensor | None = None,
-    residual: te.Tensor | None = None,
-    residual_add: dict | None = None,
-    quantize_input: tuple[float, str] | None = None,
-    min_max: bool = False,
+    **options: Unpack[ConvOptions],
 ) -> te.Tensor:
     """QLinearConv: NCHW int8/uint8 ``x``, OIHW int8 ``weight`` (zero point 0), int32 ``bias`` (O),
-    float32 ``multiplier`` (O). Regular, grouped and depthwise. The dot products accumulate in
-    ``accumulate`` (:func:`accumulator_dtype`: float32 only where that is exact).
+    float32 ``multiplier`` (O). Regular, grouped (``groups``, 1 by default as in ONNX) and depthwise. The
+    dot products accumulate in ``accumulate`` (:func:`accumulator_dtype`: float32 only where that is exact).
 
     The input zero point is not subtracted per multiply: ``bias`` must already hold
     ``bias - x_zero_point * sum(weight[o])`` (:func:`fold_zero_point`), exact in integers because
@@ -185,9 +219,9 @@ def conv2d(
     computes the padding per row, so each input element is quantized about once per kernel row."""
     n, _c, h, w = (int(d) for d in x.shape)
     o, cg, kh, kw = (int(d) for d in weight.shape)
-    (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = conv_geometry(x, kh, kw, strides, dilation, padding)
+    (sh, sw), (dh, dw), padding, (oh, ow) = conv_geometry(x, kh, kw, options)
     per_group = o // groups
-    padded = pad_codes(x, (top, left, bottom, right), x_zero_point, quantize_input)
+    padded = pad_codes(x, padding, options["x_zero_point"], options.get("quantize_input"))
     rc = te.reduce_axis((0, cg), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
@@ -198,11 +232,9 @@ def conv2d(
         return te.sum(data * weight[oc, rc, ry, rx].astype(accumulate), axis=[rc, ry, rx])
 
     acc = te.compute((n, o, oh, ow), accumulate_products, name="conv2d_acc")
-    output = (y_zero_point, low, high, out_dtype, min_max)
 
     def epilogue(b, oc, y, xx):
-        code = requantize(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], *output)
-        return apply_epilogue(table, code, out_dtype, residual, residual_add, (b, oc, y, xx))
+        return output_code(acc[b, oc, y, xx].astype("int32") + bias[oc], multiplier[oc], (b, oc, y, xx), options)
 
     return te.compute(acc.shape, epilogue, name="requantize")
 
@@ -213,14 +245,8 @@ def dense(
     bias: te.Tensor,
     multiplier: te.Tensor,
     *,
-    y_zero_point: int,
-    low: int,
-    high: int,
-    out_dtype: str,
     accumulate: str = "int32",
-    table: te.Tensor | None = None,
-    residual: te.Tensor | None = None,
-    residual_add: dict | None = None,
+    **output: Unpack[KernelOutput],
 ) -> te.Tensor:
     """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (K, N: outputs contiguous, the layout
     the default schedule vectorizes, as a float matmul's), int32 ``bias`` (N) with the input zero point
@@ -237,14 +263,7 @@ def dense(
     acc = te.compute((*lead, n), accumulate_products, name="dense_acc")
     return te.compute(
         acc.shape,
-        lambda *i: apply_epilogue(
-            table,
-            requantize(acc[i].astype("int32") + bias[i[-1]], multiplier[i[-1]], y_zero_point, low, high, out_dtype),
-            out_dtype,
-            residual,
-            residual_add,
-            i,
-        ),
+        lambda *i: output_code(acc[i].astype("int32") + bias[i[-1]], multiplier[i[-1]], i, output),
         name="requantize",
     )
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..planning.problem import TensorBytes
+
 Interval = tuple[int, int]
 """Half-open ``[lo, hi)``; empty when ``hi <= lo``."""
 Box = tuple[Interval, ...]
@@ -135,15 +137,13 @@ class Block:
 
 
 @dataclass(frozen=True)
-class Tensor:
+class Tensor(TensorBytes):
+    """A tensor of the graph: a kernel's argument or result."""
+
     name: str
     shape: tuple[int, ...]
     itemsize: int
     role: TensorRole
-
-    @property
-    def nbytes(self) -> int:
-        return self.itemsize * volume(tuple((0, d) for d in self.shape))
 
 
 @dataclass

@@ -12,9 +12,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 
 from .chain import Chain, SpatialChain, SplitChoice
 from .simulate import Peak, Program, peak, split_program
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+ChainDelta = Callable[[Chain, int], float]
+"""``chain_delta_ms(chain, parts)``: the measured latency change of splitting ``chain`` into ``parts``."""
+
+SEARCH_SECONDS = 60.0
+"""The default time limit of a search."""
+
+
+class SearchOptions(TypedDict, total=False):
+    """The keyword arguments :func:`search_phased` passes on to :func:`search`."""
+
+    budget: float
+    seconds: float
+    memory_limit: int | None
+    progress: Callable[[int, int], None] | None
 
 
 @dataclass(frozen=True)
@@ -71,9 +90,9 @@ def search(
     program: Program,
     chains: list[Chain],
     base_latency_ms: float,
-    chain_delta_ms: Callable[[Chain, int], float],
+    chain_delta_ms: ChainDelta,
     budget: float = 0.05,
-    seconds: float = 60.0,
+    seconds: float = SEARCH_SECONDS,
     memory_limit: int | None = None,
     start_from: tuple[SplitChoice, ...] = (),
     progress: Callable[[int, int], None] | None = None,
@@ -175,11 +194,8 @@ def search_phased(
     program: Program,
     chains: list[Chain],
     base_latency_ms: float,
-    chain_delta_ms: Callable[[Chain, int], float],
-    budget: float = 0.05,
-    seconds: float = 60.0,
-    memory_limit: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    chain_delta_ms: ChainDelta,
+    **options: Unpack[SearchOptions],
 ) -> SearchResult:
     """:func:`search` over the channel and row chains first, then over every chain from the plan
     it kept. Spatial chains reach across blocks, so a greedy search that takes one first can be
@@ -189,13 +205,11 @@ def search_phased(
     fastest plan that fits on either front is kept."""
     plain = [c for c in chains if not isinstance(c, SpatialChain)]
     if not plain or len(plain) == len(chains):
-        return search(
-            program, chains, base_latency_ms, chain_delta_ms, budget, seconds, memory_limit, progress=progress
-        )
+        return search(program, chains, base_latency_ms, chain_delta_ms, **options)
+    seconds = options.get("seconds", SEARCH_SECONDS)
+    memory_limit, progress = options.get("memory_limit"), options.get("progress")
     started = time.monotonic()
-    first = search(
-        program, plain, base_latency_ms, chain_delta_ms, budget, seconds / 2, memory_limit, progress=progress
-    )
+    first = search(program, plain, base_latency_ms, chain_delta_ms, **{**options, "seconds": seconds / 2})
 
     def second_progress(measured: int, peak_bytes: int) -> None:
         """The second phase counts on from the first; its peak is compared with the first's."""
@@ -206,17 +220,8 @@ def search_phased(
     # under a memory limit the channel plan may already fit: the second phase then starts unsplit,
     # so that spatial plans that fit compete on latency with it
     start_from = () if memory_limit is not None else first.best.choices
-    second = search(
-        program,
-        chains,
-        base_latency_ms,
-        chain_delta_ms,
-        budget,
-        left,
-        memory_limit,
-        start_from=start_from,
-        progress=second_progress,
-    )
+    phase = {**options, "seconds": left, "progress": second_progress}
+    second = search(program, chains, base_latency_ms, chain_delta_ms, start_from=start_from, **phase)
     front = _with_original(pareto(first.front + second.front), first.original)
     best = _fastest_fitting(front, memory_limit, second.best)
     return SearchResult(

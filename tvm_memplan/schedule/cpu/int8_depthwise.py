@@ -137,30 +137,26 @@ def _deinterleave_intrinsic(dtype: str, cols: int, chunk: int) -> tuple[tirx.Pri
     odd = [2 * i + 1 for i in range(chunk)]
     pair = f"{dtype}x{2 * chunk}"
 
-    @T.prim_func(s_tir=True)
-    def description(a: T.handle, b: T.handle) -> None:
-        stride = T.int32()
-        A = T.match_buffer(a, (2 * cols,), dtype, offset_factor=1)
-        B = T.match_buffer(b, (2, cols), dtype, strides=[stride, 1], offset_factor=1)
-        with T.sblock("root"):
-            T.reads(A[0 : 2 * cols])
-            T.writes(B[0:2, 0:cols])
-            for p, i in T.grid(2, cols):
-                with T.sblock("update"):
-                    vp, vi = T.axis.remap("SS", [p, i])
-                    B[vp, vi] = A[vi * 2 + vp]
+    def deinterleave(vectors: bool) -> tirx.PrimFunc:
+        @T.prim_func(s_tir=True)
+        def func(a: T.handle, b: T.handle) -> None:
+            stride = T.int32()
+            A = T.match_buffer(a, (2 * cols,), dtype, offset_factor=1)
+            B = T.match_buffer(b, (2, cols), dtype, strides=[stride, 1], offset_factor=1)
+            with T.sblock("root"):
+                T.reads(A[0 : 2 * cols])
+                T.writes(B[0:2, 0:cols])
+                if vectors:
+                    for k in range((cols + chunk - 1) // chunk):
+                        start = T.min(k * chunk, cols - chunk)
+                        B[0, T.ramp(start, 1, chunk)] = T.Shuffle([A.vload([2 * start], pair)], even)
+                        B[1, T.ramp(start, 1, chunk)] = T.Shuffle([A.vload([2 * start], pair)], odd)
+                else:
+                    for p, i in T.grid(2, cols):
+                        with T.sblock("update"):
+                            vp, vi = T.axis.remap("SS", [p, i])
+                            B[vp, vi] = A[vi * 2 + vp]
 
-    @T.prim_func(s_tir=True)
-    def implementation(a: T.handle, b: T.handle) -> None:
-        stride = T.int32()
-        A = T.match_buffer(a, (2 * cols,), dtype, offset_factor=1)
-        B = T.match_buffer(b, (2, cols), dtype, strides=[stride, 1], offset_factor=1)
-        with T.sblock("root"):
-            T.reads(A[0 : 2 * cols])
-            T.writes(B[0:2, 0:cols])
-            for k in range((cols + chunk - 1) // chunk):
-                start = T.min(k * chunk, cols - chunk)
-                B[0, T.ramp(start, 1, chunk)] = T.Shuffle([A.vload([2 * start], pair)], even)
-                B[1, T.ramp(start, 1, chunk)] = T.Shuffle([A.vload([2 * start], pair)], odd)
+        return func
 
-    return description, implementation
+    return deinterleave(vectors=False), deinterleave(vectors=True)
