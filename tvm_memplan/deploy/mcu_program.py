@@ -22,11 +22,8 @@ from tvm import relax
 
 from ..errors import UserError
 from ..planner import ModelPlan
-<<<<<<< HEAD
-from ..quant.mcu_kernels import layer_flops
-=======
 from ..planning.problem import TensorBytes
->>>>>>> dups
+from ..quant.mcu_kernels import layer_flops
 from ..relax.ir_utils import static_shape
 
 C_TYPES = {
