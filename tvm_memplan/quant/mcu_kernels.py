@@ -53,7 +53,7 @@ def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tens
     the dilation 1 and nothing is fused after it; else :func:`.kernels.conv2d` itself."""
     n, c, h, w = (int(d) for d in x.shape)
     o, per_group, kh, kw = (int(d) for d in weight.shape)
-    quantize_input, groups = options.get("quantize_input"), options["groups"]
+    quantize_input, groups = options.get("quantize_input"), options.get("groups", 1)
     codes = str(x.dtype) == "int8" if quantize_input is None else quantize_input[1] == "int8"
     fused = options.get("table") is not None or options.get("residual") is not None
     plain = not fused and list(options["dilation"]) == [1, 1] and codes and kh <= MAX_WINDOW
@@ -64,7 +64,7 @@ def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tens
     window = plain and groups == 1 and n == 1 and c * kh <= MAX_ROWS and scratch <= STACK_BYTES
     if not (depthwise or window):
         return kernels.conv2d(x, weight, bias, multiplier, **options)
-    geometry = conv_geometry(x, kh, kw, options["strides"], options["dilation"], options["padding"])
+    geometry = conv_geometry(x, kh, kw, options)
     (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = geometry
     quantization = tuple(int(options[k]) for k in ("x_zero_point", "y_zero_point", "low", "high"))
     if depthwise:
