@@ -48,9 +48,9 @@ def test_input_rows_with_border_padding_reproduce_the_output_rows(
 def _stem() -> tuple[Program, Chain]:
     """x (3 rows-in-12) -> conv k3 s2 -> a (6 rows) -> depthwise k3 -> d (6 rows) -> 1x1 -> y -> z."""
     ops = (
-        RowOp("a", (), 6, 100, RowWindow(3, 2, 1, 1, 12), ("x",)),
-        RowOp("d", ("a",), 6, 100, RowWindow(3, 1, 1, 1, 6)),
-        RowOp("y", ("d",), 6, 20, RowWindow(1, 1, 0, 1, 6)),
+        RowOp("a", 6, 100, window=RowWindow(3, 2, 1, 1, 12), outside=("x",)),
+        RowOp("d", 6, 100, reads=("a",), window=RowWindow(3, 1, 1, 1, 6)),
+        RowOp("y", 6, 20, reads=("d",), window=RowWindow(1, 1, 0, 1, 6)),
     )
     sizes = {"a": 600, "d": 600, "y": 120, "z": 120}
     steps = [Step("a", "a", ("x",)), Step("d", "d", ("a",)), Step("y", "y", ("d",)), Step("z", "z", ("y",))]

@@ -44,12 +44,12 @@ class RowOp:
     """One binding of a spatial chain, for the simulator and the rewriter."""
 
     name: str
-    reads: tuple[str, ...]
-    """Bindings of the chain it reads (its row operands inside the chain)."""
     rows: int
     """Rows of its output."""
     row_bytes: int
     """Bytes of one output row (all channels and columns)."""
+    reads: tuple[str, ...] = ()
+    """Bindings of the chain it reads (its row operands inside the chain)."""
     window: RowWindow | None = None
     """None: output row ``r`` reads row ``r`` of its operands (elementwise, 1x1 stride-1 convolutions)."""
     outside: tuple[str, ...] = ()

@@ -64,10 +64,10 @@ def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.V
         if window is None or not all(index.exists_before(a, since) for a in value.args[1:]):
             return None
         if data in inside:
-            return RowOp(var.name, (data.name,), out[ROWS], row_bytes, window)
+            return RowOp(var.name, out[ROWS], row_bytes, reads=(data.name,), window=window)
         if not index.exists_before(data, since):
             return None
-        return RowOp(var.name, (), out[ROWS], row_bytes, window, (data.name,))
+        return RowOp(var.name, out[ROWS], row_bytes, window=window, outside=(data.name,))
     if op_name(value) not in ELEMENTWISE_PER_CHANNEL:
         return None
     reads, outside = [], []
@@ -87,7 +87,7 @@ def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.V
             outside.append(arg.name)
         elif shape is None or (len(shape) >= 2 and shape[-2] != 1):  # not broadcast along the rows
             return None
-    return RowOp(var.name, tuple(dict.fromkeys(reads)), out[ROWS], row_bytes, None, tuple(outside))
+    return RowOp(var.name, out[ROWS], row_bytes, reads=tuple(dict.fromkeys(reads)), outside=tuple(outside))
 
 
 def spatial_chains(index: FunctionIndex) -> list[Chain]:
