@@ -69,16 +69,6 @@ def search_split(
         raise UserError(f"--latency-budget must not be negative (got {budget})")
     if seconds <= 0:
         raise UserError(f"--search-seconds must be positive (got {seconds})")
-    from ..quant.reference import is_quantized
-
-    if is_quantized(model.onnx_model):
-        # The splitter rewrites the imported float ops before LowerQDQ runs, and the result has no integer
-        # groups left: normalize()'s FoldConstant turns every weight's DequantizeLinear into a float constant
-        # (LowerQDQ then keeps all 9 convs of a MobileNetV2 stem in float); a channel chain's reducing tail
-        # adds float partial sums and a spatial chain computes its row windows with TE convs of its own,
-        # neither of which any integer kernel computes (int32 partial sums requantized once would be exact,
-        # but they are 4-byte tensors the simulator would have to count).
-        raise UserError(f"{model.name}: --split acg does not take int8 (QDQ) models yet; plan it without --split")
     deploy_target = get_target(target)
     device = device or Device()
     mod = normalize(to_relax(model))
