@@ -200,6 +200,12 @@ def test_split_acg_plans_and_builds_an_int8_model(capsys, tmp_path):
     assert out.exists() and built["storage_bytes"] <= limit
 
 
+def test_fused_tiles_refuse_an_int8_model_in_one_line(capsys, network_files):
+    assert main(["plan", network_files["int8"], "--split", "acg", "--fused-tiles", "on"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--fused-tiles on does not take int8" in err
+
+
 def test_int8_model_as_standalone_c(capsys, network_files, tmp_path):
     """build --emit-c (the microcontroller path): the int8 arena in the C, run here against onnxruntime."""
     directory = tmp_path / "c"
