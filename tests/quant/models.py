@@ -163,6 +163,28 @@ def network(seed: int = 0) -> onnx.ModelProto:
     return float_model(nodes, inits, {"x": [1, 3, 32, 32]}, {"y": [1, 10]})
 
 
+def early_activation(seed: int = 0, size: int = 24) -> onnx.ModelProto:
+    """A MobileNet-like stem whose first tensor is the largest (16 channels at full resolution):
+    conv + ReLU, strided depthwise conv + Clip, pointwise conv, strided conv, GlobalAveragePool, Gemm."""
+    rng = np.random.default_rng(seed)
+    shapes = {"w1": (16, 3, 3, 3), "w2": (16, 1, 3, 3), "w3": (8, 16, 1, 1), "w4": (8, 8, 3, 3), "wf": (10, 8)}
+    inits = {name: _rand(rng, *shape) for name, shape in shapes.items()}
+    inits |= {f"b{name[1:]}": _rand(rng, shape[0], scale=0.1) for name, shape in shapes.items()}
+    inits |= {"lo": np.array(0.0), "hi": np.array(6.0)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1] * 4, strides=[2, 2], group=16),
+        helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"]),
+        helper.make_node("Conv", ["c3", "w4", "b4"], ["c4"], pads=[1] * 4, strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["c4"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
+    ]
+    return float_model(nodes, inits, {"x": [1, 3, size, size]}, {"y": [1, 10]})
+
+
 def after_conv(op: str, size: int = 8, **attrs) -> onnx.ModelProto:
     """Conv(3→8) then ``op`` on its output, so the quantizer quantizes ``op``'s input (it leaves a
     data-movement op on a float graph input alone). Concat, Add and Mul take a second conv's output."""

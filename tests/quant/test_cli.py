@@ -179,10 +179,31 @@ def test_int8_model_on_the_c_target(capsys, network_files):
     assert not plan["verify"]["problems"] and plan["verify"]["max_lsb_diff_vs_onnxruntime"] == 0
 
 
-def test_split_refuses_an_int8_model_in_one_line(capsys, network_files):
-    assert main(["plan", network_files["int8"], "--split", "acg"]) == 2
+def test_split_acg_plans_and_builds_an_int8_model(capsys, tmp_path):
+    """--split acg on an int8 model with a large early tensor: row tiles of its integer kernels under a
+    memory limit the unsplit 1-byte arena misses, verified (identical to stock TVM, the VM's requests
+    equal to the plan), and the build of the same split."""
+    model = _save(models.quantize_qdq(models.early_activation(size=16)), tmp_path / "early.int8.onnx")
+    unsplit = _plan(capsys, model)
+    limit = unsplit["arena_bytes"] * 3 // 4
+    cache = str(tmp_path / "latency.jsonl")  # the build's search reuses the plan's measurements
+    split_args = ["--split", "acg", "--memory-limit", str(limit), "--search-seconds", "2", "--split-cache", cache]
+    split = _plan(capsys, model, *split_args, "--verify")
+    assert split["split_subgraphs"] and {s["kind"] for s in split["split_subgraphs"]} == {"spatial"}
+    assert split["arena_bytes"] <= limit < unsplit["arena_bytes"]
+    verify = split["verify"]
+    assert verify["identical_to_stock"] and not verify["problems"]
+    assert verify["vm_storage_bytes"] == verify["planned_storage_bytes"]
+    out = tmp_path / "early.int8.so"
+    assert main(["build", model, "-o", str(out), "--json", "--order-seconds", "2", *split_args]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert out.exists() and built["storage_bytes"] <= limit
+
+
+def test_fused_tiles_refuse_an_int8_model_in_one_line(capsys, network_files):
+    assert main(["plan", network_files["int8"], "--split", "acg", "--fused-tiles", "on"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "int8" in err
+    assert len(err.splitlines()) == 1 and "--fused-tiles on does not take int8" in err
 
 
 def test_int8_model_as_standalone_c(capsys, network_files, tmp_path):

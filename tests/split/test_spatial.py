@@ -82,6 +82,23 @@ def test_spatial_split_lowers_the_peak_to_tiles_and_the_last_tensor():
     assert peak(split).bytes == 4 * 100 + 2 * 100 + 120
 
 
+def test_a_window_copying_its_outside_rows_prices_the_copy_per_tile():
+    """An int8 head dequantizes a copy of the rows it reads of ``x`` (30 bytes a row): each tile's copy
+    lives until the head has read it, and x stays whole (it is outside the arena here)."""
+    program, chain = _stem()
+    head = replace(chain.spatial[0], copied_row_bytes=30)
+    copying = replace(chain, ops=(head, *chain.spatial[1:]))
+    split = split_program(program, [SplitChoice(copying, 3)])
+    copies = [s for s in split.steps if s.name.startswith("x#")]
+    assert [s.name for s in copies] == ["x#a#0", "x#a#1", "x#a#2"]
+    # tile 1: a's rows 1..5 read x's rows 1..10 (stride 2, one row of halo above)
+    assert split.sizes["x#a#1"] == 9 * 30
+    head_step = next(s for s in split.steps if s.name == "a#a#1")
+    assert "x#a#1" in head_step.reads
+    # the peak is tile 1's copy, a's tile and y, above the 720 bytes of the tiles without copies
+    assert peak(split).bytes == 9 * 30 + 4 * 100 + 120
+
+
 def test_phased_search_goes_below_the_channel_plan_and_keeps_both_fronts():
     """Channel chains first, then every chain from the plan they gave: never above the channel
     plan, and the front holds the points of both phases."""

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..errors import UserError
 from .format import console, human_bytes, key_value_table, print_json, progress_display, split_search_progress
-from .plan import model_planner_kwargs, model_planner_options, parse_bytes, split_search_options
+from .plan import model_planner_kwargs, model_planner_options, parse_bytes, split_cache, split_search_options
 from .vocabulary import (
     add_command,
     add_cross_compiler,
@@ -172,6 +172,7 @@ def run_build(args: argparse.Namespace) -> int:
                 progress=progress,
                 fused_tiles=args.fused_tiles,
                 plan_options=options,
+                cache=split_cache(args),
             ).prepare()
     output = emitted = None
     if args.output is not None:

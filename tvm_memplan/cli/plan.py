@@ -43,12 +43,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         plan.add_argument_group("fine-grained splitting"),
         "acg: split channel chains found by the axis connection graph into tiles (default none)",
     )
-    split.add_argument(
-        "--split-cache",
-        metavar="FILE",
-        help="latency measurements to reuse and extend "
-        "(default chain_latency.jsonl in the user cache: $XDG_CACHE_HOME/tvm_memplan, else ~/.cache/tvm_memplan)",
-    )
     add_rpc_device(split, "to measure chain latencies on")
 
     solve = add_command(subparsers, "solve", run_solve)
@@ -90,7 +84,20 @@ def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> arg
         help="with --split acg: run a split chain's tiles as one kernel (every stage of a tile before the next): "
         "off (one kernel per operator and tile, default), on, or auto (per chain, the faster as measured)",
     )
+    group.add_argument(
+        "--split-cache",
+        metavar="FILE",
+        help="latency measurements to reuse and extend "
+        "(default chain_latency.jsonl in the user cache: $XDG_CACHE_HOME/tvm_memplan, else ~/.cache/tvm_memplan)",
+    )
     return group
+
+
+def split_cache(args: argparse.Namespace) -> Path:
+    """The latency cache ``--split-cache`` names, else the user's."""
+    from ..deploy.chain_latency import default_cache
+
+    return Path(args.split_cache) if args.split_cache else default_cache()
 
 
 def _planner_options(parser: argparse.ArgumentParser, default_alignment: int = 64) -> None:
@@ -322,7 +329,6 @@ def _fit_planned_arena(args: argparse.Namespace, model, plan, split, attempts: i
 
 
 def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
-    from ..deploy.chain_latency import default_cache
     from ..deploy.measure import Device
     from ..deploy.split import search_split
 
@@ -337,7 +343,7 @@ def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
             memory_limit=memory_limit,
             schedule=args.schedule,
             progress=progress,
-            cache=Path(args.split_cache) if args.split_cache else default_cache(),
+            cache=split_cache(args),
             fused_tiles=args.fused_tiles,
             plan_options=model_planner_kwargs(args),
         )

@@ -240,6 +240,13 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
                 sizes[tile] = max(sizes.get(tile, 1), (hi - lo) * op.row_bytes)
             outer = tuple(r for r in by_name[op.name].reads if r not in group)
             reads = tuple(dict.fromkeys(tile_of[program.tensor(r)] for r in op.reads if program.tensor(r) != tensor))
+            if op.copied_row_bytes and op.window is not None:
+                lo, hi = op.window.input_rows(need[op.name])[0]
+                if (lo, hi) != (0, op.window.rows_in):
+                    copy = f"{op.outside[0]}#{chain.head}#{t}"
+                    sizes[copy] = (hi - lo) * op.copied_row_bytes
+                    steps.append(Step(copy, copy, outer))
+                    reads += (copy,)
             accumulated = (final,) if into_final and t else ()
             steps.append(Step(f"{tensor}#{chain.head}#{t}", tile, reads + outer + accumulated))
         last_tiles.append(tile_of[final])

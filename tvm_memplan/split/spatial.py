@@ -54,6 +54,10 @@ class RowOp:
     """None: output row ``r`` reads row ``r`` of its operands (elementwise, 1x1 stride-1 convolutions)."""
     outside: tuple[str, ...] = ()
     """Operands from outside the chain it reads row by row (its rows of them per tile)."""
+    copied_row_bytes: int = 0
+    """Bytes of one row of the outside operand that a tile copies out before its window reads it (0: the
+    window reads its rows in place). An int8 model's convolution must read a ``dequantize`` to stay an
+    integer kernel, so its tile dequantizes a copy of the int8 rows."""
 
 
 def operand_rows(op: RowOp, rows: Rows) -> Rows:

@@ -24,6 +24,7 @@ from itertools import pairwise
 import tvm
 from tvm import relax
 
+from ...quant.qdq_graph import has_qdq
 from ...split.chain import Branch, Chain, ChannelChain, RowChain
 from ..ir_utils import constant_value, op_name, static_shape
 from .index import FunctionIndex
@@ -48,8 +49,12 @@ _DIAMOND_OPS = 8
 def find_chains(mod: tvm.IRModule) -> list[Chain]:
     """Every chain of ``main`` whose tensors the axis connection graph joins: channel chains
     (single branches from each ``groups=1`` convolution, and the branches of a channel concat with
-    the per-channel operators after it), row chains and spatial chains."""
+    the per-channel operators after it), row chains and spatial chains. A QDQ (int8) module has
+    spatial chains only: a row tile runs each integer kernel on some of its rows, exactly, where a
+    channel chain's partial sums would be float tensors no integer kernel computes."""
     index = FunctionIndex.of(mod)
+    if has_qdq(mod["main"]):
+        return spatial_chains(index)
     branches = _channel_branches(index)
     return [
         *_channel_chains(index, branches),

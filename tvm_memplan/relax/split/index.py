@@ -8,9 +8,11 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from ...quant.qdq_graph import has_qdq
 from ...split.acg import AxisConnectionGraph, build_acg
 from ..axes import graph_model
 from ..ir_utils import top_level_bindings
+from .normalize import constant_bindings
 from .operators import CHANNEL
 
 
@@ -32,6 +34,10 @@ class FunctionIndex:
     """Tensors the function returns."""
     defined_at: dict[relax.Var, int]
     acg: AxisConnectionGraph
+    constants: set[relax.Var]
+    """Bindings computed from constants alone (:func:`~.normalize.constant_bindings`)."""
+    quantized: bool
+    """A QDQ module: its float tensors between a dequantize and a quantize live inside integer kernels."""
 
     @classmethod
     def of(cls, mod: tvm.IRModule) -> FunctionIndex:
@@ -47,6 +53,8 @@ class FunctionIndex:
             set(relax.analysis.free_vars(func.body.body)),
             {b.var: i for i, b in enumerate(bindings)},
             axis_graph(mod)[0],
+            constant_bindings(func),
+            has_qdq(func),
         )
 
     def single_consumer(self, var: relax.Var) -> int | None:

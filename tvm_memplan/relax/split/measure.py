@@ -12,16 +12,28 @@ from tvm import relax
 from ...split.chain import Chain
 from ..ir_utils import op_name, static_shape, top_level_bindings
 from ..module import relax_functions
-from .normalize import normalize
-from .operators import channels
+from .normalize import constant_bindings, normalize
+from .operators import DEQUANTIZE, channels
 from .outline import TILES_ATTR, rebind
 
 
 def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
     """The chain alone: its outside tensors as parameters, its last tensor returned, binding
-    names kept (so :func:`split_chains` applies to it as to the whole model)."""
-    table = {b.var.name: b for b in top_level_bindings(mod["main"])}
+    names kept (so :func:`split_chains` applies to it as to the whole model). In a QDQ module the
+    bindings computed from constants (weights) and the dequantize of an outside tensor come along,
+    so the chain's integer kernels are lowered as in the whole model, and read int8 parameters."""
+    func = mod["main"]
+    table = {b.var.name: b for b in top_level_bindings(func)}
+    constants = constant_bindings(func)
     links = [table[n] for n in chain.bindings]
+    pending = list(links)
+    while pending:
+        for v in relax.analysis.free_vars(pending.pop().value):
+            if v.name in table and table[v.name] not in links and (v in constants or _dequantizes(table[v.name])):
+                links.append(table[v.name])
+                pending.append(table[v.name])
+    order = {b.var.name: i for i, b in enumerate(top_level_bindings(func))}
+    links.sort(key=lambda b: order[b.var.name])
     defined = {b.var for b in links}
     externals = list(dict.fromkeys(v for b in links for v in relax.analysis.free_vars(b.value) if v not in defined))
     params = [relax.Var(v.name, v.ty) for v in externals]
@@ -35,6 +47,11 @@ def chain_module(mod: tvm.IRModule, chain: Chain) -> tvm.IRModule:
                 remap[b.var] = emit(value, name_hint=b.var.name)
         bb.emit_func_output(remap[links[-1].var])
     return normalize(bb.get())
+
+
+def _dequantizes(binding: relax.VarBinding) -> bool:
+    """A QDQ model's dequantize of an activation (its integer kernel's operand)."""
+    return op_name(binding.value) == DEQUANTIZE
 
 
 def chain_signature(mod: tvm.IRModule) -> str:

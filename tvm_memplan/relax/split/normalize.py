@@ -1,6 +1,7 @@
 """Normalization before chain finding: constants folded, the importer's elementwise ``call_tir``
 kernels raised back to Relax operators, inference batch norms folded to a multiply and an add,
-every binding of ``main`` given its own name."""
+every binding of ``main`` given its own name. A QDQ (int8) module keeps its weights' dequantize
+(``LowerQDQ`` matches it after the split), computed first: constant bindings exist before any chain."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import tvm
 from tvm import relax, te, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..ir_utils import constant_value, op_name, static_shape
+from ...quant.qdq_graph import has_qdq
+from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
+from ..module import with_blocks, with_functions
 
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
 _RAISABLE = {
@@ -25,8 +28,12 @@ _RAISABLE = {
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Fold constants, raise the importer's elementwise ``call_tir`` kernels to Relax operators
     (structurally equal to TOPI's) and inference batch norms to a multiply and an add, so the
-    rewriter sees operators it can tile."""
-    mod = relax.transform.FoldConstant()(mod)
+    rewriter sees operators it can tile. A QDQ module is not folded (``FoldConstant`` would turn each
+    weight's dequantize into a float constant no integer kernel reads); its constant bindings move
+    to the start of ``main`` instead."""
+    quantized = has_qdq(mod["main"])
+    if not quantized:
+        mod = relax.transform.FoldConstant()(mod)
     call_tir = tvm.ir.Op.get("relax.call_tir")
 
     @mutator
@@ -62,7 +69,33 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     raiser = _Raise(mod)
     gvar = mod.get_global_var("main")
     raiser.builder_.update_func(gvar, raiser.visit_expr(mod["main"]))
-    return _unique_names(relax.transform.DeadCodeElimination()(raiser.builder_.finalize()))
+    mod = _unique_names(relax.transform.DeadCodeElimination()(raiser.builder_.finalize()))
+    return _constants_first(mod) if quantized else mod
+
+
+def constant_bindings(func: relax.Function) -> set[relax.Var]:
+    """The bindings of ``func`` computed from constants alone (a QDQ model's dequantized weights and
+    biases): the build folds or lowers them into constants, so they are no tensors of the arena."""
+    found: set[relax.Var] = set()
+    for binding in top_level_bindings(func):
+        if isinstance(binding, relax.VarBinding) and all(v in found for v in relax.analysis.free_vars(binding.value)):
+            found.add(binding.var)
+    return found
+
+
+def _constants_first(mod: tvm.IRModule) -> tvm.IRModule:
+    """``main`` with its constant bindings moved to the start of its first dataflow block (their
+    order kept), so a chain's weights exist before its head wherever the importer emitted them."""
+    func = mod["main"]
+    constant = constant_bindings(func)
+    blocks = list(func.body.blocks)
+    if not constant or not blocks:
+        return mod
+    hoisted = [b for block in blocks for b in block.bindings if b.var in constant]
+    rest = [[b for b in block.bindings if b.var not in constant] for block in blocks]
+    rest[0] = hoisted + rest[0]
+    updated = with_blocks(func, [type(block)(bindings) for block, bindings in zip(blocks, rest, strict=True)])
+    return with_functions(mod, {mod.get_global_var("main"): updated})
 
 
 def _unique_names(mod: tvm.IRModule) -> tvm.IRModule:

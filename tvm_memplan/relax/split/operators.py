@@ -40,6 +40,11 @@ ROW_GUARDS = {"relax.isnan", "relax.isinf", "relax.isfinite", "relax.logical_not
 """Elementwise selections exporters put after a softmax (``where(isnan(p), 0, p)``): row-wise,
 but left out of the simulator's fusion (boolean tensors)."""
 ELEMENTWISE = (PER_CHANNEL_OPS | ROW_OPS) - POOLS
+QUANTIZE = "relax.quantize"
+DEQUANTIZE = "relax.dequantize"
+QDQ_OPS = {QUANTIZE, DEQUANTIZE}
+"""A QDQ model's (de)quantization of activations: elementwise with a per-tensor scale; ``LowerQDQ`` folds
+each into the integer kernel that reads or writes the int8 tensor."""
 
 
 def nbytes(var: relax.Expr) -> int:

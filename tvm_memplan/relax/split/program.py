@@ -15,10 +15,12 @@ from tvm import relax
 from ...planning import DEFAULT_ALIGNMENT, Operator
 from ...planning.concat import concat_slices
 from ...planning.order import OrderGraph, search_order
+from ...quant.qdq_graph import has_qdq
 from ...split.simulate import Program, Step, peak
 from ..ir_utils import op_name, static_shape, top_level_bindings
 from ..module import with_blocks
-from .operators import ELEMENTWISE, nbytes
+from .normalize import constant_bindings
+from .operators import DEQUANTIZE, ELEMENTWISE, QUANTIZE, nbytes
 
 
 def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program:
@@ -29,6 +31,11 @@ def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program
     elementwise and its other operands come from the same kernel (a GELU's diamond fuses whole);
     reshapes are views. Inputs, constants and returned tensors stay outside the arena (no size).
     Concats are eliminated by the planner's rule at its ``alignment``.
+
+    A QDQ module as ``LowerQDQ`` makes it: bindings computed from constants are constants, a
+    dequantize is a view of its int8 input (the integer kernel reading it absorbs it), and so is the
+    quantize of an input read once (fused into the convolution that reads it); another quantize
+    fuses like an elementwise operator and narrows its kernel's tensor to int8.
     """
     return _fused_program(mod, alignment)[0]
 
@@ -111,7 +118,9 @@ def _topological(heads: list[str], needs: dict[str, set[str]]) -> list[str] | No
 def _fused_program(mod: tvm.IRModule, alignment: int) -> tuple[Program, dict[str, str]]:
     """The simulator program and, per binding, the first binding of the fused kernel it runs in."""
     func = mod["main"]
-    bindings = top_level_bindings(func)
+    quantized = has_qdq(func)
+    constants = constant_bindings(func) if quantized else set()
+    bindings = [b for b in top_level_bindings(func) if b.var not in constants]
     uses: dict[relax.Var, int] = {}
     elementwise_uses: dict[relax.Var, int] = {}
     for b in bindings:
@@ -131,15 +140,27 @@ def _fused_program(mod: tvm.IRModule, alignment: int) -> tuple[Program, dict[str
     aliases: dict[str, str] = {}
     kernel_of: dict[str, str] = {}
     steps: list[Step] = []
+    views: set[relax.Var] = set()
     for b in bindings:
         var, value, name = b.var, b.value, b.var.name
         reads = tuple(tensor[v] for v in relax.analysis.free_vars(value) if v in tensor)
         op = op_name(value)
+        if (
+            (op == DEQUANTIZE or (op == QUANTIZE and value.args[0] in func.params and uses.get(var) == 1))
+            and isinstance(value.args[0], relax.Var)
+            and value.args[0] in tensor
+        ):
+            views.add(var)
+            tensor[var] = tensor[value.args[0]]
+            aliases[name] = tensor[var]
+            steps.append(Step(name, tensor[var], ()))
+            continue
         first = _written_operand(value, var)
         fused = (
-            (op in ELEMENTWISE or op == "relax.reshape")
+            (op in ELEMENTWISE or op in ("relax.reshape", QUANTIZE))
             and isinstance(first, relax.Var)
             and first in tensor
+            and first not in views
             and first not in func.params
             and tensor[first] in sizes
             and first not in returned
@@ -161,6 +182,8 @@ def _fused_program(mod: tvm.IRModule, alignment: int) -> tuple[Program, dict[str
             aliases[name] = target
             if var in returned:
                 sizes.pop(target, None)
+            elif op == QUANTIZE and target in sizes:
+                sizes[target] = nbytes(var)
         else:
             target = name
             if var not in returned:

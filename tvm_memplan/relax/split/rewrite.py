@@ -21,7 +21,7 @@ from ...split.spatial import Rows
 from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
 from ..tile_writes import ROW_OFFSET_ATTR
 from .chains import row_axis
-from .operators import CHANNEL, CONV, POOLS, ROWS, channels, nchw, padding
+from .operators import CHANNEL, CONV, DEQUANTIZE, POOLS, QUANTIZE, ROWS, channels, nchw, padding
 from .outline import marker, outline_marked
 
 
@@ -305,7 +305,8 @@ class _SplitRewriter(PyExprMutator):
                 else:
                     in_rows, top, bottom = op.window.input_rows(rows)
                     data = value.args[0]
-                    if op.outside and in_rows != (0, op.window.rows_in):  # rows of an outside tensor, in place
+                    if op.outside and in_rows != (0, op.window.rows_in) and not self._dequantized(data):
+                        # rows of an outside tensor, in place
                         tile = _emit_windowed_rows(bb, value, self.visit_expr(data), in_rows, top, bottom)
                     else:
                         tile = bb.emit(_windowed(value, self._rows_of(data, in_rows, tiles), top, bottom))
@@ -320,19 +321,39 @@ class _SplitRewriter(PyExprMutator):
 
     def _rows_of(self, arg: relax.Expr, rows: Rows, tiles: dict[str, tuple[relax.Expr, Rows]]) -> relax.Expr:
         """``rows`` of an operand: of a chain tensor's tile (cut when the tile holds more), of a
-        tensor from outside, or the operand whole when it is broadcast along the rows."""
+        tensor from outside, or the operand whole when it is broadcast along the rows. A dequantized
+        tensor's rows are cut from its int8 input and dequantized again, so that ``LowerQDQ`` still
+        finds each integer kernel's ``dequantize`` operand (a cut float tensor would stay float)."""
         bb = self.builder_
         if isinstance(arg, relax.Var) and arg.name in tiles:
             tile, (lo, _) = tiles[arg.name]
-            whole, rows, total = tile, (rows[0] - lo, rows[1] - lo), nchw(tile)[ROWS]
+            whole, cut, total = tile, (rows[0] - lo, rows[1] - lo), nchw(tile)[ROWS]
         else:
-            whole, shape = self.visit_expr(arg), nchw(arg)
+            whole, shape, cut = self.visit_expr(arg), nchw(arg), rows
             if shape is None or shape[ROWS] == 1:
                 return whole
             total = shape[ROWS]
-        if rows == (0, total):
+        if cut == (0, total):
             return whole
-        return bb.emit(relax.op.strided_slice(whole, axes=[ROWS], begin=[rows[0]], end=[rows[1]]))
+        if self._dequantized(arg) or self._quantized_input(arg, tiles):
+            value = self.table[arg.name].value
+            data = self._rows_of(value.args[0], rows, tiles)
+            return bb.emit(relax.Call(value.op, [data, *value.args[1:]], value.attrs, value.ty_args))
+        return bb.emit(relax.op.strided_slice(whole, axes=[ROWS], begin=[cut[0]], end=[cut[1]]))
+
+    def _dequantized(self, arg: relax.Expr) -> bool:
+        """``arg`` is a binding that dequantizes a tensor (a QDQ model's activation)."""
+        binding = self.table.get(arg.name) if isinstance(arg, relax.Var) else None
+        return binding is not None and op_name(binding.value) == DEQUANTIZE and nchw(binding.value.args[0]) is not None
+
+    def _quantized_input(self, arg: relax.Expr, tiles: dict) -> bool:
+        """``arg`` quantizes a float input of the function: its rows are quantized from the input's
+        rows (``LowerQDQ`` fuses that quantize into the convolution reading it, as in the whole model)."""
+        binding = self.table.get(arg.name) if isinstance(arg, relax.Var) and arg.name not in tiles else None
+        if binding is None or op_name(binding.value) != QUANTIZE:
+            return False
+        data = binding.value.args[0]
+        return isinstance(data, relax.Var) and data.name not in self.table and nchw(data) is not None
 
     def _emit_pooled_head(self, conv: relax.Call, pool: relax.Call, lo: int, hi: int, parts: int) -> relax.Expr:
         """Output channels [lo, hi) of ``conv(pool(x))`` as partial sums over slices of ``x``."""

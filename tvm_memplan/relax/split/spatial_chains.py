@@ -12,7 +12,19 @@ from ...split.chain import Branch, Chain, SpatialChain
 from ...split.spatial import RowOp, RowWindow
 from ..ir_utils import constant_value, op_name, static_shape
 from .index import FunctionIndex
-from .operators import CHANNEL, CONV, ELEMENTWISE_PER_CHANNEL, POOLS, ROWS, nbytes, nchw, padding
+from .operators import (
+    CHANNEL,
+    CONV,
+    DEQUANTIZE,
+    ELEMENTWISE_PER_CHANNEL,
+    POOLS,
+    QDQ_OPS,
+    QUANTIZE,
+    ROWS,
+    nbytes,
+    nchw,
+    padding,
+)
 
 SPATIAL_WINDOWS = 6
 """Convolutions and pools one spatial chain may span (a MobileNetV2 stem and its first block):
@@ -23,15 +35,17 @@ GATHER_BELOW = 4
 tensor is this many times smaller than its largest."""
 
 
-def _row_window(value: relax.Call) -> RowWindow | None:
-    """How a batch-1 NCHW convolution with constant weights, or a pool, reads rows (None: not one
-    a tile can reproduce, e.g. an average pool in ceil mode, whose border divisors would change)."""
+def _row_window(value: relax.Call, constants: set[relax.Var]) -> RowWindow | None:
+    """How a batch-1 NCHW convolution with constant weights (or weights computed from constants:
+    ``constants``, a QDQ model's dequantized ones), or a pool, reads rows (None: not one a tile can
+    reproduce, e.g. an average pool in ceil mode, whose border divisors would change)."""
     a, op, shape = value.attrs, op_name(value), nchw(value.args[0])
     if shape is None:
         return None
     if op == CONV:
         layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
-        if layouts != ("NCHW", "OIHW", "NCHW") or constant_value(value.args[1]) is None:
+        weight = value.args[1]
+        if layouts != ("NCHW", "OIHW", "NCHW") or (constant_value(weight) is None and weight not in constants):
             return None
         kernel = static_shape(value.args[1].ty)[2]
     elif op in POOLS:
@@ -59,16 +73,19 @@ def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.V
     if out is None or not isinstance(value, relax.Call) or op_name(value) is None:
         return None
     row_bytes = nbytes(var) // out[ROWS]
+    if index.quantized and str(var.ty.dtype) == "float32":
+        row_bytes //= 4  # an integer kernel's int8 tile (the simulator's view of a dequantize is its input)
     if op_name(value) in (CONV, *POOLS):
-        window, data = _row_window(value), value.args[0]
+        window, data = _row_window(value, index.constants), value.args[0]
         if window is None or not all(index.exists_before(a, since) for a in value.args[1:]):
             return None
         if data in inside:
             return RowOp(var.name, out[ROWS], row_bytes, reads=(data.name,), window=window)
         if not index.exists_before(data, since):
             return None
-        return RowOp(var.name, out[ROWS], row_bytes, window=window, outside=(data.name,))
-    if op_name(value) not in ELEMENTWISE_PER_CHANNEL:
+        copied = _copied_row_bytes(index, data)
+        return RowOp(var.name, out[ROWS], row_bytes, window=window, outside=(data.name,), copied_row_bytes=copied)
+    if op_name(value) not in ELEMENTWISE_PER_CHANNEL | QDQ_OPS:
         return None
     reads, outside = [], []
     for arg in value.args:
@@ -88,6 +105,23 @@ def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.V
         elif shape is None or (len(shape) >= 2 and shape[-2] != 1):  # not broadcast along the rows
             return None
     return RowOp(var.name, out[ROWS], row_bytes, reads=tuple(dict.fromkeys(reads)), outside=tuple(outside))
+
+
+def _copied_row_bytes(index: FunctionIndex, data: relax.Expr) -> int:
+    """Bytes of one row a tile copies of ``data``, a window's operand from outside the chain (0: read in
+    place): in a QDQ module, of the int8 tensor that ``data`` dequantizes. The quantize of the function's
+    float input is no copy: ``LowerQDQ`` fuses the quantize of each tile's rows into its convolution."""
+    binding = index.bindings[index.defined_at[data]] if data in index.defined_at else None
+    if not index.quantized or binding is None or op_name(binding.value) != DEQUANTIZE:
+        return 0
+    source = binding.value.args[0]
+    if source not in index.defined_at:
+        return 0
+    producer = index.bindings[index.defined_at[source]].value
+    if op_name(producer) == QUANTIZE and producer.args[0] not in index.defined_at:
+        return 0
+    shape = nchw(source)
+    return nbytes(source) // shape[ROWS] if shape is not None else 0
 
 
 def spatial_chains(index: FunctionIndex) -> list[Chain]:
@@ -126,6 +160,7 @@ def spatial_chains(index: FunctionIndex) -> list[Chain]:
                 or windows < 2
                 or op.rows < 2
                 or _epilogue_follows(index, binding.var)
+                or op_name(binding.value) == DEQUANTIZE
             ):
                 continue
             names = tuple(bindings[k].var.name for k in members)
@@ -138,11 +173,13 @@ def spatial_chains(index: FunctionIndex) -> list[Chain]:
 
 
 def _epilogue_follows(index: FunctionIndex, var: relax.Var) -> bool:
-    """``var``'s only consumer is an elementwise operator (a bias or activation): a chain ending
-    here would cut an epilogue off its convolution."""
+    """``var``'s only consumer is an elementwise operator (a bias or activation) or its quantize: a
+    chain ending here would cut an epilogue off its convolution (in a QDQ model, leave a float tensor
+    whole between the integer kernels). A chain does not end at a dequantize either: its consumer
+    reads the int8 tensor."""
     users = index.uses.get(var, [])
     return (
         var not in index.outputs
         and len(users) == 1
-        and op_name(index.bindings[users[0]].value) in ELEMENTWISE_PER_CHANNEL
+        and op_name(index.bindings[users[0]].value) in ELEMENTWISE_PER_CHANNEL | {QUANTIZE}
     )
