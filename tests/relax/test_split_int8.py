@@ -12,7 +12,16 @@ from tvm_memplan.planner import plan_model
 from tvm_memplan.quant.lower import LowerQDQ
 from tvm_memplan.relax.ir_utils import top_level_bindings
 from tvm_memplan.relax.pipeline import pipeline
-from tvm_memplan.relax.split import chain_module, find_chains, normalize, program_of, split_chains
+from tvm_memplan.relax.split import (
+    chain_module,
+    find_chains,
+    in_order,
+    memory_order,
+    normalize,
+    program_of,
+    split_chains,
+)
+from tvm_memplan.relax.split.normalize import constant_bindings
 from tvm_memplan.split.chain import SpatialChain
 from tvm_memplan.split.simulate import SplitChoice, peak, split_program
 from tvm_memplan.verify import verify_plan
@@ -61,6 +70,18 @@ def test_an_int8_module_keeps_its_dequantized_weights_and_has_spatial_chains_onl
     assert not _kept_float(normalized)
     # the simulator sees the int8 tensors LowerQDQ leaves: the stem's 16x24x24 output is 1 byte an element
     assert peak(program_of(normalized)).bytes <= 16 * 24 * 24 + 16 * 12 * 12 + 8 * 12 * 12
+
+
+def test_the_memory_order_of_an_int8_module_keeps_its_weights_first(normalized):
+    """The order the search simulates in names no weight binding (no arena tensor); the reordered
+    module computes them first, as normalize placed them, and peaks no higher."""
+    order = memory_order(normalized, 1.0)
+    constants = {v.name for v in constant_bindings(normalized["main"])}
+    assert constants and not constants & set(order)
+    ordered = in_order(normalized, order)
+    names = [b.var.name for b in top_level_bindings(ordered["main"])]
+    assert set(names[: len(constants)]) == constants and names[len(constants) :] == order
+    assert peak(program_of(ordered)).bytes <= peak(program_of(normalized)).bytes
 
 
 @pytest.mark.parametrize("parts, gathered", [(2, False), (3, False), (3, True)])

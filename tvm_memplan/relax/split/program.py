@@ -56,6 +56,8 @@ def memory_order(mod: tvm.IRModule, seconds: float = 10.0, alignment: int = DEFA
         members.setdefault(kernel_of[name], []).append(name)
     reads = {head: [] for head in members}  # bindings of other kernels each kernel reads
     for b in top_level_bindings(mod["main"]):
+        if b.var.name not in kernel_of:
+            continue  # a binding computed from constants (a QDQ module's weights): outside the program
         head = kernel_of[b.var.name]
         reads[head] += [v.name for v in relax.analysis.free_vars(b.value) if kernel_of.get(v.name, head) != head]
     heads = _topological(list(members), {head: {kernel_of[r] for r in reads[head]} for head in members})
@@ -79,17 +81,22 @@ def memory_order(mod: tvm.IRModule, seconds: float = 10.0, alignment: int = DEFA
 
 def in_order(mod: tvm.IRModule, names: Sequence[str]) -> tvm.IRModule:
     """``mod`` with ``main``'s bindings in the order of ``names`` (:func:`memory_order`), when that is
-    not already their order; ``main`` must be one dataflow block."""
+    not already their order; ``main`` must be one dataflow block. Bindings ``names`` leaves out (those a
+    QDQ module computes from constants alone, which the simulator does not see) go first."""
     func = mod["main"]
     blocks = func.body.blocks
     current = [b.var.name for b in top_level_bindings(func)]
-    if list(names) == current:
+    constants = {v.name for v in constant_bindings(func)} if has_qdq(func) else set()
+    left_out = [n for n in current if n not in set(names)]
+    order = left_out + list(names)
+    if order == current:
         return mod
-    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock) or sorted(names) != sorted(current):
+    single_block = len(blocks) == 1 and isinstance(blocks[0], relax.DataflowBlock)
+    if not single_block or sorted(order) != sorted(current) or not set(left_out) <= constants:
         raise ValueError("the order must name every binding of main's single dataflow block")
     by_name = {b.var.name: b for b in blocks[0].bindings}
     updated = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    updated["main"] = with_blocks(func, [relax.DataflowBlock([by_name[n] for n in names])])
+    updated["main"] = with_blocks(func, [relax.DataflowBlock([by_name[n] for n in order])])
     return updated
 
 
@@ -151,6 +158,7 @@ def _fused_program(mod: tvm.IRModule, alignment: int) -> tuple[Program, dict[str
             and value.args[0] in tensor
         ):
             views.add(var)
+            kernel_of[name] = kernel_of.get(value.args[0].name, name)  # a view runs with its producer
             tensor[var] = tensor[value.args[0]]
             aliases[name] = tensor[var]
             steps.append(Step(name, tensor[var], ()))
