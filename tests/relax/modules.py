@@ -9,6 +9,16 @@ from tvm import relax
 from tvm_memplan.relax import stage_passes
 
 
+def op_calls(mod: tvm.IRModule, op: str) -> list[relax.Call]:
+    """The calls of Relax operator ``op`` bound in ``main``'s blocks."""
+    return [
+        b.value
+        for block in mod["main"].body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op) and b.value.op.name == op
+    ]
+
+
 def tensor(shape, dtype="float32") -> relax.TensorType:
     return relax.TensorType(shape, dtype)
 

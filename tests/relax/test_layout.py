@@ -16,6 +16,8 @@ from tvm_memplan.relax.fold import fold_call
 from tvm_memplan.relax.layout import BlockedLayout, channel_block, clip_bound_op
 from tvm_memplan.verify import verify_plan
 
+from .modules import op_calls
+
 HOST = tvm.target.Target.from_device("cpu")
 
 
@@ -42,7 +44,7 @@ def test_packed_weights_fold_as_tvm_maps_them() -> None:
 
 
 def _residual_net(path) -> str:
-    """A stem whose 3 input channels no block divides, a 3x3 conv with ReLU6 (the frontend's Clip is a
+    """A stem whose 3 input channels no block divides (read as NCHW1c), a 3x3 conv with ReLU6 (the frontend's Clip is a
     call_tir), a pool, a depthwise and a 1x1 conv, a residual add and a classifier."""
     rng = np.random.default_rng(0)
 
@@ -88,15 +90,6 @@ def _residual_net(path) -> str:
     return str(path)
 
 
-def _calls(mod: tvm.IRModule, op: str) -> list[relax.Call]:
-    return [
-        b.value
-        for block in mod["main"].body.blocks
-        for b in block.bindings
-        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op) and b.value.op.name == op
-    ]
-
-
 def test_a_residual_net_runs_blocked_as_onnxruntime_with_the_planned_allocations(tmp_path) -> None:
     block = channel_block(HOST)
     if block is None:
@@ -104,8 +97,8 @@ def test_a_residual_net_runs_blocked_as_onnxruntime_with_the_planned_allocations
     model = load_model(_residual_net(tmp_path / "residual.onnx"))
     plan = plan_model(model, HOST, layout="blocked", order="program")
     kernels = [gv.name_hint for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-    # the stem's 3 channels stay NCHW
-    assert sum("conv2d_nchwc" in name for name in kernels) == 3
+    # the stem reads its 3 channels as NCHW1c and writes blocks
+    assert sum("conv2d_nchwc" in name for name in kernels) == 4
     assert sum("depthwise_conv2d_nchwc" in name for name in kernels) == 1
     result = verify_plan(plan, stock=False)
     assert result.problems == []  # onnxruntime's outputs; the VM's requests are the plan
@@ -116,13 +109,13 @@ def test_only_activations_are_transformed_weights_are_packed_constants(tmp_path)
     mod = to_relax(load_model(_residual_net(tmp_path / "residual.onnx")))
     with HOST:
         blocked = BlockedLayout(16)(mod)
-    transforms = _calls(blocked, "relax.layout_transform")
+    transforms = op_calls(blocked, "relax.layout_transform")
     assert transforms and not any(isinstance(c.args[0], tvm.ir.GenericConst) for c in transforms)
-    # into the blocked layout after the stem, out of it before the classifier's reshape
-    assert sorted(c.ty.ndim for c in transforms) == [4, 5]
-    assert len(_calls(blocked, "relax.nn.conv2d")) == 1  # only the stem's conv is left to LegalizeOps
+    # the stem reads NCHW1c (a reshape of the input) and writes blocks; out of them before the classifier
+    assert sorted(c.ty.ndim for c in transforms) == [4]
+    assert not op_calls(blocked, "relax.nn.conv2d")  # none left to LegalizeOps
     # the Clips' bounds are Relax ops that carry the layout, their PrimFuncs gone
-    assert len(_calls(blocked, "relax.maximum")) == len(_calls(blocked, "relax.minimum")) == 2
+    assert len(op_calls(blocked, "relax.maximum")) == len(op_calls(blocked, "relax.minimum")) == 2
     assert not any(gv.name_hint.startswith(("maximum", "minimum")) for gv in blocked.get_global_vars())
 
 
@@ -164,8 +157,8 @@ def test_a_hardswish_stays_in_the_blocked_layout(tmp_path) -> None:
     path = tmp_path / "hardswish.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     mod = to_relax(load_model(str(path)))
-    assert len(_calls(mod, "relax.clip")) == 1
+    assert len(op_calls(mod, "relax.clip")) == 1
     with HOST:
         blocked = BlockedLayout(16)(mod)
-    assert not _calls(blocked, "relax.clip")
-    assert len(_calls(blocked, "relax.layout_transform")) == 2
+    assert not op_calls(blocked, "relax.clip")
+    assert len(op_calls(blocked, "relax.layout_transform")) == 2
