@@ -11,9 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax, te, topi
 
 from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.options import MemplanOptions
 from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.fold import fold_call
-from tvm_memplan.relax.layout import BlockedLayout, channel_block, clip_bound_op
+from tvm_memplan.relax.layout import BlockedLayout, channel_block, clip_bound_op, layout_block
 from tvm_memplan.verify import verify_plan
 
 from .modules import op_calls
@@ -33,6 +34,22 @@ HOST = tvm.target.Target.from_device("cpu")
 )
 def test_the_block_is_the_vector_width_of_the_targets_isa(target: dict, block: int | None) -> None:
     assert channel_block(tvm.target.Target(target)) == block
+
+
+@pytest.mark.parametrize(
+    "target, layout, block",
+    [
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, "auto", 16),
+        ({"kind": "llvm", "mcpu": "haswell"}, "blocked", 8),
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, "nchw", None),
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, "auto", None),
+        ({"kind": "c", "mcpu": "skylake-avx512"}, "auto", None),
+        ({"kind": "cuda"}, "auto", None),
+    ],
+)
+def test_the_default_layout_blocks_only_llvm_targets_with_a_block(target: dict, layout: str, block) -> None:
+    assert MemplanOptions().layout == "auto"
+    assert layout_block(tvm.target.Target(target), layout) == block
 
 
 def test_packed_weights_fold_as_tvm_maps_them() -> None:

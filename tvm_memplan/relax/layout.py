@@ -8,10 +8,11 @@ channels, and every tensor between two blocked layers stays blocked.
 :func:`BlockedLayout` runs Relax's ``ConvertLayout`` with ``NCHW{x}c`` as the convolutions' desired
 layout: it converts the convolutions whose channels divide into blocks (regular, grouped and
 depthwise; other channel counts are padded to whole blocks first, :mod:`.channel_pad`, and a stem's
-3 input channels are read as ``NCHW1c``), carries the layout through the ops that follow it (bias adds, activations, residual
-adds, pools, concats) and inserts ``layout_transform`` only where the layout changes. The ONNX
-frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with a scalar, or ``relax.clip``)
-become Relax maximum and minimum ops first, so that ReLU6 and HardSwish do not end a blocked region.
+3 input channels are read as ``NCHW1c``), carries the layout through the ops that follow it (bias
+adds, activations, residual adds, pools, concats) and inserts ``layout_transform`` only where the
+layout changes. The ONNX frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with
+a scalar, or ``relax.clip``) become Relax maximum and minimum ops first, so that ReLU6 and HardSwish
+do not end a blocked region.
 The weights' and biases' transforms are constants, folded in numpy (:mod:`.fold`); the blocked
 convolutions become the TE computes :func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which
 TVM 0.27's ``LegalizeOps`` has no lowering for.
@@ -49,6 +50,14 @@ def channel_block(target: tvm.target.Target) -> int | None:
     if not spec.vector_codegen or spec.lanes < MIN_BLOCK:
         return None
     return spec.lanes
+
+
+def layout_block(target: tvm.target.Target, layout: str) -> int | None:
+    """The channel block the ``layout`` option (``auto``, ``blocked``, ``nchw``) gives on ``target``: its
+    :func:`channel_block` on ``llvm`` targets unless ``nchw``; None (NCHW) elsewhere."""
+    if layout == "nchw" or target.kind.name != "llvm":
+        return None
+    return channel_block(target)
 
 
 def _padded_window(data: te.Tensor, kernel_hw: tuple[int, int], strides, padding, dilation):
