@@ -8,6 +8,7 @@ import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
 
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.planner import plan_model
@@ -126,3 +127,31 @@ def test_an_odd_channels_net_runs_blocked_as_onnxruntime_with_the_planned_alloca
     result = verify_plan(plan, stock=False)
     assert result.problems == []  # onnxruntime's outputs; the VM's requests are the plan
     assert result.trace_matches_plan
+
+
+def _conv_divide_conv(divisor: np.ndarray) -> tvm.IRModule:
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 4, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c0 = bb.emit(relax.op.nn.conv2d(x, relax.const(rng.standard_normal((24, 16, 1, 1)).astype("float32"))))
+            scaled = bb.emit(relax.op.divide(c0, relax.const(divisor)))
+            weights = relax.const(rng.standard_normal((16, 24, 1, 1)).astype("float32"))
+            out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(scaled, weights))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_per_channel_divisor_is_padded_with_ones_and_one_with_zeros_is_not_carried() -> None:
+    divisor = np.linspace(1, 2, 24, dtype="float32").reshape(1, 24, 1, 1)
+    padded = PadChannels(16)(_conv_divide_conv(divisor))
+    (divide,) = op_calls(padded, "relax.divide")
+    value = divide.args[1].value.numpy()
+    assert value.shape == (1, 32, 1, 1) and np.all(value[:, 24:] == 1)  # padded channels stay finite
+    assert not op_calls(padded, "relax.strided_slice")
+    divisor[0, 3] = 0
+    padded = PadChannels(16)(_conv_divide_conv(divisor))
+    (divide,) = op_calls(padded, "relax.divide")
+    assert divide.args[1].ty.shape[1] == 24  # real channels, sliced out of the padded conv
+    assert len(op_calls(padded, "relax.strided_slice")) == 1
