@@ -4,10 +4,9 @@ channel shuffle runs blocked throughout, with onnxruntime's outputs and the plan
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 import tvm
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from tvm import relax
 
 from tvm_memplan.frontend import load_model, to_relax
@@ -17,7 +16,7 @@ from tvm_memplan.relax.fold import FoldDataMovementConstants
 from tvm_memplan.relax.layout import BlockedLayout, channel_block
 from tvm_memplan.verify import verify_plan
 
-from .modules import op_calls
+from .modules import op_calls, save_graph
 
 HOST = tvm.target.Target.from_device("cpu")
 ODD_WEIGHTS = {
@@ -68,19 +67,12 @@ def _odd_channels_net(path) -> str:
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "odd_channels",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
-        [init(name, shape) for name, shape in ODD_WEIGHTS.items()]
-        + [
-            numpy_helper.from_array(np.array(value, np.int64), name)
-            for name, value in (("groups", [1, 2, 24, 8, 8]), ("flat", [1, 48, 8, 8]), ("halves", [24, 24]))
-        ],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
-    return str(path)
+    constants = [
+        numpy_helper.from_array(np.array(value, np.int64), name)
+        for name, value in (("groups", [1, 2, 24, 8, 8]), ("flat", [1, 48, 8, 8]), ("halves", [24, 24]))
+    ]
+    weights = [init(name, shape) for name, shape in ODD_WEIGHTS.items()]
+    return save_graph(path, "odd_channels", nodes, ([1, 3, 16, 16], [1, 10]), weights + constants)
 
 
 def test_channels_round_up_to_whole_blocks() -> None:

@@ -17,7 +17,7 @@ from tvm_memplan.relax.fold import fold_call
 from tvm_memplan.relax.layout import BlockedLayout, channel_block, clip_bound_op, layout_block
 from tvm_memplan.verify import verify_plan
 
-from .modules import op_calls
+from .modules import op_calls, save_graph
 
 HOST = tvm.target.Target.from_device("cpu")
 
@@ -83,28 +83,11 @@ def _residual_net(path) -> str:
         helper.make_node("Flatten", ["g"], ["f"]),
         helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "residual",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 20, 20])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
-        [
-            init("w0", [16, 3, 3, 3]),
-            init("b0", [16]),
-            init("w1", [32, 16, 3, 3]),
-            init("b1", [32]),
-            init("wd", [32, 1, 3, 3]),
-            init("bd", [32]),
-            init("w2", [32, 32, 1, 1]),
-            init("b2", [32]),
-            init("wf", [10, 32]),
-            init("bf", [10]),
-            numpy_helper.from_array(np.array(0, np.float32), "lo"),
-            numpy_helper.from_array(np.array(0.5, np.float32), "hi"),
-        ],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
-    return str(path)
+    shapes = {"w0": [16, 3, 3, 3], "w1": [32, 16, 3, 3], "wd": [32, 1, 3, 3], "w2": [32, 32, 1, 1], "wf": [10, 32]}
+    shapes.update({"b0": [16], "b1": [32], "bd": [32], "b2": [32], "bf": [10]})
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), name) for name, v in (("lo", 0), ("hi", 0.5))]
+    initializers = [init(name, shape) for name, shape in shapes.items()] + bounds
+    return save_graph(path, "residual", nodes, ([1, 3, 20, 20], [1, 10]), initializers)
 
 
 def test_a_residual_net_runs_blocked_as_onnxruntime_with_the_planned_allocations(tmp_path) -> None:
