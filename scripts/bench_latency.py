@@ -4,10 +4,12 @@
 Per model, in one run on one machine:
 - ``onnxruntime``: the CPU execution provider with as many intra-op threads as TVM_NUM_THREADS;
 - ``TVM``: TVM 0.27's own Relax pipeline (its kernels, unscheduled on CPU, and its planner);
-- ``memplan``: ``tvm_memplan.pipeline`` (default CPU schedules, order search, in-place, arena);
-- with ``--blocked``, ``memplan blocked``: the same with ``layout="blocked"`` (convolutions in NCHW[x]c);
-- with ``--baseline DIR``, the artifacts an earlier checkout built (``tvm-memplan build MODEL -o
-  DIR/STEM.memplan.so``, and ``--layout blocked -o DIR/STEM.memplan_blocked.so``, STEM the file name
+- ``memplan``: ``tvm_memplan.pipeline`` with ``layout="nchw"`` (default CPU schedules, order search,
+  in-place, arena; convolutions in NCHW);
+- with ``--blocked``, ``memplan blocked``: the same with ``layout="blocked"`` (convolutions in NCHW[x]c,
+  what the default ``layout="auto"`` runs on AVX2 and AVX-512);
+- with ``--baseline DIR``, the artifacts an earlier checkout built (``tvm-memplan build MODEL --layout
+  nchw -o DIR/STEM.memplan.so``, and ``--layout blocked -o DIR/STEM.memplan_blocked.so``, STEM the file name
   without ``.onnx``), so that a change is timed against the code before it in the same rounds.
 Latencies are measured in interleaved rounds (TVM, memplan, onnxruntime, then reversed) so that
 drift on a shared machine hits all alike; each TVM round is appended to the results log, as
@@ -64,8 +66,8 @@ def compile_seconds(model: str, target: tvm.target.Target, blocked: bool) -> dic
     """Seconds ``tvm.compile`` takes from the imported module, per pipeline."""
     pipelines = {
         "tvm": lambda: tvm.relax.get_default_pipeline(target),
-        "memplan_no_schedule": lambda: tvm_memplan.pipeline(target, schedule="none"),
-        "memplan": lambda: tvm_memplan.pipeline(target),
+        "memplan_no_schedule": lambda: tvm_memplan.pipeline(target, schedule="none", layout="nchw"),
+        "memplan": lambda: tvm_memplan.pipeline(target, layout="nchw"),
     }
     if blocked:
         pipelines[BLOCKED] = lambda: tvm_memplan.pipeline(target, layout="blocked")
@@ -122,7 +124,7 @@ def bench(
         row["compile_s"] = compile_seconds(model, get_target(target, None).tvm_target(), blocked)
     pipelines = (*TVM_PIPELINES, BLOCKED) if blocked else TVM_PIPELINES
     with tempfile.TemporaryDirectory() as scratch:
-        artifacts = build_artifacts(model, target, {p: Path(scratch) / f"{p}.so" for p in TVM_PIPELINES})
+        artifacts = build_artifacts(model, target, {p: Path(scratch) / f"{p}.so" for p in TVM_PIPELINES}, layout="nchw")
         if blocked:
             path = Path(scratch) / f"{BLOCKED}.so"
             artifacts[BLOCKED] = build_artifacts(model, target, {"memplan": path}, layout="blocked")["memplan"]
@@ -178,7 +180,8 @@ def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: in
         f"host {cpu} with {os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats per pipeline; "
         "latency is "
         "the median over all repeats (ms), spread the interquartile range. TVM = TVM 0.27's own pipeline (unscheduled "
-        "CPU kernels, its planner); memplan = `tvm_memplan.pipeline` (default CPU schedules, arena). Compile = seconds "
+        'CPU kernels, its planner); memplan = `tvm_memplan.pipeline` with `layout="nchw"` (default CPU schedules, '
+        "arena). Compile = seconds "
         "of `tvm.compile` from the imported module. Produced by `scripts/bench_latency.py`.",
         "",
         "| model | onnxruntime ms | TVM ms | memplan ms | memplan / onnxruntime | memplan / TVM "

@@ -101,7 +101,8 @@ def zoo_table(names: list[str], seconds: float) -> str:
     The foundation planner (program order, no aliasing): naive bytes, TVM's
     StaticPlanBlockMemory on the same module, the liveness lower bound, the arena, and every
     heap algorithm on the same problem side by side. Then the defaults (in-place kernels and
-    concat elimination on, execution order searched) against that arena.
+    concat elimination on, execution order searched) against that arena. Models are planned in NCHW
+    (``layout="nchw"``), so that the tables do not depend on the machine's vector width.
     """
     from tvm_memplan import zoo
     from tvm_memplan.frontend import LoadedModel
@@ -127,7 +128,8 @@ def zoo_table(names: list[str], seconds: float) -> str:
     ]
     for name in names:
         model = LoadedModel(name, zoo.build(name))
-        base = plan_model(model, inplace=False, order="program", time_budget=seconds)
+        # NCHW: the tables are the same on every machine (the blocked layout pads channels to the host's block)
+        base = plan_model(model, inplace=False, order="program", time_budget=seconds, layout="nchw")
         problem = base.main.layouts()[0][0]
         bound = problem.lower_bound()
         cells = []
@@ -143,7 +145,7 @@ def zoo_table(names: list[str], seconds: float) -> str:
             + " | ".join(cells)
             + f" | {base.total('plan_seconds'):.2f} |"
         )
-        best = plan_model(model, time_budget=seconds)
+        best = plan_model(model, time_budget=seconds, layout="nchw")
         new, new_bound = best.total("arena_bytes"), best.total("lower_bound_bytes")
         strategy = ", ".join(sorted({r.strategy for r in best.order_reports}))
         proved = " (proved optimal)" if best.order_reports and all(r.optimal for r in best.order_reports) else ""

@@ -19,7 +19,7 @@ from .planning import DEFAULT_ALIGNMENT
 from .planning.grouping import GroupSetting, parse_groups
 
 SCHEDULES = ("default", "none")
-LAYOUTS = ("nchw", "blocked")
+LAYOUTS = ("auto", "nchw", "blocked")
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,12 @@ class MemplanOptions:
     """Kernel schedules: ``default`` (tvm_memplan's: on CPU targets every kernel, tuned ones kept; on
     GPU targets convolutions and pools, the rest dlight's) or ``none`` (what TVM's pipeline emits:
     plain loops on CPU, dlight's rules alone on GPU; for comparison)."""
-    layout: str = "nchw"
-    """Activation layout on ``llvm`` targets: ``nchw`` (as imported) or ``blocked`` (regular convolutions,
-    their epilogues and pools in NCHW[x]c, x the target's vector lanes, weights packed at compile time;
-    :mod:`tvm_memplan.relax.layout`)."""
+    layout: str = "auto"
+    """Activation layout on ``llvm`` targets: ``blocked`` (convolutions, their epilogues and pools in
+    NCHW[x]c, x the target's float32 vector lanes, weights packed at compile time, channels padded to
+    whole blocks; :mod:`tvm_memplan.relax.layout`), ``nchw`` (as imported), or ``auto`` (the default:
+    blocked where the target's ISA has a block, 16 lanes with AVX-512 or 8 with AVX2; NCHW on arm64
+    NEON, the ``c`` target and GPUs)."""
     groups: GroupSetting | None = None
     """Layer grouping (docs/design.md): None (off), ``seq`` (layer-wise order, one kernel a group),
     a group count per layer, or ``auto`` (cost-aware). Tensors a group uses never share bytes

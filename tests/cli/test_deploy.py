@@ -55,7 +55,8 @@ def test_measure_runs_the_blocked_layout_as_planned(capsys):
         result = json.loads(out)["memplan"]
         assert result["correct"] and result["requested_bytes"] == result["planned_bytes"]
         launches[layout] = result["launches"]
-    assert launches["blocked"] > launches["nchw"]  # the layout transforms into and out of the blocked convolutions
+    # channels padded to whole blocks: the only transforms are at the network's edges (the stem reads NCHW1c, a view)
+    assert launches["nchw"] <= launches["blocked"] <= launches["nchw"] + 2
 
 
 def test_split_refuses_the_blocked_layout_in_one_line(capsys):

@@ -3,9 +3,11 @@ import subprocess
 import sys
 
 import pytest
+import tvm
 
 from tvm_memplan.cli.main import main
 from tvm_memplan.deploy import targets
+from tvm_memplan.relax.layout import channel_block
 
 from ..backends.conftest import device_ready
 from ..shared_inputs import MINIMALLOC_CHALLENGING as CHALLENGING
@@ -186,6 +188,9 @@ def test_plan_split_of_a_model_without_chains_keeps_the_plan(capsys, tmp_path):
     summary = json.loads(out)
     assert summary["split_subgraphs"] == [] and "no chain to split" in summary["split_reason"]
     assert summary["peak_after_bytes"] == summary["peak_before_bytes"]
+    # --layout auto would block on AVX2/AVX-512; a split plan runs in NCHW and says so
+    blocks = channel_block(tvm.target.Target.from_device("cpu")) is not None
+    assert summary["layout"] == "nchw" if not blocks else "--split acg plans in NCHW" in summary["layout"]
 
 
 def test_memory_limit_must_be_a_byte_count(capsys):

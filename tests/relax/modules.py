@@ -9,6 +9,27 @@ from tvm import relax
 from tvm_memplan.relax import stage_passes
 
 
+def save_graph(path, name: str, nodes: list, shapes: tuple[list[int], list[int]], initializers: list) -> str:
+    """An opset-17 ONNX file of ``nodes`` from float32 ``x`` to ``y`` (``shapes``: theirs), at ``path``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in zip("xy", shapes, strict=True))
+    graph = helper.make_graph(nodes, name, [x], [y], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return str(path)
+
+
+def op_calls(mod: tvm.IRModule, op: str) -> list[relax.Call]:
+    """The calls of Relax operator ``op`` bound in ``main``'s blocks."""
+    return [
+        b.value
+        for block in mod["main"].body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op) and b.value.op.name == op
+    ]
+
+
 def tensor(shape, dtype="float32") -> relax.TensorType:
     return relax.TensorType(shape, dtype)
 

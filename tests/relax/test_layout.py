@@ -11,10 +11,13 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax, te, topi
 
 from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.options import MemplanOptions
 from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.fold import fold_call
-from tvm_memplan.relax.layout import BlockedLayout, channel_block, clip_bound_op
+from tvm_memplan.relax.layout import BlockedLayout, channel_block, clip_bound_op, layout_block
 from tvm_memplan.verify import verify_plan
+
+from .modules import op_calls, save_graph
 
 HOST = tvm.target.Target.from_device("cpu")
 
@@ -33,6 +36,22 @@ def test_the_block_is_the_vector_width_of_the_targets_isa(target: dict, block: i
     assert channel_block(tvm.target.Target(target)) == block
 
 
+@pytest.mark.parametrize(
+    "target, layout, block",
+    [
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, "auto", 16),
+        ({"kind": "llvm", "mcpu": "haswell"}, "blocked", 8),
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, "nchw", None),
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, "auto", None),
+        ({"kind": "c", "mcpu": "skylake-avx512"}, "auto", None),
+        ({"kind": "cuda"}, "auto", None),
+    ],
+)
+def test_the_default_layout_blocks_only_llvm_targets_with_a_block(target: dict, layout: str, block) -> None:
+    assert MemplanOptions().layout == "auto"
+    assert layout_block(tvm.target.Target(target), layout) == block
+
+
 def test_packed_weights_fold_as_tvm_maps_them() -> None:
     weights = np.random.default_rng(0).standard_normal((32, 16, 3, 3)).astype("float32")
     index_map = tvm.tirx.IndexMap.from_func(lambda o, i, h, w: (o // 16, i // 8, h, w, i % 8, o % 16))
@@ -42,7 +61,7 @@ def test_packed_weights_fold_as_tvm_maps_them() -> None:
 
 
 def _residual_net(path) -> str:
-    """A stem whose 3 input channels no block divides, a 3x3 conv with ReLU6 (the frontend's Clip is a
+    """A stem whose 3 input channels no block divides (read as NCHW1c), a 3x3 conv with ReLU6 (the frontend's Clip is a
     call_tir), a pool, a depthwise and a 1x1 conv, a residual add and a classifier."""
     rng = np.random.default_rng(0)
 
@@ -64,37 +83,11 @@ def _residual_net(path) -> str:
         helper.make_node("Flatten", ["g"], ["f"]),
         helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "residual",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 20, 20])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
-        [
-            init("w0", [16, 3, 3, 3]),
-            init("b0", [16]),
-            init("w1", [32, 16, 3, 3]),
-            init("b1", [32]),
-            init("wd", [32, 1, 3, 3]),
-            init("bd", [32]),
-            init("w2", [32, 32, 1, 1]),
-            init("b2", [32]),
-            init("wf", [10, 32]),
-            init("bf", [10]),
-            numpy_helper.from_array(np.array(0, np.float32), "lo"),
-            numpy_helper.from_array(np.array(0.5, np.float32), "hi"),
-        ],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
-    return str(path)
-
-
-def _calls(mod: tvm.IRModule, op: str) -> list[relax.Call]:
-    return [
-        b.value
-        for block in mod["main"].body.blocks
-        for b in block.bindings
-        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op) and b.value.op.name == op
-    ]
+    shapes = {"w0": [16, 3, 3, 3], "w1": [32, 16, 3, 3], "wd": [32, 1, 3, 3], "w2": [32, 32, 1, 1], "wf": [10, 32]}
+    shapes.update({"b0": [16], "b1": [32], "bd": [32], "b2": [32], "bf": [10]})
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), name) for name, v in (("lo", 0), ("hi", 0.5))]
+    initializers = [init(name, shape) for name, shape in shapes.items()] + bounds
+    return save_graph(path, "residual", nodes, ([1, 3, 20, 20], [1, 10]), initializers)
 
 
 def test_a_residual_net_runs_blocked_as_onnxruntime_with_the_planned_allocations(tmp_path) -> None:
@@ -104,8 +97,8 @@ def test_a_residual_net_runs_blocked_as_onnxruntime_with_the_planned_allocations
     model = load_model(_residual_net(tmp_path / "residual.onnx"))
     plan = plan_model(model, HOST, layout="blocked", order="program")
     kernels = [gv.name_hint for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-    # the stem's 3 channels stay NCHW
-    assert sum("conv2d_nchwc" in name for name in kernels) == 3
+    # the stem reads its 3 channels as NCHW1c and writes blocks
+    assert sum("conv2d_nchwc" in name for name in kernels) == 4
     assert sum("depthwise_conv2d_nchwc" in name for name in kernels) == 1
     result = verify_plan(plan, stock=False)
     assert result.problems == []  # onnxruntime's outputs; the VM's requests are the plan
@@ -116,13 +109,13 @@ def test_only_activations_are_transformed_weights_are_packed_constants(tmp_path)
     mod = to_relax(load_model(_residual_net(tmp_path / "residual.onnx")))
     with HOST:
         blocked = BlockedLayout(16)(mod)
-    transforms = _calls(blocked, "relax.layout_transform")
+    transforms = op_calls(blocked, "relax.layout_transform")
     assert transforms and not any(isinstance(c.args[0], tvm.ir.GenericConst) for c in transforms)
-    # into the blocked layout after the stem, out of it before the classifier's reshape
-    assert sorted(c.ty.ndim for c in transforms) == [4, 5]
-    assert len(_calls(blocked, "relax.nn.conv2d")) == 1  # only the stem's conv is left to LegalizeOps
+    # the stem reads NCHW1c (a reshape of the input) and writes blocks; out of them before the classifier
+    assert sorted(c.ty.ndim for c in transforms) == [4]
+    assert not op_calls(blocked, "relax.nn.conv2d")  # none left to LegalizeOps
     # the Clips' bounds are Relax ops that carry the layout, their PrimFuncs gone
-    assert len(_calls(blocked, "relax.maximum")) == len(_calls(blocked, "relax.minimum")) == 2
+    assert len(op_calls(blocked, "relax.maximum")) == len(op_calls(blocked, "relax.minimum")) == 2
     assert not any(gv.name_hint.startswith(("maximum", "minimum")) for gv in blocked.get_global_vars())
 
 
@@ -164,8 +157,8 @@ def test_a_hardswish_stays_in_the_blocked_layout(tmp_path) -> None:
     path = tmp_path / "hardswish.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     mod = to_relax(load_model(str(path)))
-    assert len(_calls(mod, "relax.clip")) == 1
+    assert len(op_calls(mod, "relax.clip")) == 1
     with HOST:
         blocked = BlockedLayout(16)(mod)
-    assert not _calls(blocked, "relax.clip")
-    assert len(_calls(blocked, "relax.layout_transform")) == 2
+    assert not op_calls(blocked, "relax.clip")
+    assert len(op_calls(blocked, "relax.layout_transform")) == 2

@@ -146,16 +146,20 @@ def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) 
     parser.add_argument(
         "--layout",
         choices=list(LAYOUTS),
-        default="nchw",
-        help="activation layout on llvm targets: nchw (as imported, default) or blocked (convolutions, "
-        "their epilogues and pools in NCHW[x]c, x the vector lanes: 16 with AVX-512, 8 with AVX2)",
+        default="auto",
+        help="activation layout on llvm targets: blocked (convolutions, their epilogues and pools in NCHW[x]c, "
+        "x the vector lanes: 16 with AVX-512, 8 with AVX2), nchw (as imported), or auto (default: blocked "
+        "where the target has AVX2 or AVX-512, else nchw)",
     )
 
 
 def model_planner_kwargs(args: argparse.Namespace) -> dict:
-    if getattr(args, "split", None) == "acg" and args.layout == "blocked":
+    layout = args.layout
+    if getattr(args, "split", None) == "acg":
         # the split search times its chains in NCHW, and tiles of blocked tensors are not checked yet
-        raise UserError("--split acg does not support --layout blocked yet: use --layout nchw")
+        if layout == "blocked":
+            raise UserError("--split acg does not support --layout blocked yet: use --layout nchw")
+        layout = "nchw"  # the report's layout row says so
     return {
         "alignment": args.alignment,
         "time_budget": args.time_budget,
@@ -163,7 +167,7 @@ def model_planner_kwargs(args: argparse.Namespace) -> dict:
         "order": args.order,
         "order_seconds": args.order_seconds,
         "schedule": args.schedule,
-        "layout": args.layout,
+        "layout": layout,
         "groups": getattr(args, "groups", None),
     }
 
@@ -264,6 +268,7 @@ def run_plan(args: argparse.Namespace) -> int:
         "dynamic_inputs": {name: [str(d) for d in shape] for name, shape in dynamic},
         "input_shapes_hint": ",".join(example_binding(name, shape) for name, shape in dynamic),
         "verified": verified,
+        "layout": _layout_used(plan, args),
     }
     if plan.options.groups is not None:
         summary.update(_groups_summary(plan))
@@ -387,6 +392,18 @@ def _split_summary(split, arena: int) -> dict:
     }
 
 
+def _layout_used(plan, args: argparse.Namespace) -> str:
+    """The activation layout the plan runs in, and why NCHW where ``--layout auto`` would block."""
+    from ..relax.layout import layout_block
+
+    block = layout_block(plan.target, plan.options.layout)
+    if block is not None:
+        return f"blocked (NCHW{block}c)"
+    if getattr(args, "split", None) == "acg" and layout_block(plan.target, args.layout) is not None:
+        return "nchw (--split acg plans in NCHW: tiles of blocked tensors are not supported yet)"
+    return "nchw"
+
+
 def _print_plan_report(summary: dict, layouts) -> None:
     out = console()
     default = summary["tvm_default_bytes"]
@@ -395,6 +412,7 @@ def _print_plan_report(summary: dict, layouts) -> None:
     rows = [
         ("model", summary["model"]),
         ("target", summary["target"]),
+        ("layout", summary["layout"]),
         ("planned tensors", f"{summary['tensors']:,}"),
         ("naive (no reuse)", human_bytes(summary["naive_bytes"])),
         ("TVM default (StaticPlanBlockMemory)", human_bytes(default)),

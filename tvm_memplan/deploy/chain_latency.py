@@ -120,7 +120,7 @@ class ChainLatency:
         target = self.target.tvm_target()
         with target:
             executable = tvm.compile(
-                mod, target, relax_pipeline=pipeline(target, order="program", schedule=self.schedule)
+                mod, target, relax_pipeline=pipeline(target, order="program", schedule=self.schedule, layout="nchw")
             )
         session = self.device.session
         with tempfile.TemporaryDirectory() as scratch:

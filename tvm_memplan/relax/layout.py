@@ -7,10 +7,12 @@ channels, and every tensor between two blocked layers stays blocked.
 
 :func:`BlockedLayout` runs Relax's ``ConvertLayout`` with ``NCHW{x}c`` as the convolutions' desired
 layout: it converts the convolutions whose channels divide into blocks (regular, grouped and
-depthwise), carries the layout through the ops that follow it (bias adds, activations, residual
-adds, pools, concats) and inserts ``layout_transform`` only where the layout changes. The ONNX
-frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with a scalar, or ``relax.clip``)
-become Relax maximum and minimum ops first, so that ReLU6 and HardSwish do not end a blocked region.
+depthwise; other channel counts are padded to whole blocks first, :mod:`.channel_pad`, and a stem's
+3 input channels are read as ``NCHW1c``), carries the layout through the ops that follow it (bias
+adds, activations, residual adds, pools, concats) and inserts ``layout_transform`` only where the
+layout changes. The ONNX frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with
+a scalar, or ``relax.clip``) become Relax maximum and minimum ops first, so that ReLU6 and HardSwish
+do not end a blocked region.
 The weights' and biases' transforms are constants, folded in numpy (:mod:`.fold`); the blocked
 convolutions become the TE computes :func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which
 TVM 0.27's ``LegalizeOps`` has no lowering for.
@@ -26,6 +28,7 @@ from tvm import relax, s_tir, te, tirx, topi
 from ..schedule.blocks import NotApplicable, top_level_blocks
 from ..schedule.cpu import cpu_spec
 from ..schedule.cpu.blocked_conv import BLOCKED_CONV
+from .channel_pad import PadChannels
 from .fold import FoldDataMovementConstants
 
 _BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
@@ -47,6 +50,14 @@ def channel_block(target: tvm.target.Target) -> int | None:
     if not spec.vector_codegen or spec.lanes < MIN_BLOCK:
         return None
     return spec.lanes
+
+
+def layout_block(target: tvm.target.Target, layout: str) -> int | None:
+    """The channel block the ``layout`` option (``auto``, ``blocked``, ``nchw``) gives on ``target``: its
+    :func:`channel_block` on ``llvm`` targets unless ``nchw``; None (NCHW) elsewhere."""
+    if layout == "nchw" or target.kind.name != "llvm":
+        return None
+    return channel_block(target)
 
 
 def _padded_window(data: te.Tensor, kernel_hw: tuple[int, int], strides, padding, dilation):
@@ -140,13 +151,19 @@ def _is_depthwise(call: relax.Call) -> bool:
 
 def _desired_layouts(block: int):
     """``ConvertLayout``'s per-call callback: depthwise convolutions keep one weight per channel
-    (``OIHW[x]o``), the others take ``OIHW[x]i[x]o``."""
+    (``OIHW[x]o``), the others take ``OIHW[x]i[x]o``; a convolution whose input channels do not fill a
+    block (a stem's 3, which :func:`~.channel_pad.PadChannels` leaves) reads ``NCHW1c``, a view of NCHW,
+    with weights ``OIHW1i[x]o``, and writes ``NCHW[x]c``, as MLAS's NCHW-input convolution does."""
 
     def layouts(call: relax.Call) -> dict[str, list[str]]:
         if not _is_conv2d(call) or str(call.attrs.data_layout) != "NCHW" or str(call.attrs.kernel_layout) != "OIHW":
             return {}
-        kernel = f"OIHW{block}o" if _is_depthwise(call) else f"OIHW{block}i{block}o"
-        return {"relax.nn.conv2d": [f"NCHW{block}c", kernel]}
+        if _is_depthwise(call):
+            return {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}o"]}
+        data = _static_shape(call.args[0])
+        if data is not None and data[1] % block and int(call.attrs.groups) == 1:
+            return {"relax.nn.conv2d": ["NCHW1c", f"OIHW1i{block}o", f"NCHW{block}c"]}
+        return {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
 
     return layouts
 
@@ -217,7 +234,7 @@ class _LowerBlockedConv(relax.PyExprMutator):
         if not _is_conv2d(call):
             return call
         attrs = call.attrs
-        if not _BLOCKED_DATA.fullmatch(str(attrs.data_layout)) or attrs.out_layout != attrs.data_layout:
+        if not all(_BLOCKED_DATA.fullmatch(str(layout)) for layout in (attrs.data_layout, attrs.out_layout)):
             return call
         depthwise = _DEPTHWISE_KERNEL.fullmatch(str(attrs.kernel_layout))
         compute = depthwise_conv2d_nchwc if depthwise else conv2d_nchwc
@@ -231,6 +248,28 @@ class _LowerBlockedConv(relax.PyExprMutator):
             str(call.ty.dtype),
             primfunc_name_hint=compute.__name__,
         )
+
+
+def unit_axes_dropped(index_map: tirx.IndexMap) -> bool:
+    """Whether ``index_map`` only inserts constant-0 axes (NCHW to NCHW1c): its row-major order is its
+    input's, so the transform is a reshape."""
+    kept = [index for index in index_map.final_indices if not (isinstance(index, tirx.IntImm) and int(index) == 0)]
+    initial = list(index_map.initial_indices)
+    return len(kept) == len(initial) and all(a.same_as(b) for a, b in zip(kept, initial, strict=True))
+
+
+@relax.expr_functor.mutator
+class _UnitBlocksAsReshape(relax.PyExprMutator):
+    """A ``layout_transform`` that only adds unit axes (NCHW to NCHW1c) becomes a ``reshape``, a view."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.layout_transform"):
+            return call
+        if call.attrs.pad_value is not None or not unit_axes_dropped(call.attrs.index_map):
+            return call
+        shape = _static_shape(call)
+        return call if shape is None else relax.op.reshape(call.args[0], shape)
 
 
 def _rewrite(mutator: type, name: str) -> tvm.transform.Pass:
@@ -253,8 +292,10 @@ def BlockedLayout(block: int) -> tvm.transform.Pass:  # noqa: N802 - named like 
         [
             _rewrite(_ClipBoundsAsOps, "tvm_memplan.ClipBoundsAsOps"),
             relax.transform.DeadCodeElimination(),  # the Clip bounds' PrimFuncs
+            PadChannels(block),
             relax.transform.ConvertLayout({}, _desired_layouts(block)),
             FoldDataMovementConstants(),
+            _rewrite(_UnitBlocksAsReshape, "tvm_memplan.UnitBlocksAsReshape"),
             _rewrite(_LowerBlockedConv, "tvm_memplan.LowerBlockedConv"),
         ],
         name="tvm_memplan.BlockedLayout",

@@ -18,7 +18,7 @@ from ..schedule import DefaultCPUSchedule
 from .fold import FoldDataMovementConstants
 from .fusion import FuseGroupKernels
 from .grouping import LayerOrder
-from .layout import BlockedLayout, channel_block
+from .layout import BlockedLayout, layout_block
 from .offsets import BakeKernelOffsets, KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
@@ -77,13 +77,14 @@ class Stages:
     """``StaticPlanBlockMemory`` and everything after it."""
 
 
-def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: str = "nchw") -> Stages:
+def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: str = "auto") -> Stages:
     """TVM's passes for ``target`` split at the insertion points of reordering and arena planning.
     GPU kernels are scheduled in the first stage: ``schedule="none"`` leaves them to TVM's rules.
     The frontend's constant-only reshapes and selects are folded in numpy first (``FoldConstant``
     would build each one with LLVM). On CPU targets the QDQ groups of an int8 model become integer
-    kernels first (:func:`~tvm_memplan.quant.lower.LowerQDQ`). With ``layout="blocked"`` on a target
-    with vector registers, convolutions run in blocked channel layouts (:func:`~.layout.BlockedLayout`).
+    kernels first (:func:`~tvm_memplan.quant.lower.LowerQDQ`). Unless ``layout="nchw"``, on an ``llvm``
+    target whose vectors hold a channel block (:func:`~.layout.channel_block`), convolutions run in
+    blocked channel layouts (:func:`~.layout.BlockedLayout`).
     On ``llvm`` targets float32 ``exp``, ``sigmoid`` and SiLU are legalized as arithmetic that vectorizes
     (:mod:`.vector_math`)."""
     backend = _backend_module(target)
@@ -94,7 +95,7 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: s
             for p in legalize
         ]
     quantized = [LowerQDQ(target=target)] if target.kind.name in ("llvm", "c") else []
-    block = channel_block(target) if layout == "blocked" else None
+    block = layout_block(target, layout)
     blocked = [BlockedLayout(block)] if block else []
     before = (
         quantized
