@@ -14,8 +14,8 @@ from pathlib import Path
 from rich.table import Table
 
 from ..errors import UserError
-from .format import console, human_bytes, key_value_table, print_json, progress_display, split_search_progress
-from .plan import model_planner_kwargs, model_planner_options, parse_bytes, split_cache, split_search_options
+from .format import console, human_bytes, key_value_table, print_json, progress_display
+from .plan import model_planner_kwargs, model_planner_options, parse_bytes, run_split_search, split_search_options
 from .vocabulary import (
     add_command,
     add_cross_compiler,
@@ -156,24 +156,12 @@ def run_build(args: argparse.Namespace) -> int:
     started = time.monotonic()
     options = model_planner_kwargs(args)
     if args.split == "acg":
-        from ..deploy.split import search_split
         from ..frontend import load_model
 
         # microcontroller targets cannot run here: their latencies are those of the same C on this machine
         latency_target = "c" if get_target(args.target).is_mcu else args.target
-        with split_search_progress(args.search_seconds) as progress:
-            options["prepare"] = search_split(
-                load_model(args.model),
-                latency_target,
-                budget=args.latency_budget,
-                seconds=args.search_seconds,
-                memory_limit=args.memory_limit,
-                schedule=args.schedule,
-                progress=progress,
-                fused_tiles=args.fused_tiles,
-                plan_options=options,
-                cache=split_cache(args),
-            ).prepare()
+        split = run_split_search(args, load_model(args.model), latency_target, args.memory_limit, options)
+        options["prepare"] = split.prepare()
     output = emitted = None
     if args.output is not None:
         output = build(

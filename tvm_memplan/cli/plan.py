@@ -93,13 +93,6 @@ def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> arg
     return group
 
 
-def split_cache(args: argparse.Namespace) -> Path:
-    """The latency cache ``--split-cache`` names, else the user's."""
-    from ..deploy.chain_latency import default_cache
-
-    return Path(args.split_cache) if args.split_cache else default_cache()
-
-
 def _planner_options(parser: argparse.ArgumentParser, default_alignment: int = 64) -> None:
     parser.add_argument(
         "--alignment",
@@ -335,22 +328,31 @@ def _fit_planned_arena(args: argparse.Namespace, model, plan, split, attempts: i
 
 def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
     from ..deploy.measure import Device
-    from ..deploy.split import search_split
 
     device = Device(**rpc_device(args))
+    return run_split_search(args, model, args.target, memory_limit, model_planner_kwargs(args), device)
+
+
+def run_split_search(args: argparse.Namespace, model, target: str, memory_limit: int | None, plan_options, device=None):
+    """``--split acg`` as a command's options ask for it (``plan``, ``build``), with its progress display;
+    latencies measured on ``device`` (default: here) for ``target``, cached in ``--split-cache`` (default:
+    the user's cache)."""
+    from ..deploy.chain_latency import default_cache
+    from ..deploy.split import search_split
+
     with split_search_progress(args.search_seconds) as progress:
         return search_split(
             model,
-            args.target,
+            target,
             device,
             budget=args.latency_budget,
             seconds=args.search_seconds,
             memory_limit=memory_limit,
             schedule=args.schedule,
             progress=progress,
-            cache=split_cache(args),
+            cache=Path(args.split_cache) if args.split_cache else default_cache(),
             fused_tiles=args.fused_tiles,
-            plan_options=model_planner_kwargs(args),
+            plan_options=plan_options,
         )
 
 
