@@ -67,7 +67,7 @@ def _kernel_reduction_steps(func: tvm.tirx.PrimFunc) -> int:
 def launches(mod: tvm.IRModule, target: tvm.target.Target) -> int:
     """Kernel calls of ``main`` after TVM's legalization and fusion."""
     with target:
-        fused = tvm.transform.Sequential(stage_passes(target).dataflow)(mod)
+        fused = tvm.transform.Sequential(stage_passes(target, layout="nchw").dataflow)(mod)
     return sum(
         1
         for block in fused["main"].body.blocks

@@ -74,10 +74,13 @@ def plan_model(
     """Import ``model``, run TVM's passes up to memory planning, reorder, and plan its arenas.
 
     The dataflow stage is shared: the stock module continues from it in program order, the
-    memplan module after reordering, so both builds use the very same kernels.
+    memplan module after reordering, so both builds use the very same kernels. ``prepare`` (a split
+    search's rewrite) makes ``layout="auto"`` plan in NCHW.
     """
     resolved_target = resolve_target(target)
     resolved = current_options().updated(**options)
+    if prepare is not None and resolved.layout == "auto":
+        resolved = resolved.updated(layout="nchw")  # a split module: its tiles are NCHW row or channel ranges
     stages = stage_passes(resolved_target, resolved.schedule, resolved.layout)
     imported = to_relax(model)
     if prepare is not None:

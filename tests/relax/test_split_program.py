@@ -22,7 +22,8 @@ def test_the_simulated_peak_is_the_planned_arena(spec):
     model = load_model(spec)
     mod = normalize(to_relax(model))
     ordered = in_order(mod, memory_order(mod, 2.0))
-    assert peak(program_of(ordered)).bytes == plan_model(model, order_seconds=2).total("arena_bytes")
+    # the simulator models the NCHW module the splitter tiles
+    assert peak(program_of(ordered)).bytes == plan_model(model, order_seconds=2, layout="nchw").total("arena_bytes")
 
 
 def test_bert_tiny_is_simulated_in_the_planners_order():

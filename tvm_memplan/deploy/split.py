@@ -147,7 +147,11 @@ def _planned(
 ) -> tuple[int, int, SearchResult]:
     """The planner's arenas for the unsplit model and for the kept plan, and the search's result with
     the kept plan replaced by the unsplit one when its arena is not below the unsplit model's (the
-    simulator's estimate, checked by the planner that produces the real plan)."""
+    simulator's estimate, checked by the planner that produces the real plan). Both in NCHW, the layout
+    the chains are found and tiled in."""
+    if options.get("layout") == "blocked":
+        raise UserError(f"{model.name}: --split acg does not take --layout blocked yet: use --layout nchw")
+    options = {**options, "layout": "nchw"}
     coarse = plan_model(model, target, **options).total("arena_bytes")
     if not result.best.choices:
         return coarse, coarse, result
