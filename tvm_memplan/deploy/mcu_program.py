@@ -9,6 +9,7 @@ per-kernel table X-CUBE-AI users know, and which tensors make the peak. The C it
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -118,7 +119,7 @@ def _tensor_type(var: relax.Var, what: str) -> tuple[tuple[int, ...], str]:
 def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
     """Follow the planned ``main`` binding by binding; anything else than kernel calls on placed
     tensors (a VM builtin, a library call, a symbolic shape) is a one-line UserError. Weights are
-    named ``<prefix>_weight<i>``."""
+    named ``<prefix>_weight<i>``, one array per distinct content."""
     env: dict[relax.Var, TensorRef] = {}
     inputs = []
     for index, param in enumerate(func.params):
@@ -137,9 +138,10 @@ def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
             return env[expr]
         value = getattr(expr, "value", None)
         if isinstance(value, tvm.runtime.Tensor):
-            key = (value.data_ptr(), tuple(value.shape), str(value.dtype))  # the same constant used twice
+            # by content: a constant used twice, or the copies each row tile of a split chain holds
+            array = value.numpy()
+            key = (array.shape, str(array.dtype), hashlib.sha256(array.tobytes()).digest())
             if key not in weights:
-                array = value.numpy()
                 if str(array.dtype) not in C_TYPES:
                     raise UserError(f"a constant of dtype {array.dtype} is not supported by the standalone C")
                 c_name = f"{prefix}_weight{len(weights)}"
