@@ -71,6 +71,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="with --emit-c: fail when the weights exceed this (e.g. 2M)",
     )
+    build.add_argument(
+        "--io-in-arena",
+        action="store_true",
+        help="with --emit-c: the inputs and outputs live in the arena, planned with their lifetimes "
+        "(<name>_input(i) / <name>_output(i), as TFLite Micro's interpreter.input(i))",
+    )
+    build.add_argument(
+        "--int8-io",
+        action="store_true",
+        help="with --emit-c, for an int8 (QDQ) model: take and give int8 codes (scale and zero point in model.h)",
+    )
     add_cross_compiler(build)
     add_json(build)
     split_search_options(
@@ -148,12 +159,18 @@ def run_build(args: argparse.Namespace) -> int:
     limits = {key: getattr(args, key) for key in ("sram_limit", "flash_limit") if getattr(args, key) is not None}
     if limits and not args.emit_c:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
+    if (args.io_in_arena or args.int8_io) and not args.emit_c:
+        raise UserError("--io-in-arena and --int8-io shape the standalone C: give --emit-c DIR")
     if args.output is None and args.emit_c is None:
         raise UserError(
             f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else "")
         )
     args.model, _ = model_spec_and_inputs(args.model, args.input_shapes, None)
     started = time.monotonic()
+    if args.int8_io:  # the split search, the build and measure all take the graph with int8 inputs and outputs
+        from ..deploy.emit_c import int8_io_spec
+
+        args.model = int8_io_spec(args.model, args.emit_c)
     options = model_planner_kwargs(args)
     if args.split == "acg":
         from ..deploy.split import search_split
@@ -180,7 +197,7 @@ def run_build(args: argparse.Namespace) -> int:
             args.model, args.target, args.output, args.pipeline, args.work_dir, args.cross_compiler, **options
         )
     if args.emit_c is not None:
-        emitted = emit_c(args.model, args.emit_c, args.target, **options)
+        emitted = emit_c(args.model, args.emit_c, args.target, io_in_arena=args.io_in_arena, **options)
     if emitted is not None:
         check_limits(emitted.model, **limits)
     manifest = Manifest.load(output) if output is not None else None
@@ -198,7 +215,7 @@ def run_build(args: argparse.Namespace) -> int:
     }
     if emitted is not None:
         model_c = emitted.model
-        summary |= model_c.figures(("arena_bytes", *PLAN_FIGURES, "split", "peak_tensors", "steps"))
+        summary |= model_c.figures(("arena_bytes", *PLAN_FIGURES, "split", "io_in_arena", "peak_tensors", "steps"))
     if args.json:
         print_json(summary)
         return 0
