@@ -1,5 +1,6 @@
 """Inputs and outputs inside the arena (``build --emit-c --io-in-arena``, TFLite Micro's
-``interpreter.input(i)``) and integer inputs and outputs of a QDQ model (``--int8-io``)."""
+``interpreter.input(i)``), integer inputs and outputs of a QDQ model (``--int8-io``) and kernels without
+argument checks (``--no-kernel-checks``)."""
 
 from __future__ import annotations
 
@@ -88,13 +89,14 @@ def test_io_in_arena_and_int8_io_on_the_emulated_m7(capsys, int8_model, tmp_path
     directory = tmp_path / "c"
     built = run_cli_json(
         capsys, "build", str(int8_model), "--target", "cortex-m7", "--emit-c", str(directory), "--order-seconds", "1",
-        "--io-in-arena", "--int8-io",
+        "--io-in-arena", "--int8-io", "--no-kernel-checks",
     )  # fmt: skip
     assert built["io_in_arena"]
     header, harness = (directory / "model.h").read_text(), (directory / "main.c").read_text()
     assert "void* early_int8_input(int index);" in header and "int early_int8_run(void);" in header
     assert '#define EARLY_INT8_INPUT0_DTYPE "int8"' in header and "#define EARLY_INT8_INPUT0_ZERO_POINT" in header
     assert "static" not in harness.split("int main")[0].split("#ifdef MEMPLAN_PROFILE")[0]  # no buffers of its own
+    assert "__tvm_assert_parts" not in (directory / "kernels.c").read_text()  # no argument checks, no messages
     measured = run_cli_json(capsys, "measure", str(directory), "--device", "qemu-cortex-m7")["memplan"]
     assert measured["correct"] and measured["max_abs_diff"] <= 1, measured  # within a code of onnxruntime's
     assert measured["arena_bytes"] == measured["planned_arena_bytes"] == built["arena_bytes"]

@@ -82,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --emit-c, for an int8 (QDQ) model: take and give int8 codes (scale and zero point in model.h)",
     )
+    build.add_argument(
+        "--no-kernel-checks",
+        dest="kernel_checks",
+        action="store_false",
+        help="with --emit-c: TVM's kernels skip their argument checks and error strings (model.c passes what the "
+        "plan fixed), as TF_LITE_STRIP_ERROR_STRINGS does for TFLite Micro: less flash, fewer instructions",
+    )
     add_cross_compiler(build)
     add_json(build)
     split_search_options(
@@ -159,8 +166,8 @@ def run_build(args: argparse.Namespace) -> int:
     limits = {key: getattr(args, key) for key in ("sram_limit", "flash_limit") if getattr(args, key) is not None}
     if limits and not args.emit_c:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
-    if (args.io_in_arena or args.int8_io) and not args.emit_c:
-        raise UserError("--io-in-arena and --int8-io shape the standalone C: give --emit-c DIR")
+    if (args.io_in_arena or args.int8_io or not args.kernel_checks) and not args.emit_c:
+        raise UserError("--io-in-arena, --int8-io and --no-kernel-checks shape the standalone C: give --emit-c DIR")
     if args.output is None and args.emit_c is None:
         raise UserError(
             f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else "")
@@ -197,7 +204,14 @@ def run_build(args: argparse.Namespace) -> int:
             args.model, args.target, args.output, args.pipeline, args.work_dir, args.cross_compiler, **options
         )
     if args.emit_c is not None:
-        emitted = emit_c(args.model, args.emit_c, args.target, io_in_arena=args.io_in_arena, **options)
+        emitted = emit_c(
+            args.model,
+            args.emit_c,
+            args.target,
+            io_in_arena=args.io_in_arena,
+            kernel_checks=args.kernel_checks,
+            **options,
+        )
     if emitted is not None:
         check_limits(emitted.model, **limits)
     manifest = Manifest.load(output) if output is not None else None

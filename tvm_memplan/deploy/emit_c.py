@@ -11,6 +11,7 @@ every kernel on one static arena, with a Makefile for this machine and for Corte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import shutil
@@ -268,6 +269,7 @@ def emit_c(
     target_name: str = "c",
     io_in_arena: bool = False,
     int8_io: bool = False,
+    kernel_checks: bool = True,
     **options: Any,
 ) -> EmittedC:
     """Write the model ``spec`` (TVM's C target, memplan pipeline) as a standalone C project.
@@ -276,6 +278,7 @@ def emit_c(
     ``io_in_arena``: the inputs and outputs are tensors of the arena (:mod:`tvm_memplan.relax.io_tensors`).
     ``int8_io``: a QDQ model takes and gives int8 codes (:mod:`tvm_memplan.quant.int8_io`); the model
     built, and checked by ``measure``, is that graph, written to ``DIR/int8-io/<name>.onnx``.
+    ``kernel_checks=False``: TVM's kernels do not check their arguments (see below).
     """
     directory = Path(directory)
     target = get_target(target_name)
@@ -290,7 +293,14 @@ def emit_c(
     if io_in_arena:
         options["prepare"] = (lambda mod: with_io_tensors(split(mod))) if split else with_io_tensors
     plan = plan_for(model, target, **options)
-    executable = compile_plan(plan, "memplan")
+    # TVM's packed functions check every tensor argument (shape, type, alignment) with an error message of
+    # its own; model.c passes what the plan fixed, so these can go, as TF_LITE_STRIP_ERROR_STRINGS drops TFLite
+    # Micro's: less flash (the messages) and fewer instructions per kernel call
+    checks = (
+        contextlib.nullcontext() if kernel_checks else tvm.transform.PassContext(config={"tirx.disable_assert": True})
+    )
+    with checks:
+        executable = compile_plan(plan, "memplan")
     c_modules = [m for m in executable.mod.imports if m.kind == "c"]
     if not c_modules:
         raise UserError(f"{model.name}: TVM's C target produced no C module")
