@@ -97,7 +97,13 @@ def measure_row(
         source = int8_io_spec(source, directory)
     if split_limit is not None:
         # latencies of the split candidates are measured with the same C kernels on this machine
-        outcome = search_split(load_model(source), "c", memory_limit=split_limit, seconds=search_seconds)
+        outcome = search_split(
+            load_model(source),
+            "c",
+            memory_limit=split_limit,
+            seconds=search_seconds,
+            io_in_arena=standalone.get("io_in_arena", False),
+        )
         options["prepare"] = outcome.prepare()
     emitted = emit_c(source, directory, cpu, **options).model
     return emitted, measure_c(directory, f"qemu-{cpu}", timeout=3600)

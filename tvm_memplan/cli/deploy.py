@@ -197,6 +197,7 @@ def run_build(args: argparse.Namespace) -> int:
                 fused_tiles=args.fused_tiles,
                 plan_options=options,
                 cache=split_cache(args),
+                io_in_arena=args.io_in_arena,
             ).prepare()
     output = emitted = None
     if args.output is not None:
