@@ -34,9 +34,10 @@ FLASH_LIMIT = 2 * 1024 * 1024
 RESERVE = 16 * 1024
 """SRAM left to kernel scratch, stack and runtime when a split plan is searched for the arena."""
 SPLIT_LIMIT = SRAM_LIMIT - RESERVE
-INT8_SPLIT_LIMIT = 80 * 1024
-"""The int8 split row's search limit: the simulated peak without the input, which lives in the arena too
-(int8, 1 byte an element) until the first chain's last tile has read it."""
+INT8_SPLIT_LIMIT = 128 * 1024
+"""The int8 split row's search limit: the simulated peak with the int8 input in the arena (``--io-in-arena``
+counts it until the first chain's last tile has read it), leaving SRAM to kernel scratch and stack below
+the 148 KB issue 26 asks for."""
 FIRMWARE = {"io_in_arena": True, "int8_io": True, "kernel_checks": False}
 """The int8 rows as firmware ships them (``--io-in-arena --int8-io --no-kernel-checks``): inputs and outputs in
 the arena, int8 codes in and out, TVM's argument checks and their messages left out."""
@@ -190,7 +191,7 @@ def main() -> None:
         "that graph; `--no-kernel-checks`: TVM's per-call argument checks and their messages left out. "
         "Instructions: retired under `-icount shift=0` (SysTick, calibrated). Split rows: `--split acg` searched "
         f"for an arena of at most {SPLIT_LIMIT // 1024} KiB ({RESERVE // 1024} KiB left to kernel scratch and stack), "
-        f"the int8 one for a simulated peak of {INT8_SPLIT_LIMIT // 1024} KiB without the input; their chains are "
+        f"the int8 one for a simulated peak of {INT8_SPLIT_LIMIT // 1024} KiB, its input included; their chains are "
         "timed with the same C on this machine, not on the core. "
         f"`fits` compares with an STM32F767 (seed 003): {SRAM_LIMIT // 1024} KiB SRAM (`SRAM - I/O`), "
         f"{FLASH_LIMIT // 1024 // 1024} MiB flash. `max abs diff`: largest absolute difference to onnxruntime "
