@@ -51,6 +51,9 @@ class LoadedModel:
                 )
             if np.issubdtype(dtype, np.floating):
                 inputs[name] = rng.standard_normal(shape).astype(dtype)
+            elif np.dtype(dtype) in (np.int8, np.uint8):  # integer codes of a quantized input: their whole range
+                info = np.iinfo(dtype)
+                inputs[name] = rng.integers(info.min, info.max + 1, size=shape).astype(dtype)
             else:
                 inputs[name] = rng.integers(0, 10, size=shape).astype(dtype)
         return inputs

@@ -111,7 +111,7 @@ def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, ke
     oh = expected.shape[2]
     call = (
         f"{DEPTHWISE_KERNEL}(x, w, b, m, y, {channels}, {channels}, {size}, {size}, {oh}, {oh}, {kernel}, {kernel}, "
-        f"{stride}, {stride}, {pad}, {pad}, {zx}, {zy}, {low}, 127)"
+        f"{stride}, {stride}, {pad}, {pad}, {zx}, {zy}, {low}, 127, {oh * oh})"
     )
     got = run_kernel(tmp_path, {"x": x, "w": weight, "b": folded, "m": multiplier}, expected.size, call)
     assert np.array_equal(got, expected.astype(np.int32).ravel())
@@ -119,11 +119,20 @@ def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, ke
 
 @needs_cc
 @pytest.mark.parametrize(
-    "cin, cout, pixels, residual",
-    [(8, 6, 13, False), (6, 5, 9, True), (24, 10, 70, True), (200, 4, 3, False), (42, 10, 1, False)],
+    "cin, cout, pixels, residual, gap",
+    [
+        (8, 6, 13, False, 0),
+        (6, 5, 9, True, 5),
+        (24, 10, 70, True, 0),
+        (24, 10, 70, True, 30),
+        (200, 4, 3, False, 0),
+        (42, 10, 1, False, 0),
+    ],
 )
-def test_pointwise_kernel_equals_integer_arithmetic(tmp_path, cin, cout, pixels, residual):
-    """Its paths: 5 to 8 input channels (1 channel x 4 pixels), one pixel (a dense), 2 channels x 2 pixels."""
+def test_pointwise_kernel_equals_integer_arithmetic(tmp_path, cin, cout, pixels, residual, gap):
+    """Its paths: 5 to 8 input channels (1 channel x 4 pixels), one pixel (a dense), 2 channels x 2 pixels.
+    With a ``gap``, the output planes are ``pixels + gap`` apart (a row tile written into its rows of the
+    full tensor, ``y_plane``) while the residual's stay ``pixels`` apart."""
     rng = np.random.default_rng(cin + cout + pixels)
     zx, zy = -7, 3
     x, w, bias, multiplier, folded = _operands(rng, cout, cin, (1, cin, 1, pixels), zx)
@@ -135,10 +144,11 @@ def test_pointwise_kernel_equals_integer_arithmetic(tmp_path, cin, cout, pixels,
         expected = add_codes(expected, arrays["r"], **add)
     call = (
         f"{POINTWISE_KERNEL}(x, w, b, m, {'r' if residual else 'y'}, y, {cin}, {cout}, {pixels}, {zy}, -128, 127, "
-        f"{int(residual)}, 1, {add['ratio_a']}f, {add['ratio_b']}f, {add['constant']}f, -128, 127)"
+        f"{int(residual)}, 1, {add['ratio_a']}f, {add['ratio_b']}f, {add['constant']}f, -128, 127, {pixels + gap})"
     )
-    got = run_kernel(tmp_path, arrays, expected.size, call)
-    assert np.array_equal(got, expected.astype(np.int32).ravel())
+    got = run_kernel(tmp_path, arrays, cout * (pixels + gap), call).reshape(cout, pixels + gap)
+    assert np.array_equal(got[:, :pixels], expected.astype(np.int32).reshape(cout, pixels))
+    assert not got[:, pixels:].any()  # the gap is not written
 
 
 @needs_cc
@@ -157,7 +167,7 @@ def test_window_kernel_equals_integer_arithmetic(tmp_path, quantize):
     oh = expected.shape[2]
     call = (
         f"{WINDOW_KERNEL}({'xf' if quantize else 'x'}, w, b, m, y, {cin}, {size}, {size}, {cout}, {oh}, {oh}, 3, 3, "
-        f"2, 2, 1, 1, {zx}, {zy}, -128, 127, {int(quantize)}, {scale}f)"
+        f"2, 2, 1, 1, {zx}, {zy}, -128, 127, {int(quantize)}, {scale}f, {oh * oh})"
     )
     arrays = {"x": x, "xf": real, "w": weight, "b": folded, "m": multiplier}
     got = run_kernel(tmp_path, arrays, expected.size, call)

@@ -133,3 +133,11 @@ def test_a_tile_reading_an_int8_tensor_from_outside_is_priced_with_its_copy(norm
     np.testing.assert_array_equal(got, expected)
     simulated = peak(split_program(program_of(normalized), [choice])).bytes
     assert abs(trace.storage_bytes[0] - simulated) <= 0.05 * simulated
+
+
+def test_an_input_in_the_arena_counts_until_its_last_reader(normalized):
+    """``build --io-in-arena``: the float input (quantized by the stem's kernel as it reads it) is an
+    arena tensor of the simulator too."""
+    alone, with_input = program_of(normalized), program_of(normalized, inputs_in_arena=True)
+    assert "x" not in alone.sizes and with_input.sizes["x"] == 3 * 24 * 24 * 4
+    assert peak(alone).bytes < peak(with_input).bytes <= peak(alone).bytes + with_input.sizes["x"]

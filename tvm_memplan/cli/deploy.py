@@ -71,6 +71,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="with --emit-c: fail when the weights exceed this (e.g. 2M)",
     )
+    build.add_argument(
+        "--io-in-arena",
+        action="store_true",
+        help="with --emit-c: the inputs and outputs live in the arena, planned with their lifetimes "
+        "(<name>_input(i) / <name>_output(i), as TFLite Micro's interpreter.input(i))",
+    )
+    build.add_argument(
+        "--int8-io",
+        action="store_true",
+        help="with --emit-c, for an int8 (QDQ) model: take and give int8 codes (scale and zero point in model.h)",
+    )
+    build.add_argument(
+        "--no-kernel-checks",
+        dest="kernel_checks",
+        action="store_false",
+        help="with --emit-c: TVM's kernels skip their argument checks and error strings (model.c passes what the "
+        "plan fixed), as TF_LITE_STRIP_ERROR_STRINGS does for TFLite Micro: less flash, fewer instructions",
+    )
     add_cross_compiler(build)
     add_json(build)
     split_search_options(
@@ -148,19 +166,27 @@ def run_build(args: argparse.Namespace) -> int:
     limits = {key: getattr(args, key) for key in ("sram_limit", "flash_limit") if getattr(args, key) is not None}
     if limits and not args.emit_c:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
+    if (args.io_in_arena or args.int8_io or not args.kernel_checks) and not args.emit_c:
+        raise UserError("--io-in-arena, --int8-io and --no-kernel-checks shape the standalone C: give --emit-c DIR")
     if args.output is None and args.emit_c is None:
         raise UserError(
             f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else "")
         )
     args.model, _ = model_spec_and_inputs(args.model, args.input_shapes, None)
     started = time.monotonic()
+    if args.int8_io:  # the split search, the build and measure all take the graph with int8 inputs and outputs
+        from ..deploy.emit_c import int8_io_spec
+
+        args.model = int8_io_spec(args.model, args.emit_c)
     options = model_planner_kwargs(args)
     if args.split == "acg":
         from ..frontend import load_model
 
         # microcontroller targets cannot run here: their latencies are those of the same C on this machine
         latency_target = "c" if get_target(args.target).is_mcu else args.target
-        split = run_split_search(args, load_model(args.model), latency_target, args.memory_limit, options)
+        split = run_split_search(
+            args, load_model(args.model), latency_target, args.memory_limit, options, io_in_arena=args.io_in_arena
+        )
         options["prepare"] = split.prepare()
     output = emitted = None
     if args.output is not None:
@@ -168,7 +194,14 @@ def run_build(args: argparse.Namespace) -> int:
             args.model, args.target, args.output, args.pipeline, args.work_dir, args.cross_compiler, **options
         )
     if args.emit_c is not None:
-        emitted = emit_c(args.model, args.emit_c, args.target, **options)
+        emitted = emit_c(
+            args.model,
+            args.emit_c,
+            args.target,
+            io_in_arena=args.io_in_arena,
+            kernel_checks=args.kernel_checks,
+            **options,
+        )
     if emitted is not None:
         check_limits(emitted.model, **limits)
     manifest = Manifest.load(output) if output is not None else None
@@ -186,7 +219,7 @@ def run_build(args: argparse.Namespace) -> int:
     }
     if emitted is not None:
         model_c = emitted.model
-        summary |= model_c.figures(("arena_bytes", *PLAN_FIGURES, "split", "peak_tensors", "steps"))
+        summary |= model_c.figures(("arena_bytes", *PLAN_FIGURES, "split", "io_in_arena", "peak_tensors", "steps"))
     if args.json:
         print_json(summary)
         return 0

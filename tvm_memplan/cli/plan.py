@@ -333,10 +333,18 @@ def _search_split(args: argparse.Namespace, model, memory_limit: int | None):
     return run_split_search(args, model, args.target, memory_limit, model_planner_kwargs(args), device)
 
 
-def run_split_search(args: argparse.Namespace, model, target: str, memory_limit: int | None, plan_options, device=None):
+def run_split_search(
+    args: argparse.Namespace,
+    model,
+    target: str,
+    memory_limit: int | None,
+    plan_options,
+    device=None,
+    io_in_arena: bool = False,
+):
     """``--split acg`` as a command's options ask for it (``plan``, ``build``), with its progress display;
     latencies measured on ``device`` (default: here) for ``target``, cached in ``--split-cache`` (default:
-    the user's cache)."""
+    the user's cache); ``io_in_arena`` counts the model's inputs as arena tensors."""
     from ..deploy.chain_latency import default_cache
     from ..deploy.split import search_split
 
@@ -353,6 +361,7 @@ def run_split_search(args: argparse.Namespace, model, target: str, memory_limit:
             cache=Path(args.split_cache) if args.split_cache else default_cache(),
             fused_tiles=args.fused_tiles,
             plan_options=plan_options,
+            io_in_arena=io_in_arena,
         )
 
 

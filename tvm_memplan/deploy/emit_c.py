@@ -11,6 +11,7 @@ every kernel on one static arena, with a Makefile for this machine and for Corte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import shutil
@@ -19,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import tvm
 
 from ..errors import UserError
-from ..frontend import load_model
+from ..frontend import LoadedModel, load_model
 from ..quant.mcu_kernels import is_layer_call
+from ..relax.io_tensors import with_io_tensors
 from .build import compile_plan, plan_for
 from .mcu import ModelC, emit_model_c
 from .mcu_c import kernel_symbol, prefix_kernel_symbols
@@ -239,10 +242,43 @@ Run it: `tvm-memplan measure DIR --device host` (this machine) or `--device qemu
 """
 
 
-def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: Any) -> EmittedC:
+def int8_io_spec(spec: str, directory: str | Path) -> str:
+    """The model ``spec`` (QDQ) with int8 inputs and outputs (:mod:`tvm_memplan.quant.int8_io`), written
+    to ``DIR/int8-io/<name>.onnx``: what ``build --int8-io`` searches splits of, builds and checks."""
+    return _int8_io_model(load_model(spec), Path(directory))[0]
+
+
+def _int8_io_model(model: LoadedModel, directory: Path) -> tuple[str, LoadedModel]:
+    from ..quant.int8_io import with_int8_io
+    from ..quant.reference import is_quantized
+
+    if not is_quantized(model.onnx_model):
+        raise UserError(f"--int8-io takes an int8 (QDQ) model; {model.name} is not quantized (tvm-memplan quantize)")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = (directory / "int8-io" / f"{c_identifier(model.name)}.onnx").resolve()  # the model's name kept
+    path.parent.mkdir(exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    onnx.save(with_int8_io(model.onnx_model), str(partial))
+    partial.replace(path)
+    return str(path), load_model(str(path))
+
+
+def emit_c(
+    spec: str,
+    directory: str | Path,
+    target_name: str = "c",
+    io_in_arena: bool = False,
+    int8_io: bool = False,
+    kernel_checks: bool = True,
+    **options: Any,
+) -> EmittedC:
     """Write the model ``spec`` (TVM's C target, memplan pipeline) as a standalone C project.
 
     A target that is not C (``host``, ``llvm-aarch64``, ...) gets the C of the plain ``c`` target.
+    ``io_in_arena``: the inputs and outputs are tensors of the arena (:mod:`tvm_memplan.relax.io_tensors`).
+    ``int8_io``: a QDQ model takes and gives int8 codes (:mod:`tvm_memplan.quant.int8_io`); the model
+    built, and checked by ``measure``, is that graph, written to ``DIR/int8-io/<name>.onnx``.
+    ``kernel_checks=False``: TVM's kernels do not check their arguments (see below).
     """
     directory = Path(directory)
     target = get_target(target_name)
@@ -251,8 +287,20 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
     if target.board is None:
         target = dataclasses.replace(target, board=get_target("c-standalone").board)
     model = load_model(spec)
+    if int8_io:
+        spec, model = _int8_io_model(model, directory)
+    split = options.get("prepare")
+    if io_in_arena:
+        options["prepare"] = (lambda mod: with_io_tensors(split(mod))) if split else with_io_tensors
     plan = plan_for(model, target, **options)
-    executable = compile_plan(plan, "memplan")
+    # TVM's packed functions check every tensor argument (shape, type, alignment) with an error message of
+    # its own; model.c passes what the plan fixed, so these can go, as TF_LITE_STRIP_ERROR_STRINGS drops TFLite
+    # Micro's: less flash (the messages) and fewer instructions per kernel call
+    checks = (
+        contextlib.nullcontext() if kernel_checks else tvm.transform.PassContext(config={"tirx.disable_assert": True})
+    )
+    with checks:
+        executable = compile_plan(plan, "memplan")
     c_modules = [m for m in executable.mod.imports if m.kind == "c"]
     if not c_modules:
         raise UserError(f"{model.name}: TVM's C target produced no C module")
@@ -288,7 +336,7 @@ def emit_c(spec: str, directory: str | Path, target_name: str = "c", **options: 
         _HEADER.format(declarations="\n".join(declarations), prefix=kernel_symbol(name, ""), **fields)
     )
     (directory / "example_data.h").write_text(_example_data(example, functions[example], signatures[example]))
-    emitted = emit_model_c(plan, spec, source, directory, target, split=options.get("prepare") is not None)
+    emitted = emit_model_c(plan, spec, source, directory, target, split=split is not None)
     ctype = C_TYPES[signatures[example][-1].dtype][0]
     (directory / "example_main.c").write_text(
         _MAIN.format(

@@ -31,6 +31,7 @@ import tvm
 
 from ..errors import UserError
 from ..planner import ModelPlan
+from ..relax.io_tensors import io_copies
 from . import mcu_files
 from .manifest import load_manifest, save_manifest
 from .mcu_c import harness_source, model_header, model_source, padded, weights_source
@@ -75,6 +76,8 @@ class ModelC:
     """The kernel each call of ``<name>_run`` runs, in order."""
     steps: list[dict[str, Any]] = field(default_factory=list)
     """Per kernel call: :func:`step_table`."""
+    io_in_arena: bool = False
+    """Whether the inputs and outputs live in the arena (``<name>_input(i)``), not in the caller's buffers."""
 
     def figures(self, names: tuple[str, ...] = PLAN_FIGURES) -> dict[str, Any]:
         """The fields ``names`` (:data:`PLAN_FIGURES` by default) by name."""
@@ -94,7 +97,7 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
     linker script, the runtime and the Makefile into ``directory`` (``kernels.c`` is written by the
     caller from ``source`` through :func:`prefix_kernel_symbols`)."""
     name = c_identifier(plan.model.name)
-    program = extract_program(plan.planned["main"], prefix=name)
+    program = extract_program(plan.planned["main"], prefix=name, io_roles=io_copies(plan.planned))
     if sum(size for _, size in program.arenas) != plan.main.arena_bytes:
         raise UserError(
             f"{plan.model.name}: the program's arena ({program.arenas}) is not the planned "
@@ -163,6 +166,7 @@ def emit_model_c(plan: ModelPlan, spec: str, source: str, directory: Path, targe
         peak_live_bytes=peak_bytes,
         peak_tensors=peak,
         split=split,
+        io_in_arena=program.io_in_arena,
         kernel_names=[step.kernel for step in program.steps],
         steps=step_table(
             program, {gv.name_hint: f for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}

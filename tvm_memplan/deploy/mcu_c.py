@@ -46,6 +46,8 @@ def weights_source(model: str, program: CProgram) -> str:
 
 
 def _signature(name: str, program: CProgram) -> str:
+    if program.io_in_arena:
+        return f"int {name}_run(void)"
     params = [f"const {C_TYPES[t.dtype][0]}* {t.storage.c_name}" for t in program.inputs]
     params += [f"{C_TYPES[t.dtype][0]}* {t.storage.c_name}" for t in program.outputs]
     return f"int {name}_run({', '.join(params)})"
@@ -78,6 +80,9 @@ def arena_layout(program: CProgram, workspace: int) -> tuple[list[int], int, int
         offsets.append(at)
         at += _round_up(size)
     return offsets, at, at + _round_up(workspace)
+
+
+_CODES = ": integer codes, real value = SCALE * (code - ZERO_POINT)"
 
 
 def _c_float(value: float) -> str:
@@ -129,12 +134,23 @@ def model_header(
         " * Inputs and outputs are dense row-major arrays (a QDQ model quantizes its float inputs and\n",
         " * dequantizes its outputs itself, with the scales and zero points below):\n",
     ]
-    for ref, quantized in zip(program.inputs, padded(edges[0], len(program.inputs)), strict=True):
+    if program.io_in_arena:
+        lines += [
+            f" * void* {name}_input(int index);  void* {name}_output(int index);\n",
+            " *   where input and output INDEX live: in the arena (TensorFlow Lite Micro's interpreter.input(i)),\n",
+            f" *   valid once the arena is bound (the static one, or after {name}_init); NULL otherwise. Write\n",
+            " *   the inputs before every run (their bytes are reused once read), read the outputs after it.\n",
+        ]
+    for index, (ref, quantized) in enumerate(zip(program.inputs, padded(edges[0], len(program.inputs)), strict=True)):
         extra = f", quantized to {quantized.dtype} inside" if quantized else ""
-        lines.append(f" *   {ref.storage.c_name}: input {ref.name!r} {ref.dtype}{list(ref.shape)}{extra}\n")
-    for ref, quantized in zip(program.outputs, padded(edges[1], len(program.outputs)), strict=True):
+        extra = _CODES if quantized and ref.dtype == quantized.dtype else extra
+        where = f"{name}_input({index})" if program.io_in_arena else ref.storage.c_name
+        lines.append(f" *   {where}: input {ref.name!r} {ref.dtype}{list(ref.shape)}{extra}\n")
+    for index, (ref, quantized) in enumerate(zip(program.outputs, padded(edges[1], len(program.outputs)), strict=True)):
         extra = f", dequantized from {quantized.dtype}" if quantized else ""
-        lines.append(f" *   {ref.storage.c_name}: output {ref.dtype}{list(ref.shape)}{extra}\n")
+        extra = _CODES if quantized and ref.dtype == quantized.dtype else extra
+        where = f"{name}_output({index})" if program.io_in_arena else ref.storage.c_name
+        lines.append(f" *   {where}: output {ref.dtype}{list(ref.shape)}{extra}\n")
     lines.append(" */\n")
     lines.append(
         f"#ifndef {guard}\n#define {guard}\n#include <stddef.h>\n#include <stdint.h>\n\n"
@@ -154,6 +170,8 @@ def model_header(
             lines += _io_lines(upper, kind, index, ref, quantized)
     lines.append(f"\nint {name}_init(void* arena, size_t size);\n")
     lines.append(f"{_signature(name, program)};\n")
+    if program.io_in_arena:
+        lines.append(f"void* {name}_input(int index);\nvoid* {name}_output(int index);\n")
     lines.append("const char* tvm_memplan_last_error(void);\n")
     lines.append("\n#ifdef __cplusplus\n}\n#endif\n#endif\n")
     return "".join(lines)
@@ -241,11 +259,28 @@ def model_source(name: str, model: str, program: CProgram, plan: ModelPlan, work
         f"{_signature(name, program)} {{\n"
         f"  if (memplan_parts[{parts - 1}] == NULL) return {upper}_ERROR_NO_ARENA;\n{locals_}"
         f"  tvm_memplan_set_workspace(memplan_parts[{parts - 1}], {workspace}u);\n"
-        f"{''.join(body)}  return 0;\n}}\n"
+        f"{''.join(body)}  return 0;\n}}\n" + (_io_accessors(name, program) if program.io_in_arena else "")
     )
 
 
+def _io_accessors(name: str, program: CProgram) -> str:
+    """``<name>_input(i)`` and ``<name>_output(i)``: pointers into the bound arena."""
+    text = []
+    for kind, refs in (("input", program.inputs), ("output", program.outputs)):
+        cases = "".join(
+            f"    case {i}: return memplan_parts[{ref.storage.c_name.removeprefix('arena')}] + {ref.offset};\n"
+            for i, ref in enumerate(refs)
+        )
+        text.append(
+            f"\nvoid* {name}_{kind}(int index) {{\n  if (memplan_parts[{len(program.arenas)}] == NULL) return NULL;\n"
+            f"  switch (index) {{\n{cases}    default: return NULL;\n  }}\n}}\n"
+        )
+    return "".join(text)
+
+
 def harness_source(name: str, program: CProgram) -> str:
+    if program.io_in_arena:
+        return _arena_io_harness(name, program)
     buffers, reads, writes, call = [], [], [], []
     for index, ref in enumerate(program.inputs):
         ctype = C_TYPES[ref.dtype][0]
@@ -268,4 +303,20 @@ def harness_source(name: str, program: CProgram) -> str:
         writes="".join(writes),
         call_args=", ".join(call),
         calls=max(len(program.steps), 1),
+    )
+
+
+def _arena_io_harness(name: str, program: CProgram) -> str:
+    """The harness of a model whose inputs and outputs live in its arena: no buffers of its own."""
+    reads = "".join(
+        f'  if ({name}_input({i}) == NULL || platform_read("input{i}.bin", {name}_input({i}), {ref.nbytes}) != 0) '
+        "return 100;\n"
+        for i, ref in enumerate(program.inputs)
+    )
+    writes = "".join(
+        f'  if (platform_write("output{i}.bin", {name}_output({i}), {ref.nbytes}) != 0) return 101;\n'
+        for i, ref in enumerate(program.outputs)
+    )
+    return mcu_files.HARNESS.format(
+        name=name, buffers="", reads=reads, writes=writes, call_args="", calls=max(len(program.steps), 1)
     )

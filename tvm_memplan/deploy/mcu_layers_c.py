@@ -117,7 +117,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
     int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
-    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high) {
+    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t y_plane) {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_;
   const int32_t* bias = (const int32_t*)bias_;
@@ -132,7 +132,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     const int32_t channel = plane % channels;
     const int8_t* src = x + plane * h * w;
     const int8_t* tap = weights + channel * kh * kw;
-    int8_t* dst = y + plane * oh * ow;
+    int8_t* dst = y + plane * y_plane;
     const int32_t b = bias[channel];
     const float m = multiplier[channel];
     int32_t next = -top; /* the first input row not yet in the ring */
@@ -200,7 +200,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
     int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
-    float ratio_b, float constant, int32_t add_low, int32_t add_high) {
+    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t y_plane) {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
   const int32_t* bias = (const int32_t*)bias_;
@@ -213,15 +213,15 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   const int32_t unpack = tile >= 8; /* enough pixels a tile to unpack each channel pair's weights once */
   uint32_t packed[2 * steps * tile]; /* per pixel, per step of 4 channels: the even and the odd pair */
   uint32_t unpacked[unpack ? 4 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
-#define TVM_MEMPLAN_STORE(at, acc, m)                                                                   \
+#define TVM_MEMPLAN_STORE(o, p, acc, m)                                                                 \
   do {                                                                                                  \
     int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
     if (add) {                                                                                          \
-      const int32_t other = residual[at];                                                               \
+      const int32_t other = residual[(o) * pixels + (p)];                                               \
       code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
-                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high); \
+                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
     }                                                                                                   \
-    y[at] = (int8_t)code;                                                                               \
+    y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
   } while (0)
   for (int32_t p0 = 0; p0 < pixels; p0 += tile) {
     const int32_t n = pixels - p0 < tile ? pixels - p0 : tile;
@@ -254,7 +254,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         a3 = tvm_memplan_smlad(tvm_memplan_odd(w3), xo, tvm_memplan_smlad(tvm_memplan_even(w3), xe, a3));
       }
       a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
-      for (int32_t k = 0; k < 4 && o + k < cout; ++k) TVM_MEMPLAN_STORE((o + k) * pixels + p0, a[k], multiplier[o + k]);
+      for (int32_t k = 0; k < 4 && o + k < cout; ++k) TVM_MEMPLAN_STORE(o + k, p0, a[k], multiplier[o + k]);
     }
     /* 5 to 8 channels: 1 channel x 4 pixels, its weights in registers */
     for (int32_t o = 0; pixels > 1 && steps == 2 && o < cout; ++o) {
@@ -264,7 +264,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
       const int32_t bo = bias[o];
       const float mo = multiplier[o];
-      const int32_t at = o * pixels + p0;
+      const int32_t at = p0;
       for (int32_t p = 0; p < n; p += 4) {
         const uint32_t* q = packed + 4 * p;
         const int32_t more = n - p;
@@ -277,10 +277,10 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         const int32_t a0 = TVM_MEMPLAN_DOT8(q), a1 = TVM_MEMPLAN_DOT8(q1), a2 = TVM_MEMPLAN_DOT8(q2);
         const int32_t a3 = TVM_MEMPLAN_DOT8(q3);
 #undef TVM_MEMPLAN_DOT8
-        TVM_MEMPLAN_STORE(at + p, a0, mo);
-        if (more > 1) TVM_MEMPLAN_STORE(at + p + 1, a1, mo);
-        if (more > 2) TVM_MEMPLAN_STORE(at + p + 2, a2, mo);
-        if (more > 3) TVM_MEMPLAN_STORE(at + p + 3, a3, mo);
+        TVM_MEMPLAN_STORE(o, at + p, a0, mo);
+        if (more > 1) TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
+        if (more > 2) TVM_MEMPLAN_STORE(o, at + p + 2, a2, mo);
+        if (more > 3) TVM_MEMPLAN_STORE(o, at + p + 3, a3, mo);
       }
     }
     /* else channels o and o + 1 (lanes of one block of 4) x 2 pixels */
@@ -323,12 +323,12 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
             b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
           }
         }
-        const int32_t at = o * pixels + p0 + p;
-        TVM_MEMPLAN_STORE(at, a0, ma);
-        if (p + 1 < n) TVM_MEMPLAN_STORE(at + 1, a1, ma);
+        const int32_t at = p0 + p;
+        TVM_MEMPLAN_STORE(o, at, a0, ma);
+        if (p + 1 < n) TVM_MEMPLAN_STORE(o, at + 1, a1, ma);
         if (o + 1 < cout) {
-          TVM_MEMPLAN_STORE(at + pixels, b0, mb);
-          if (p + 1 < n) TVM_MEMPLAN_STORE(at + pixels + 1, b1, mb);
+          TVM_MEMPLAN_STORE(o + 1, at, b0, mb);
+          if (p + 1 < n) TVM_MEMPLAN_STORE(o + 1, at + 1, b1, mb);
         }
       }
     }
@@ -341,7 +341,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t cin, int32_t h, int32_t w, int32_t cout,
     int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left, int32_t x_zp,
-    int32_t y_zp, int32_t low, int32_t high, int32_t quantize, float x_scale) {
+    int32_t y_zp, int32_t low, int32_t high, int32_t quantize, float x_scale, int32_t y_plane) {
   const int8_t* weights = (const int8_t*)w_; /* OIHW */
   const int32_t* bias = (const int32_t*)bias_;
   const float* multiplier = (const float*)multiplier_;
@@ -404,11 +404,11 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
           b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
         }
-        out[o * oh * ow] = (int8_t)tvm_memplan_requantize(a0, multiplier[o], y_zp, low, high);
-        if (two) out[o * oh * ow + 1] = (int8_t)tvm_memplan_requantize(a1, multiplier[o], y_zp, low, high);
+        out[o * y_plane] = (int8_t)tvm_memplan_requantize(a0, multiplier[o], y_zp, low, high);
+        if (two) out[o * y_plane + 1] = (int8_t)tvm_memplan_requantize(a1, multiplier[o], y_zp, low, high);
         if (second) {
-          out[(o + 1) * oh * ow] = (int8_t)tvm_memplan_requantize(b0, multiplier[o + 1], y_zp, low, high);
-          if (two) out[(o + 1) * oh * ow + 1] = (int8_t)tvm_memplan_requantize(b1, multiplier[o + 1], y_zp, low, high);
+          out[(o + 1) * y_plane] = (int8_t)tvm_memplan_requantize(b0, multiplier[o + 1], y_zp, low, high);
+          if (two) out[(o + 1) * y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, multiplier[o + 1], y_zp, low, high);
         }
       }
     }

@@ -9,8 +9,9 @@ per-kernel table X-CUBE-AI users know, and which tensors make the peak. The C it
 
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
@@ -86,6 +87,9 @@ class CProgram:
     steps: list[KernelCall]
     copies: list[tuple[TensorRef, TensorRef]] = field(default_factory=list)
     """(output, source) for outputs the plan did not compute in their own buffer."""
+    io_in_arena: bool = False
+    """Inputs and outputs are tensors of the arena (:mod:`tvm_memplan.relax.io_tensors`): the caller
+    writes and reads them there, through ``<name>_input(i)`` and ``<name>_output(i)``."""
 
 
 def c_identifier(name: str) -> str:
@@ -115,10 +119,12 @@ def _tensor_type(var: relax.Var, what: str) -> tuple[tuple[int, ...], str]:
     return _shape(ty.shape), dtype
 
 
-def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
+def extract_program(func: relax.Function, prefix: str = "memplan", io_roles: dict[str, str] | None = None) -> CProgram:
     """Follow the planned ``main`` binding by binding; anything else than kernel calls on placed
     tensors (a VM builtin, a library call, a symbolic shape) is a one-line UserError. Weights are
-    named ``<prefix>_weight<i>``."""
+    named ``<prefix>_weight<i>``, one array per distinct content. ``io_roles`` (kernel -> ``input<i>`` or
+    ``output<i>``, :func:`~tvm_memplan.relax.io_tensors.io_copies`): those copies are left out, and the
+    inputs and outputs are the arena tensors they copy to and from (:func:`check_io_lifetimes`)."""
     env: dict[relax.Var, TensorRef] = {}
     inputs = []
     for index, param in enumerate(func.params):
@@ -131,15 +137,17 @@ def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
     weights: dict[tuple, tuple[str, np.ndarray, TensorRef]] = {}
     steps: list[KernelCall] = []
     tuples: dict[relax.Var, list[relax.Expr]] = {}
+    placed_io: dict[str, tuple[TensorRef, int]] = {}
 
     def operand(expr: relax.Expr) -> TensorRef:
         if isinstance(expr, relax.Var) and expr in env:
             return env[expr]
         value = getattr(expr, "value", None)
         if isinstance(value, tvm.runtime.Tensor):
-            key = (value.data_ptr(), tuple(value.shape), str(value.dtype))  # the same constant used twice
+            # by content: a constant used twice, or the copies each row tile of a split chain holds
+            array = value.numpy()
+            key = (array.shape, str(array.dtype), hashlib.sha256(array.tobytes()).digest())
             if key not in weights:
-                array = value.numpy()
                 if str(array.dtype) not in C_TYPES:
                     raise UserError(f"a constant of dtype {array.dtype} is not supported by the standalone C")
                 c_name = f"{prefix}_weight{len(weights)}"
@@ -170,7 +178,15 @@ def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
                 raise UserError(f"the standalone C cannot express binding {var.name} = {type(value).__name__}")
             op = value.op
             if isinstance(op, tvm.ir.GlobalVar):
-                steps.append(KernelCall(op.name_hint, [operand(arg) for arg in value.args]))
+                call = KernelCall(op.name_hint, [operand(arg) for arg in value.args])
+                role = (io_roles or {}).get(op.name_hint)
+                if role is None:
+                    steps.append(call)
+                elif role.startswith("input"):
+                    placed_io[role] = (call.args[-1], len(steps))
+                else:
+                    placed_io[role] = (call.args[0], len(steps))
+                    env[var] = call.args[0]
                 continue
             name = getattr(op, "name", str(op))
             if name == "relax.memory.alloc_storage":
@@ -219,7 +235,37 @@ def extract_program(func: relax.Function, prefix: str = "memplan") -> CProgram:
                 raise UserError(
                     f"kernel {step.kernel} uses {arg.name}, which the plan did not place (a symbolic shape?)"
                 )
-    return CProgram(inputs, outputs, arena_sizes, [(n, a) for n, a, _ in weights.values()], steps, copies)
+    weight_list = [(n, a) for n, a, _ in weights.values()]
+    if io_roles:
+        inputs, outputs = check_io_lifetimes(placed_io, inputs, len(outputs), steps)
+        return CProgram(inputs, outputs, arena_sizes, weight_list, steps, [], io_in_arena=True)
+    return CProgram(inputs, outputs, arena_sizes, weight_list, steps, copies)
+
+
+def _overlap(a: TensorRef, b: TensorRef) -> bool:
+    return a.storage is b.storage and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+
+
+def check_io_lifetimes(
+    placed: dict[str, tuple[TensorRef, int]], given: list[TensorRef], num_outputs: int, steps: list[KernelCall]
+) -> tuple[list[TensorRef], list[TensorRef]]:
+    """The arena tensors of the inputs and outputs, checked: the caller writes every input before the
+    run and reads every output after it, so no kernel before an input's copy (none after an output's)
+    may touch its bytes, and no two inputs (outputs) may share bytes. A UserError says which broke."""
+    roles = [f"input{i}" for i in range(len(given))] + [f"output{i}" for i in range(num_outputs)]
+    missing = [role for role in roles if role not in placed or placed[role][0].storage.kind != "arena"]
+    if missing:
+        raise UserError(f"the plan did not place {', '.join(missing)} in the arena")
+    for role in roles:
+        ref, at = placed[role]
+        touched = steps[:at] if role.startswith("input") else steps[at:]
+        clash = next((s.kernel for s in touched for arg in s.args if _overlap(arg, ref)), None)
+        same_kind = [o for o in roles if o != role and o[:5] == role[:5]]
+        clash = clash or next((o for o in same_kind if _overlap(placed[o][0], ref)), None)
+        if clash:
+            raise UserError(f"{role} cannot live in the arena: {clash} uses its bytes while the caller's data is there")
+    inputs = [replace(placed[role][0], name=ref.name) for role, ref in zip(roles, given, strict=False)]
+    return inputs, [replace(placed[role][0], name=role) for role in roles[len(given) :]]
 
 
 def workspace_bytes(source: str, kernels: set[str]) -> int:
@@ -253,7 +299,9 @@ class EdgeQuantization:
 
 def edge_quantization(model: onnx.ModelProto) -> tuple[list[EdgeQuantization | None], list[EdgeQuantization | None]]:
     """Per graph input: the per-tensor QuantizeLinear that reads it (the only reader, through
-    Identity nodes); per graph output: the DequantizeLinear that writes it. None elsewhere."""
+    Identity nodes), or the DequantizeLinear that reads an integer input (``--int8-io``); per graph
+    output: the DequantizeLinear that writes it, or the QuantizeLinear that writes integer codes.
+    None elsewhere."""
     constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -285,10 +333,19 @@ def edge_quantization(model: onnx.ModelProto) -> tuple[list[EdgeQuantization | N
         return node
 
     initializers = set(constants)
+
+    def first_reader(name: str) -> onnx.NodeProto | None:
+        return only_reader(name) or next(iter(readers.get(name, [])), None)
+
     inputs = [
-        quantization(only_reader(v.name), "QuantizeLinear") for v in model.graph.input if v.name not in initializers
+        quantization(only_reader(v.name), "QuantizeLinear") or quantization(first_reader(v.name), "DequantizeLinear")
+        for v in model.graph.input
+        if v.name not in initializers
     ]
-    outputs = [quantization(writer(v.name), "DequantizeLinear") for v in model.graph.output]
+    outputs = [
+        quantization(writer(v.name), "DequantizeLinear") or quantization(writer(v.name), "QuantizeLinear")
+        for v in model.graph.output
+    ]
     return inputs, outputs
 
 

@@ -75,6 +75,7 @@ def search_split(
     progress: Callable[[int, int], None] | None = None,
     fused_tiles: str = "off",
     plan_options: Mapping[str, Any] | None = None,
+    io_in_arena: bool = False,
 ) -> SplitOutcome:
     """Search the split plan of ``model``; latencies are measured on ``device`` (default: here).
     ``progress(candidates timed, lowest peak so far)`` follows the search. ``fused_tiles`` (``off``,
@@ -83,7 +84,8 @@ def search_split(
 
     The simulator reads ``main`` in the order the planner's order search gives it. The kept plan is
     planned (:func:`~tvm_memplan.planner.plan_model` with ``plan_options``) and kept only when its
-    arena is below the unsplit model's: the simulator's estimate is checked, never trusted."""
+    arena is below the unsplit model's: the simulator's estimate is checked, never trusted. With
+    ``io_in_arena`` (``build --io-in-arena``) the simulator counts the model's inputs as arena tensors."""
     if budget < 0:
         raise UserError(f"--latency-budget must not be negative (got {budget})")
     if seconds <= 0:
@@ -109,7 +111,7 @@ def search_split(
     chains = find_chains(mod)
     measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule, fused_tiles=fused_tiles)
     before = measurer.time_ms(mod, "model")
-    program = program_of(mod, alignment)
+    program = program_of(mod, alignment, inputs_in_arena=io_in_arena)
     limits = SearchOptions(budget=budget, seconds=seconds, memory_limit=memory_limit, progress=progress)
     result = search_phased(program, chains, before, measurer, **limits)
     result = _as_measured(result, measurer)

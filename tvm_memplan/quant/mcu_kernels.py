@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, te, tirx
 
 from . import dot_kernels, kernels
@@ -25,15 +26,16 @@ from .kernels import conv_geometry
 
 DEPTHWISE_KERNEL = "tvm_memplan_depthwise_s8"
 """``(x, w, bias, multiplier, y, planes, channels, h, w, oh, ow, kh, kw, sh, sw, top, left, x_zp,
-y_zp, low, high)``: NCHW int8 depthwise convolution (dilation 1) with the requantization fused."""
+y_zp, low, high, y_plane)``: NCHW int8 depthwise convolution (dilation 1) with the requantization fused
+(``y_plane``: elements between output planes, ``oh * ow`` unless it writes rows of a larger tensor)."""
 POINTWISE_KERNEL = "tvm_memplan_pointwise_s8"
 """``(x, w, bias, multiplier, residual, y, cin, cout, pixels, y_zp, low, high, add, code_first, ratio_a,
-ratio_b, constant, add_low, add_high)``: NCHW int8 1x1 convolution of stride 1 (weights in
+ratio_b, constant, add_low, add_high, y_plane)``: NCHW int8 1x1 convolution of stride 1 (weights in
 :func:`.dot_kernels.pack_dot_weights`'s layout) with the requantization and a residual QLinearAdd
 (:func:`.kernels.add_codes`, where ``add``) fused."""
 WINDOW_KERNEL = "tvm_memplan_window_s8"
 """``(x, w, bias, multiplier, y, cin, h, w, cout, oh, ow, kh, kw, sh, sw, top, left, x_zp, y_zp, low,
-high, quantize, x_scale)``: NCHW int8 convolution of few input channels (dilation 1) on im2col'd
+high, quantize, x_scale, y_plane)``: NCHW int8 convolution of few input channels (dilation 1) on im2col'd
 windows of two pixels, with the requantization fused (``quantize``: ``x`` is float32, quantized
 with ``x_scale`` and ``x_zp`` as it enters the row cache)."""
 C_KERNELS = (DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL)
@@ -68,10 +70,11 @@ def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tens
     (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = geometry
     quantization = tuple(int(options[k]) for k in ("x_zero_point", "y_zero_point", "low", "high"))
     if depthwise:
-        name, args = DEPTHWISE_KERNEL, (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, *quantization)
+        name, args = DEPTHWISE_KERNEL, (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, *quantization, oh * ow)
     else:
         scale = float(quantize_input[0]) if quantize_input else 1.0
         args = (c, h, w, o, oh, ow, kh, kw, sh, sw, top, left, *quantization, int(quantize_input is not None), scale)
+        args += (oh * ow,)
         name = WINDOW_KERNEL
     return _extern((n, o, oh, ow), [x, weight, bias, multiplier], name, args, options["out_dtype"])
 
@@ -119,7 +122,7 @@ def pointwise_conv2d(
     cout, requantization = options["out_channels"], tuple(int(options[k]) for k in ("y_zero_point", "low", "high"))
     floats = tuple(float(add[k]) for k in ("ratio_a", "ratio_b", "constant"))
     args = (c, cout, h * w, *requantization, int(residual is not None), int(add["code_first"]), *floats)
-    args += (int(add.get("low", 0)), int(add.get("high", 0)))
+    args += (int(add.get("low", 0)), int(add.get("high", 0)), h * w)
     inputs = [x, weight, bias, multiplier] + ([residual] if residual is not None else [])
     return _extern((n, cout, h, w), inputs, POINTWISE_KERNEL, args, options["out_dtype"], twice=residual is None)
 
@@ -145,6 +148,35 @@ def _layer_call(func: tirx.PrimFunc) -> tvm.ir.Call | None:
     if not isinstance(call, tvm.ir.Call) or getattr(call.op, "name", "") != "tirx.call_extern":
         return None
     return call if getattr(call.args[0], "value", None) in C_KERNELS else None
+
+
+def layer_written_into_rows(func: tirx.PrimFunc, full: tirx.Buffer, offset: int) -> tirx.PrimFunc | None:
+    """``func``, one of these C kernels' calls on a ``(1, C, rows, W)`` output tile, writing rows
+    ``[offset, offset + rows)`` of ``full`` (a ``(1, C, H, W)`` buffer that takes the output's place
+    among the parameters): the output pointer moves down to the tile's first row and ``y_plane``
+    becomes ``H * W``, as MCUNetV2's patch-based inference writes each patch into the stage's output.
+    None when ``func`` is not such a call."""
+    call = _layer_call(func)
+    if call is None:
+        return None
+    *_, out = func.params
+    _n, _c, full_h, width = (int(d) for d in full.shape)
+    args = list(call.args)
+    positions = [i for i, a in enumerate(args) if tvm_ffi.structural_equal(a, out.data)]
+    if not positions or not isinstance(args[-1], tirx.IntImm):
+        return None
+    zero = tirx.IntImm("int64", 0)
+    for i in positions:  # (a pointwise call without a residual passes its output twice)
+        args[i] = tirx.call_intrin(
+            "handle", "tirx.address_of", tirx.BufferLoad(full, [zero, zero, tirx.IntImm("int64", offset), zero])
+        )
+    args[-1] = tirx.IntImm(args[-1].ty, full_h * width)
+    rewritten = tirx.call_extern("int32", args[0].value, *args[1:])
+    body = tvm_ffi.structural_mutate(
+        func.body, ((tvm.ir.Call, lambda node, _m: rewritten if node.same_as(call) else _m.default_mutate(node)),)
+    )
+    params = [full if p.same_as(out) else p for p in func.params]
+    return tirx.PrimFunc(params, body, func.ret_type, func.attrs)
 
 
 def is_layer_call(func: tirx.PrimFunc) -> bool:

@@ -36,7 +36,7 @@ MIN_TOLERANCE_LSB = 2
 
 def output_scales(model: onnx.ModelProto) -> list[float | None]:
     """Per graph output: the per-tensor scale of the DequantizeLinear producing it (through
-    Identity nodes), else None."""
+    Identity nodes), 1 for integer codes a QuantizeLinear produces, else None."""
     constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -47,6 +47,9 @@ def output_scales(model: onnx.ModelProto) -> list[float | None]:
         node = producers.get(output.name)
         while node is not None and node.op_type == "Identity":
             node = producers.get(node.input[0])
+        if node is not None and node.op_type == "QuantizeLinear":  # integer codes (--int8-io): an LSB is a code
+            scales.append(1.0)
+            continue
         scale = constants.get(node.input[1]) if node is not None and node.op_type == "DequantizeLinear" else None
         scales.append(float(scale.reshape(())) if scale is not None and scale.size == 1 else None)
     return scales

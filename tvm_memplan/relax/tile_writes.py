@@ -18,6 +18,7 @@ from tvm.ir import Range
 from tvm.ir.expr import TensorLoad, TensorRegion
 from tvm.tirx import buffer as tir_buffer
 
+from ..quant.mcu_kernels import is_layer_call, layer_written_into_rows
 from .module import relax_functions, with_blocks
 
 ROW_OFFSET_ATTR = "tvm_memplan.row_offset"
@@ -58,6 +59,8 @@ def written_into_rows(func: tirx.PrimFunc, full_shape: tuple[int, ...], offset: 
         None,
     )
     full = tir_buffer._ffi_api.BufferVar(out.name, full_ty, None)  # noqa: SLF001
+    if is_layer_call(func):  # a C kernel writes through the raw pointer: its pointer and plane stride move
+        return layer_written_into_rows(func, full, offset)
 
     def shifted(indices) -> list:
         indices = list(indices)

@@ -23,7 +23,7 @@ from .normalize import constant_bindings
 from .operators import DEQUANTIZE, ELEMENTWISE, QUANTIZE, nbytes
 
 
-def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program:
+def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT, inputs_in_arena: bool = False) -> Program:
     """``main`` of a normalized module as a simulator program, in binding order.
 
     Approximates TVM's fusion: an elementwise operator runs in its producer's kernel and writes
@@ -36,8 +36,13 @@ def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT) -> Program
     dequantize is a view of its int8 input (the integer kernel reading it absorbs it), and so is the
     quantize of an input read once (fused into the convolution that reads it); another quantize
     fuses like an elementwise operator and narrows its kernel's tensor to int8.
+
+    ``inputs_in_arena`` (``build --io-in-arena``): the model's inputs count too, until their last reader.
     """
-    return _fused_program(mod, alignment)[0]
+    program = _fused_program(mod, alignment)[0]
+    if inputs_in_arena:
+        program.sizes.update({param.name: nbytes(param) for param in mod["main"].params})
+    return program
 
 
 def memory_order(mod: tvm.IRModule, seconds: float = 10.0, alignment: int = DEFAULT_ALIGNMENT) -> list[str]:

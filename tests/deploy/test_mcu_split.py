@@ -1,0 +1,83 @@
+"""``build --target cortex-m7 --emit-c DIR --split acg`` on an int8 (QDQ) model, run on the emulated
+Cortex-M7: the row tiles run the whole-layer C kernels, the last kernel of each tile writes its rows
+of the full tensor (MCUNetV2's patch-based inference), the tiles share one copy of their weights, and
+the outputs keep onnxruntime's codes with the arena the plan's."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+import tvm
+
+from tvm_memplan.deploy.emit_c import emit_c
+from tvm_memplan.deploy.standalone import measure_c
+from tvm_memplan.quant.mcu_kernels import C_KERNELS, POINTWISE_KERNEL
+from tvm_memplan.relax.ir_utils import top_level_bindings
+from tvm_memplan.relax.split import find_chains, normalize, split_chains
+from tvm_memplan.split.simulate import SplitChoice
+
+from ..quant import models
+from .conftest import run_cli_json
+
+needs_arm = pytest.mark.skipif(
+    shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+    reason="arm-none-eabi-gcc or qemu-system-arm missing (.ci/run installs them)",
+)
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+LIMIT = 6 * 1024
+"""Below half of the unsplit int8 arena of :func:`models.early_activation` (11,520 bytes)."""
+
+
+@pytest.fixture(scope="module")
+def int8_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("mcusplit") / "early.int8.onnx"
+    onnx.save(models.quantize_qdq(models.early_activation()), str(path))
+    return path
+
+
+def _distinct_weights(directory: Path) -> bool:
+    arrays = re.findall(r"const (\w+) \w+\[\d+\][^=]*= \{([^}]*)\};", (directory / "model_weights.c").read_text())
+    return bool(arrays) and len(set(arrays)) == len(arrays)
+
+
+@needs_arm
+def test_split_int8_model_runs_on_the_emulated_m7_within_the_memory_limit(capsys, int8_model, tmp_path):
+    directory = tmp_path / "c"
+    split = ("--split", "acg", "--memory-limit", str(LIMIT), "--search-seconds", "10")
+    built = run_cli_json(
+        capsys, "build", str(int8_model), "--target", "cortex-m7", "--emit-c", str(directory), "--order-seconds", "1",
+        *split, "--split-cache", str(tmp_path / "cache.jsonl"),
+    )  # fmt: skip
+    assert built["split"] and built["arena_bytes"] <= LIMIT
+    assert _distinct_weights(directory)  # each weight once, however many tiles read it
+    measured = run_cli_json(capsys, "measure", str(directory), "--device", "qemu-cortex-m7")["memplan"]
+    assert measured["correct"], measured
+    assert measured["arena_bytes"] == measured["planned_arena_bytes"] == built["arena_bytes"]
+
+
+@needs_cc
+def test_row_tiles_of_c_kernels_write_into_their_rows(int8_model, tmp_path):
+    """The stem's chain (window kernel, depthwise, 1x1 projection) in three row tiles: each tile's
+    projection writes its rows of the full tensor, with no copy, and the C keeps onnxruntime's codes."""
+
+    def prepare(mod: tvm.IRModule) -> tvm.IRModule:
+        mod = normalize(mod)
+        order = {b.var.name: i for i, b in enumerate(top_level_bindings(mod["main"]))}
+        chains = [c for c in find_chains(mod) if not c.gathered and sum(op.window is not None for op in c.ops) == 3]
+        return split_chains(mod, [SplitChoice(min(chains, key=lambda c: order[c.ops[0].name]), 3)])
+
+    directory = tmp_path / "c"
+    emitted = emit_c(str(int8_model), directory, "cortex-m7", prepare=prepare, order="program")
+    calls = re.findall(rf"({'|'.join(C_KERNELS)})\((.*)\);", (directory / "kernels.c").read_text())
+    into_rows = [args for name, args in calls if name == POINTWISE_KERNEL and "&(root[" in args]
+    # three tiles of 4 rows of the 8x12x12 projection, their planes 12 x 12 apart
+    assert len(into_rows) == 3 and all(args.endswith(", 16, 8, 48, 16", 0, args.index(", -128")) for args in into_rows)
+    assert all(args.endswith(", 144") for args in into_rows)
+    assert not any("write_rows" in kernel for kernel in emitted.model.kernel_names)
+    assert _distinct_weights(directory)
+    result = measure_c(directory, "host")
+    assert result.correct and result.arena_bytes == result.planned_arena_bytes, result
