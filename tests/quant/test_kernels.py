@@ -170,3 +170,26 @@ def test_standalone_binary_kernel_within_one_lsb(op, activation):
     diff, lowered = compare(models.quantize_qdq(models.binary(op), activation=activation))
     assert diff <= 1
     assert lowered.get("add" if op == "Add" else "multiply") == 1
+
+
+@pytest.mark.parametrize("misspelled", [{"residual_ad": None}, {}])
+def test_kernels_reject_unknown_and_missing_keywords(misspelled):
+    """A misspelled epilogue keyword would otherwise be dropped silently, and a missing zero point
+    would fail deep inside the compute definition."""
+    from tvm import te
+
+    from tvm_memplan.quant import dot_kernels, kernels
+
+    x = te.placeholder((1, 4, 5, 5), "int8", name="x")
+    weight = te.placeholder((4, 1, 3, 3), "int8", name="w")
+    bias = te.placeholder((4,), "int32", name="b")
+    multiplier = te.placeholder((4,), "float32", name="m")
+    window = {"strides": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1], "x_zero_point": 0}
+    output = {"y_zero_point": 0, "low": -128, "high": 127, "out_dtype": "int8"}
+    options = {**window, **output, **misspelled} if misspelled else {**window, "low": -128}
+    expected = "unknown keyword residual_ad" if misspelled else "missing high, out_dtype, y_zero_point"
+    with pytest.raises(TypeError, match=expected):
+        kernels.conv2d(x, weight, bias, multiplier, groups=4, **options)
+    with pytest.raises(TypeError, match=expected):
+        dot_kernels.depthwise_conv2d(x, weight, bias, multiplier, **options)
+    assert kernels.conv2d(x, weight, bias, multiplier, groups=4, **window, **output).shape[1] == 4

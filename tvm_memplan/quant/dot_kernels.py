@@ -10,12 +10,19 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from tvm import te, tirx
 
-from .kernels import apply_epilogue, conv_geometry, output_code, pad_codes, quantize_value
+from .kernels import (
+    ConvOptions,
+    KernelOutput,
+    apply_epilogue,
+    check_keywords,
+    conv_geometry,
+    output_code,
+    pad_codes,
+    quantize_value,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
-
-    from .kernels import ConvOptions, KernelOutput
 
 DEPTHWISE_ROUND = 16
 """:func:`depthwise_conv2d` computes a multiple of this many outputs per channel (the int32 lanes of
@@ -43,6 +50,7 @@ def depthwise_conv2d(
     width, without strided loads or tails. ``dw_output`` crops the grid to the output (and adds a
     ``residual``). The schedule flattens the stage's rows and columns
     (:mod:`tvm_memplan.schedule.cpu.int8_depthwise`)."""
+    check_keywords("depthwise_conv2d", options, ConvOptions)
     n, c, h, w = (int(d) for d in x.shape)
     o, _one, kh, kw = (int(d) for d in weight.shape)
     (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = conv_geometry(x, kh, kw, options)
@@ -154,6 +162,7 @@ def conv2d_dot(
     tensorizes that block (:mod:`tvm_memplan.schedule.cpu.int8_dot`). The output is NCHW, like
     every other kernel's. ``quantize_input`` (scale, type): ``x`` is the float32 network input,
     quantized as it is packed (see :func:`.kernels.conv2d`)."""
+    check_keywords("conv2d_dot", options, ConvOptions)
     n, c, h, w = (int(d) for d in x.shape)
     blocks, steps, kh, kw, lanes, depth = (int(d) for d in weight.shape)
     (sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow) = conv_geometry(x, kh, kw, options)
@@ -208,6 +217,7 @@ def dense_dot(
     of ``x`` viewed as an ``(1, K, M, 1)`` image (rows are its pixels) and the weights as 1x1
     filters (:func:`pack_dot_weights` of ``(N, K, 1, 1)``), its output viewed as ``(M, N)`` (where a
     ``residual`` is added); the schedule inlines both views. ``bias`` is folded as for :func:`conv2d_dot`."""
+    check_keywords("dense_dot", output, KernelOutput)
     rows, depth = (int(d) for d in x.shape)
     image = te.compute((1, depth, rows, 1), lambda b, k, m, one: x[m, k], name="as_image")
     pointwise = {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1], "x_zero_point": x_zero_point}

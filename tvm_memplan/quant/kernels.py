@@ -62,6 +62,19 @@ class ConvOptions(_ConvWindow, total=False):
     quantize_input: tuple[float, str] | None
 
 
+def check_keywords(kernel: str, given: dict, accepted: type) -> None:
+    """Reject keyword arguments ``accepted`` (a TypedDict) does not name, and missing required ones: the
+    ``**options: Unpack[...]`` signatures are checked by type checkers only, and a misspelled optional
+    keyword (``residual_ad``) would otherwise be dropped silently, giving a kernel without its epilogue."""
+    unknown = sorted(set(given) - accepted.__required_keys__ - accepted.__optional_keys__)
+    missing = sorted(accepted.__required_keys__ - set(given))
+    if unknown or missing:
+        problems = ([f"unknown keyword {', '.join(unknown)}"] if unknown else []) + (
+            [f"missing {', '.join(missing)}"] if missing else []
+        )
+        raise TypeError(f"{kernel}(): {'; '.join(problems)}")
+
+
 def requantize(
     value: tirx.PrimExpr,
     multiplier: tirx.PrimExpr,
@@ -217,6 +230,7 @@ def conv2d(
     with zero point ``x_zero_point``) as it pads it: the network input's quantized copy is then no
     tensor of the arena (the float input, a function parameter, is not one either). The schedule
     computes the padding per row, so each input element is quantized about once per kernel row."""
+    check_keywords("conv2d", options, ConvOptions)
     n, _c, h, w = (int(d) for d in x.shape)
     o, cg, kh, kw = (int(d) for d in weight.shape)
     (sh, sw), (dh, dw), padding, (oh, ow) = conv_geometry(x, kh, kw, options)
@@ -251,6 +265,7 @@ def dense(
     """QGemm/QLinearMatMul: ``x`` (..., K) times int8 ``weight`` (K, N: outputs contiguous, the layout
     the default schedule vectorizes, as a float matmul's), int32 ``bias`` (N) with the input zero point
     folded in (:func:`fold_zero_point`), float32 ``multiplier`` (N)."""
+    check_keywords("dense", output, KernelOutput)
     lead = [int(d) for d in x.shape[:-1]]
     k = int(x.shape[-1])
     n = int(weight.shape[1])
