@@ -9,6 +9,8 @@ chain are written into their rows of the last tensor by a kernel that
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import tvm
 from tvm import relax, te, topi
@@ -452,6 +454,7 @@ def _emit_windowed_rows(
     return bb.emit_te(compute, data, *weights, primfunc_name_hint=f"{op_name(value).split('.')[-1]}_rows")
 
 
+@functools.cache  # TVMScript parsing costs tens of ms a call (its inspect.stack); asked again and again
 def _row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str) -> tvm.tirx.PrimFunc:
     """A kernel copying a ``rows``-row tile into rows ``[offset, offset + rows)`` of a tensor of
     ``shape``: called out of place for the first tile (a new tensor), in place for the others.

@@ -15,6 +15,8 @@ output row out of the grid, dropping its padding columns.
 
 from __future__ import annotations
 
+import functools
+
 from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
@@ -130,6 +132,7 @@ def _deinterleave_rows(sch: s_tir.Schedule, stage, spec: CpuSpec) -> bool:
     return True
 
 
+@functools.cache  # TVMScript parsing costs tens of ms a call (its inspect.stack); asked again and again
 def _deinterleave_intrinsic(dtype: str, cols: int, chunk: int) -> tuple[tirx.PrimFunc, tirx.PrimFunc]:
     """``B[p, i] = A[2 i + p]`` for a row of ``cols`` outputs, and its implementation in vectors of
     ``chunk`` outputs (the last one overlaps the one before where ``chunk`` does not divide ``cols``)."""

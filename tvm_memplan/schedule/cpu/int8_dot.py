@@ -13,6 +13,8 @@ lowered for, the lanes are vectorized as int32 arithmetic (same result).
 
 from __future__ import annotations
 
+import functools
+
 from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
@@ -25,6 +27,7 @@ from .spec import CpuSpec
 ACC_BLOCK = "dot_acc"
 
 
+@functools.cache  # TVMScript parsing costs tens of ms a call (its inspect.stack); asked again and again
 def _dot_prim_func(isa: str, llvm_intrinsic: str | None = None) -> tirx.PrimFunc:
     """What the dot-product instruction ``isa`` of :data:`DOT_INSTRUCTIONS` computes (``llvm_intrinsic``
     None: ``lanes`` int32 lanes, each adding ``depth`` products of a ``packed_dtype`` input and int8
