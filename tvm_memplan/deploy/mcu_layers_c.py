@@ -229,7 +229,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   int32_t tile = (4096 / (8 * steps)) & ~1;
   tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
   const int32_t unpack = tile >= 8; /* enough pixels a tile to unpack each channel pair's weights once */
-  /* per pixel, per step of 4 channels: the even pair (low word) and the odd pair (high word), read by one LDRD */
+  /* per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word), read
+   * by one LDRD; the two pixels' steps interleave so that one pointer walks both */
   uint64_t packed[steps * tile];
   uint64_t unpacked[unpack ? 2 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
 #define TVM_MEMPLAN_STORE(o, p, acc, m)                                                                 \
@@ -247,8 +248,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t s = 0; s < steps; ++s) {
       const int8_t* c0 = x + 4 * s * pixels + p0;
       const int32_t there = cin - 4 * s; /* channels of this step that exist */
-      uint64_t* to = packed + s;
-      for (int32_t p = 0; p < n; ++p, to += steps) {
+      for (int32_t p = 0; p < n; ++p) {
+        uint64_t* to = packed + 2 * ((p >> 1) * steps + s) + (p & 1);
         uint32_t word = (uint8_t)c0[p];
         if (there > 1) word |= (uint32_t)(uint8_t)c0[pixels + p] << 8;
         if (there > 2) word |= (uint32_t)(uint8_t)c0[2 * pixels + p] << 16;
@@ -263,7 +264,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       for (int32_t k = 0; k < 4; ++k) a[k] = o + k < cout ? bias[o + k] : 0;
       int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
 #pragma GCC unroll 2
-      for (int32_t s = 0; s < steps; ++s, v += 16, ++q) {
+      for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
         const uint32_t xe = (uint32_t)*q, xo = (uint32_t)(*q >> 32);
         const uint32_t w0 = tvm_memplan_word(v), w1 = tvm_memplan_word(v + 4);
         const uint32_t w2 = tvm_memplan_word(v + 8), w3 = tvm_memplan_word(v + 12);
@@ -285,14 +286,14 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const float mo = multiplier[o];
       const int32_t at = p0;
       for (int32_t p = 0; p < n; p += 4) {
-        const uint64_t* q = packed + 2 * p;
+        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1), then p + 2's */
         const int32_t more = n - p;
-        const uint64_t* q1 = more > 1 ? q + 2 : q;
+        const uint64_t* q1 = more > 1 ? q + 1 : q;
         const uint64_t* q2 = more > 2 ? q + 4 : q;
-        const uint64_t* q3 = more > 3 ? q + 6 : q;
+        const uint64_t* q3 = more > 3 ? q + 5 : q;
 #define TVM_MEMPLAN_DOT8(x)                                                                                 \
-  tvm_memplan_smlad(to, (uint32_t)((x)[1] >> 32),                                                           \
-                    tvm_memplan_smlad(te, (uint32_t)(x)[1],                                                 \
+  tvm_memplan_smlad(to, (uint32_t)((x)[2] >> 32),                                                           \
+                    tvm_memplan_smlad(te, (uint32_t)(x)[2],                                                 \
                                       tvm_memplan_smlad(uo, (uint32_t)((x)[0] >> 32),                       \
                                                         tvm_memplan_smlad(ue, (uint32_t)(x)[0], bo))))
         const int32_t a0 = TVM_MEMPLAN_DOT8(q), a1 = TVM_MEMPLAN_DOT8(q1), a2 = TVM_MEMPLAN_DOT8(q2);
@@ -317,15 +318,15 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         }
       }
       for (int32_t p = 0; p < n; p += 2) {
-        const uint64_t* q = packed + p * steps;
+        const uint64_t* q = packed + p * steps; /* pixels p and p + 1, step by step */
         int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;
         if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */
-          const uint64_t *v = unpacked, *q1 = q + steps;
+          const uint64_t* v = unpacked;
 #pragma GCC unroll 4
           for (int32_t s = 0; s < steps; ++s) {
             uint32_t ue, uo, te, to, x0e, x0o, x1e, x1o;
             v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);
-            q = tvm_memplan_ldrd(q, &x0e, &x0o), q1 = tvm_memplan_ldrd(q1, &x1e, &x1o);
+            q = tvm_memplan_ldrd(q, &x0e, &x0o), q = tvm_memplan_ldrd(q, &x1e, &x1o);
             a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
             a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
             b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
@@ -334,11 +335,11 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         } else {
           const int8_t* v = wa;
 #pragma GCC unroll 4
-          for (int32_t s = 0; s < steps; ++s, v += 16, ++q) {
+          for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
             const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);
             const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
             const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
-            const uint64_t x0 = q[0], x1 = q[steps];
+            const uint64_t x0 = q[0], x1 = q[1];
             const uint32_t x0e = (uint32_t)x0, x0o = (uint32_t)(x0 >> 32), x1e = (uint32_t)x1;
             const uint32_t x1o = (uint32_t)(x1 >> 32);
             a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
