@@ -170,8 +170,23 @@ def main() -> None:
         metavar="PATH",
         help="a float ONNX model to add as float and int8 rows on the Cortex-M7 (repeatable)",
     )
+    parser.add_argument(
+        "--rows",
+        default=None,
+        metavar="N,N,...",
+        help="only these rows of the table (1-based, in ROWS order then --model's); an int8 row's ratio needs its "
+        "float row among them",
+    )
     args = parser.parse_args()
     rows = ROWS + [(path, "cortex-m7", None, int8, {}) for path in args.model for int8 in (False, True)]
+    if args.rows:
+        try:
+            chosen = [int(item) for item in args.rows.split(",")]
+        except ValueError:
+            parser.error(f"--rows takes comma-separated row numbers, not {args.rows!r}")
+        if not all(1 <= item <= len(rows) for item in chosen):
+            parser.error(f"--rows: the table has rows 1 to {len(rows)}")
+        rows = [rows[item - 1] for item in chosen]
     models = "".join(f" --model exports/{Path(path).name}" for path in args.model)
     exported = (
         " (`exports/` written by `python scripts/export_torch.py --out exports/`: random weights)" if models else ""
@@ -197,7 +212,8 @@ def main() -> None:
         f"{FLASH_LIMIT // 1024 // 1024} MiB flash. `max abs diff`: largest absolute difference to onnxruntime "
         "(int8 rows: to onnxruntime's run of the same QDQ file, with the allowed difference in brackets). "
         "`int8 / float`: the int8 row's instructions over the float row's of the same model and core.\n\n"
-        f"Written by `python scripts/bench_mcu.py --out results/bench_mcu.md{models}`{exported}.\n\n"
+        f"Written by `python scripts/bench_mcu.py --out results/bench_mcu.md{models}"
+        f"{f' --rows {args.rows}' if args.rows else ''}`{exported}.\n\n"
         "| model | dtype | core | arena | = plan | TVM default | naive | kernel scratch | stack | I/O | SRAM "
         "| SRAM - I/O "
         "| flash | weights | instructions (M) | int8 / float | max abs diff | fits SRAM | fits flash |\n"

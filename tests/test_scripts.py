@@ -217,3 +217,32 @@ def test_profile_kernels_profiles_the_blocked_layout(tmp_path):
     assert "(blocked)" in text.splitlines()[0]
     blocked = any(line.startswith("| fused_conv2d_nchwc") for line in text.splitlines())
     assert blocked == (channel_block(tvm.target.Target.from_device("cpu")) is not None)
+
+
+def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
+    """mcu_cnn quantized on the emulated Cortex-M7: the calls' instructions add up to the whole run's,
+    the outputs agree with onnxruntime, and each whole-layer C kernel has a floor below what it retires."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
+        pytest.skip("no arm-none-eabi-gcc or qemu-system-arm")
+    out = tmp_path / "profile.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "profile_mcu.py"), "--model", "zoo:mcu_cnn", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    assert "outputs agree with onnxruntime" in text
+    whole = float(text.split("Whole run: ")[1].split(" M instructions")[0])
+    calls = [
+        line.split("|") for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()
+    ]
+    assert abs(sum(float(call[3].replace(",", "")) for call in calls) / 1e3 - whole) < 0.1 + 0.02 * whole
+    floors = [float(call[8]) for call in calls if call[8].strip() != "-"]
+    assert floors and all(ratio > 1 for ratio in floors)

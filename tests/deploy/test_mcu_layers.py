@@ -81,6 +81,8 @@ def _operands(rng, cout: int, depth: int, x_shape: tuple[int, ...], zx: int):
         (3, 9, 3, 2, 1, -100),  # stride 2, a narrowed clamp (a folded Relu)
         (2, 6, 5, 1, 2, -128),  # the generic window
         (2, 5, 3, 2, 0, -128),  # no padding, an odd input
+        (1, 48, 3, 1, 1, -128),  # a plane larger than MAX_PLANE: the ring of window rows
+        (1, 47, 3, 2, 1, -128),  # the ring at stride 2
     ],
 )
 def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, kernel, stride, pad, low):

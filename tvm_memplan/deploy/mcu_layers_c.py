@@ -20,7 +20,7 @@ code runs on portable definitions of the intrinsics.
 
 from __future__ import annotations
 
-from ..quant.mcu_kernels import DEPTHWISE_KERNEL, MAX_ROWS, MAX_WINDOW, POINTWISE_KERNEL, WINDOW_KERNEL
+from ..quant.mcu_kernels import DEPTHWISE_KERNEL, MAX_PLANE, MAX_ROWS, MAX_WINDOW, POINTWISE_KERNEL, WINDOW_KERNEL
 
 LAYER_KERNELS = (
     r"""
@@ -62,6 +62,18 @@ static inline int32_t tvm_memplan_smlatt(uint32_t a, uint32_t b, int32_t acc) {
   return acc + (int16_t)(a >> 16) * (int16_t)(b >> 16);
 }
 #endif
+/* the low and high words of *p, then p + 1: one post-indexed LDRD (GCC splits a uint64_t used as two halves
+ * into two LDR) */
+static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
+    const uint64_t* p, uint32_t* low, uint32_t* high) {
+#if defined(__ARM_FEATURE_DSP)
+  __asm__("ldrd %0, %1, [%2], #8" : "=r"(*low), "=r"(*high), "+r"(p) : "m"(*p));
+  return p;
+#else
+  *low = (uint32_t)*p, *high = (uint32_t)(*p >> 32);
+  return p + 1;
+#endif
+}
 static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
   uint32_t word;
   memcpy(&word, p, 4);
@@ -113,6 +125,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 }
 """
     + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n#define TVM_MEMPLAN_MAX_ROWS {MAX_ROWS}\n"
+    + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n"
     + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
@@ -125,9 +138,11 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   int8_t* y = (int8_t*)y_;
   const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
   const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3; /* 4 bytes of slack for word reads */
-  /* a ring of the window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
-  int8_t cache[2 * kh * stride];
-  memset(cache, x_zp, sizeof(cache)); /* the padding columns stay */
+  /* a small plane goes whole into the cache, padded, each row copied once; a large one through a ring of the
+   * window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
+  const int32_t span = (oh - 1) * sh + kh, whole = span * stride <= TVM_MEMPLAN_MAX_PLANE;
+  int8_t cache[whole ? span * stride : 2 * kh * stride];
+  memset(cache, x_zp, sizeof(cache)); /* the padding stays */
   for (int32_t plane = 0; plane < planes; ++plane) {
     const int32_t channel = plane % channels;
     const int8_t* src = x + plane * h * w;
@@ -142,10 +157,13 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       outer0 = tvm_memplan_pair(tap[0], tap[2]), outer1 = tvm_memplan_pair(tap[3], tap[5]);
       outer2 = tvm_memplan_pair(tap[6], tap[8]), middle01 = tvm_memplan_pair(tap[1], tap[4]), middle2 = tap[7];
     }
+    for (int32_t r = 0; whole && r < h && r + top < span; ++r) {
+      memcpy(cache + (r + top) * stride + left, src + r * w, w);
+    }
     for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
       const int32_t first = oy * sh - top;
       if (next < first) next = first;
-      for (; next < first + kh; ++next) { /* the columns between the (constant) padding, at slot and slot + kh */
+      for (; !whole && next < first + kh; ++next) { /* the columns between the (constant) padding, twice */
         int8_t* row = cache + (((next % kh) + kh) % kh) * stride + left;
         if (next < 0 || next >= h) {
           memset(row, x_zp, w), memset(row + kh * stride, x_zp, w);
@@ -153,7 +171,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
           memcpy(row, src + next * w, w), memcpy(row + kh * stride, src + next * w, w);
         }
       }
-      const int8_t* r0 = cache + (((first % kh) + kh) % kh) * stride;
+      const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % kh) + kh) % kh) * stride;
       if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
         int8_t* out = dst;
         for (int32_t ox = 0; ox < ow; ox += 2, r0 += 2, out += 2) {
@@ -211,8 +229,10 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   int32_t tile = (4096 / (8 * steps)) & ~1;
   tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
   const int32_t unpack = tile >= 8; /* enough pixels a tile to unpack each channel pair's weights once */
-  uint32_t packed[2 * steps * tile]; /* per pixel, per step of 4 channels: the even and the odd pair */
-  uint32_t unpacked[unpack ? 4 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
+  /* per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word), read
+   * by one LDRD; the two pixels' steps interleave so that one pointer walks both */
+  uint64_t packed[steps * tile];
+  uint64_t unpacked[unpack ? 2 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
 #define TVM_MEMPLAN_STORE(o, p, acc, m)                                                                 \
   do {                                                                                                  \
     int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
@@ -228,24 +248,24 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t s = 0; s < steps; ++s) {
       const int8_t* c0 = x + 4 * s * pixels + p0;
       const int32_t there = cin - 4 * s; /* channels of this step that exist */
-      uint32_t* to = packed + 2 * s;
-      for (int32_t p = 0; p < n; ++p, to += 2 * steps) {
+      for (int32_t p = 0; p < n; ++p) {
+        uint64_t* to = packed + 2 * ((p >> 1) * steps + s) + (p & 1);
         uint32_t word = (uint8_t)c0[p];
         if (there > 1) word |= (uint32_t)(uint8_t)c0[pixels + p] << 8;
         if (there > 2) word |= (uint32_t)(uint8_t)c0[2 * pixels + p] << 16;
         if (there > 3) word |= (uint32_t)(uint8_t)c0[3 * pixels + p] << 24;
-        to[0] = tvm_memplan_even(word), to[1] = tvm_memplan_odd(word);
+        *to = tvm_memplan_even(word) | (uint64_t)tvm_memplan_odd(word) << 32;
       }
     }
     for (int32_t o = 0; pixels == 1 && o < cout; o += 4) { /* one pixel (a dense): a block of 4 channels */
       const int8_t* v = weights + (o >> 2) * steps * 16;
-      const uint32_t* q = packed;
+      const uint64_t* q = packed;
       int32_t a[4];
       for (int32_t k = 0; k < 4; ++k) a[k] = o + k < cout ? bias[o + k] : 0;
       int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
 #pragma GCC unroll 2
       for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
-        const uint32_t xe = q[0], xo = q[1];
+        const uint32_t xe = (uint32_t)*q, xo = (uint32_t)(*q >> 32);
         const uint32_t w0 = tvm_memplan_word(v), w1 = tvm_memplan_word(v + 4);
         const uint32_t w2 = tvm_memplan_word(v + 8), w3 = tvm_memplan_word(v + 12);
         a0 = tvm_memplan_smlad(tvm_memplan_odd(w0), xo, tvm_memplan_smlad(tvm_memplan_even(w0), xe, a0));
@@ -266,14 +286,16 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const float mo = multiplier[o];
       const int32_t at = p0;
       for (int32_t p = 0; p < n; p += 4) {
-        const uint32_t* q = packed + 4 * p;
+        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1), then p + 2's */
         const int32_t more = n - p;
-        const uint32_t* q1 = more > 1 ? q + 4 : q;
-        const uint32_t* q2 = more > 2 ? q + 8 : q;
-        const uint32_t* q3 = more > 3 ? q + 12 : q;
-#define TVM_MEMPLAN_DOT8(x)                                                              \
-  tvm_memplan_smlad(to, (x)[3], tvm_memplan_smlad(te, (x)[2],                            \
-                                                  tvm_memplan_smlad(uo, (x)[1], tvm_memplan_smlad(ue, (x)[0], bo))))
+        const uint64_t* q1 = more > 1 ? q + 1 : q;
+        const uint64_t* q2 = more > 2 ? q + 4 : q;
+        const uint64_t* q3 = more > 3 ? q + 5 : q;
+#define TVM_MEMPLAN_DOT8(x)                                                                                 \
+  tvm_memplan_smlad(to, (uint32_t)((x)[2] >> 32),                                                           \
+                    tvm_memplan_smlad(te, (uint32_t)(x)[2],                                                 \
+                                      tvm_memplan_smlad(uo, (uint32_t)((x)[0] >> 32),                       \
+                                                        tvm_memplan_smlad(ue, (uint32_t)(x)[0], bo))))
         const int32_t a0 = TVM_MEMPLAN_DOT8(q), a1 = TVM_MEMPLAN_DOT8(q1), a2 = TVM_MEMPLAN_DOT8(q2);
         const int32_t a3 = TVM_MEMPLAN_DOT8(q3);
 #undef TVM_MEMPLAN_DOT8
@@ -291,19 +313,20 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       if (unpack) {
         for (int32_t s = 0; s < steps; ++s) {
           const uint32_t u = tvm_memplan_word(wa + 16 * s), t = tvm_memplan_word(wa + 16 * s + 4);
-          unpacked[4 * s] = tvm_memplan_even(u), unpacked[4 * s + 1] = tvm_memplan_odd(u);
-          unpacked[4 * s + 2] = tvm_memplan_even(t), unpacked[4 * s + 3] = tvm_memplan_odd(t);
+          unpacked[2 * s] = tvm_memplan_even(u) | (uint64_t)tvm_memplan_odd(u) << 32;
+          unpacked[2 * s + 1] = tvm_memplan_even(t) | (uint64_t)tvm_memplan_odd(t) << 32;
         }
       }
       for (int32_t p = 0; p < n; p += 2) {
-        const uint32_t* q = packed + 2 * p * steps;
+        const uint64_t* q = packed + p * steps; /* pixels p and p + 1, step by step */
         int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;
         if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */
-          const uint32_t* v = unpacked;
+          const uint64_t* v = unpacked;
 #pragma GCC unroll 4
-          for (int32_t s = 0; s < steps; ++s, v += 4, q += 2) {
-            const uint32_t ue = v[0], uo = v[1], te = v[2], to = v[3];
-            const uint32_t x0e = q[0], x0o = q[1], x1e = q[2 * steps], x1o = q[2 * steps + 1];
+          for (int32_t s = 0; s < steps; ++s) {
+            uint32_t ue, uo, te, to, x0e, x0o, x1e, x1o;
+            v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);
+            q = tvm_memplan_ldrd(q, &x0e, &x0o), q = tvm_memplan_ldrd(q, &x1e, &x1o);
             a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
             a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
             b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
@@ -316,7 +339,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
             const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);
             const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
             const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
-            const uint32_t x0e = q[0], x0o = q[1], x1e = q[2 * steps], x1o = q[2 * steps + 1];
+            const uint64_t x0 = q[0], x1 = q[1];
+            const uint32_t x0e = (uint32_t)x0, x0o = (uint32_t)(x0 >> 32), x1e = (uint32_t)x1;
+            const uint32_t x1o = (uint32_t)(x1 >> 32);
             a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
             a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
             b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));

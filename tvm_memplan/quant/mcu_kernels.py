@@ -43,6 +43,9 @@ MAX_WINDOW = 8
 """The largest window height the row caches hold."""
 MAX_ROWS = 32
 """The most input rows (input channels x window height) :data:`WINDOW_KERNEL` reads per output row."""
+MAX_PLANE = 2048
+"""The largest padded input plane (bytes) :data:`DEPTHWISE_KERNEL` caches whole, each row copied once;
+a larger one goes through the ring of window rows."""
 STACK_BYTES = 8192
 """The most stack a C kernel may take for its row cache, packed operands and unpacked weights; a
 larger layer keeps TVM's kernel."""
