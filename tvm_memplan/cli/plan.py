@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..options import LAYOUTS, SCHEDULES
+from ..options import LAYOUTS, SCHEDULES, SPLIT_LAYOUT_NOTE, split_layout
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
 from ..split.chain import FUSED_TILES
 from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
@@ -147,12 +147,7 @@ def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) 
 
 
 def model_planner_kwargs(args: argparse.Namespace) -> dict:
-    layout = args.layout
-    if getattr(args, "split", None) == "acg":
-        # the split search times its chains in NCHW, and tiles of blocked tensors are not checked yet
-        if layout == "blocked":
-            raise UserError("--split acg does not support --layout blocked yet: use --layout nchw")
-        layout = "nchw"  # the report's layout row says so
+    layout = split_layout(args.layout) if getattr(args, "split", None) == "acg" else args.layout
     return {
         "alignment": args.alignment,
         "time_budget": args.time_budget,
@@ -411,7 +406,7 @@ def _layout_used(plan, args: argparse.Namespace) -> str:
     if block is not None:
         return f"blocked (NCHW{block}c)"
     if getattr(args, "split", None) == "acg" and layout_block(plan.target, args.layout) is not None:
-        return "nchw (--split acg plans in NCHW: tiles of blocked tensors are not supported yet)"
+        return f"nchw ({SPLIT_LAYOUT_NOTE})"
     return "nchw"
 
 
