@@ -45,7 +45,7 @@ class MemplanOptions:
     NCHW[x]c, x the target's float32 vector lanes, weights packed at compile time, channels padded to
     whole blocks; :mod:`tvm_memplan.relax.layout`), ``nchw`` (as imported), or ``auto`` (the default:
     blocked where the target's ISA has a block, 16 lanes with AVX-512 or 8 with AVX2; NCHW on arm64
-    NEON, the ``c`` target and GPUs)."""
+    NEON, the ``c`` target and GPUs; ``blocked`` runs NCHW4c on NEON)."""
     groups: GroupSetting | None = None
     """Layer grouping (docs/design.md): None (off), ``seq`` (layer-wise order, one kernel a group),
     a group count per layer, or ``auto`` (cost-aware). Tensors a group uses never share bytes

@@ -141,7 +141,7 @@ def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) 
         choices=list(LAYOUTS),
         default="auto",
         help="activation layout on llvm targets: blocked (convolutions, their epilogues and pools in NCHW[x]c, "
-        "x the vector lanes: 16 with AVX-512, 8 with AVX2), nchw (as imported), or auto (default: blocked "
+        "x the vector lanes: 16 with AVX-512, 8 with AVX2, 4 with NEON), nchw (as imported), or auto (default: blocked "
         "where the target has AVX2 or AVX-512, else nchw)",
     )
 
