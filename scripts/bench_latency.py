@@ -29,6 +29,7 @@ import argparse
 import datetime
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -43,6 +44,7 @@ from tvm_memplan.deploy.measure import Device, measure_artifact, reference_outpu
 from tvm_memplan.deploy.results import DEFAULT_LOG, ResultsLog
 from tvm_memplan.deploy.targets import get_target
 from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.schedule.cpu import cpu_spec
 
 TVM_PIPELINES = (TVM_STOCK, "memplan")
 BLOCKED = "memplan_blocked"
@@ -170,11 +172,35 @@ def _ms(entry: dict | None) -> str:
     return "—" if entry is None else f"{entry['latency_ms']:.2f} ({entry['spread_ms']:.2f})"
 
 
-def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: int) -> str:
+def _host_isa() -> str:
+    """The widest x86 vector ISA this host's CPU reports (what onnxruntime's MLAS dispatches to: it
+    reads CPUID and offers no option to use a narrower one), or the machine name elsewhere."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return platform.machine()
+    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
+
+
+def _target_isa(target: str) -> str:
+    """The vector width our kernels are built for on ``target`` (from its ``-mcpu``/``-mattr`` features)."""
+    tvm_target = get_target(target, None).tvm_target()
+    if tvm_target.kind.name != "llvm":
+        return tvm_target.kind.name
+    lanes = cpu_spec(tvm_target).lanes
+    return {16: "AVX-512", 8: "AVX2"}.get(lanes, f"{lanes} float32 lanes") + f" ({lanes} float32 lanes)"
+
+
+def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: int, command: str = "") -> str:
     threads = rows[0]["memplan"]["threads"] or "unset (1 thread)"
     cpu = platform.processor() or platform.machine()
-    lines = [
+    lines = [f"`{command}`", ""] if command else []
+    lines += [
         f"## onnxruntime, TVM and memplan: latency, compile time and memory ({datetime.date.today()})",
+        "",
+        f"ISA per column: TVM and memplan kernels {_target_isa(target)}; onnxruntime {_host_isa()} "
+        "(the host's own: MLAS picks its kernels from CPUID and has no setting to narrow them).",
         "",
         f"Device `{device}`, target `{target}` ({tvm.target.Target.from_device('cpu')}), TVM_NUM_THREADS={threads}, "
         f"host {cpu} with {os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats per pipeline; "
@@ -305,13 +331,18 @@ def main() -> int:
         os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     device = Device(args.rpc_tracker, args.rpc_key)
     log = ResultsLog(args.log)
+    command = shlex.join(["python", *sys.argv])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for model in args.models:
         print(f"benchmarking {model} ...", file=sys.stderr, flush=True)
         rows.append(bench(model, args.target, args.rounds, args.repeat, device, log, args.blocked, args.baseline))
-    text = markdown(rows, device.name, args.target, args.rounds, args.repeat)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
+        text = markdown(rows, device.name, args.target, args.rounds, args.repeat, command)
+        # Rewritten after every model, atomically, so that a long run leaves the rows it finished.
+        partial = out.with_name(out.name + ".partial")
+        partial.write_text(text)
+        partial.replace(out)
     print(text)
     return 0
 

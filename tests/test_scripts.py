@@ -204,10 +204,10 @@ def test_profile_kernels_times_each_kernel_of_an_int8_model(tmp_path):
 
 def test_profile_kernels_profiles_the_blocked_layout(tmp_path):
     """--layout blocked profiles the kernels the blocked pipeline builds: NCHW[x]c convolutions where this
-    CPU's vectors hold 8 or more float32 lanes."""
+    CPU's vectors hold 4 or more float32 lanes."""
     import tvm
 
-    from tvm_memplan.relax.layout import channel_block
+    from tvm_memplan.relax.layout import layout_block
 
     out = tmp_path / "profile.md"
     command = [sys.executable, str(ROOT / "scripts" / "profile_kernels.py"), "zoo:mcu_cnn", "--layout", "blocked"]
@@ -216,7 +216,7 @@ def test_profile_kernels_profiles_the_blocked_layout(tmp_path):
     text = out.read_text()
     assert "(blocked)" in text.splitlines()[0]
     blocked = any(line.startswith("| fused_conv2d_nchwc") for line in text.splitlines())
-    assert blocked == (channel_block(tvm.target.Target.from_device("cpu")) is not None)
+    assert blocked == (layout_block(tvm.target.Target.from_device("cpu"), "blocked") is not None)
 
 
 def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):

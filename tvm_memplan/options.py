@@ -45,7 +45,7 @@ class MemplanOptions:
     NCHW[x]c, x the target's float32 vector lanes, weights packed at compile time, channels padded to
     whole blocks; :mod:`tvm_memplan.relax.layout`), ``nchw`` (as imported), or ``auto`` (the default:
     blocked where the target's ISA has a block, 16 lanes with AVX-512 or 8 with AVX2; NCHW on arm64
-    NEON, the ``c`` target and GPUs)."""
+    NEON, the ``c`` target and GPUs; ``blocked`` runs NCHW4c on NEON)."""
     groups: GroupSetting | None = None
     """Layer grouping (docs/design.md): None (off), ``seq`` (layer-wise order, one kernel a group),
     a group count per layer, or ``auto`` (cost-aware). Tensors a group uses never share bytes
@@ -74,6 +74,19 @@ class MemplanOptions:
         if unknown:
             raise UserError(f"unknown tvm_memplan option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def split_layout(layout: str) -> str:
+    """The activation layout a split module (``--split acg``) is planned and built in, given the
+    ``layout`` option: NCHW, the layout the split search finds, times and tiles its chains in (tiles of
+    blocked tensors are not supported yet), so ``auto`` falls back to it and ``blocked`` is refused."""
+    if layout == "blocked":
+        raise UserError("--split acg does not support --layout blocked yet: use --layout nchw")
+    return "nchw"
+
+
+SPLIT_LAYOUT_NOTE = "--split acg plans in NCHW: tiles of blocked tensors are not supported yet"
+"""Why a split plan runs in NCHW where ``layout="auto"`` would block (the plan report's layout row)."""
 
 
 _scope = threading.local()

@@ -9,7 +9,7 @@ from typing import Any
 import tvm
 
 from .frontend import LoadedModel, to_relax
-from .options import MemplanOptions, current_options
+from .options import MemplanOptions, current_options, split_layout
 from .relax.extract import extract_plan_input
 from .relax.module import relax_functions
 from .relax.passes import ArenaPlanBlockMemory, PlanReport
@@ -75,12 +75,12 @@ def plan_model(
 
     The dataflow stage is shared: the stock module continues from it in program order, the
     memplan module after reordering, so both builds use the very same kernels. ``prepare`` (a split
-    search's rewrite) makes ``layout="auto"`` plan in NCHW.
+    search's rewrite) plans in the layout :func:`~tvm_memplan.options.split_layout` gives.
     """
     resolved_target = resolve_target(target)
     resolved = current_options().updated(**options)
-    if prepare is not None and resolved.layout == "auto":
-        resolved = resolved.updated(layout="nchw")  # a split module: its tiles are NCHW row or channel ranges
+    if prepare is not None:
+        resolved = resolved.updated(layout=split_layout(resolved.layout))
     stages = stage_passes(resolved_target, resolved.schedule, resolved.layout)
     imported = to_relax(model)
     if prepare is not None:

@@ -88,3 +88,16 @@ def test_int8_sdot_kernels_are_correct_on_the_emulated_arm64_device(capsys, tmp_
     report = _measure_once(capsys, artifact, arm64_farm, tmp_path / "log.jsonl")
     assert report["correct"], report["max_abs_diff"]
     assert report["requested_bytes"] == report["planned_bytes"]
+
+
+def test_blocked_nchw4c_is_correct_on_the_emulated_arm64_device(capsys, tmp_path, arm64_farm):
+    """``--layout blocked`` on NEON runs convolutions, epilogues and pools in NCHW4c (``auto`` keeps NCHW
+    there: NCHW4c is untimed on arm64 hardware); its outputs agree with onnxruntime's and the VM
+    requests what was planned."""
+    plan = run_cli_json(capsys, "plan", "zoo:mcu_cnn", "--target", "llvm-aarch64", "--layout", "blocked")
+    assert plan["layout"] == "blocked (NCHW4c)"
+    artifact = tmp_path / "blocked.so"
+    run_cli_json(capsys, "build", "zoo:mcu_cnn", "-o", str(artifact), "--target", "llvm-aarch64", "--layout", "blocked")
+    report = _measure_once(capsys, artifact, arm64_farm, tmp_path / "log.jsonl")
+    assert report["correct"], report["max_abs_diff"]
+    assert report["requested_bytes"] == report["planned_bytes"]

@@ -43,6 +43,7 @@ def test_the_block_is_the_vector_width_of_the_targets_isa(target: dict, block: i
         ({"kind": "llvm", "mcpu": "haswell"}, "blocked", 8),
         ({"kind": "llvm", "mcpu": "skylake-avx512"}, "nchw", None),
         ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, "auto", None),
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, "blocked", 4),
         ({"kind": "c", "mcpu": "skylake-avx512"}, "auto", None),
         ({"kind": "cuda"}, "auto", None),
     ],

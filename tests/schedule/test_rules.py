@@ -102,6 +102,26 @@ def test_layout_transforms_iterate_over_their_output(index_map) -> None:
     np.testing.assert_array_equal(_run(new_func, host), _run(func, host))
 
 
+def test_a_layout_transform_into_a_row_range_keeps_its_loops() -> None:
+    """A split tile converted back from NCHW[x]c and written into rows 1.. of a larger NCHW tensor: its stores
+    cover a range that does not start at 0, which TVM's transform_block_layout rejects (an InternalError, not a
+    ScheduleError); the rule keeps the input's loops and still schedules the kernel."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, s_tir=True)
+    def into_rows(tile: T.Buffer((1, 4, 1, 4, 4), "float32"), out: T.Buffer((1, 16, 4, 4), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for n, c, h, w, i in T.grid(1, 4, 1, 4, 4):
+            with T.sblock("te_layout_transform"):
+                vn, vc, vh, vw, vi = T.axis.remap("SSSSS", [n, c, h, w, i])
+                out[vn, vc * 4 + vi, vh + 1, vw] = tile[vn, vc, vh, vw, vi]
+
+    new_func, rule = schedule_function(into_rows, cpu_spec(AVX2))
+    assert rule == "spatial"
+    host = tvm.target.Target.from_device("cpu")
+    np.testing.assert_array_equal(_run(new_func, host), _run(into_rows, host))
+
+
 def test_c_target_gets_unrolled_not_vectorized_loops(tmp_path) -> None:
     c = tvm.target.Target({"kind": "c"})
     spec = cpu_spec(c)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..options import LAYOUTS, SCHEDULES
+from ..options import LAYOUTS, SCHEDULES, SPLIT_LAYOUT_NOTE, split_layout
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
 from ..split.chain import FUSED_TILES
 from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
@@ -141,18 +141,13 @@ def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) 
         choices=list(LAYOUTS),
         default="auto",
         help="activation layout on llvm targets: blocked (convolutions, their epilogues and pools in NCHW[x]c, "
-        "x the vector lanes: 16 with AVX-512, 8 with AVX2), nchw (as imported), or auto (default: blocked "
+        "x the vector lanes: 16 with AVX-512, 8 with AVX2, 4 with NEON), nchw (as imported), or auto (default: blocked "
         "where the target has AVX2 or AVX-512, else nchw)",
     )
 
 
 def model_planner_kwargs(args: argparse.Namespace) -> dict:
-    layout = args.layout
-    if getattr(args, "split", None) == "acg":
-        # the split search times its chains in NCHW, and tiles of blocked tensors are not checked yet
-        if layout == "blocked":
-            raise UserError("--split acg does not support --layout blocked yet: use --layout nchw")
-        layout = "nchw"  # the report's layout row says so
+    layout = split_layout(args.layout) if getattr(args, "split", None) == "acg" else args.layout
     return {
         "alignment": args.alignment,
         "time_budget": args.time_budget,
@@ -411,7 +406,7 @@ def _layout_used(plan, args: argparse.Namespace) -> str:
     if block is not None:
         return f"blocked (NCHW{block}c)"
     if getattr(args, "split", None) == "acg" and layout_block(plan.target, args.layout) is not None:
-        return "nchw (--split acg plans in NCHW: tiles of blocked tensors are not supported yet)"
+        return f"nchw ({SPLIT_LAYOUT_NOTE})"
     return "nchw"
 
 

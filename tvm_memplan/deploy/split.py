@@ -14,6 +14,7 @@ import tvm
 
 from ..errors import UserError
 from ..frontend import LoadedModel, to_relax
+from ..options import split_layout
 from ..planner import plan_model
 from ..planning import DEFAULT_ALIGNMENT
 from ..relax.ir_utils import top_level_bindings
@@ -151,9 +152,7 @@ def _planned(
     the kept plan replaced by the unsplit one when its arena is not below the unsplit model's (the
     simulator's estimate, checked by the planner that produces the real plan). Both in NCHW, the layout
     the chains are found and tiled in."""
-    if options.get("layout") == "blocked":
-        raise UserError(f"{model.name}: --split acg does not take --layout blocked yet: use --layout nchw")
-    options = {**options, "layout": "nchw"}
+    options = {**options, "layout": split_layout(options.get("layout", "auto"))}
     coarse = plan_model(model, target, **options).total("arena_bytes")
     if not result.best.choices:
         return coarse, coarse, result

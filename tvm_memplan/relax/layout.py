@@ -38,26 +38,32 @@ _IMMEDIATES = (tirx.IntImm, tirx.FloatImm)
 
 
 MIN_BLOCK = 8
-"""The narrowest block converted: AVX2's 8 lanes. 4-lane targets (NEON, SSE) keep NCHW until a
-blocked kernel has been measured on one."""
+"""The narrowest block ``layout="auto"`` converts: AVX2's 8 lanes. On 4-lane targets (arm64 NEON, SSE)
+NCHW4c is correct (checked on the emulated arm64 device) but has not been timed on hardware, so
+``auto`` keeps NCHW there and ``layout="blocked"`` asks for NCHW4c."""
+
+MIN_BLOCK_BLOCKED = 4
+"""The narrowest block ``layout="blocked"`` converts: NEON's and SSE's 4 lanes."""
 
 
-def channel_block(target: tvm.target.Target) -> int | None:
+def channel_block(target: tvm.target.Target, minimum: int = MIN_BLOCK) -> int | None:
     """Channels per block for ``target``: the float32 lanes of its vector registers, from its ``-mcpu``
     and ``-mattr`` features (:func:`~tvm_memplan.schedule.cpu.cpu_spec`: 16 with AVX-512, 8 with
-    AVX2); None for targets with narrower vectors or no vector code generator (the ``c`` target)."""
+    AVX2, 4 with NEON); None for targets with fewer than ``minimum`` lanes or no vector code generator
+    (the ``c`` target)."""
     spec = cpu_spec(target)
-    if not spec.vector_codegen or spec.lanes < MIN_BLOCK:
+    if not spec.vector_codegen or spec.lanes < minimum:
         return None
     return spec.lanes
 
 
 def layout_block(target: tvm.target.Target, layout: str) -> int | None:
     """The channel block the ``layout`` option (``auto``, ``blocked``, ``nchw``) gives on ``target``: its
-    :func:`channel_block` on ``llvm`` targets unless ``nchw``; None (NCHW) elsewhere."""
+    :func:`channel_block` on ``llvm`` targets unless ``nchw`` (``auto`` from :data:`MIN_BLOCK` lanes,
+    ``blocked`` from :data:`MIN_BLOCK_BLOCKED`); None (NCHW) elsewhere."""
     if layout == "nchw" or target.kind.name != "llvm":
         return None
-    return channel_block(target)
+    return channel_block(target, MIN_BLOCK_BLOCKED if layout == "blocked" else MIN_BLOCK)
 
 
 def _padded_window(data: te.Tensor, kernel_hw: tuple[int, int], strides, padding, dilation):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir, tirx
 
 from ..blocks import NotApplicable, is_output, is_reduction, top_level_blocks
@@ -39,4 +40,6 @@ def _iterate_over_output(sch: s_tir.Schedule, block) -> None:
     try:
         sch.transform_block_layout(block, tirx.IndexMap([iv.var for iv in stmt.iter_vars], list(store.indices), None))
     except s_tir.schedule.ScheduleError:  # not a bijective affine map of the iterators (a gather, a broadcast)
+        return
+    except tvm.error.InternalError:  # stores into a range that does not start at 0 (a tile written into place)
         return
