@@ -49,7 +49,9 @@ CASES = {
         (3, 64),
         "tiled_reduction",
     ),
-    "softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (2, 1000), "generic"),
+    "softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (2, 1000), "row_wise"),
+    "attention_softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (1, 2, 16, 32), "row_wise"),
+    "softmax_short_rows": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (8, 3), "generic"),
     "sum_to_scalar": (lambda bb, x: relax.op.sum(x), (4, 33), "generic"),  # no output axis to tile
     "layer_norm": (
         lambda bb, x: relax.op.nn.layer_norm(
