@@ -140,6 +140,14 @@ def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> 
     assert spec.threads == 1 or "mcpu" not in target or not target["mcpu"].startswith("cortex-m")  # one core
 
 
+def test_softmax_runs_per_row_with_exp_once_and_the_c_target_keeps_the_generic_rule() -> None:
+    (func,) = kernels_of(lambda bb, x: relax.op.nn.softmax(x, axis=-1), (4, 64)).values()
+    scheduled, rule = schedule_function(func, CpuSpec(lanes=16, registers=32, threads=2, vector_codegen=True))
+    assert rule == "row_wise" and scheduled.script().count("T.exp(") == 1 and "T.vectorized" in scheduled.script()
+    _, rule = schedule_function(func, CpuSpec(lanes=4, registers=16, threads=1, vector_codegen=False))
+    assert rule == "generic"
+
+
 def test_one_thread_keeps_kernels_serial() -> None:
     (func,) = kernels_of(conv_body(32, 3, padding=1), (1, 16, 28, 28)).values()
     new_func, _ = schedule_function(func, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True))

@@ -25,6 +25,8 @@ class RowWise(CPUScheduleRule):
     name = "row_wise"
 
     def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
+        if not spec.vector_codegen:
+            raise NotApplicable("no vector code generator (the c target would unroll whole rows)")
         blocks = top_level_blocks(sch)
         *producers, output = blocks
         reductions = [b for b in producers if is_reduction(sch.get(b))]
