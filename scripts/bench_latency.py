@@ -48,6 +48,8 @@ from tvm_memplan.schedule.cpu import cpu_spec
 
 TVM_PIPELINES = (TVM_STOCK, "memplan")
 BLOCKED = "memplan_blocked"
+DEFAULT = "memplan_default"
+"""``--default-only``'s one pipeline: ``tvm_memplan.pipeline`` as it builds by default (``layout="auto"``)."""
 EARLIER = {"memplan": "earlier_memplan", BLOCKED: "earlier_blocked"}
 """Our pipelines → the names of their ``--baseline`` artifacts' columns."""
 
@@ -115,6 +117,7 @@ def bench(
     log: ResultsLog,
     blocked: bool,
     baseline: Path | None = None,
+    default_only: bool = False,
 ) -> dict:
     loaded = load_model(model)
     inputs = loaded.random_inputs(0)
@@ -122,11 +125,17 @@ def bench(
     threads = int(os.environ.get("TVM_NUM_THREADS", "1"))
     ort = OnnxRuntime(model, threads) if device.name == "local" else None
     row: dict = {"model": model}
-    if device.name == "local":
+    if device.name == "local" and not default_only:
         row["compile_s"] = compile_seconds(model, get_target(target, None).tvm_target(), blocked)
     pipelines = (*TVM_PIPELINES, BLOCKED) if blocked else TVM_PIPELINES
     with tempfile.TemporaryDirectory() as scratch:
-        artifacts = build_artifacts(model, target, {p: Path(scratch) / f"{p}.so" for p in TVM_PIPELINES}, layout="nchw")
+        if default_only:
+            pipelines = (DEFAULT,)
+            artifacts = {DEFAULT: build_artifacts(model, target, {"memplan": Path(scratch) / "default.so"})["memplan"]}
+        else:
+            artifacts = build_artifacts(
+                model, target, {p: Path(scratch) / f"{p}.so" for p in TVM_PIPELINES}, layout="nchw"
+            )
         if blocked:
             path = Path(scratch) / f"{BLOCKED}.so"
             artifacts[BLOCKED] = build_artifacts(model, target, {"memplan": path}, layout="blocked")["memplan"]
@@ -190,6 +199,51 @@ def _target_isa(target: str) -> str:
         return tvm_target.kind.name
     lanes = cpu_spec(tvm_target).lanes
     return {16: "AVX-512", 8: "AVX2"}.get(lanes, f"{lanes} float32 lanes") + f" ({lanes} float32 lanes)"
+
+
+def default_markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: int, command: str = "") -> str:
+    """``--default-only``'s table: the default build against onnxruntime, and the median of their ratios."""
+    threads = rows[0][DEFAULT]["threads"] or "unset (1 thread)"
+    lines = [f"`{command}`", ""] if command else []
+    lines += [
+        f"## memplan's default build against onnxruntime ({datetime.date.today()})",
+        "",
+        f"ISA per column: memplan kernels {_target_isa(target)}; onnxruntime {_host_isa()} (MLAS picks its kernels "
+        "from CPUID).",
+        "",
+        f"Device `{device}`, target `{target}` ({tvm.target.Target.from_device('cpu')}), TVM_NUM_THREADS={threads} "
+        f"(onnxruntime's intra-op threads alike), host {platform.processor() or platform.machine()} with "
+        f"{os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats each; latency is the median over all "
+        "repeats (ms), spread the interquartile range. memplan = `tvm_memplan.pipeline` with its defaults "
+        '(`layout="auto"`). Produced by `scripts/bench_latency.py --default-only`.',
+        "",
+        "| model | onnxruntime ms | memplan ms | memplan / onnxruntime | requested MiB | planned MiB "
+        "| requested = plan | correct |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    ratios = []
+    for row in rows:
+        ours, ort = row[DEFAULT], row.get("onnxruntime")
+        if ort:
+            ratios.append(ours["latency_ms"] / ort["latency_ms"])
+        cells = [
+            row["model"],
+            _ms(ort),
+            _ms(ours),
+            f"{ratios[-1]:.2f}x" if ort else "—",
+            _mib(ours["requested_bytes"]),
+            _mib(ours["planned_bytes"]),
+            "yes" if ours["requested_bytes"] == ours["planned_bytes"] else "NO",
+            "yes" if ours["correct"] else "NO",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if ratios:
+        lines += [
+            "",
+            f"Median memplan / onnxruntime over {len(ratios)} models: {float(np.median(ratios)):.2f}x; "
+            f"worst {max(ratios):.2f}x.",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: int, command: str = "") -> str:
@@ -325,7 +379,14 @@ def main() -> int:
         help="also time an earlier checkout's artifacts DIR/STEM.memplan.so (and .memplan_blocked.so) in the same "
         "rounds, STEM the model's file name without .onnx",
     )
+    parser.add_argument(
+        "--default-only",
+        action="store_true",
+        help="time only the default build (layout=auto) against onnxruntime: no TVM or NCHW columns, no compile times",
+    )
     args = parser.parse_args()
+    if args.default_only and (args.blocked or args.baseline):
+        parser.error("--default-only goes without --blocked and --baseline")
 
     if not args.rpc_tracker:
         os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
@@ -337,8 +398,21 @@ def main() -> int:
     rows = []
     for model in args.models:
         print(f"benchmarking {model} ...", file=sys.stderr, flush=True)
-        rows.append(bench(model, args.target, args.rounds, args.repeat, device, log, args.blocked, args.baseline))
-        text = markdown(rows, device.name, args.target, args.rounds, args.repeat, command)
+        rows.append(
+            bench(
+                model,
+                args.target,
+                args.rounds,
+                args.repeat,
+                device,
+                log,
+                args.blocked,
+                args.baseline,
+                args.default_only,
+            )
+        )
+        table = default_markdown if args.default_only else markdown
+        text = table(rows, device.name, args.target, args.rounds, args.repeat, command)
         # Rewritten after every model, atomically, so that a long run leaves the rows it finished.
         partial = out.with_name(out.name + ".partial")
         partial.write_text(text)

@@ -136,6 +136,19 @@ def test_execute_tutorials_stores_the_outputs(tmp_path):
     assert cell.outputs[0]["text"] == "42\n"
 
 
+def test_bench_latency_default_only_times_the_default_build_against_onnxruntime(tmp_path):
+    out = tmp_path / "latency.md"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_latency.py"), "zoo:mcu_cnn", "--default-only"]
+    command += ["--rounds", "1", "--repeat", "1", "--out", str(out), "--log", str(tmp_path / "log.jsonl")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    (row,) = [line.split("|") for line in text.splitlines() if line.startswith("| zoo:mcu_cnn")]
+    ratio = float(row[4].strip().removesuffix("x"))
+    assert ratio > 0 and row[-3].strip() == "yes" and row[-2].strip() == "yes"
+    assert f"Median memplan / onnxruntime over 1 models: {ratio:.2f}x" in text
+
+
 def test_bench_latency_times_the_blocked_layout_and_an_earlier_build_beside_nchw(tmp_path):
     from tvm_memplan.cli.main import main as cli
 

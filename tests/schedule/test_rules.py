@@ -49,7 +49,9 @@ CASES = {
         (3, 64),
         "tiled_reduction",
     ),
-    "softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (2, 1000), "generic"),
+    "softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (2, 1000), "row_wise"),
+    "attention_softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (1, 2, 16, 32), "row_wise"),
+    "softmax_short_rows": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (8, 3), "generic"),
     "sum_to_scalar": (lambda bb, x: relax.op.sum(x), (4, 33), "generic"),  # no output axis to tile
     "layer_norm": (
         lambda bb, x: relax.op.nn.layer_norm(
@@ -156,6 +158,14 @@ def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> 
     assert (spec.lanes, spec.registers) == (lanes, registers)
     assert spec.threads == 3 or not cores
     assert spec.threads == 1 or "mcpu" not in target or not target["mcpu"].startswith("cortex-m")  # one core
+
+
+def test_softmax_runs_per_row_with_exp_once_and_the_c_target_keeps_the_generic_rule() -> None:
+    (func,) = kernels_of(lambda bb, x: relax.op.nn.softmax(x, axis=-1), (4, 64)).values()
+    scheduled, rule = schedule_function(func, CpuSpec(lanes=16, registers=32, threads=2, vector_codegen=True))
+    assert rule == "row_wise" and scheduled.script().count("T.exp(") == 1 and "T.vectorized" in scheduled.script()
+    _, rule = schedule_function(func, CpuSpec(lanes=4, registers=16, threads=1, vector_codegen=False))
+    assert rule == "generic"
 
 
 def test_one_thread_keeps_kernels_serial() -> None:

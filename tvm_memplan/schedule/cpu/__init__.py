@@ -1,7 +1,7 @@
 """Default CPU schedule rules, tried in order (:data:`DEFAULT_RULES`).
 
 TVM 0.27's ``cpu_generic`` pipeline leaves convolutions, matmuls and pools as plain loop nests.
-Four rules cover what the fused kernels of CNNs and transformers contain, after two for the int8
+Five rules cover what the fused kernels of CNNs and transformers contain, after two for the int8
 convolutions of CPUs with a dot-product instruction: regular ones lowered in its layout
 (:class:`Int8Smlad` on a Cortex-M with the DSP extension, :class:`Int8DotProduct` elsewhere) and
 depthwise ones on int32 vectors (:class:`Int8Depthwise`):
@@ -9,8 +9,9 @@ depthwise ones on int32 vectors (:class:`Int8Depthwise`):
 * :class:`BlockedConv` — a convolution in a blocked channel layout (NCHW[x]c) with its epilogue;
 * :class:`TiledReduction` — one reduction block with injective producers and an elementwise
   epilogue (conv, depthwise/grouped conv, matmul, dense, pooling), register-tiled;
+* :class:`RowWise` — softmax over the last axis, every step per row (`exp` once per element);
 * :class:`Spatial` — injective kernels (elementwise, transpose, concat, pad);
-* :class:`Generic` — anything else with reductions (softmax, layer norm, global pooling).
+* :class:`Generic` — anything else with reductions (layer norm, global pooling, sums).
 
 Each is a dlight ``ScheduleRule``: it schedules the whole function or declines (None).
 """
@@ -21,6 +22,7 @@ from .generic import Generic
 from .int8_depthwise import Int8Depthwise
 from .int8_dot import Int8DotProduct
 from .int8_smlad import Int8Smlad
+from .row_wise import RowWise
 from .spatial import Spatial
 from .spec import CpuSpec, cpu_spec
 from .tiled_reduction import TiledReduction
@@ -31,6 +33,7 @@ DEFAULT_RULES: tuple[CPUScheduleRule, ...] = (
     Int8Depthwise(),
     BlockedConv(),
     TiledReduction(),
+    RowWise(),
     Spatial(),
     Generic(),
 )
@@ -44,6 +47,7 @@ __all__ = [
     "Int8Depthwise",
     "Int8DotProduct",
     "Int8Smlad",
+    "RowWise",
     "Spatial",
     "TiledReduction",
     "cpu_spec",
