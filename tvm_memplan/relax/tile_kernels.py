@@ -205,9 +205,12 @@ def _tile_loop(worker: tirx.Var, workers: int, tiles: list[tirx.Stmt]) -> tirx.S
     return tirx.For(worker, zero, tirx.IntImm("int64", workers), tirx.ForKind.PARALLEL, inner)
 
 
-def merge_chain(func: relax.Function, mod: tvm.IRModule, spec: CpuSpec | None) -> MergedChain | None:
+def merge_chain(
+    func: relax.Function, mod: tvm.IRModule, spec: CpuSpec | None, threads: bool = True
+) -> MergedChain | None:
     """The chain function's kernels as one PrimFunc (see the module docstring), each scheduled for
-    ``spec`` first (None: as they are); None where this pass cannot merge them."""
+    ``spec`` first (None: as they are); None where this pass cannot merge them. With ``threads`` (a
+    target with a thread pool), independent tiles run on :data:`~.split.outline.WORKERS_ATTR` workers."""
     found = _kernels(func, mod)
     if found is None or len(found[0]) < 2:
         return None
@@ -228,7 +231,7 @@ def merge_chain(func: relax.Function, mod: tvm.IRModule, spec: CpuSpec | None) -
     if planned is None:
         return None
     offsets, in_output, elements, dtype = planned
-    workers = int(func.attrs[WORKERS_ATTR]) if WORKERS_ATTR in func.attrs else 1
+    workers = int(func.attrs[WORKERS_ATTR]) if threads and WORKERS_ATTR in func.attrs else 1
     groups = _tile_groups(kernels, inside, int(func.attrs[TILES_ATTR])) if workers > 1 and spec is not None else None
     worker = tirx.Var("worker", "int64")
     regions = min(workers, len(groups)) if groups is not None else 1
@@ -306,7 +309,7 @@ def MergeTileKernels(target: tvm.target.Target, schedule: str = "default") -> tv
         builder = relax.BlockBuilder(mod)
         kernels = {}
         for gvar, func in chains.items():
-            merged = merge_chain(func, mod, spec) if cpu else None
+            merged = merge_chain(func, mod, spec, target.kind.name == "llvm") if cpu else None
             if merged is not None:
                 kernels[gvar] = (merged, builder.add_func(merged.func, f"{gvar.name_hint}_fused"))
         updates = {}
