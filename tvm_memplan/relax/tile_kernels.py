@@ -9,7 +9,15 @@ The chain's inputs and its output are that PrimFunc's parameters; every tensor t
 the chain (tile buffers) becomes a view into one scratch parameter, at offsets planned by the arena
 allocators over the kernels' sequence. The scratch is a second output of the call, so the arena planner
 places it like any tensor and the VM allocates exactly the plan (no ``TVMBackendAllocWorkspace``).
-Halo rows are recomputed, as the per-kernel tiles do. Where the kernels cannot be merged (a call this
+Halo rows are recomputed, as the per-kernel tiles do.
+
+A spatial chain's row tiles are independent (they share only the chain's inputs and its output, each
+writing its own rows; :data:`~.split.outline.WORKERS_ATTR`): on a target with a thread pool the merged
+kernel is one loop nest, ``for worker in parallel(W): for tile in its share: every stage of that tile``,
+the stages' own parallel loops run serially inside a tile (their vectorized loops stay), and each worker
+has a scratch region of its own (W times one tile's buffers, which the simulator counts,
+:attr:`~tvm_memplan.split.chain.SplitChoice.concurrent_tiles`). A channel chain's tiles accumulate
+into one output: they run one after another, each stage parallel as scheduled. Where the kernels cannot be merged (a call this
 pass does not model, a GPU target whose kernels are bound to threads), the chain's calls go back into
 the caller one by one: the per-kernel tiles.
 
