@@ -17,9 +17,10 @@ kernel is one loop nest, ``for worker in parallel(W): for tile in its share: eve
 the stages' own parallel loops run serially inside a tile (their vectorized loops stay), and each worker
 has a scratch region of its own (W times one tile's buffers, which the simulator counts,
 :attr:`~tvm_memplan.split.chain.SplitChoice.concurrent_tiles`). A channel chain's tiles accumulate
-into one output: they run one after another, each stage parallel as scheduled. Where the kernels cannot be merged (a call this
-pass does not model, a GPU target whose kernels are bound to threads), the chain's calls go back into
-the caller one by one: the per-kernel tiles.
+into one output: they run one after another, each stage parallel as scheduled.
+
+Where the kernels cannot be merged (a call this pass does not model, a GPU target whose kernels are
+bound to threads), the chain's calls go back into the caller one by one: the per-kernel tiles.
 
 MCUNetV2 (Lin et al., NeurIPS 2021) and TinyEngine run a patch through the first stages the same way.
 """
