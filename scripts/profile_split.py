@@ -109,15 +109,17 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int, statisti
             choice = [SplitChoice(chain, count)]
             split_alone = split_chains(alone, choice)
             modules = [(alone, split_alone), (mod, split_chains(mod, choice))]
-            if chain.fusable:  # the tiles as one kernel, timed in the same rounds
+            if chain.fusable:  # the tiles as one kernel (one tile at a time, and on the workers), same rounds
                 fused = [SplitChoice(chain, count, fused=True)]
-                modules = [(*pair, split_chains(pair[0], fused)) for pair in modules]
+                on_workers = [SplitChoice(chain, count, fused=True, workers=measurer.workers)]
+                modules = [(*pair, split_chains(pair[0], fused), split_chains(pair[0], on_workers)) for pair in modules]
             summarize = STATISTICS[statistic]
             chain_ms, model_ms = (
                 [float(summarize(s)) for s in measurer.compare(*variants, rounds=rounds)] for variants in modules
             )
             row[count] = {
                 "peak": peak(split_program(program, choice)).bytes,
+                "workers_peak": peak(split_program(program, on_workers)).bytes if chain.fusable else None,
                 "launches": launches(split_alone, target),
                 "macs": reduction_steps(split_alone),
                 "chain_ms": chain_ms,
@@ -140,26 +142,32 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int, statist
         f"matmuls, the window reads of pools; halos recomputed). Times: {statistic}s over "
         f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit, "
         "split into per-kernel tiles and (fused columns) split with the chain's tiles run as one kernel, side by "
-        "side in the same rounds. Produced by `scripts/profile_split.py`.",
+        "side in the same rounds; fused: one tile after another, each stage's loops parallel as scheduled (the "
+        "merged kernel before issue 25); on workers: one loop nest whose outer loop runs the independent tiles "
+        "of a spatial chain on the target's threads (stages serial inside a tile, each worker with its own scratch; "
+        "its peak in brackets). Produced by `scripts/profile_split.py`.",
         "",
         "| chain | parts | peak KiB | launches | reduction steps (M) | chain alone ms: unsplit / split (added µs) "
         "| whole model ms: unsplit / split (overhead) | fused: launches | fused: chain alone ms (added µs) "
-        "| fused: whole model ms (overhead) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| fused: whole model ms (overhead) | on workers: chain alone ms (added µs) [peak KiB] "
+        "| on workers: whole model ms (overhead) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         base = row["unsplit"]
         lines.append(
             f"| {row['chain']} ({row['kind']}) | 1 | {base['peak'] / 1024:.1f} | {base['launches']} | "
-            f"{base['macs'] / 1e6:.2f} | | | | | |"
+            f"{base['macs'] / 1e6:.2f} | | | | | | | |"
         )
         for count in parts:
             r = row[count]
             (cb, ca, *cf), (mb, ma, *mf) = r["chain_ms"], r["model_ms"]
             fused = (
                 f"{r['fused_launches']} | {cf[0]:.3f} ({(cf[0] - cb) * 1e3:+.0f}) | {mf[0]:.3f} ({mf[0] / mb - 1:+.1%})"
+                f" | {cf[1]:.3f} ({(cf[1] - cb) * 1e3:+.0f}) [{r['workers_peak'] / 1024:.1f}] | {mf[1]:.3f} "
+                f"({mf[1] / mb - 1:+.1%})"
                 if cf
-                else "not fusable | | "
+                else "not fusable | | | | "
             )
             lines.append(
                 f"| | {count} | {r['peak'] / 1024:.1f} | {r['launches']} | {r['macs'] / 1e6:.2f} "

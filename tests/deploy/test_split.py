@@ -147,7 +147,8 @@ def test_auto_fused_tiles_keep_the_faster_of_fused_and_per_kernel_tiles(mcu, tmp
     added = measurer(chain, 2)
     assert measurer.misses == 3  # the chain whole, in per-kernel tiles and in fused tiles
     alone = chain_module(mod, chain)
-    times = {f: measurer.time_ms(split_chains(alone, [SplitChoice(chain, 2, f)]), "split2") for f in (False, True)}
+    variants = [SplitChoice(chain, 2, f, measurer.workers) for f in (False, True)]
+    times = {c.fused: measurer.time_ms(split_chains(alone, [c]), "split2") for c in variants}
     choice = measurer.choice(chain, 2)
     assert times[choice.fused] == min(times.values())
     assert added == pytest.approx(times[choice.fused] - measurer.time_ms(alone, "whole"))

@@ -137,3 +137,15 @@ def test_chain_kinds_name_the_axis_and_the_tail():
     rows = Chain((Branch("a", ("d",), 6, 6),), None, (), None, 600, rows=True)
     assert [c.kind for c in (spatial, channel, regions, rows)] == ["spatial", "temporal", "concat", "rows"]
     assert spatial.name == "a..y (rows)" and replace(spatial, gathered=True).name == "a..y (rows, gathered)"
+
+
+def test_fused_tiles_on_workers_keep_a_tile_per_worker_live():
+    """Fused independent row tiles run two at a time, each worker with its own scratch: the simulator
+    holds two tiles' buffers where one tile at a time holds one."""
+    program, chain = _stem()
+    one = split_program(program, [SplitChoice(chain, 3, fused=True)])
+    two = split_program(program, [SplitChoice(chain, 3, fused=True, workers=2)])
+    assert SplitChoice(chain, 3, fused=True, workers=2).concurrent_tiles == 2
+    assert SplitChoice(chain, 3, workers=2).concurrent_tiles == 1  # per-kernel tiles: one at a time
+    assert two.sizes["a#a#1"] == 2 * one.sizes["a#a#1"] and two.sizes["d#a#1"] == 2 * one.sizes["d#a#1"]
+    assert peak(two).bytes == 2 * (4 * 100 + 2 * 100) + 120

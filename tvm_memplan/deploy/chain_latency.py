@@ -21,6 +21,7 @@ from tvm import relax
 from ..errors import UserError
 from ..paths import cache_dir
 from ..relax.split import chain_module, chain_signature, split_chains
+from ..schedule.cpu import cpu_spec
 from ..split.chain import FUSED_TILES, Chain, SplitChoice
 from .measure import Device
 from .results import ResultsLog
@@ -56,6 +57,8 @@ class ChainLatency:
         self.fused: dict[tuple[Chain, int], bool] = {}
         """(chain, parts) → whether its tiles run as one kernel (what was measured)."""
         self.mod, self.target, self.device = mod, target, device
+        self.workers = self._workers()
+        """Threads the fused tiles of a spatial chain run on (the target's cores)."""
         self.repeat, self.min_repeat_ms, self.schedule = repeat, min_repeat_ms, schedule
         self.log = ResultsLog(cache) if cache is not None else None
         self.known: dict[str, float] = {}
@@ -70,7 +73,7 @@ class ChainLatency:
         wanted = {"off": [False], "on": [True], "auto": [False, True]}[self.fused_tiles]
         variants = [fused for fused in wanted if chain.fusable or not fused] or [False]
         times = {
-            fused: self.time_ms(split_chains(alone, [SplitChoice(chain, parts, fused)]), f"split{parts}")
+            fused: self.time_ms(split_chains(alone, [SplitChoice(chain, parts, fused, self.workers)]), f"split{parts}")
             for fused in variants
         }
         fused = min(times, key=times.get)
@@ -79,7 +82,11 @@ class ChainLatency:
 
     def choice(self, chain: Chain, parts: int) -> SplitChoice:
         """The split of ``chain`` into ``parts`` as measured: fused where that was chosen."""
-        return SplitChoice(chain, parts, self.fused.get((chain, parts), False))
+        return SplitChoice(chain, parts, self.fused.get((chain, parts), False), self.workers)
+
+    def _workers(self) -> int:
+        target = self.target.tvm_target()
+        return cpu_spec(target).threads if target.kind.name == "llvm" else 1  # C code has no thread pool
 
     def time_ms(self, mod: tvm.IRModule, variant: str) -> float:
         key = "|".join((chain_signature(mod), variant, self.target.name, self.device.name, self.schedule))

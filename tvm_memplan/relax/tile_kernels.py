@@ -9,9 +9,18 @@ The chain's inputs and its output are that PrimFunc's parameters; every tensor t
 the chain (tile buffers) becomes a view into one scratch parameter, at offsets planned by the arena
 allocators over the kernels' sequence. The scratch is a second output of the call, so the arena planner
 places it like any tensor and the VM allocates exactly the plan (no ``TVMBackendAllocWorkspace``).
-Halo rows are recomputed, as the per-kernel tiles do. Where the kernels cannot be merged (a call this
-pass does not model, a GPU target whose kernels are bound to threads), the chain's calls go back into
-the caller one by one: the per-kernel tiles.
+Halo rows are recomputed, as the per-kernel tiles do.
+
+A spatial chain's row tiles are independent (they share only the chain's inputs and its output, each
+writing its own rows; :data:`~.split.outline.WORKERS_ATTR`): on a target with a thread pool the merged
+kernel is one loop nest, ``for worker in parallel(W): for tile in its share: every stage of that tile``,
+the stages' own parallel loops run serially inside a tile (their vectorized loops stay), and each worker
+has a scratch region of its own (W times one tile's buffers, which the simulator counts,
+:attr:`~tvm_memplan.split.chain.SplitChoice.concurrent_tiles`). A channel chain's tiles accumulate
+into one output: they run one after another, each stage parallel as scheduled.
+
+Where the kernels cannot be merged (a call this pass does not model, a GPU target whose kernels are
+bound to threads), the chain's calls go back into the caller one by one: the per-kernel tiles.
 
 MCUNetV2 (Lin et al., NeurIPS 2021) and TinyEngine run a patch through the first stages the same way.
 """
@@ -31,7 +40,7 @@ from ..schedule.passes import schedule_function
 from .inplace import inplace_safe
 from .ir_utils import static_shape, top_level_bindings
 from .module import referenced_globals, relax_functions, with_blocks
-from .split.outline import TILES_ATTR, rebind
+from .split.outline import TILES_ATTR, WORKERS_ATTR, rebind
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
@@ -153,9 +162,64 @@ def _substitute(stmt: tirx.Stmt, mapping: dict) -> tirx.Stmt:
     return tvm_ffi.structural_map(stmt, [(tvm.ir.Var, swap)])
 
 
-def merge_chain(func: relax.Function, mod: tvm.IRModule, spec: CpuSpec | None) -> MergedChain | None:
+def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) -> list[list[int]] | None:
+    """The kernels of each tile: the kernels linked by the tile buffers they share, as many groups as
+    tiles, each a run of consecutive kernels (tile-major); else None. Tiles share only the chain's
+    inputs and output then, so they may run at once (each writes its own rows of the output)."""
+    group = list(range(len(kernels)))
+
+    def find(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    writer: dict[relax.Var, int] = {}
+    for i, kernel in enumerate(kernels):
+        for tensor in kernel.tensors:
+            if tensor in inside:
+                group[find(i)] = find(writer.setdefault(tensor, i))
+    runs: list[list[int]] = []
+    for i in range(len(kernels)):
+        if runs and find(runs[-1][-1]) == find(i):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs if len(runs) == tiles == len({find(i) for i in range(len(kernels))}) else None
+
+
+def _serial(stmt: tirx.Stmt) -> tirx.Stmt:
+    """``stmt`` with its parallel loops run serially (its tile runs on one worker thread); vectorized
+    and unrolled loops stay."""
+
+    def serial(loop: tirx.For) -> tirx.For:
+        if loop.kind != tirx.ForKind.PARALLEL:
+            return loop
+        return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body, None, loop.annotations)
+
+    return tvm_ffi.structural_map(stmt, [(tirx.For, serial)])
+
+
+def _tile_loop(worker: tirx.Var, workers: int, tiles: list[tirx.Stmt]) -> tirx.Stmt:
+    """``for worker in parallel(workers): for each of its tiles (a contiguous share, in order):
+    that tile's stages``; a worker's tiles reuse its scratch region."""
+    share = -(-len(tiles) // workers)
+    step = tirx.Var("tile_step", "int64")
+    tile = worker * tirx.IntImm("int64", share) + step
+    chosen = tirx.SeqStmt(
+        [tirx.IfThenElse(tirx.EQ(tile, tirx.IntImm("int64", t)), body, None) for t, body in enumerate(tiles)]
+    )
+    zero = tirx.IntImm("int64", 0)
+    inner = tirx.For(step, zero, tirx.IntImm("int64", share), tirx.ForKind.SERIAL, chosen)
+    return tirx.For(worker, zero, tirx.IntImm("int64", workers), tirx.ForKind.PARALLEL, inner)
+
+
+def merge_chain(
+    func: relax.Function, mod: tvm.IRModule, spec: CpuSpec | None, threads: bool = True
+) -> MergedChain | None:
     """The chain function's kernels as one PrimFunc (see the module docstring), each scheduled for
-    ``spec`` first (None: as they are); None where this pass cannot merge them."""
+    ``spec`` first (None: as they are); None where this pass cannot merge them. With ``threads`` (a
+    target with a thread pool), independent tiles run on :data:`~.split.outline.WORKERS_ATTR` workers."""
     found = _kernels(func, mod)
     if found is None or len(found[0]) < 2:
         return None
@@ -176,9 +240,13 @@ def merge_chain(func: relax.Function, mod: tvm.IRModule, spec: CpuSpec | None) -
     if planned is None:
         return None
     offsets, in_output, elements, dtype = planned
+    workers = int(func.attrs[WORKERS_ATTR]) if threads and WORKERS_ATTR in func.attrs else 1
+    groups = _tile_groups(kernels, inside, int(func.attrs[TILES_ATTR])) if workers > 1 and spec is not None else None
+    worker = tirx.Var("worker", "int64")
+    regions = min(workers, len(groups)) if groups is not None else 1
     params = [_param(f"input{i}", static_shape(t.ty), str(t.ty.dtype)) for i, t in enumerate(inputs)]
     out = _param("output", static_shape(output.ty), str(output.ty.dtype))
-    scratch = _param("scratch", (elements,), dtype)
+    scratch = _param("scratch", (elements * regions,), dtype)
     scheduled: dict[tirx.PrimFunc, tirx.PrimFunc] = {}
     bodies = []
     for kernel in kernels:
@@ -189,22 +257,29 @@ def merge_chain(func: relax.Function, mod: tvm.IRModule, spec: CpuSpec | None) -
         prim = s_tir.renew_defs(scheduled[key])  # each copy with variables and buffers of its own
         views, mapping = [], {}
         for param, tensor in zip(prim.params, kernel.tensors, strict=True):
-            if tensor.same_as(output) or tensor in in_output:
-                target, offset = out, 0
-            elif any(tensor.same_as(t) for t in inside):
-                target, offset = scratch, next(o for v, o in offsets.items() if v.same_as(tensor))
-            else:
-                target, offset = params[next(i for i, t in enumerate(inputs) if t.same_as(tensor))], 0
             ty = param.ty
             index_type = ty.shape[0].ty if len(ty.shape) else "int64"
-            view = tirx.decl_buffer(list(ty.shape), ty.dtype, param.name, elem_offset=tirx.IntImm(index_type, offset))
+            if tensor.same_as(output) or tensor in in_output:
+                target, offset = out, tirx.IntImm(index_type, 0)
+            elif any(tensor.same_as(t) for t in inside):
+                target = scratch
+                offset = tirx.IntImm(index_type, next(o for v, o in offsets.items() if v.same_as(tensor)))
+                if groups is not None:  # each worker's tiles in a region of their own
+                    offset = offset + tirx.Cast(index_type, worker) * tirx.IntImm(index_type, elements)
+            else:
+                target = params[next(i for i, t in enumerate(inputs) if t.same_as(tensor))]
+                offset = tirx.IntImm(index_type, 0)
+            view = tirx.decl_buffer(list(ty.shape), ty.dtype, param.name, elem_offset=offset)
             views.append(tirx.DeclBuffer(view, data=tirx.buffer_data(target)))
             mapping[param] = view
-        bodies.append(tirx.SeqStmt([*views, _substitute(prim.body, mapping)]))
-    root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(bodies))
+        body = _substitute(prim.body, mapping)
+        bodies.append(tirx.SeqStmt([*views, _serial(body) if groups is not None else body]))
+    if groups is not None:
+        bodies = [_tile_loop(worker, regions, [tirx.SeqStmt([bodies[i] for i in g]) for g in groups])]
+    root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(bodies) if len(bodies) > 1 else bodies[0])
     merged = tirx.PrimFunc([*params, out, scratch], s_tir.SBlockRealize([], True, root))
     merged = merged.with_attrs({"tir.is_scheduled": True, "tirx.noalias": True})
-    return MergedChain(merged, inputs, relax.TensorType((elements,), dtype))
+    return MergedChain(merged, inputs, relax.TensorType((elements * regions,), dtype))
 
 
 def _inlined(call: relax.Call, var: relax.Var, func: relax.Function) -> list[relax.Binding]:
@@ -243,7 +318,7 @@ def MergeTileKernels(target: tvm.target.Target, schedule: str = "default") -> tv
         builder = relax.BlockBuilder(mod)
         kernels = {}
         for gvar, func in chains.items():
-            merged = merge_chain(func, mod, spec) if cpu else None
+            merged = merge_chain(func, mod, spec, target.kind.name == "llvm") if cpu else None
             if merged is not None:
                 kernels[gvar] = (merged, builder.add_func(merged.func, f"{gvar.name_hint}_fused"))
         updates = {}

@@ -261,6 +261,15 @@ class SplitChoice:
     fused: bool = False
     """The chain's tiles run as one kernel (every stage of a tile before the next tile), not one
     kernel per operator and tile."""
+    workers: int = 1
+    """Fused tiles of a spatial chain (independent tiles) run on this many threads at once, each
+    worker with a scratch region of its own for its tile's buffers; 1: one tile at a time."""
+
+    @property
+    def concurrent_tiles(self) -> int:
+        """Tiles whose buffers are live at once: the workers of fused independent tiles, else 1."""
+        independent = self.fused and isinstance(self.chain, SpatialChain)
+        return max(1, min(self.workers, self.parts)) if independent else 1
 
 
 FUSED_TILES = ("off", "on", "auto")

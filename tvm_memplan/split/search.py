@@ -121,8 +121,11 @@ def search(
         if progress is not None:
             progress(measured, current.bytes)
 
+    # how a measured split runs (fused tiles where those were faster): its peak is simulated as it runs
+    choose: Callable[[Chain, int], SplitChoice] = getattr(chain_delta_ms, "choice", SplitChoice)
+
     def choices_of(s: dict[Chain, int]) -> tuple[SplitChoice, ...]:
-        return tuple(SplitChoice(c, p) for c, p in s.items())
+        return tuple(choose(c, p) if (c, p) in deltas else SplitChoice(c, p) for c, p in s.items())
 
     def latency_of(s: dict[Chain, int]) -> float:
         return base_latency_ms + sum(delta(c, p) for c, p in s.items())
@@ -158,8 +161,10 @@ def search(
         if fitting:
             # the limit is in reach: of the moves that reach it, the fastest
             timed = []
-            for bytes_, trial, p in fitting[:8]:
+            for _, trial, _ in fitting[:8]:
                 latency = latency_of(trial)
+                p = peak(split_program(program, list(choices_of(trial))))
+                bytes_ = p.bytes
                 points.append(Point(choices_of(trial), bytes_, latency))
                 timed.append((latency, bytes_, trial, p))
             _, _, state, current = min(timed, key=lambda t: (t[0], t[1]))
@@ -169,6 +174,10 @@ def search(
             if time.monotonic() - start > seconds:
                 break
             latency = latency_of(trial)
+            p = peak(split_program(program, list(choices_of(trial))))  # as measured: fused workers' scratch
+            if (p.bytes, p.steps_at_peak) >= (current.bytes, current.steps_at_peak):
+                continue
+            bytes_ = p.bytes
             points.append(Point(choices_of(trial), bytes_, latency))
             if latency <= allowed or memory_limit is not None:
                 state, current, accepted = trial, p, True

@@ -229,6 +229,7 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
     final = program.tensor(ops[-1].name)
     steps: list[Step] = []
     last_tiles = []
+    at_once = choice.concurrent_tiles  # fused tiles on several workers: each worker's tile buffers live
     for t, need in enumerate(chain.tile_rows(choice.parts)):
         tile_of: dict[str, str] = {}
         for op in ops:
@@ -237,14 +238,14 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
             tile = tile_of.setdefault(tensor, final if into_final else f"{tensor}#{chain.head}#{t}")
             if not into_final:
                 lo, hi = need[op.name]
-                sizes[tile] = max(sizes.get(tile, 1), (hi - lo) * op.row_bytes)
+                sizes[tile] = max(sizes.get(tile, 1), (hi - lo) * op.row_bytes * at_once)
             outer = tuple(r for r in by_name[op.name].reads if r not in group)
             reads = tuple(dict.fromkeys(tile_of[program.tensor(r)] for r in op.reads if program.tensor(r) != tensor))
             if op.copied_row_bytes and op.window is not None:
                 lo, hi = op.window.input_rows(need[op.name])[0]
                 if (lo, hi) != (0, op.window.rows_in):
                     copy = f"{op.outside[0]}#{chain.head}#{t}"
-                    sizes[copy] = (hi - lo) * op.copied_row_bytes
+                    sizes[copy] = (hi - lo) * op.copied_row_bytes * at_once
                     steps.append(Step(copy, copy, outer))
                     reads += (copy,)
             accumulated = (final,) if into_final and t else ()

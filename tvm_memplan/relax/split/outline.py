@@ -15,7 +15,12 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..module import with_blocks
 
 TILES_ATTR = "tvm_memplan.fused_tiles"
-"""Marks a private Relax function holding one split chain's tiles, to be merged into one kernel."""
+"""Marks a private Relax function holding one split chain's tiles, to be merged into one kernel; its
+value is the number of tiles."""
+
+WORKERS_ATTR = "tvm_memplan.tile_workers"
+"""On such a function: its tiles are independent (a spatial chain's row tiles), and this many may run
+at once on threads of their own (see :func:`~tvm_memplan.relax.tile_kernels.merge_chain`)."""
 
 
 @mutator
@@ -55,7 +60,7 @@ def _free_vars(bindings: list[relax.Binding]) -> list[relax.Var]:
 
 
 def _outline(
-    bindings: list[relax.Binding], output: relax.Var, name: str, builder: relax.BlockBuilder
+    bindings: list[relax.Binding], output: relax.Var, name: str, builder: relax.BlockBuilder, workers: int, parts: int
 ) -> relax.VarBinding:
     """A function computing ``output`` from ``bindings`` (added through ``builder``), and the
     binding that calls it in their place."""
@@ -63,7 +68,8 @@ def _outline(
     params = [relax.Var(v.name, v.ty) for v in inputs]
     mapping: dict[relax.Var, relax.Expr] = dict(zip(inputs, params, strict=True))
     sub = relax.BlockBuilder()
-    with sub.function(name, params, attrs={TILES_ATTR: True}, private=True):
+    attrs = {TILES_ATTR: parts, **({WORKERS_ATTR: workers} if workers > 1 else {})}
+    with sub.function(name, params, attrs=attrs, private=True):
         with sub.dataflow():
             for b in bindings:
                 value = rebind(b.value, mapping)
@@ -77,13 +83,14 @@ def _outline(
 
 
 def outline_marked(
-    func: relax.Function, markers: list[tuple[relax.Var, relax.Var]], builder: relax.BlockBuilder
+    func: relax.Function, markers: list[tuple[relax.Var, relax.Var, int, int]], builder: relax.BlockBuilder
 ) -> relax.Function:
     """``func`` with the bindings between each pair of markers outlined (see the module docstring)
     and the markers dropped. Each range has one result used after it: the chain's last tensor
-    (:attr:`~tvm_memplan.split.chain.Chain.fusable`)."""
-    begins = {begin: end for begin, end in markers}
-    ends = {end for _, end in markers}
+    (:attr:`~tvm_memplan.split.chain.Chain.fusable`). A marker's last fields are the number of its
+    tiles that may run at once (:data:`WORKERS_ATTR`; 1: one after another) and of its tiles."""
+    begins = {begin: (end, workers, parts) for begin, end, workers, parts in markers}
+    ends = {end for _, end, _, _ in markers}
     blocks = []
     count = 0
     for block in func.body.blocks:
@@ -100,11 +107,12 @@ def outline_marked(
                 new.append(b)
                 i += 1
                 continue
-            j = next(k for k in range(i + 1, len(bindings)) if bindings[k].var.same_as(begins[b.var]))
+            end, workers, parts = begins[b.var]
+            j = next(k for k in range(i + 1, len(bindings)) if bindings[k].var.same_as(end))
             inside = bindings[i + 1 : j]
             used_after = set().union(*later_uses[j + 1 :], relax.analysis.free_vars(func.body.body))
             (output,) = [x.var for x in inside if x.var in used_after or not isinstance(x.var, relax.DataflowVar)]
-            new.append(_outline(inside, output, f"chain_tiles{count}", builder))
+            new.append(_outline(inside, output, f"chain_tiles{count}", builder, workers, parts))
             count += 1
             i = j + 1
         blocks.append(type(block)(new))

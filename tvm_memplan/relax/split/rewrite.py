@@ -132,7 +132,7 @@ class _SplitRewriter(PyExprMutator):
         self.anchored = {c.chain.anchor: c for c in choices if c.chain.anchor in self.table}
         self.deferred = {c.chain for c in self.anchored.values()}
         self.begins: dict[Chain, relax.Var] = {}
-        self.markers: list[tuple[relax.Var, relax.Var]] = []
+        self.markers: list[tuple[relax.Var, relax.Var, int, int]] = []
         """Where the tiles of each chain to run as one kernel begin and end (see :mod:`.outline`)."""
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -233,7 +233,7 @@ class _SplitRewriter(PyExprMutator):
                 self._emit_channel_branch(choice, index)
         self.left[chain] -= 1
         if choice.fused and not self.left[chain]:
-            self.markers.append((self.begins[chain], marker(self.builder_)))
+            self.markers.append((self.begins[chain], marker(self.builder_), choice.concurrent_tiles, choice.parts))
 
     def _emit_channel_branch(self, choice: SplitChoice, index: int) -> None:
         """A branch of a channel chain: its tiles, each through the shared operators after a concat
