@@ -198,13 +198,22 @@ def main() -> None:
         metavar="I,J,...",
         help="run only these rows of the table (0-based, in its order; the table's text names them)",
     )
+    parser.add_argument(
+        "--int8-split-limit",
+        type=int,
+        default=INT8_SPLIT_LIMIT // 1024,
+        metavar="KIB",
+        help=f"the int8 split row's search limit in KiB (default {INT8_SPLIT_LIMIT // 1024})",
+    )
     parser.add_argument("--split-cache", type=Path, help="split search measurements to reuse (default: the user's)")
     args = parser.parse_args()
-    rows = ROWS + [(path, "cortex-m7", None, int8, {}) for path in args.model for int8 in (False, True)]
-    chosen = ""
+    int8_limit = args.int8_split_limit * 1024
+    rows = [(s, c, int8_limit if lim == INT8_SPLIT_LIMIT and q else lim, q, o) for s, c, lim, q, o in ROWS]
+    rows += [(path, "cortex-m7", None, int8, {}) for path in args.model for int8 in (False, True)]
+    chosen = "" if int8_limit == INT8_SPLIT_LIMIT else f" --int8-split-limit {args.int8_split_limit}"
     if args.rows:
         picked = [int(i) for i in args.rows.split(",")]
-        chosen = f" --rows {args.rows}"
+        chosen += f" --rows {args.rows}"
         rows = [rows[i] for i in picked]
     models = "".join(f" --model exports/{Path(path).name}" for path in args.model)
     exported = (
@@ -225,7 +234,7 @@ def main() -> None:
         "that graph; `--no-kernel-checks`: TVM's per-call argument checks and their messages left out. "
         "Instructions: retired under `-icount shift=0` (SysTick, calibrated). Split rows: `--split acg` searched "
         f"for an arena of at most {SPLIT_LIMIT // 1024} KiB ({RESERVE // 1024} KiB left to kernel scratch and stack), "
-        f"the int8 one for a simulated peak of {INT8_SPLIT_LIMIT // 1024} KiB, its input included; the float rows' "
+        f"the int8 one for a simulated peak of {int8_limit // 1024} KiB, its input included; the float rows' "
         "chains are timed with the same C on this machine; the row marked `--device qemu-cortex-m7` searched with "
         "each candidate's instructions counted on the emulated M7 (the whole standalone C with and without the "
         "split, `-icount`), its latency budget in instructions. `vs unsplit`: a split row's instructions over the "
