@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tvm_memplan.deploy.chain_latency import DEFAULT_CACHE
 from tvm_memplan.deploy.emit_c import emit_c, int8_io_spec
 from tvm_memplan.deploy.split import search_split
 from tvm_memplan.deploy.standalone import measure_c
@@ -41,6 +42,8 @@ the 148 KB issue 26 asks for."""
 FIRMWARE = {"io_in_arena": True, "int8_io": True, "kernel_checks": False}
 """The int8 rows as firmware ships them (``--io-in-arena --int8-io --no-kernel-checks``): inputs and outputs in
 the arena, int8 codes in and out, TVM's argument checks and their messages left out."""
+SPLIT_DEVICE = {"io_in_arena": True, "int8_io": True, "kernel_checks": False, "split_device": "qemu-cortex-m7"}
+"""The int8 split row: firmware's options, its split search counting instructions on the emulated M7."""
 ROWS = [
     ("zoo:mcu_cnn", "cortex-m7", None, False, {}),
     ("zoo:mcu_cnn", "cortex-m7", None, True, {}),
@@ -51,7 +54,7 @@ ROWS = [
     ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", SPLIT_LIMIT, False, {}),
     ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, True, {}),
     ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, True, FIRMWARE),
-    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", INT8_SPLIT_LIMIT, True, FIRMWARE),
+    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", INT8_SPLIT_LIMIT, True, SPLIT_DEVICE),
 ]
 """(model, core, memory limit of the split search or None for no split, int8, :func:`emit_c` options)."""
 PUBLISHED = (
@@ -65,6 +68,7 @@ FLAGS = {
     "io_in_arena": ("--io-in-arena", False),
     "int8_io": ("--int8-io", False),
     "kernel_checks": ("--no-kernel-checks", True),
+    "split_device": ("--device qemu-cortex-m7", None),
 }
 """A row's :func:`emit_c` options as ``build`` flags in the model column, where not at their default."""
 
@@ -89,21 +93,38 @@ def quantized(spec: str, scratch: Path) -> str:
 
 
 def measure_row(
-    spec: str, cpu: str, split_limit: int | None, int8: bool, standalone: dict, scratch: Path, search_seconds: float
+    spec: str,
+    cpu: str,
+    split_limit: int | None,
+    int8: bool,
+    standalone: dict,
+    scratch: Path,
+    search_seconds: float,
+    split_cache: Path | None = None,
 ):
-    options = {key: value for key, value in standalone.items() if key != "int8_io"}
+    options = {key: value for key, value in standalone.items() if key not in ("int8_io", "split_device")}
     directory = scratch / f"{cpu}-{abs(hash((spec, split_limit, int8, tuple(standalone.items()))))}"
     source = quantized(spec, scratch) if int8 else spec
     if standalone.get("int8_io"):  # the split search, the build and the check take the graph with int8 I/O
         source = int8_io_spec(source, directory)
     if split_limit is not None:
-        # latencies of the split candidates are measured with the same C kernels on this machine
+        # latencies of the split candidates: the same C kernels timed on this machine, or with split_device
+        # the instructions of the standalone C on the emulated core (build --split acg --device qemu-cortex-m7)
         outcome = search_split(
             load_model(source),
             "c",
             memory_limit=split_limit,
             seconds=search_seconds,
             io_in_arena=standalone.get("io_in_arena", False),
+            mcu_device=standalone.get("split_device"),
+            spec=source,
+            emit_options={"kernel_checks": standalone.get("kernel_checks", True)},
+            cache=split_cache or DEFAULT_CACHE,
+        )
+        print(
+            f"split search ({outcome.unit}): {outcome.latency_before_ms:,.4g} -> {outcome.latency_after_ms:,.4g}, "
+            f"{outcome.cache_misses} measured, {outcome.cache_hits} cached; {outcome.result.stopped}",
+            flush=True,
         )
         options["prepare"] = outcome.prepare()
     emitted = emit_c(source, directory, cpu, **options).model
@@ -119,6 +140,7 @@ def row(
     emitted,
     result,
     float_instructions: int | None,
+    unsplit_instructions: int | None = None,
 ) -> str:
     io_bytes = sum(int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize for t in emitted.inputs + emitted.outputs)
     # inputs and outputs in the arena are part of it (and of SRAM) already: nothing to take off
@@ -151,6 +173,7 @@ def row(
         kib(result.flash_bytes),
         kib(emitted.weight_bytes),
         f"{result.instructions / 1e6:,.1f}",
+        f"{result.instructions / unsplit_instructions - 1:+.1%}" if split_limit and unsplit_instructions else "-",
         ratio,
         agreement,
         "yes" if without_io <= SRAM_LIMIT else "no",
@@ -177,16 +200,28 @@ def main() -> None:
         help="only these rows of the table (1-based, in ROWS order then --model's); an int8 row's ratio needs its "
         "float row among them",
     )
+    parser.add_argument(
+        "--int8-split-limit",
+        type=int,
+        default=INT8_SPLIT_LIMIT // 1024,
+        metavar="KIB",
+        help=f"the int8 split row's search limit in KiB (default {INT8_SPLIT_LIMIT // 1024})",
+    )
+    parser.add_argument("--split-cache", type=Path, help="split search measurements to reuse (default: the user's)")
     args = parser.parse_args()
-    rows = ROWS + [(path, "cortex-m7", None, int8, {}) for path in args.model for int8 in (False, True)]
+    int8_limit = args.int8_split_limit * 1024
+    rows = [(s, c, int8_limit if lim == INT8_SPLIT_LIMIT and q else lim, q, o) for s, c, lim, q, o in ROWS]
+    rows += [(path, "cortex-m7", None, int8, {}) for path in args.model for int8 in (False, True)]
+    chosen = "" if int8_limit == INT8_SPLIT_LIMIT else f" --int8-split-limit {args.int8_split_limit}"
     if args.rows:
         try:
-            chosen = [int(item) for item in args.rows.split(",")]
+            picked = [int(item) for item in args.rows.split(",")]
         except ValueError:
             parser.error(f"--rows takes comma-separated row numbers, not {args.rows!r}")
-        if not all(1 <= item <= len(rows) for item in chosen):
+        if not all(1 <= item <= len(rows) for item in picked):
             parser.error(f"--rows: the table has rows 1 to {len(rows)}")
-        rows = [rows[item - 1] for item in chosen]
+        chosen += f" --rows {args.rows}"
+        rows = [rows[item - 1] for item in picked]
     models = "".join(f" --model exports/{Path(path).name}" for path in args.model)
     exported = (
         " (`exports/` written by `python scripts/export_torch.py --out exports/`: random weights)" if models else ""
@@ -206,27 +241,45 @@ def main() -> None:
         "that graph; `--no-kernel-checks`: TVM's per-call argument checks and their messages left out. "
         "Instructions: retired under `-icount shift=0` (SysTick, calibrated). Split rows: `--split acg` searched "
         f"for an arena of at most {SPLIT_LIMIT // 1024} KiB ({RESERVE // 1024} KiB left to kernel scratch and stack), "
-        f"the int8 one for a simulated peak of {INT8_SPLIT_LIMIT // 1024} KiB, its input included; their chains are "
-        "timed with the same C on this machine, not on the core. "
+        f"the int8 one for a simulated peak of {int8_limit // 1024} KiB, its input included; the float rows' "
+        "chains are timed with the same C on this machine; the row marked `--device qemu-cortex-m7` searched with "
+        "each candidate's instructions counted on the emulated M7 (the whole standalone C with and without the "
+        "split, `-icount`), its latency budget in instructions. `vs unsplit`: a split row's instructions over the "
+        "unsplit row of the same model, dtype and options in the same run. "
         f"`fits` compares with an STM32F767 (seed 003): {SRAM_LIMIT // 1024} KiB SRAM (`SRAM - I/O`), "
         f"{FLASH_LIMIT // 1024 // 1024} MiB flash. `max abs diff`: largest absolute difference to onnxruntime "
         "(int8 rows: to onnxruntime's run of the same QDQ file, with the allowed difference in brackets). "
         "`int8 / float`: the int8 row's instructions over the float row's of the same model and core.\n\n"
-        f"Written by `python scripts/bench_mcu.py --out results/bench_mcu.md{models}"
-        f"{f' --rows {args.rows}' if args.rows else ''}`{exported}.\n\n"
+        f"Written by `python scripts/bench_mcu.py --out results/bench_mcu.md{models}{chosen}`{exported}"
+        + (" (only these rows of the table)" if chosen else "")
+        + ".\n\n"
         "| model | dtype | core | arena | = plan | TVM default | naive | kernel scratch | stack | I/O | SRAM "
         "| SRAM - I/O "
-        "| flash | weights | instructions (M) | int8 / float | max abs diff | fits SRAM | fits flash |\n"
-        "|---|---|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n"
+        "| flash | weights | instructions (M) | vs unsplit | int8 / float | max abs diff | fits SRAM | fits flash |\n"
+        "|---|---|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n"
     )
     lines = [header]
     float_instructions: dict[tuple[str, str], int] = {}
+    unsplit: dict[tuple, int] = {}
+
+    def same_build(spec: str, cpu: str, int8: bool, standalone: dict) -> tuple:
+        return (spec, cpu, int8, tuple(sorted((k, v) for k, v in standalone.items() if k != "split_device")))
+
     with tempfile.TemporaryDirectory(prefix="bench-mcu-") as scratch:
         for spec, cpu, split_limit, int8, standalone in rows:
-            emitted, result = measure_row(spec, cpu, split_limit, int8, standalone, Path(scratch), args.search_seconds)
+            emitted, result = measure_row(
+                spec, cpu, split_limit, int8, standalone, Path(scratch), args.search_seconds, args.split_cache
+            )
             if not int8 and split_limit is None:
                 float_instructions[(spec, cpu)] = result.instructions
-            figures = (emitted, result, float_instructions.get((spec, cpu)))
+            if split_limit is None:
+                unsplit[same_build(spec, cpu, int8, standalone)] = result.instructions
+            figures = (
+                emitted,
+                result,
+                float_instructions.get((spec, cpu)),
+                unsplit.get(same_build(spec, cpu, int8, standalone)),
+            )
             lines.append(row(spec, cpu, split_limit, int8, standalone, *figures))
             print(lines[-1], end="", flush=True)
     lines.append(f"\n{PUBLISHED}\n")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tvm_memplan.split.search import Point, pareto, search
+from tvm_memplan.split.search import Point, _fewer_tiles, pareto, search
 from tvm_memplan.split.simulate import SplitChoice, peak, split_program
 
 from .programs import inverted_residual
@@ -77,3 +77,25 @@ def test_search_reports_each_timed_candidate_and_the_accepted_peak():
     peaks = [peak_bytes for _, peak_bytes in calls]
     assert peaks[0] == result.original.peak_bytes and peaks[-1] == result.best.peak_bytes
     assert peaks == sorted(peaks, reverse=True)
+
+
+def test_a_plan_that_fits_gives_back_the_tiles_it_does_not_need():
+    """The greedy descent takes the lowest peak (here 32 tiles); under the limit 4 tiles meet, the
+    refinement keeps the fewest tiles that fit, the fastest."""
+    program, chain = inverted_residual()
+    cost = {2: 0.01, 4: 0.03, 8: 0.2, 16: 0.5, 32: 1.0}
+    limit = peak(split_program(program, [SplitChoice(chain, 4)])).bytes
+    assert peak(split_program(program, [SplitChoice(chain, 2)])).bytes > limit
+    state = {chain: 32}
+    current = peak(split_program(program, [SplitChoice(chain, 32)]))
+    points: list[Point] = []
+
+    def latency_of(s):
+        return 1.0 + sum(cost[n] for n in s.values())
+
+    def choices_of(s):
+        return tuple(SplitChoice(c, n) for c, n in s.items())
+
+    state, current = _fewer_tiles(program, state, current, limit, latency_of, choices_of, points)
+    assert state == {chain: 4} and current.bytes <= limit
+    assert all(p.peak_bytes <= limit for p in points) and min(p.latency_ms for p in points) == latency_of(state)

@@ -93,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json(build)
     split_search_options(
         build.add_argument_group("fine-grained splitting (as plan --split)"),
-        "acg: split channel chains into tiles before planning (latencies measured on this machine)",
+        "acg: split channel chains into tiles before planning (latencies measured on this machine, "
+        "or instructions on an emulated core with --device)",
     )
     model_planner_options(build)
 
@@ -182,7 +183,8 @@ def run_build(args: argparse.Namespace) -> int:
     if args.split == "acg":
         from ..frontend import load_model
 
-        # microcontroller targets cannot run here: their latencies are those of the same C on this machine
+        # microcontroller targets cannot run here: without --device qemu-<core> their latencies are those of
+        # the same C on this machine; with it, instructions on the emulated core (the planning target stays C)
         latency_target = "c" if get_target(args.target).is_mcu else args.target
         split = run_split_search(
             args, load_model(args.model), latency_target, args.memory_limit, options, io_in_arena=args.io_in_arena

@@ -12,6 +12,7 @@ from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, wri
 from ..split.chain import FUSED_TILES
 from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
 from .vocabulary import (
+    EMULATED_DEVICES,
     add_command,
     add_deprecated_alias,
     add_json,
@@ -83,6 +84,13 @@ def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> arg
         default="off",
         help="with --split acg: run a split chain's tiles as one kernel (every stage of a tile before the next): "
         "off (one kernel per operator and tile, default), on, or auto (per chain, the faster as measured)",
+    )
+    group.add_argument(
+        "--device",
+        choices=EMULATED_DEVICES,
+        help="with --split acg: count each candidate's instructions on this emulated core (the model as standalone C "
+        "under qemu-system-arm -icount; needs arm-none-eabi-gcc and qemu-system-arm; --target must be its core) "
+        "instead of timing on this machine; the latency budget is then in instructions",
     )
     group.add_argument(
         "--split-cache",
@@ -343,6 +351,10 @@ def run_split_search(
     from ..deploy.chain_latency import default_cache
     from ..deploy.split import search_split
 
+    mcu_device = getattr(args, "device", None)
+    if mcu_device is not None:
+        _check_split_device(args, mcu_device)
+
     with split_search_progress(args.search_seconds) as progress:
         return search_split(
             model,
@@ -357,7 +369,26 @@ def run_split_search(
             fused_tiles=args.fused_tiles,
             plan_options=plan_options,
             io_in_arena=io_in_arena,
+            mcu_device=mcu_device,
+            spec=args.model,
+            emit_options={"kernel_checks": getattr(args, "kernel_checks", True)},
         )
+
+
+def _check_split_device(args: argparse.Namespace, device: str) -> None:
+    """``--device qemu-cortex-*`` goes with ``--target`` of its core, alone, and with the arm tools."""
+    from ..deploy.chain_latency import DEVICE_CORES, require_arm_tools
+
+    if args.split != "acg":
+        raise UserError(f"--device {device} measures the split search's candidates: give --split acg")
+    if DEVICE_CORES[device] != args.target:
+        raise UserError(
+            f"--device {device} counts instructions of {DEVICE_CORES[device]}: give --target "
+            f"{DEVICE_CORES[device]} (not {args.target})"
+        )
+    if getattr(args, "rpc_tracker", None):
+        raise UserError(f"--device {device} runs on this machine's emulator: drop --rpc-tracker and --rpc-key")
+    require_arm_tools(device)
 
 
 def _split_summary(split, arena: int) -> dict:
@@ -381,6 +412,7 @@ def _split_summary(split, arena: int) -> dict:
         "latency_before_ms": round(split.latency_before_ms, 4),
         "latency_after_ms": round(split.latency_after_ms, 4),
         "latency_estimated_ms": round(result.best.latency_ms, 4),
+        "latency_unit": split.unit,
         "bottleneck": list(result.bottleneck.live[:6]),
         "bottleneck_described": split.bottleneck,
         "pareto_front": [
@@ -520,6 +552,8 @@ def _groups_rows(summary: dict) -> list[tuple[str, str]]:
 
 def _split_rows(summary: dict) -> list[tuple[str, str]]:
     before, after = summary["peak_before_bytes"], summary["peak_after_bytes"]
+    unit = summary.get("latency_unit", "ms")
+    counts = "latencies" if unit == "ms" else "instruction counts"
     chosen = (
         ", ".join(
             f"{s['chain']} x{s['parts']}{' (one kernel)' if s['fused'] else ''}" for s in summary["split_subgraphs"]
@@ -530,14 +564,18 @@ def _split_rows(summary: dict) -> list[tuple[str, str]]:
         ("split (axis connection graph)", f"{summary['split_candidates']} candidate chains; split: {chosen}"),
         ("simulated peak", f"{human_bytes(before)} -> {human_bytes(after)}  ({before / after:.2f}x)" if after else "-"),
         (
-            "latency (measured)",
-            f"{summary['latency_before_ms']:.3f} ms -> {summary['latency_after_ms']:.3f} ms  "
-            f"({summary['latency_after_ms'] / summary['latency_before_ms'] - 1:+.1%})",
+            "latency (measured)" if unit == "ms" else "instructions (emulated core)",
+            (
+                f"{summary['latency_before_ms']:.3f} ms -> {summary['latency_after_ms']:.3f} ms  "
+                if unit == "ms"
+                else f"{summary['latency_before_ms']:,.0f} -> {summary['latency_after_ms']:,.0f}  "
+            )
+            + f"({summary['latency_after_ms'] / summary['latency_before_ms'] - 1:+.1%})",
         ),
         (
             "split search",
             f"{summary['search_seconds']:.1f} s, {summary['plans_simulated']:,} plans simulated, "
-            f"{summary['latency_measurements']} latencies measured, {summary['latency_cache_hits']} from the cache; "
+            f"{summary['latency_measurements']} {counts} measured, {summary['latency_cache_hits']} from the cache; "
             f"stopped: {summary['split_reason']}",
         ),
         ("bottleneck now", "; ".join(summary["bottleneck_described"]) or "-"),

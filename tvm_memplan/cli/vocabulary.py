@@ -10,6 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+EMULATED_DEVICES = ["qemu-cortex-m7", "qemu-cortex-m4", "qemu-cortex-m55"]
+"""The emulated microcontrollers of ``measure DIR --device`` and ``--split acg --device`` (qemu-system-arm)."""
+
 OLD_TARGET_NAMES = {"native": "host", "aarch64": "llvm-aarch64"}
 """quantize's former target names and the device names that replace them."""
 

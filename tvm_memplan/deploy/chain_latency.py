@@ -6,13 +6,22 @@ schedules as the whole model, run here or on an RPC device, and timed with the V
 operators, attributes and shapes (not its weights or names), the number of parts, the target
 and the device. Identical blocks of a network (and a second search of the same model) reuse
 them; the cache is an append-only JSON-lines log that a crash cannot corrupt.
+
+On an emulated microcontroller (:class:`DeviceInstructions`, ``--device qemu-cortex-m7``) the cost is
+instead the instructions the core retires: the model is written as standalone C with the candidate
+split (``build --emit-c``, the int8 C kernels of a QDQ model included, as the full build compiles it),
+run under ``qemu-system-arm -icount shift=0``, and the chain's cost is the whole program's difference
+with and without the split, which ``-icount`` makes exact and repeatable.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tvm
@@ -25,6 +34,7 @@ from ..schedule.cpu import cpu_spec
 from ..split.chain import FUSED_TILES, Chain, SplitChoice
 from .measure import Device
 from .results import ResultsLog
+from .standalone import DEVICES
 from .targets import DeployTarget
 
 
@@ -88,6 +98,15 @@ class ChainLatency:
         target = self.target.tvm_target()
         return cpu_spec(target).threads if target.kind.name == "llvm" else 1  # C code has no thread pool
 
+    def model_cost(self, mod: tvm.IRModule) -> float:
+        """The whole model's cost (``mod`` unsplit), cached."""
+        return self.time_ms(mod, "model")
+
+    def compare_split(self, mod: tvm.IRModule, choices: list[SplitChoice]) -> tuple[list[float], list[float]]:
+        """Samples of the whole model without and with the split ``choices``, side by side."""
+        before, after = self.compare(mod, split_chains(mod, choices))
+        return before, after
+
     def time_ms(self, mod: tvm.IRModule, variant: str) -> float:
         key = "|".join((chain_signature(mod), variant, self.target.name, self.device.name, self.schedule))
         if key in self.known:
@@ -144,3 +163,112 @@ class ChainLatency:
         ]
         evaluator = vm.time_evaluator("main", dev, number=1, repeat=self.repeat, min_repeat_ms=self.min_repeat_ms)
         return lambda: [float(r) * 1e3 for r in evaluator(*args).results]
+
+
+DEVICE_CORES = {device: core for device, core in DEVICES.items() if core is not None}
+"""The emulated microcontrollers the split search can count instructions on, and their cores (targets)."""
+
+
+def require_arm_tools(device: str) -> None:
+    """One-line UserError when ``device`` is an emulated core and its toolchain or emulator is missing."""
+    missing = [tool for tool in ("make", "arm-none-eabi-gcc", "qemu-system-arm") if shutil.which(tool) is None]
+    if missing:
+        raise UserError(
+            f"--device {device} counts instructions on qemu but {', '.join(missing)} "
+            "is not installed (Debian: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm)"
+        )
+
+
+class DeviceInstructions(ChainLatency):
+    """``DeviceInstructions(...)(chain, parts)`` → instructions the emulated core retires more with
+    ``chain`` in ``parts`` tiles than without: the model ``spec`` is written as standalone C (as
+    ``build --emit-c`` writes it, with ``emit_options``) with and without the split, each program run
+    once under ``qemu-system-arm -icount shift=0`` and checked against onnxruntime. Cached by the split
+    chain's signature (a chain's kernels cost the same in any model), the whole programs by theirs.
+    ``rewrite(choices)`` is the planner's ``prepare`` for a split (the search's order, then the split).
+    """
+
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        spec: str,
+        device: str,
+        rewrite: Callable[[list[SplitChoice]], Callable[[tvm.IRModule], tvm.IRModule]],
+        cache: Path | None = DEFAULT_CACHE,
+        schedule: str = "default",
+        fused_tiles: str = "off",
+        plan_options: dict[str, Any] | None = None,
+        emit_options: dict[str, Any] | None = None,
+    ) -> None:
+        if device not in DEVICE_CORES:
+            raise UserError(f"unknown device {device!r}; choose one of {', '.join(DEVICE_CORES)}")
+        require_arm_tools(device)
+        from .targets import get_target
+
+        super().__init__(mod, get_target(DEVICE_CORES[device]), None, cache, schedule=schedule, fused_tiles=fused_tiles)
+        self.spec, self.device_name, self.rewrite = spec, device, rewrite
+        # kernel instructions do not depend on the execution order or the arena's offsets: the
+        # programs measured keep the search's order (no order search per candidate) and a quick plan
+        self.plan_options = {**(plan_options or {}), "order": "program", "groups": None, "layout": "nchw"}
+        self.plan_options["time_budget"] = min(self.plan_options.get("time_budget") or 1.0, 1.0)
+        self.emit_options = dict(emit_options or {})
+        checks = "checks" if self.emit_options.get("kernel_checks", True) else "no-checks"
+        self.context = "|".join((self.target.name, device, schedule, checks, "instructions"))
+
+    def __call__(self, chain: Chain, parts: int) -> float:
+        alone = chain_module(self.mod, chain)
+        wanted = {"off": [False], "on": [True], "auto": [False, True]}[self.fused_tiles]
+        variants = [fused for fused in wanted if chain.fusable or not fused] or [False]
+        costs = {}
+        for fused in variants:
+            choice = SplitChoice(chain, parts, fused)
+            key = "|".join((chain_signature(split_chains(alone, [choice])), f"delta{parts}", self.context))
+            costs[fused] = self._cached(key, lambda choice=choice: self._program([choice]) - self._program([]))
+        fused = min(costs, key=costs.get)
+        self.fused[(chain, parts)] = fused
+        return costs[fused]
+
+    def model_cost(self, mod: tvm.IRModule) -> float:
+        return self._program([])
+
+    def compare_split(self, mod: tvm.IRModule, choices: list[SplitChoice]) -> tuple[list[float], list[float]]:
+        return [self._program([])], [self._program(choices)]
+
+    def _program(self, choices: list[SplitChoice]) -> float:
+        """Instructions of the whole program with ``choices`` split, cached."""
+        key = "|".join((chain_signature(split_chains(self.mod, choices)), "model", self.context))
+        return self._cached(key, lambda: self.instructions(choices))
+
+    def _cached(self, key: str, measure: Callable[[], float]) -> float:
+        if key in self.known:
+            self.hits += 1
+            return self.known[key]
+        self.misses += 1
+        value = float(measure())
+        self.known[key] = value
+        if self.log is not None:
+            self.log.append({"key": key, "ms": value})
+        return value
+
+    def instructions(self, choices: list[SplitChoice]) -> int:
+        """Build the standalone C with ``choices`` split and count its instructions on the device."""
+        from .emit_c import emit_c
+        from .standalone import measure_c
+
+        with tempfile.TemporaryDirectory(prefix="memplan-chain-") as scratch:
+            emit_c(
+                self.spec,
+                scratch,
+                self.target.name,
+                prepare=self.rewrite(list(choices)),
+                **self.emit_options,
+                **self.plan_options,
+            )
+            result = measure_c(scratch, self.device_name)
+        if not result.correct or result.instructions is None:
+            split = ", ".join(f"{len(c.chain.ops)}-operator chain in {c.parts}" for c in choices) or "unsplit"
+            raise UserError(
+                f"{self.spec} ({split}) on {self.device_name}: "
+                + (result.error or f"outputs differ from onnxruntime by {result.max_abs_diff:.3g}")
+            )
+        return result.instructions

@@ -22,7 +22,7 @@ from ..relax.split import describe_tensors, find_chains, in_order, memory_order,
 from ..split.chain import Chain, SplitChoice
 from ..split.search import Point, SearchOptions, SearchResult, search_phased
 from ..split.simulate import peak, split_program
-from .chain_latency import DEFAULT_CACHE, ChainLatency
+from .chain_latency import DEFAULT_CACHE, ChainLatency, DeviceInstructions
 from .measure import Device
 from .targets import get_target
 
@@ -49,6 +49,8 @@ class SplitOutcome:
     """The planner's arena for the unsplit model."""
     arena_bytes: int = 0
     """The planner's arena for the kept plan (the coarse arena when it is unsplit)."""
+    unit: str = "ms"
+    """What the latencies count: ``ms`` (timed here or over RPC) or ``instructions`` (an emulated core)."""
 
     @property
     def choices(self) -> list[SplitChoice]:
@@ -77,6 +79,9 @@ def search_split(
     fused_tiles: str = "off",
     plan_options: Mapping[str, Any] | None = None,
     io_in_arena: bool = False,
+    mcu_device: str | None = None,
+    spec: str | None = None,
+    emit_options: Mapping[str, Any] | None = None,
 ) -> SplitOutcome:
     """Search the split plan of ``model``; latencies are measured on ``device`` (default: here).
     ``progress(candidates timed, lowest peak so far)`` follows the search. ``fused_tiles`` (``off``,
@@ -86,7 +91,11 @@ def search_split(
     The simulator reads ``main`` in the order the planner's order search gives it. The kept plan is
     planned (:func:`~tvm_memplan.planner.plan_model` with ``plan_options``) and kept only when its
     arena is below the unsplit model's: the simulator's estimate is checked, never trusted. With
-    ``io_in_arena`` (``build --io-in-arena``) the simulator counts the model's inputs as arena tensors."""
+    ``io_in_arena`` (``build --io-in-arena``) the simulator counts the model's inputs as arena tensors.
+
+    ``mcu_device`` (``qemu-cortex-m7``, ``qemu-cortex-m4``, ``qemu-cortex-m55``): costs are the instructions
+    the emulated core retires running the model ``spec`` as standalone C (:class:`DeviceInstructions`,
+    with :func:`~tvm_memplan.deploy.emit_c.emit_c`'s ``emit_options``), and the budget is in instructions."""
     if budget < 0:
         raise UserError(f"--latency-budget must not be negative (got {budget})")
     if seconds <= 0:
@@ -110,8 +119,23 @@ def search_split(
         order = tuple(b.var.name for b in top_level_bindings(mod["main"]))
     mod = in_order(mod, order)
     chains = find_chains(mod)
-    measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule, fused_tiles=fused_tiles)
-    before = measurer.time_ms(mod, "model")
+    if mcu_device is not None:
+        if spec is None:
+            raise ValueError("measuring on an emulated core needs the model's spec")
+        measurer: ChainLatency = DeviceInstructions(
+            mod,
+            spec,
+            mcu_device,
+            lambda choices: _rewrite(order, choices),
+            cache=cache,
+            schedule=schedule,
+            fused_tiles=fused_tiles,
+            plan_options=options,
+            emit_options={**(emit_options or {}), "io_in_arena": io_in_arena},
+        )
+    else:
+        measurer = ChainLatency(mod, deploy_target, device, cache=cache, schedule=schedule, fused_tiles=fused_tiles)
+    before = measurer.model_cost(mod)
     program = program_of(mod, alignment, inputs_in_arena=io_in_arena)
     limits = SearchOptions(budget=budget, seconds=seconds, memory_limit=memory_limit, progress=progress)
     result = search_phased(program, chains, before, measurer, **limits)
@@ -142,6 +166,7 @@ def search_split(
         order,
         coarse,
         arena,
+        "ms" if mcu_device is None else "instructions",
     )
 
 
@@ -201,7 +226,7 @@ def _confirm(
     for point in candidates:
         if not point.choices:
             break
-        before, after = measurer.compare(mod, split_chains(mod, list(point.choices)))
+        before, after = measurer.compare_split(mod, list(point.choices))
         if budget is None or np.median(after) <= np.median(before) * (1 + budget):
             if point is result.fallback and point is not result.best:
                 result = replace(
@@ -226,5 +251,5 @@ def _confirm(
             stopped=f"{result.stopped}; every split plan tried made the whole "
             f"model slower than the budget (last: {np.median(after) / np.median(before) - 1:+.1%}), kept unsplit",
         )
-    before = before or [measurer.time_ms(mod, "model")]
+    before = before or [measurer.model_cost(mod)]
     return before, before, result

@@ -1,0 +1,88 @@
+"""``--split acg --device qemu-cortex-m7``: the split search counts each candidate's instructions on the
+emulated core (the int8 model as standalone C with and without the split, ``-icount``), caches them by
+chain signature, and a second search with the same cache measures nothing and keeps the same plan."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tvm_memplan.deploy.chain_latency import DeviceInstructions
+from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.relax.split import find_chains, normalize, split_chains
+
+from ..quant import models
+from .conftest import run_cli, run_cli_json
+
+needs_arm = pytest.mark.skipif(
+    shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+    reason="arm-none-eabi-gcc or qemu-system-arm missing (.ci/run installs them)",
+)
+LIMIT = 6 * 1024
+"""Below half of the unsplit int8 arena of :func:`models.early_activation` (11,520 bytes)."""
+
+
+@pytest.fixture(scope="module")
+def int8_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("splitdevice") / "early.int8.onnx"
+    onnx.save(models.quantize_qdq(models.early_activation()), str(path))
+    return path
+
+
+def _plan(capsys, model: Path, cache: Path) -> dict:
+    return run_cli_json(
+        capsys, "plan", str(model), "--target", "cortex-m7", "--order-seconds", "1", "--split", "acg",
+        "--memory-limit", str(LIMIT), "--search-seconds", "30", "--split-cache", str(cache),
+        "--device", "qemu-cortex-m7",
+    )  # fmt: skip
+
+
+@needs_arm
+def test_device_search_counts_instructions_and_reuses_its_cache(capsys, int8_model, tmp_path):
+    cache = tmp_path / "cache.jsonl"
+    first = _plan(capsys, int8_model, cache)
+    assert first["latency_unit"] == "instructions" and first["latency_measurements"] > 0
+    assert first["split_subgraphs"] and first["arena_bytes"] <= LIMIT
+    # instruction counts are exact: the chains' counts add up to the whole program's with the split
+    assert first["latency_after_ms"] == first["latency_estimated_ms"] > first["latency_before_ms"]
+    again = _plan(capsys, int8_model, cache)
+    assert again["latency_measurements"] == 0 and again["latency_cache_hits"] > 0
+    same = ("split_subgraphs", "arena_bytes", "latency_before_ms", "latency_after_ms")
+    assert {k: again[k] for k in same} == {k: first[k] for k in same}
+
+
+@needs_arm
+def test_more_tiles_cost_more_instructions(int8_model, tmp_path):
+    """Each tile repeats its halo rows and its kernel calls: on the core, 4 tiles cost more than 2."""
+    mod = normalize(to_relax(load_model(str(int8_model))))
+    chain = next(c for c in find_chains(mod) if not c.gathered and c.kind == "spatial")
+    measurer = DeviceInstructions(
+        mod,
+        str(int8_model),
+        "qemu-cortex-m7",
+        lambda choices: lambda m: split_chains(normalize(m), choices),
+        cache=tmp_path / "cache.jsonl",
+    )
+    two, four = measurer(chain, 2), measurer(chain, 4)
+    assert 0 < two < four
+    assert measurer.misses == 5  # the unsplit program, two split programs, two chain costs
+    assert measurer(chain, 4) == four and measurer.misses == 5
+
+
+def test_device_needs_its_core_as_target(capsys, int8_model):
+    code, _, err = run_cli(
+        capsys, "plan", str(int8_model), "--split", "acg", "--memory-limit", str(LIMIT), "--device", "qemu-cortex-m4"
+    )
+    assert code != 0 and "--target cortex-m4" in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_arm_tools_is_one_line(capsys, int8_model, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    code, _, err = run_cli(
+        capsys, "build", str(int8_model), "--target", "cortex-m7", "--emit-c", "unused", "--split", "acg",
+        "--device", "qemu-cortex-m7",
+    )  # fmt: skip
+    assert code != 0 and "qemu-system-arm" in err and len(err.strip().splitlines()) == 1
