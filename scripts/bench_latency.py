@@ -201,16 +201,31 @@ def _target_isa(target: str) -> str:
     return {16: "AVX-512", 8: "AVX2"}.get(lanes, f"{lanes} float32 lanes") + f" ({lanes} float32 lanes)"
 
 
+def _heading(command: str, title: str, isa: str) -> list[str]:
+    """A table's first lines: the command that wrote it, its title with today's date, the ISA of each column."""
+    heading = [f"## {title} ({datetime.date.today()})", "", f"ISA per column: {isa}", ""]
+    return ([f"`{command}`", ""] if command else []) + heading
+
+
+def _memory_cells(entry: dict) -> list[str]:
+    """A build's requested and planned MiB, whether they are equal, and whether its outputs are correct."""
+    return [
+        _mib(entry["requested_bytes"]),
+        _mib(entry["planned_bytes"]),
+        "yes" if entry["requested_bytes"] == entry["planned_bytes"] else "NO",
+        "yes" if entry["correct"] else "NO",
+    ]
+
+
 def default_markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: int, command: str = "") -> str:
     """``--default-only``'s table: the default build against onnxruntime, and the median of their ratios."""
     threads = rows[0][DEFAULT]["threads"] or "unset (1 thread)"
-    lines = [f"`{command}`", ""] if command else []
+    lines = _heading(
+        command,
+        "memplan's default build against onnxruntime",
+        f"memplan kernels {_target_isa(target)}; onnxruntime {_host_isa()} (MLAS picks its kernels from CPUID).",
+    )
     lines += [
-        f"## memplan's default build against onnxruntime ({datetime.date.today()})",
-        "",
-        f"ISA per column: memplan kernels {_target_isa(target)}; onnxruntime {_host_isa()} (MLAS picks its kernels "
-        "from CPUID).",
-        "",
         f"Device `{device}`, target `{target}` ({tvm.target.Target.from_device('cpu')}), TVM_NUM_THREADS={threads} "
         f"(onnxruntime's intra-op threads alike), host {platform.processor() or platform.machine()} with "
         f"{os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats each; latency is the median over all "
@@ -231,10 +246,7 @@ def default_markdown(rows: list[dict], device: str, target: str, rounds: int, re
             _ms(ort),
             _ms(ours),
             f"{ratios[-1]:.2f}x" if ort else "—",
-            _mib(ours["requested_bytes"]),
-            _mib(ours["planned_bytes"]),
-            "yes" if ours["requested_bytes"] == ours["planned_bytes"] else "NO",
-            "yes" if ours["correct"] else "NO",
+            *_memory_cells(ours),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if ratios:
@@ -249,13 +261,13 @@ def default_markdown(rows: list[dict], device: str, target: str, rounds: int, re
 def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: int, command: str = "") -> str:
     threads = rows[0]["memplan"]["threads"] or "unset (1 thread)"
     cpu = platform.processor() or platform.machine()
-    lines = [f"`{command}`", ""] if command else []
-    lines += [
-        f"## onnxruntime, TVM and memplan: latency, compile time and memory ({datetime.date.today()})",
-        "",
-        f"ISA per column: TVM and memplan kernels {_target_isa(target)}; onnxruntime {_host_isa()} "
+    lines = _heading(
+        command,
+        "onnxruntime, TVM and memplan: latency, compile time and memory",
+        f"TVM and memplan kernels {_target_isa(target)}; onnxruntime {_host_isa()} "
         "(the host's own: MLAS picks its kernels from CPUID and has no setting to narrow them).",
-        "",
+    )
+    lines += [
         f"Device `{device}`, target `{target}` ({tvm.target.Target.from_device('cpu')}), TVM_NUM_THREADS={threads}, "
         f"host {cpu} with {os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats per pipeline; "
         "latency is "
@@ -312,10 +324,7 @@ def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: in
             f"{blocked['latency_ms'] / memplan['latency_ms']:.3f}",
             f"{compile_s['memplan']:.1f}" if compile_s else "—",
             f"{compile_s[BLOCKED]:.1f}" if compile_s else "—",
-            _mib(blocked["requested_bytes"]),
-            _mib(blocked["planned_bytes"]),
-            "yes" if blocked["requested_bytes"] == blocked["planned_bytes"] else "NO",
-            "yes" if blocked["correct"] else "NO",
+            *_memory_cells(blocked),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += _earlier_table([row for row in rows if any(name in row for name in EARLIER.values())])

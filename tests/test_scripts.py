@@ -5,6 +5,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``scripts/<name>`` run as a user runs it; its exit status is asserted to be 0."""
+    command = [sys.executable, str(ROOT / "scripts" / name), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 RESULTS_README = ROOT / "results" / "README.md"
 
 
@@ -72,14 +82,7 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
 def test_published_memory_tables_match_what_the_script_plans_now():
     """Memory is deterministic: a change that moves a zoo model's arena, bound, in-place count or order
     must regenerate the published tables (scripts/bench_memory.py) or this fails."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "--check", str(RESULTS_README)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("bench_memory.py", "--zoo", "--check", str(RESULTS_README), timeout=900)
 
 
 def test_the_readme_check_sees_a_stale_row(tmp_path):
@@ -124,14 +127,7 @@ def test_execute_tutorials_stores_the_outputs(tmp_path):
 
     notebook = tmp_path / "tiny.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("print(6 * 7)")]), notebook)
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "execute_tutorials.py"), str(notebook)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_script("execute_tutorials.py", str(notebook), timeout=300)
     (cell,) = nbformat.read(notebook, as_version=4).cells
     assert cell.outputs[0]["text"] == "42\n"
 
@@ -197,14 +193,7 @@ def test_profile_kernels_times_each_kernel_of_an_int8_model(tmp_path):
     from tvm_memplan.schedule.cpu import cpu_spec
 
     out = tmp_path / "profile.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "profile_kernels.py"), "zoo:mcu_cnn", "--int8", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_script("profile_kernels.py", "zoo:mcu_cnn", "--int8", "--out", str(out))
     text = out.read_text()
     shares = [float(line.split("|")[4].strip(" %")) for line in text.splitlines() if line.endswith("% |")]
     assert abs(sum(shares) - 100) < 1 and any(line.startswith("| qdepthwise_conv2d |") for line in text.splitlines())
@@ -223,9 +212,7 @@ def test_profile_kernels_profiles_the_blocked_layout(tmp_path):
     from tvm_memplan.relax.layout import layout_block
 
     out = tmp_path / "profile.md"
-    command = [sys.executable, str(ROOT / "scripts" / "profile_kernels.py"), "zoo:mcu_cnn", "--layout", "blocked"]
-    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_script("profile_kernels.py", "zoo:mcu_cnn", "--layout", "blocked", "--out", str(out))
     text = out.read_text()
     assert "(blocked)" in text.splitlines()[0]
     blocked = any(line.startswith("| fused_conv2d_nchwc") for line in text.splitlines())
@@ -242,14 +229,7 @@ def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
     if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
         pytest.skip("no arm-none-eabi-gcc or qemu-system-arm")
     out = tmp_path / "profile.md"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "profile_mcu.py"), "--model", "zoo:mcu_cnn", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_script("profile_mcu.py", "--model", "zoo:mcu_cnn", "--out", str(out))
     text = out.read_text()
     assert "outputs agree with onnxruntime" in text
     whole = float(text.split("Whole run: ")[1].split(" M instructions")[0])

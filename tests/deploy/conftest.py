@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
+import onnx
 import pytest
 
 from tvm_memplan.cli.main import main
@@ -20,6 +22,24 @@ needs_aarch64_gxx = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-g++") is None,
     reason="aarch64-linux-gnu-g++ missing (Debian: g++-aarch64-linux-gnu)",
 )
+
+
+needs_arm = pytest.mark.skipif(
+    shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+    reason="arm-none-eabi-gcc or qemu-system-arm missing (.ci/run installs them)",
+)
+SPLIT_LIMIT = 6 * 1024
+"""A memory limit below half of the unsplit int8 arena of :func:`models.early_activation` (11,520 bytes)."""
+
+
+@pytest.fixture(scope="module")
+def int8_model(tmp_path_factory) -> Path:
+    """:func:`models.early_activation` quantized to int8 QDQ, saved: a model that splits into row tiles."""
+    from ..quant import models
+
+    path = tmp_path_factory.mktemp("int8") / "early.int8.onnx"
+    onnx.save(models.quantize_qdq(models.early_activation()), str(path))
+    return path
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -9,7 +9,6 @@ import re
 import shutil
 from pathlib import Path
 
-import onnx
 import pytest
 import tvm
 
@@ -20,23 +19,9 @@ from tvm_memplan.relax.ir_utils import top_level_bindings
 from tvm_memplan.relax.split import find_chains, normalize, split_chains
 from tvm_memplan.split.simulate import SplitChoice
 
-from ..quant import models
-from .conftest import run_cli_json
+from .conftest import SPLIT_LIMIT, needs_arm, run_cli_json
 
-needs_arm = pytest.mark.skipif(
-    shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
-    reason="arm-none-eabi-gcc or qemu-system-arm missing (.ci/run installs them)",
-)
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
-LIMIT = 6 * 1024
-"""Below half of the unsplit int8 arena of :func:`models.early_activation` (11,520 bytes)."""
-
-
-@pytest.fixture(scope="module")
-def int8_model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("mcusplit") / "early.int8.onnx"
-    onnx.save(models.quantize_qdq(models.early_activation()), str(path))
-    return path
 
 
 def _distinct_weights(directory: Path) -> bool:
@@ -47,12 +32,12 @@ def _distinct_weights(directory: Path) -> bool:
 @needs_arm
 def test_split_int8_model_runs_on_the_emulated_m7_within_the_memory_limit(capsys, int8_model, tmp_path):
     directory = tmp_path / "c"
-    split = ("--split", "acg", "--memory-limit", str(LIMIT), "--search-seconds", "10")
+    split = ("--split", "acg", "--memory-limit", str(SPLIT_LIMIT), "--search-seconds", "10")
     built = run_cli_json(
         capsys, "build", str(int8_model), "--target", "cortex-m7", "--emit-c", str(directory), "--order-seconds", "1",
         *split, "--split-cache", str(tmp_path / "cache.jsonl"),
     )  # fmt: skip
-    assert built["split"] and built["arena_bytes"] <= LIMIT
+    assert built["split"] and built["arena_bytes"] <= SPLIT_LIMIT
     assert _distinct_weights(directory)  # each weight once, however many tiles read it
     measured = run_cli_json(capsys, "measure", str(directory), "--device", "qemu-cortex-m7")["memplan"]
     assert measured["correct"], measured

@@ -4,38 +4,19 @@ chain signature, and a second search with the same cache measures nothing and ke
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-
-import onnx
-import pytest
 
 from tvm_memplan.deploy.chain_latency import DeviceInstructions
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.relax.split import find_chains, normalize, split_chains
 
-from ..quant import models
-from .conftest import run_cli, run_cli_json
-
-needs_arm = pytest.mark.skipif(
-    shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
-    reason="arm-none-eabi-gcc or qemu-system-arm missing (.ci/run installs them)",
-)
-LIMIT = 6 * 1024
-"""Below half of the unsplit int8 arena of :func:`models.early_activation` (11,520 bytes)."""
-
-
-@pytest.fixture(scope="module")
-def int8_model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("splitdevice") / "early.int8.onnx"
-    onnx.save(models.quantize_qdq(models.early_activation()), str(path))
-    return path
+from .conftest import SPLIT_LIMIT, needs_arm, run_cli, run_cli_json
 
 
 def _plan(capsys, model: Path, cache: Path) -> dict:
     return run_cli_json(
         capsys, "plan", str(model), "--target", "cortex-m7", "--order-seconds", "1", "--split", "acg",
-        "--memory-limit", str(LIMIT), "--search-seconds", "30", "--split-cache", str(cache),
+        "--memory-limit", str(SPLIT_LIMIT), "--search-seconds", "30", "--split-cache", str(cache),
         "--device", "qemu-cortex-m7",
     )  # fmt: skip
 
@@ -45,7 +26,7 @@ def test_device_search_counts_instructions_and_reuses_its_cache(capsys, int8_mod
     cache = tmp_path / "cache.jsonl"
     first = _plan(capsys, int8_model, cache)
     assert first["latency_unit"] == "instructions" and first["latency_measurements"] > 0
-    assert first["split_subgraphs"] and first["arena_bytes"] <= LIMIT
+    assert first["split_subgraphs"] and first["arena_bytes"] <= SPLIT_LIMIT
     # instruction counts are exact: the chains' counts add up to the whole program's with the split
     assert first["latency_after_ms"] == first["latency_estimated_ms"] > first["latency_before_ms"]
     again = _plan(capsys, int8_model, cache)
@@ -74,8 +55,9 @@ def test_more_tiles_cost_more_instructions(int8_model, tmp_path):
 
 def test_device_needs_its_core_as_target(capsys, int8_model):
     code, _, err = run_cli(
-        capsys, "plan", str(int8_model), "--split", "acg", "--memory-limit", str(LIMIT), "--device", "qemu-cortex-m4"
-    )
+        capsys, "plan", str(int8_model), "--split", "acg", "--memory-limit", str(SPLIT_LIMIT),
+        "--device", "qemu-cortex-m4",
+    )  # fmt: skip
     assert code != 0 and "--target cortex-m4" in err and len(err.strip().splitlines()) == 1
 
 
