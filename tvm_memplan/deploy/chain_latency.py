@@ -80,11 +80,9 @@ class ChainLatency:
 
     def __call__(self, chain: Chain, parts: int) -> float:
         alone = chain_module(self.mod, chain)
-        wanted = {"off": [False], "on": [True], "auto": [False, True]}[self.fused_tiles]
-        variants = [fused for fused in wanted if chain.fusable or not fused] or [False]
         times = {
             fused: self.time_ms(split_chains(alone, [SplitChoice(chain, parts, fused, self.workers)]), f"split{parts}")
-            for fused in variants
+            for fused in self._variants(chain)
         }
         fused = min(times, key=times.get)
         self.fused[(chain, parts)] = fused
@@ -93,6 +91,11 @@ class ChainLatency:
     def choice(self, chain: Chain, parts: int) -> SplitChoice:
         """The split of ``chain`` into ``parts`` as measured: fused where that was chosen."""
         return SplitChoice(chain, parts, self.fused.get((chain, parts), False), self.workers)
+
+    def _variants(self, chain: Chain) -> list[bool]:
+        """Whether to measure ``chain``'s tiles per kernel (False), fused (True) or both (``fused_tiles``)."""
+        wanted = {"off": [False], "on": [True], "auto": [False, True]}[self.fused_tiles]
+        return [fused for fused in wanted if chain.fusable or not fused] or [False]
 
     def _workers(self) -> int:
         target = self.target.tvm_target()
@@ -109,15 +112,19 @@ class ChainLatency:
 
     def time_ms(self, mod: tvm.IRModule, variant: str) -> float:
         key = "|".join((chain_signature(mod), variant, self.target.name, self.device.name, self.schedule))
+        return self._cached(key, lambda: self._measure(mod))
+
+    def _cached(self, key: str, measure: Callable[[], float]) -> float:
+        """``measure()`` once per ``key``, in memory and in the cache log (what a later search reuses)."""
         if key in self.known:
             self.hits += 1
             return self.known[key]
         self.misses += 1
-        ms = self._measure(mod)
-        self.known[key] = ms
+        value = float(measure())
+        self.known[key] = value
         if self.log is not None:
-            self.log.append({"key": key, "ms": ms})
-        return ms
+            self.log.append({"key": key, "ms": value})
+        return value
 
     def _measure(self, mod: tvm.IRModule) -> float:
         return float(np.median(self.timer(mod)()))
@@ -217,10 +224,8 @@ class DeviceInstructions(ChainLatency):
 
     def __call__(self, chain: Chain, parts: int) -> float:
         alone = chain_module(self.mod, chain)
-        wanted = {"off": [False], "on": [True], "auto": [False, True]}[self.fused_tiles]
-        variants = [fused for fused in wanted if chain.fusable or not fused] or [False]
         costs = {}
-        for fused in variants:
+        for fused in self._variants(chain):
             choice = SplitChoice(chain, parts, fused)
             key = "|".join((chain_signature(split_chains(alone, [choice])), f"delta{parts}", self.context))
             costs[fused] = self._cached(key, lambda choice=choice: self._program([choice]) - self._program([]))
@@ -238,17 +243,6 @@ class DeviceInstructions(ChainLatency):
         """Instructions of the whole program with ``choices`` split, cached."""
         key = "|".join((chain_signature(split_chains(self.mod, choices)), "model", self.context))
         return self._cached(key, lambda: self.instructions(choices))
-
-    def _cached(self, key: str, measure: Callable[[], float]) -> float:
-        if key in self.known:
-            self.hits += 1
-            return self.known[key]
-        self.misses += 1
-        value = float(measure())
-        self.known[key] = value
-        if self.log is not None:
-            self.log.append({"key": key, "ms": value})
-        return value
 
     def instructions(self, choices: list[SplitChoice]) -> int:
         """Build the standalone C with ``choices`` split and count its instructions on the device."""
