@@ -239,3 +239,31 @@ def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
     assert abs(sum(float(call[3].replace(",", "")) for call in calls) / 1e3 - whole) < 0.1 + 0.02 * whole
     floors = [float(call[8]) for call in calls if call[8].strip() != "-"]
     assert floors and all(ratio > 1 for ratio in floors)
+
+
+def test_bench_gpu_keeps_going_past_a_failed_model_and_names_software_devices(tmp_path):
+    """bench_gpu.py on this CPU (the GPU targets need a device): a model that fails is a FAILED row and the
+    next is still measured; its header tells software devices (PoCL, lavapipe) from a GPU."""
+    import importlib.util
+
+    out = tmp_path / "bench_gpu.md"
+    missing = tmp_path / "missing.onnx"
+    args = ["--targets", "host", "--dlight-models", "--kernels", "", "--rounds", "1", "--repeat", "1"]
+    command = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), str(missing), "zoo:mcu_cnn", *args]
+    done = subprocess.run(
+        [*command, "--min-repeat-ms", "1", "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 1 and done.stderr.strip().endswith("failed: missing.onnx on host"), done.stderr[-2000:]
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert rows[0][1].strip() == "missing.onnx" and "FAILED: no such model file" in rows[0][3]
+    assert [(r[1].strip(), r[3].strip()) for r in rows[1:]] == [("mcu_cnn", "stock"), ("mcu_cnn", "memplan")]
+    assert all(r[9].strip() == "yes" and r[11].strip() == "yes" for r in rows[1:])  # requested = plan, correct
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "scripts" / "bench_gpu.py")
+    bench_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_gpu)
+    note = bench_gpu.devices_note(["opencl: pthread-haswell-AMD EPYC", "cuda: NVIDIA H200 (sm_90, 140 GiB)"])
+    software, gpu = note.split("**")[1], note.split("**")[3]
+    assert "opencl" in software and "PoCL" in software and "cuda" not in software
+    assert gpu == "cuda: NVIDIA H200 (sm_90, 140 GiB): a GPU."
+    assert bench_gpu.devices_note(["llvm: x86_64"]) == ""

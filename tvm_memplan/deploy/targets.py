@@ -7,6 +7,7 @@ compilers, so each name here bundles the target with the compiler that links the
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -161,10 +162,10 @@ class DeployTarget:
                 f"target {self.name}: cross compiler {self.cross_compiler} not found ({hint}), "
                 "or name another with --cross-compiler"
             )
-        if self.kind == "cuda" and shutil.which("nvcc") is None:
-            raise UserError(
-                f"target {self.name}: nvcc not found: TVM compiles CUDA kernels with the CUDA toolkit's nvcc"
-            )
+        if self.kind == "cuda":
+            problem = cuda_compiler_problem()
+            if problem:
+                raise UserError(f"target {self.name}: {problem}")
 
     def runtime_problem(self) -> str | None:
         """Why this machine cannot run the artifact, or None when it can."""
@@ -202,6 +203,35 @@ class DeployTarget:
                 get_target_triple=tvm.support.cc.get_target_by_dump_machine(self.cross_compiler),
             )
         executable.export_library(path, fcompile=fcompile, options=options)
+
+
+def cuda_compiler_problem() -> str | None:
+    """Why TVM cannot compile CUDA kernels here, or None.
+
+    Where TVM's CUDA runtime is loaded (a driver is installed), the build compiles the kernels through
+    ``tvm_callback_cuda_compile``: with NVRTC from the cuda-bindings package unless TVM_CUDA_COMPILE_MODE=nvcc
+    asks for the toolkit's nvcc (both ran on an H200, results/bench_gpu_cuda.md). Without that runtime the
+    artifact keeps CUDA source instead; nvcc is still required there, as before, since that path was not run
+    on a GPU."""
+    if _cuda_runtime_loaded() and os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower() != "nvcc":
+        if not _cuda_bindings_installed():
+            return (
+                "TVM compiles CUDA kernels with NVRTC from the cuda-bindings package, which is not installed: "
+                "pip install cuda-bindings, or set TVM_CUDA_COMPILE_MODE=nvcc to use the CUDA toolkit's nvcc"
+            )
+        return None
+    if shutil.which("nvcc") is None:
+        return "nvcc not found: TVM compiles CUDA kernels with the CUDA toolkit's nvcc"
+    return None
+
+
+def _cuda_runtime_loaded() -> bool:
+    """Whether TVM's CUDA runtime loaded (libtvm_runtime_cuda found libcudart and the driver's libcuda)."""
+    return tvm.get_global_func("device_api.cuda", allow_missing=True) is not None
+
+
+def _cuda_bindings_installed() -> bool:
+    return importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.bindings") is not None
 
 
 def _opencl(device: str) -> dict[str, Any]:
@@ -248,7 +278,12 @@ TARGETS: dict[str, DeployTarget] = {
             board=CORTEX_M7,
         ),
         *(_mcu(board) for board in (CORTEX_M7, CORTEX_M4, CORTEX_M55)),
-        DeployTarget("cuda", {"kind": "cuda", "host": "llvm"}, "cuda", what="NVIDIA GPU (CUDA, needs nvcc to build)"),
+        DeployTarget(
+            "cuda",
+            {"kind": "cuda", "host": "llvm"},
+            "cuda",
+            what="NVIDIA GPU (CUDA; kernels compiled by NVRTC from cuda-bindings, or nvcc)",
+        ),
         DeployTarget(
             "vulkan",
             {"kind": "vulkan", "host": "llvm"},
