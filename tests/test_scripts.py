@@ -1,8 +1,11 @@
 """The export-checking script end to end on a fixture (the full run is minutes per network)."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,6 +19,10 @@ def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.Complete
 
 
 RESULTS_README = ROOT / "results" / "README.md"
+needs_arm = pytest.mark.skipif(
+    shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+    reason="arm-none-eabi-gcc or qemu-system-arm missing (.ci/run installs them)",
+)
 
 
 def test_check_exports_splits_and_verifies_an_exported_stem(tmp_path):
@@ -239,3 +246,46 @@ def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
     assert abs(sum(float(call[3].replace(",", "")) for call in calls) / 1e3 - whole) < 0.1 + 0.02 * whole
     floors = [float(call[8]) for call in calls if call[8].strip() != "-"]
     assert floors and all(ratio > 1 for ratio in floors)
+
+
+def _table_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of the Markdown table under ``heading``."""
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def test_bench_mcu_split_floor_names_what_holds_it(tmp_path):
+    """The simulator's splitting floor of an int8 MobileNetV2 stem: below the unsplit peak, with the tensors that
+    hold it; chains of 9 windows (the stem and both blocks in one chain) tile the tensor 6-window chains leave whole."""
+    out = tmp_path / "floor.md"
+    fixture = ROOT / "tests" / "fixtures" / "torchvision_mobilenet_v2_stem.torchscript.onnx"
+    run_script("bench_mcu_split.py", str(fixture), "--out", str(out), "--floor-only", "--floor-seconds", "60")
+    text = out.read_text()
+    unsplit = float(text.split("Unsplit, the simulated peak is ", 1)[1].split(" KiB")[0].replace(",", ""))
+    rows = _table_rows(text, "## The splitting floor")
+    assert [(r[0], r[1]) for r in rows] == [("6", "16"), ("6", "64"), ("9", "16"), ("9", "64")]
+    floors = {(r[0], r[1]): float(r[2].split()[0].replace(",", "")) for r in rows}
+    assert all(value < unsplit for value in floors.values())
+    assert all(r[4] != "none" and "KiB" in r[5] for r in rows)
+    searched = rows[0][5]
+    whole = [part for part in searched.split("; ") if not part.startswith("tile ")]
+    assert whole and whole[0].split(" (")[0] not in rows[2][5]  # left whole at 6 windows, tiled at 9
+    assert floors[("9", "16")] < floors[("6", "16")]
+    assert "rolling line buffer" in text
+
+
+@pytest.mark.slow
+@needs_arm
+def test_bench_mcu_split_builds_the_kept_plan_on_the_emulated_m7(tmp_path):
+    out = tmp_path / "split.md"
+    run_script(
+        "bench_mcu_split.py", "zoo:mcu_cnn", "--out", str(out), "--search-seconds", "5", "--floor-seconds", "20",
+        "--split-cache", str(tmp_path / "cache.jsonl"),
+    )  # fmt: skip
+    rows = _table_rows(out.read_text(), "## Builds on the emulated core")
+    assert [(r[0], r[1]) for r in rows] == [
+        ("unsplit", "excluded"), ("unsplit", "in arena"), ("split", "excluded"), ("split", "in arena")
+    ]  # fmt: skip
+    assert all(r[3] == "yes" and "NO" not in r[10] for r in rows)  # arena = plan, outputs agree
+    assert [r[9] for r in rows[:2]] == ["-", "-"] and all(r[9].endswith("%") for r in rows[2:])
