@@ -13,7 +13,10 @@ codes in and out (``--int8-io``) and TVM's argument checks left out (``--no-kern
 - **Floor**: the lowest peak the split search's simulator reaches with no latency budget (greedy descent over
   every spatial chain, as the search moves), with the tensors live at that peak; then the same descent with
   the limits that hold the floor raised (longer chains, more row tiles), simulated only, to show what would
-  lower it. ``--floor-only`` skips the builds (no arm toolchain needed).
+  lower it. ``--floor-only`` skips the builds (no arm toolchain needed), ``--no-floor`` the floor.
+
+``--memory-limit KIB`` searches the plan with the fewest instructions whose simulated peak fits instead (what it
+costs to reach the floor).
 """
 
 from __future__ import annotations
@@ -197,6 +200,7 @@ def builds_section(source: str, scratch: Path, args: argparse.Namespace, model_n
         load_model(source),
         "c",
         budget=args.budget,
+        memory_limit=args.memory_limit * 1024 if args.memory_limit else None,
         seconds=args.search_seconds,
         mcu_device=f"qemu-{core}",
         spec=source,
@@ -240,8 +244,11 @@ def builds_section(source: str, scratch: Path, args: argparse.Namespace, model_n
     split_arena = rows[("split", False)][1].arena_bytes
     target = MCUNETV2_KB * 1000
     table.append(
-        f"\nSplit search (`--split acg --device qemu-{core} --latency-budget {args.budget}`, "
-        f"`--search-seconds {args.search_seconds:g}`): {chosen}; simulated peak {kib(result.original.peak_bytes)} -> "
+        f"\nSplit search (`--split acg --device qemu-{core} "
+        + (f"--memory-limit {args.memory_limit}K`: the fewest instructions that fit" if args.memory_limit else "")
+        + (f"--latency-budget {args.budget}`" if not args.memory_limit else "")
+        + f", `--search-seconds {args.search_seconds:g}`): "
+        f"{chosen}; simulated peak {kib(result.original.peak_bytes)} -> "
         f"{kib(result.best.peak_bytes)} KiB; {outcome.cache_misses} programs measured on the core, "
         f"{outcome.cache_hits} from the cache; {search_wall:.0f} s; stopped: {result.stopped}. "
         f"MCUNetV2's {MCUNETV2_KB} kB ({target:,} bytes, input excluded): "
@@ -260,14 +267,22 @@ def main() -> None:
     parser.add_argument("--search-seconds", type=float, default=600.0, help="the device split search's time limit")
     parser.add_argument("--floor-seconds", type=float, default=600.0, help="time limit of each floor descent")
     parser.add_argument("--split-cache", type=Path, help="device measurements to reuse (default: the user's)")
+    parser.add_argument(
+        "--memory-limit",
+        type=int,
+        metavar="KIB",
+        help="search the plan with the fewest instructions whose simulated peak fits (input excluded), not the budget",
+    )
     parser.add_argument("--floor-only", action="store_true", help="only the simulator's floor (no builds)")
+    parser.add_argument("--no-floor", action="store_true", help="only the builds (no floor section)")
     args = parser.parse_args()
     name = Path(args.model).name if not args.model.startswith("zoo:") else args.model.removeprefix("zoo:")
     command = " ".join(["python scripts/bench_mcu_split.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="bench-mcu-split-") as scratch:
         source = int8_io_spec(quantized(args.model, Path(scratch)), Path(scratch))
         sections = [] if args.floor_only else [builds_section(source, Path(scratch), args, name)]
-        sections.append(floor_section(source, args.floor_seconds, name))
+        if not args.no_floor:
+            sections.append(floor_section(source, args.floor_seconds, name))
     header = (
         f"# {name} int8 split on the emulated {args.core}, and its splitting floor\n\n"
         "KiB = 1024 bytes. The model quantized to int8 QDQ as `scripts/bench_mcu.py` quantizes its int8 rows "
