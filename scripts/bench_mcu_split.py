@@ -144,7 +144,7 @@ def floor_section(spec: str, seconds: float, model_name: str) -> str:
         "(the split search's moves with no latency budget). The first row is what `--split acg` can reach: its "
         f"chains span at most {spatial_module.SPATIAL_WINDOWS} convolutions or pools and are cut into at most "
         f"{SPATIAL_PARTS} row tiles. The other rows raise those limits in the simulator only (not built, not "
-        "measured), to show which limit holds the floor (9 windows: a MobileNetV2 stem and its first two inverted "
+        "measured), to show which limit holds the floor (9 windows: a MobileNetV2 stem and its first three inverted "
         "residual blocks in one chain). Input excluded: the input image outside the arena "
         f"(MCUNetV2's {MCUNETV2_KB} kB figure); included: the same plan with the input planned in the arena with "
         "its lifetime (a descent that counts the input from the start may find a lower one). Unsplit, the simulated "
