@@ -257,7 +257,7 @@ def _table_rows(text: str, heading: str) -> list[list[str]]:
 
 def test_bench_mcu_split_floor_names_what_holds_it(tmp_path):
     """The simulator's splitting floor of an int8 MobileNetV2 stem: below the unsplit peak, with the tensors that
-    hold it; chains of 9 windows (the stem and both blocks in one chain) tile the tensor 6-window chains leave whole."""
+    hold it; chains of 9 windows tile the tensor that 6-window chains leave whole."""
     out = tmp_path / "floor.md"
     fixture = ROOT / "tests" / "fixtures" / "torchvision_mobilenet_v2_stem.torchscript.onnx"
     run_script("bench_mcu_split.py", str(fixture), "--out", str(out), "--floor-only", "--floor-seconds", "60")
