@@ -278,14 +278,19 @@ def test_bench_mcu_split_floor_names_what_holds_it(tmp_path):
 @pytest.mark.slow
 @needs_arm
 def test_bench_mcu_split_builds_the_kept_plan_on_the_emulated_m7(tmp_path):
+    """Split to fit 8 KiB (mcu_cnn's int8 arena is 10 KiB): the split builds' arenas are smaller, outputs agree."""
     out = tmp_path / "split.md"
     run_script(
-        "bench_mcu_split.py", "zoo:mcu_cnn", "--out", str(out), "--search-seconds", "5", "--floor-seconds", "20",
-        "--split-cache", str(tmp_path / "cache.jsonl"),
+        "bench_mcu_split.py", "zoo:mcu_cnn", "--out", str(out), "--search-seconds", "5", "--memory-limit", "8",
+        "--no-floor", "--split-cache", str(tmp_path / "cache.jsonl"),
     )  # fmt: skip
-    rows = _table_rows(out.read_text(), "## Builds on the emulated core")
+    text = out.read_text()
+    assert "## The splitting floor" not in text and "--memory-limit 8K" in text
+    rows = _table_rows(text, "## Builds on the emulated core")
     assert [(r[0], r[1]) for r in rows] == [
         ("unsplit", "excluded"), ("unsplit", "in arena"), ("split", "excluded"), ("split", "in arena")
     ]  # fmt: skip
     assert all(r[3] == "yes" and "NO" not in r[10] for r in rows)  # arena = plan, outputs agree
     assert [r[9] for r in rows[:2]] == ["-", "-"] and all(r[9].endswith("%") for r in rows[2:])
+    arena = {(r[0], r[1]): float(r[2]) for r in rows}
+    assert arena[("split", "excluded")] <= 8 < arena[("unsplit", "excluded")]
