@@ -35,10 +35,12 @@ FLASH_LIMIT = 2 * 1024 * 1024
 RESERVE = 16 * 1024
 """SRAM left to kernel scratch, stack and runtime when a split plan is searched for the arena."""
 SPLIT_LIMIT = SRAM_LIMIT - RESERVE
-INT8_SPLIT_LIMIT = 128 * 1024
+INT8_SPLIT_LIMIT = 132 * 1024
 """The int8 split row's search limit: the simulated peak with the int8 input in the arena (``--io-in-arena``
 counts it until the first chain's last tile has read it), leaving SRAM to kernel scratch and stack below
-the 148 KB issue 26 asks for."""
+the 148 KB issue 26 asks for. At 128 KiB the search kept a plan 5.2 % above the unsplit instructions; 132 KiB (and
+136 KiB, which kept the same plan) lets a cheaper one fit, and the arena with scratch and stack stays under 148 KB
+(the row's SRAM column checks it)."""
 FIRMWARE = {"io_in_arena": True, "int8_io": True, "kernel_checks": False}
 """The int8 rows as firmware ships them (``--io-in-arena --int8-io --no-kernel-checks``): inputs and outputs in
 the arena, int8 codes in and out, TVM's argument checks and their messages left out."""
@@ -122,7 +124,9 @@ def measure_row(
             cache=split_cache or DEFAULT_CACHE,
         )
         print(
-            f"split search ({outcome.unit}): {outcome.latency_before_ms:,.4g} -> {outcome.latency_after_ms:,.4g}, "
+            f"split search ({outcome.unit}): "
+            + (", ".join(f"{c.chain.name} x{c.parts}" for c in outcome.choices) or "unsplit")
+            + f"; {outcome.latency_before_ms:,.4g} -> {outcome.latency_after_ms:,.4g}, "
             f"{outcome.cache_misses} measured, {outcome.cache_hits} cached; {outcome.result.stopped}",
             flush=True,
         )

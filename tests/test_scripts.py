@@ -1,8 +1,11 @@
 """The export-checking script end to end on a fixture (the full run is minutes per network)."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,6 +19,10 @@ def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.Complete
 
 
 RESULTS_README = ROOT / "results" / "README.md"
+needs_arm = pytest.mark.skipif(
+    shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+    reason="arm-none-eabi-gcc or qemu-system-arm missing (.ci/run installs them)",
+)
 
 
 def test_check_exports_splits_and_verifies_an_exported_stem(tmp_path):
@@ -267,3 +274,51 @@ def test_bench_gpu_keeps_going_past_a_failed_model_and_names_software_devices(tm
     assert "opencl" in software and "PoCL" in software and "cuda" not in software
     assert gpu == "cuda: NVIDIA H200 (sm_90, 140 GiB): a GPU."
     assert bench_gpu.devices_note(["llvm: x86_64"]) == ""
+
+
+def _table_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of the Markdown table under ``heading``."""
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def test_bench_mcu_split_floor_names_what_holds_it(tmp_path):
+    """The simulator's splitting floor of an int8 MobileNetV2 stem: below the unsplit peak, with the tensors that
+    hold it; chains of 9 windows tile the tensor that 6-window chains leave whole."""
+    out = tmp_path / "floor.md"
+    fixture = ROOT / "tests" / "fixtures" / "torchvision_mobilenet_v2_stem.torchscript.onnx"
+    run_script("bench_mcu_split.py", str(fixture), "--out", str(out), "--floor-only", "--floor-seconds", "60")
+    text = out.read_text()
+    unsplit = float(text.split("Unsplit, the simulated peak is ", 1)[1].split(" KiB")[0].replace(",", ""))
+    rows = _table_rows(text, "## The splitting floor")
+    assert [(r[0], r[1]) for r in rows] == [("6", "16"), ("6", "64"), ("9", "16"), ("9", "64")]
+    floors = {(r[0], r[1]): float(r[2].split()[0].replace(",", "")) for r in rows}
+    assert all(value < unsplit for value in floors.values())
+    assert all(r[4] != "none" and "KiB" in r[5] for r in rows)
+    searched = rows[0][5]
+    whole = [part for part in searched.split("; ") if not part.startswith("tile ")]
+    assert whole and whole[0].split(" (")[0] not in rows[2][5]  # left whole at 6 windows, tiled at 9
+    assert floors[("9", "16")] < floors[("6", "16")]
+    assert "rolling line buffer" in text
+
+
+@pytest.mark.slow
+@needs_arm
+def test_bench_mcu_split_builds_the_kept_plan_on_the_emulated_m7(tmp_path):
+    """Split to fit 8 KiB (mcu_cnn's int8 arena is 10 KiB): the split builds' arenas are smaller, outputs agree."""
+    out = tmp_path / "split.md"
+    run_script(
+        "bench_mcu_split.py", "zoo:mcu_cnn", "--out", str(out), "--search-seconds", "5", "--memory-limit", "8",
+        "--no-floor", "--split-cache", str(tmp_path / "cache.jsonl"),
+    )  # fmt: skip
+    text = out.read_text()
+    assert "## The splitting floor" not in text and "--memory-limit 8K" in text
+    rows = _table_rows(text, "## Builds on the emulated core")
+    assert [(r[0], r[1]) for r in rows] == [
+        ("unsplit", "excluded"), ("unsplit", "in arena"), ("split", "excluded"), ("split", "in arena")
+    ]  # fmt: skip
+    assert all(r[3] == "yes" and "NO" not in r[10] for r in rows)  # arena = plan, outputs agree
+    assert [r[9] for r in rows[:2]] == ["-", "-"] and all(r[9].endswith("%") for r in rows[2:])
+    arena = {(r[0], r[1]): float(r[2]) for r in rows}
+    assert arena[("split", "excluded")] <= 8 < arena[("unsplit", "excluded")]

@@ -279,3 +279,23 @@ def test_plan_verify_without_the_runtime_says_to_run_setup_gpu(capsys, monkeypat
     code, _, err = run_cli(capsys, "plan", "zoo:mlp?hidden=16", "--verify", "--target", target)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "tvm-memplan setup-gpu" in err
+
+
+def test_split_report_in_instructions_says_no_milliseconds():
+    """The split rows and the front table read the unit-named fields of a device search (--device qemu-*)."""
+    from tvm_memplan.cli.plan import _front_table, _split_rows
+
+    summary = {
+        "peak_before_bytes": 2048, "peak_after_bytes": 1024, "latency_unit": "instructions",
+        "latency_before_instructions": 1_000_000, "latency_after_instructions": 1_048_000,
+        "split_subgraphs": [{"chain": "lv..lv9", "parts": 2, "fused": False}], "split_candidates": 3,
+        "search_seconds": 1.0, "plans_simulated": 5, "latency_measurements": 3, "latency_cache_hits": 1,
+        "split_reason": "memory limit met", "bottleneck_described": [],
+        "pareto_front": [{"peak_bytes": 1024, "latency_instructions": 1_048_000, "parts": {"lv..lv9": 2}}],
+    }  # fmt: skip
+    rows = dict(_split_rows(summary))
+    assert rows["instructions (emulated core)"] == "1,000,000 -> 1,048,000  (+4.8%)"
+    assert "instruction counts measured" in rows["split search"]
+    table = _front_table(summary)
+    assert [c.header for c in table.columns] == ["peak", "instructions", "chains (parts)"]
+    assert list(table.columns[1].cells) == ["1,048,000"]

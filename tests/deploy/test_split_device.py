@@ -28,11 +28,28 @@ def test_device_search_counts_instructions_and_reuses_its_cache(capsys, int8_mod
     assert first["latency_unit"] == "instructions" and first["latency_measurements"] > 0
     assert first["split_subgraphs"] and first["arena_bytes"] <= SPLIT_LIMIT
     # instruction counts are exact: the chains' counts add up to the whole program's with the split
-    assert first["latency_after_ms"] == first["latency_estimated_ms"] > first["latency_before_ms"]
+    counts = [first[f"latency_{k}_instructions"] for k in ("before", "after", "estimated")]
+    assert all(isinstance(c, int) for c in counts) and counts[1] == counts[2] > counts[0]
+    # no field says milliseconds where it holds instructions
+    assert not [key for key in first if key.endswith("_ms")]
+    assert all("latency_instructions" in point for point in first["pareto_front"])
     again = _plan(capsys, int8_model, cache)
     assert again["latency_measurements"] == 0 and again["latency_cache_hits"] > 0
-    same = ("split_subgraphs", "arena_bytes", "latency_before_ms", "latency_after_ms")
+    same = ("split_subgraphs", "arena_bytes", "latency_before_instructions", "latency_after_instructions")
     assert {k: again[k] for k in same} == {k: first[k] for k in same}
+
+
+@needs_arm
+def test_build_json_reports_the_device_search_in_instructions(capsys, int8_model, tmp_path):
+    summary = run_cli_json(
+        capsys, "build", str(int8_model), "--target", "cortex-m7", "--emit-c", str(tmp_path / "c"),
+        "--order-seconds", "1", "--split", "acg", "--memory-limit", str(SPLIT_LIMIT), "--search-seconds", "30",
+        "--split-cache", str(tmp_path / "cache.jsonl"), "--device", "qemu-cortex-m7",
+    )  # fmt: skip
+    search = summary["split_search"]
+    assert search["latency_unit"] == "instructions" and search["split_subgraphs"]
+    assert search["latency_after_instructions"] > search["latency_before_instructions"] > 0
+    assert not [key for key in search if key.endswith("_ms")]
 
 
 @needs_arm

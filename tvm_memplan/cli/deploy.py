@@ -15,7 +15,14 @@ from rich.table import Table
 
 from ..errors import UserError
 from .format import console, human_bytes, key_value_table, print_json, progress_display
-from .plan import model_planner_kwargs, model_planner_options, parse_bytes, run_split_search, split_search_options
+from .plan import (
+    model_planner_kwargs,
+    model_planner_options,
+    parse_bytes,
+    run_split_search,
+    split_search_options,
+    split_summary,
+)
 from .vocabulary import (
     add_command,
     add_cross_compiler,
@@ -180,6 +187,7 @@ def run_build(args: argparse.Namespace) -> int:
 
         args.model = int8_io_spec(args.model, args.emit_c)
     options = model_planner_kwargs(args)
+    split = None
     if args.split == "acg":
         from ..frontend import load_model
 
@@ -222,6 +230,8 @@ def run_build(args: argparse.Namespace) -> int:
     if emitted is not None:
         model_c = emitted.model
         summary |= model_c.figures(("arena_bytes", *PLAN_FIGURES, "split", "io_in_arena", "peak_tensors", "steps"))
+    if split is not None:
+        summary["split_search"] = split_summary(split)
     if args.json:
         print_json(summary)
         return 0

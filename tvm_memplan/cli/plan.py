@@ -269,7 +269,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if plan.options.groups is not None:
         summary.update(_groups_summary(plan))
     if split is not None:
-        summary.update(_split_summary(split, arena))
+        summary.update(split_summary(split))
     if verify_result is not None:
         summary["verify"] = {
             "device": verify_result.device,
@@ -391,8 +391,12 @@ def _check_split_device(args: argparse.Namespace, device: str) -> None:
     require_arm_tools(device)
 
 
-def _split_summary(split, arena: int) -> dict:
+def split_summary(split) -> dict:
+    """The split search's part of ``--json``. Latencies carry their unit in their names: ``latency_before_ms``
+    when measured in milliseconds, ``latency_before_instructions`` when counted on an emulated core
+    (``--device qemu-cortex-m7``), as ``latency_unit`` says."""
     result = split.result
+    unit = split.unit
     return {
         "split": "acg",
         "split_candidates": len(split.chains),
@@ -409,16 +413,16 @@ def _split_summary(split, arena: int) -> dict:
         "split_reason": result.stopped if split.chains else "no chain to split in the model: plan unchanged",
         "peak_before_bytes": result.original.peak_bytes,
         "peak_after_bytes": result.best.peak_bytes,
-        "latency_before_ms": round(split.latency_before_ms, 4),
-        "latency_after_ms": round(split.latency_after_ms, 4),
-        "latency_estimated_ms": round(result.best.latency_ms, 4),
-        "latency_unit": split.unit,
+        f"latency_before_{unit}": _latency(split.latency_before_ms, unit),
+        f"latency_after_{unit}": _latency(split.latency_after_ms, unit),
+        f"latency_estimated_{unit}": _latency(result.best.latency_ms, unit),
+        "latency_unit": unit,
         "bottleneck": list(result.bottleneck.live[:6]),
         "bottleneck_described": split.bottleneck,
         "pareto_front": [
             {
                 "peak_bytes": p.peak_bytes,
-                "latency_ms": round(p.latency_ms, 4),
+                f"latency_{unit}": _latency(p.latency_ms, unit),
                 "parts": {c.chain.name: c.parts for c in p.choices},
             }
             for p in result.front
@@ -428,6 +432,11 @@ def _split_summary(split, arena: int) -> dict:
         "latency_cache_hits": split.cache_hits,
         "latency_measurements": split.cache_misses,
     }
+
+
+def _latency(value: float, unit: str) -> float | int:
+    """Milliseconds to 4 decimals; instruction counts as the whole numbers they are."""
+    return round(value, 4) if unit == "ms" else int(round(value))
 
 
 def _layout_used(plan, args: argparse.Namespace) -> str:
@@ -552,8 +561,9 @@ def _groups_rows(summary: dict) -> list[tuple[str, str]]:
 
 def _split_rows(summary: dict) -> list[tuple[str, str]]:
     before, after = summary["peak_before_bytes"], summary["peak_after_bytes"]
-    unit = summary.get("latency_unit", "ms")
+    unit = summary["latency_unit"]
     counts = "latencies" if unit == "ms" else "instruction counts"
+    was, now = summary[f"latency_before_{unit}"], summary[f"latency_after_{unit}"]
     chosen = (
         ", ".join(
             f"{s['chain']} x{s['parts']}{' (one kernel)' if s['fused'] else ''}" for s in summary["split_subgraphs"]
@@ -565,12 +575,8 @@ def _split_rows(summary: dict) -> list[tuple[str, str]]:
         ("simulated peak", f"{human_bytes(before)} -> {human_bytes(after)}  ({before / after:.2f}x)" if after else "-"),
         (
             "latency (measured)" if unit == "ms" else "instructions (emulated core)",
-            (
-                f"{summary['latency_before_ms']:.3f} ms -> {summary['latency_after_ms']:.3f} ms  "
-                if unit == "ms"
-                else f"{summary['latency_before_ms']:,.0f} -> {summary['latency_after_ms']:,.0f}  "
-            )
-            + f"({summary['latency_after_ms'] / summary['latency_before_ms'] - 1:+.1%})",
+            (f"{was:.3f} ms -> {now:.3f} ms  " if unit == "ms" else f"{was:,} -> {now:,}  ")
+            + f"({now / was - 1:+.1%})",
         ),
         (
             "split search",
@@ -585,12 +591,14 @@ def _split_rows(summary: dict) -> list[tuple[str, str]]:
 def _front_table(summary: dict):
     from rich.table import Table
 
-    table = Table(title="split Pareto front (simulated peak vs estimated latency)")
-    for column in ("peak", "latency ms", "chains (parts)"):
+    unit = summary["latency_unit"]
+    table = Table(title=f"split Pareto front (simulated peak vs estimated {'latency' if unit == 'ms' else unit})")
+    for column in ("peak", "latency ms" if unit == "ms" else unit, "chains (parts)"):
         table.add_column(column)
     for point in summary["pareto_front"]:
         parts = ", ".join(f"{k} x{v}" for k, v in point["parts"].items()) or "unsplit"
-        table.add_row(human_bytes(point["peak_bytes"]), f"{point['latency_ms']:.3f}", parts)
+        latency = point[f"latency_{unit}"]
+        table.add_row(human_bytes(point["peak_bytes"]), f"{latency:.3f}" if unit == "ms" else f"{latency:,}", parts)
     return table
 
 

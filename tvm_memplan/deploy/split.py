@@ -36,7 +36,7 @@ class SplitOutcome:
     latency_before_ms: float
     latency_after_ms: float
     """Medians measured end to end (the whole model compiled with and without the split, timed
-    in interleaved rounds)."""
+    in interleaved rounds), in :attr:`unit` (instructions on an emulated core, despite the names)."""
     samples_before_ms: list[float]
     samples_after_ms: list[float]
     cache_hits: int
