@@ -108,16 +108,70 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_offset(
   return (int32_t)(sum < low ? low : sum > high ? high : sum);
 #endif
 }
-/* MLAS's requantization: float32 multiply, round half to even, zero point, clamp (clamping after the
- * rounding is the same as before it: the bounds are integers) */
-static inline __attribute__((always_inline)) int32_t tvm_memplan_requantize(
-    int32_t acc, float multiplier, int32_t zero_point, int32_t low, int32_t high) {
-  return tvm_memplan_offset(tvm_memplan_round((float)acc * multiplier), zero_point, low, high);
+/* TVM_MEMPLAN_FIXED_POINT 1 (build --requantize fixed): integer requantization and residual adds, as CMSIS-NN's
+ * arm_nn_requantize and arm_elementwise_add_s8 (gemmlowp's rounding multiply), within 1 LSB of onnxruntime's
+ * float rounding; 0: MLAS's float rounding, onnxruntime's codes exactly */
+#ifndef TVM_MEMPLAN_FIXED_POINT
+#define TVM_MEMPLAN_FIXED_POINT 0
+#endif
+/* a channel's requantization scale: MLAS's float multiplier or, where fixed (a constant the compiler folds), the
+ * same multiplier times 2^32 as an integer (exact for multipliers of at least 2^-9, float32's 24 bits) */
+typedef struct {
+  float m;
+  int32_t q;
+  int32_t fixed;
+} tvm_memplan_scale;
+static inline __attribute__((always_inline)) tvm_memplan_scale tvm_memplan_scale_of(float m, int32_t fixed) {
+  tvm_memplan_scale s = {m, fixed ? (int32_t)(m * 4294967296.0f + 0.5f) : 0, fixed};
+  return s;
 }
-/* MLAS's QLinearAdd of two codes: fma(a, ra, fma(b, rb, constant)), rounded half to even, saturated */
+/* zero_point + acc * q / 2^32 rounded half up: one SMMLAR (the accumulator, the multiplier, the zero point) */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_smmlar(int32_t acc, int32_t q, int32_t zero_point) {
+#if defined(__ARM_FEATURE_DSP)
+  int32_t code;
+  __asm__("smmlar %0, %1, %2, %3" : "=r"(code) : "r"(acc), "r"(q), "r"(zero_point));
+  return code;
+#else
+  return (int32_t)((((int64_t)zero_point << 32) + (int64_t)acc * q + 0x80000000LL) >> 32);
+#endif
+}
+/* MLAS's requantization: float32 multiply, round half to even, zero point, clamp (clamping after the
+ * rounding is the same as before it: the bounds are integers); fixed: SMMLAR and the clamp (SSAT) */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_requantize(
+    int32_t acc, tvm_memplan_scale scale, int32_t zero_point, int32_t low, int32_t high) {
+  if (scale.fixed) return tvm_memplan_clamp(tvm_memplan_smmlar(acc, scale.q, zero_point), low, high);
+  return tvm_memplan_offset(tvm_memplan_round((float)acc * scale.m), zero_point, low, high);
+}
+/* the constants of a residual add */
+typedef struct {
+  float ratio_a, ratio_b, constant;
+  int32_t qa, qb, qc, fixed;
+} tvm_memplan_adder;
+/* fixed: ratios of magnitude under 2 as Q30 integers, the constant (plus half, the rounding) in Q14 */
+static inline __attribute__((always_inline)) tvm_memplan_adder tvm_memplan_adder_of(
+    float ratio_a, float ratio_b, float constant, int32_t fixed) {
+  const int32_t fits = fixed && fabsf(ratio_a) < 2.0f && fabsf(ratio_b) < 2.0f && fabsf(constant) < 65536.0f;
+  tvm_memplan_adder s = {ratio_a, ratio_b, constant, 0, 0, 0, fits};
+  if (fits) {
+    s.qa = (int32_t)lrintf(ratio_a * 1073741824.0f), s.qb = (int32_t)lrintf(ratio_b * 1073741824.0f);
+    s.qc = (int32_t)lrintf(constant * 16384.0f) + 8192;
+  }
+  return s;
+}
+/* MLAS's QLinearAdd of two codes: fma(a, ra, fma(b, rb, constant)), rounded half to even, saturated; fixed:
+ * qc + (qa * a >> 16) + (qb * b >> 16) in Q14 (two SMLAWB), shifted down and saturated */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_add(
-    int32_t a, int32_t b, float ratio_a, float ratio_b, float constant, int32_t low, int32_t high) {
-  return tvm_memplan_clamp(tvm_memplan_round(fmaf((float)a, ratio_a, fmaf((float)b, ratio_b, constant))), low, high);
+    int32_t a, int32_t b, tvm_memplan_adder s, int32_t low, int32_t high) {
+  if (s.fixed) {
+#if defined(__ARM_FEATURE_DSP)
+    const int32_t sum = __smlawb(s.qb, b, __smlawb(s.qa, a, s.qc));
+#else
+    const int32_t sum = s.qc + (int32_t)(((int64_t)s.qa * a) >> 16) + (int32_t)(((int64_t)s.qb * b) >> 16);
+#endif
+    return tvm_memplan_clamp(sum >> 14, low, high);
+  }
+  return tvm_memplan_clamp(
+      tvm_memplan_round(fmaf((float)a, s.ratio_a, fmaf((float)b, s.ratio_b, s.constant))), low, high);
 }
 /* two taps of a row as an int16 pair for SMLAD: bottom a, top b */
 static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
@@ -130,7 +184,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
     int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
-    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t y_plane) {
+    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t fixed_point, int32_t y_plane) {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_;
   const int32_t* bias = (const int32_t*)bias_;
@@ -149,7 +203,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     const int8_t* tap = weights + channel * kh * kw;
     int8_t* dst = y + plane * y_plane;
     const int32_t b = bias[channel];
-    const float m = multiplier[channel];
+    const tvm_memplan_scale m = tvm_memplan_scale_of(multiplier[channel], TVM_MEMPLAN_FIXED_POINT && fixed_point);
     int32_t next = -top; /* the first input row not yet in the ring */
     uint32_t outer0 = 0, outer1 = 0, outer2 = 0, middle01 = 0;
     int32_t middle2 = 0;
@@ -218,13 +272,15 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
     int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
-    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t y_plane) {
+    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane) {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
   const int32_t* bias = (const int32_t*)bias_;
   const float* multiplier = (const float*)multiplier_;
   const int8_t* residual = (const int8_t*)residual_;
   int8_t* y = (int8_t*)y_;
+  const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
+  const tvm_memplan_adder adder = tvm_memplan_adder_of(ratio_a, ratio_b, constant, TVM_MEMPLAN_FIXED_POINT);
   const int32_t steps = (cin + 3) >> 2;
   int32_t tile = (4096 / (8 * steps)) & ~1;
   tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
@@ -238,8 +294,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
     if (add) {                                                                                          \
       const int32_t other = residual[(o) * pixels + (p)];                                               \
-      code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
-                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
+      code = code_first ? tvm_memplan_add(code, other, adder, add_low, add_high)                        \
+                        : tvm_memplan_add(other, code, adder, add_low, add_high);                       \
     }                                                                                                   \
     y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
   } while (0)
@@ -274,7 +330,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         a3 = tvm_memplan_smlad(tvm_memplan_odd(w3), xo, tvm_memplan_smlad(tvm_memplan_even(w3), xe, a3));
       }
       a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
-      for (int32_t k = 0; k < 4 && o + k < cout; ++k) TVM_MEMPLAN_STORE(o + k, p0, a[k], multiplier[o + k]);
+      for (int32_t k = 0; k < 4 && o + k < cout; ++k) {
+        TVM_MEMPLAN_STORE(o + k, p0, a[k], tvm_memplan_scale_of(multiplier[o + k], fixed));
+      }
     }
     /* 5 to 8 channels: 1 channel x 4 pixels, its weights in registers */
     for (int32_t o = 0; pixels > 1 && steps == 2 && o < cout; ++o) {
@@ -283,7 +341,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
       const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
       const int32_t bo = bias[o];
-      const float mo = multiplier[o];
+      const tvm_memplan_scale mo = tvm_memplan_scale_of(multiplier[o], fixed);
       const int32_t at = p0;
       for (int32_t p = 0; p < n; p += 4) {
         const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1), then p + 2's */
@@ -309,7 +367,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t o = 0; pixels > 1 && steps != 2 && o < cout; o += 2) {
       const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
       const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
-      const float ma = multiplier[o], mb = o + 1 < cout ? multiplier[o + 1] : 0.0f;
+      const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
+      const tvm_memplan_scale mb = tvm_memplan_scale_of(o + 1 < cout ? multiplier[o + 1] : 0.0f, fixed);
       if (unpack) {
         for (int32_t s = 0; s < steps; ++s) {
           const uint32_t u = tvm_memplan_word(wa + 16 * s), t = tvm_memplan_word(wa + 16 * s + 4);
@@ -366,7 +425,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t cin, int32_t h, int32_t w, int32_t cout,
     int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left, int32_t x_zp,
-    int32_t y_zp, int32_t low, int32_t high, int32_t quantize, float x_scale, int32_t y_plane) {
+    int32_t y_zp, int32_t low, int32_t high, int32_t quantize, float x_scale, int32_t fixed_point, int32_t y_plane) {
   const int8_t* weights = (const int8_t*)w_; /* OIHW */
   const int32_t* bias = (const int32_t*)bias_;
   const float* multiplier = (const float*)multiplier_;
@@ -423,17 +482,20 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         const uint32_t* u = packed + o * pairs;
         const uint32_t* v = second ? u + pairs : u;
         int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
+        const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
+        const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
+        const tvm_memplan_scale mb = tvm_memplan_scale_of(second ? multiplier[o + 1] : 0.0f, fixed);
 #pragma GCC unroll 8
         for (int32_t i = 0; i < pairs; ++i) {
           const uint32_t wu = u[i], wv = v[i], xa = tvm_memplan_word(x0 + 4 * i), xb = tvm_memplan_word(x1 + 4 * i);
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
           b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
         }
-        out[o * y_plane] = (int8_t)tvm_memplan_requantize(a0, multiplier[o], y_zp, low, high);
-        if (two) out[o * y_plane + 1] = (int8_t)tvm_memplan_requantize(a1, multiplier[o], y_zp, low, high);
+        out[o * y_plane] = (int8_t)tvm_memplan_requantize(a0, ma, y_zp, low, high);
+        if (two) out[o * y_plane + 1] = (int8_t)tvm_memplan_requantize(a1, ma, y_zp, low, high);
         if (second) {
-          out[(o + 1) * y_plane] = (int8_t)tvm_memplan_requantize(b0, multiplier[o + 1], y_zp, low, high);
-          if (two) out[(o + 1) * y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, multiplier[o + 1], y_zp, low, high);
+          out[(o + 1) * y_plane] = (int8_t)tvm_memplan_requantize(b0, mb, y_zp, low, high);
+          if (two) out[(o + 1) * y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, mb, y_zp, low, high);
         }
       }
     }

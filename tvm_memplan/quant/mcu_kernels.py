@@ -26,16 +26,17 @@ from .kernels import conv_geometry
 
 DEPTHWISE_KERNEL = "tvm_memplan_depthwise_s8"
 """``(x, w, bias, multiplier, y, planes, channels, h, w, oh, ow, kh, kw, sh, sw, top, left, x_zp,
-y_zp, low, high, y_plane)``: NCHW int8 depthwise convolution (dilation 1) with the requantization fused
-(``y_plane``: elements between output planes, ``oh * ow`` unless it writes rows of a larger tensor)."""
+y_zp, low, high, fixed_point, y_plane)``: NCHW int8 depthwise convolution (dilation 1) with the requantization fused
+(``fixed_point``: :func:`fits_fixed_point` of the multipliers; ``y_plane``: elements between output planes,
+``oh * ow`` unless it writes rows of a larger tensor)."""
 POINTWISE_KERNEL = "tvm_memplan_pointwise_s8"
 """``(x, w, bias, multiplier, residual, y, cin, cout, pixels, y_zp, low, high, add, code_first, ratio_a,
-ratio_b, constant, add_low, add_high, y_plane)``: NCHW int8 1x1 convolution of stride 1 (weights in
+ratio_b, constant, add_low, add_high, fixed_point, y_plane)``: NCHW int8 1x1 convolution of stride 1 (weights in
 :func:`.dot_kernels.pack_dot_weights`'s layout) with the requantization and a residual QLinearAdd
 (:func:`.kernels.add_codes`, where ``add``) fused."""
 WINDOW_KERNEL = "tvm_memplan_window_s8"
 """``(x, w, bias, multiplier, y, cin, h, w, cout, oh, ow, kh, kw, sh, sw, top, left, x_zp, y_zp, low,
-high, quantize, x_scale, y_plane)``: NCHW int8 convolution of few input channels (dilation 1) on im2col'd
+high, quantize, x_scale, fixed_point, y_plane)``: NCHW int8 convolution of few input channels (dilation 1) on im2col'd
 windows of two pixels, with the requantization fused (``quantize``: ``x`` is float32, quantized
 with ``x_scale`` and ``x_zp`` as it enters the row cache)."""
 C_KERNELS = (DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL)
@@ -46,16 +47,30 @@ MAX_ROWS = 32
 MAX_PLANE = 2048
 """The largest padded input plane (bytes) :data:`DEPTHWISE_KERNEL` caches whole, each row copied once;
 a larger one goes through the ring of window rows."""
+FIXED_POINT_MULTIPLIERS = (2.0**-16, 0.5)
+"""The multipliers (``[low, high)``) the fixed-point requantization takes: one ``SMMLAR`` by the multiplier
+times 2^32 needs it under 0.5; from 2^-16 on, that integer (at least 2^16) keeps the products within 0.01 LSB."""
 STACK_BYTES = 8192
 """The most stack a C kernel may take for its row cache, packed operands and unpacked weights; a
 larger layer keeps TVM's kernel."""
+
+
+def fits_fixed_point(multiplier: np.ndarray) -> bool:
+    """Whether every per-channel multiplier lies in :data:`FIXED_POINT_MULTIPLIERS`: the C kernels then
+    requantize with integers when built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize fixed``); a layer
+    with any other keeps MLAS's float rounding."""
+    low, high = FIXED_POINT_MULTIPLIERS
+    values = np.asarray(multiplier, np.float32)
+    return bool(values.size and np.all((values >= low) & (values < high)))
 
 
 def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tensor, **options: Any) -> te.Tensor:
     """:func:`.kernels.conv2d` (same arguments) as one call of :data:`DEPTHWISE_KERNEL` (a depthwise
     convolution) or :data:`WINDOW_KERNEL` (a regular one of few input channels: the stem, quantizing
     the float network input as MLAS does where ``quantize_input`` says so), where the input is int8,
-    the dilation 1 and nothing is fused after it; else :func:`.kernels.conv2d` itself."""
+    the dilation 1 and nothing is fused after it; else :func:`.kernels.conv2d` itself. ``fixed_point``:
+    :func:`fits_fixed_point` of the multipliers."""
+    fixed_point = int(options.pop("fixed_point", False))
     n, c, h, w = (int(d) for d in x.shape)
     o, per_group, kh, kw = (int(d) for d in weight.shape)
     quantize_input, groups = options.get("quantize_input"), options.get("groups", 1)
@@ -73,11 +88,12 @@ def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tens
     (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = geometry
     quantization = tuple(int(options[k]) for k in ("x_zero_point", "y_zero_point", "low", "high"))
     if depthwise:
-        name, args = DEPTHWISE_KERNEL, (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, *quantization, oh * ow)
+        args = (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, *quantization, fixed_point, oh * ow)
+        name = DEPTHWISE_KERNEL
     else:
         scale = float(quantize_input[0]) if quantize_input else 1.0
         args = (c, h, w, o, oh, ow, kh, kw, sh, sw, top, left, *quantization, int(quantize_input is not None), scale)
-        args += (oh * ow,)
+        args += (fixed_point, oh * ow)
         name = WINDOW_KERNEL
     return _extern((n, o, oh, ow), [x, weight, bias, multiplier], name, args, options["out_dtype"])
 
@@ -115,7 +131,9 @@ def pointwise_conv2d(
 ) -> te.Tensor:
     """:func:`.dot_kernels.conv2d_dot` (same arguments) of a 1x1 convolution of stride 1 (``weight`` in
     :func:`.dot_kernels.pack_dot_weights`'s layout) as one call of :data:`POINTWISE_KERNEL` where
-    the input is int8; a fused int8 ``residual`` add is computed there too (MLAS's formula)."""
+    the input is int8; a fused int8 ``residual`` add is computed there too (MLAS's formula). ``fixed_point``:
+    :func:`fits_fixed_point` of the multipliers."""
+    fixed_point = int(options.pop("fixed_point", False))
     n, c, h, w = (int(d) for d in x.shape)
     residual = options.get("residual")
     plain = options.get("table") is None and options.get("quantize_input") is None and str(x.dtype) == "int8"
@@ -125,7 +143,7 @@ def pointwise_conv2d(
     cout, requantization = options["out_channels"], tuple(int(options[k]) for k in ("y_zero_point", "low", "high"))
     floats = tuple(float(add[k]) for k in ("ratio_a", "ratio_b", "constant"))
     args = (c, cout, h * w, *requantization, int(residual is not None), int(add["code_first"]), *floats)
-    args += (int(add.get("low", 0)), int(add.get("high", 0)), h * w)
+    args += (int(add.get("low", 0)), int(add.get("high", 0)), fixed_point, h * w)
     inputs = [x, weight, bias, multiplier] + ([residual] if residual is not None else [])
     return _extern((n, cout, h, w), inputs, POINTWISE_KERNEL, args, options["out_dtype"], twice=residual is None)
 
