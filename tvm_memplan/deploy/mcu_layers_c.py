@@ -147,29 +147,23 @@ typedef struct {
   float ratio_a, ratio_b, constant;
   int32_t qa, qb, qc, fixed;
 } tvm_memplan_adder;
-/* fixed: ratios of magnitude under 2 as Q30 integers, the constant (plus half, the rounding) in Q14 */
+/* fixed: the ratios (magnitude under 2) and the constant (under 512, plus half: the rounding) in Q20 integers, so
+ * that a sum of two codes' products stays under 2^31 */
 static inline __attribute__((always_inline)) tvm_memplan_adder tvm_memplan_adder_of(
     float ratio_a, float ratio_b, float constant, int32_t fixed) {
-  const int32_t fits = fixed && fabsf(ratio_a) < 2.0f && fabsf(ratio_b) < 2.0f && fabsf(constant) < 65536.0f;
+  const int32_t fits = fixed && fabsf(ratio_a) < 2.0f && fabsf(ratio_b) < 2.0f && fabsf(constant) < 512.0f;
   tvm_memplan_adder s = {ratio_a, ratio_b, constant, 0, 0, 0, fits};
   if (fits) {
-    s.qa = (int32_t)lrintf(ratio_a * 1073741824.0f), s.qb = (int32_t)lrintf(ratio_b * 1073741824.0f);
-    s.qc = (int32_t)lrintf(constant * 16384.0f) + 8192;
+    s.qa = (int32_t)lrintf(ratio_a * 1048576.0f), s.qb = (int32_t)lrintf(ratio_b * 1048576.0f);
+    s.qc = (int32_t)lrintf(constant * 1048576.0f) + 524288;
   }
   return s;
 }
 /* MLAS's QLinearAdd of two codes: fma(a, ra, fma(b, rb, constant)), rounded half to even, saturated; fixed:
- * qc + (qa * a >> 16) + (qb * b >> 16) in Q14 (two SMLAWB), shifted down and saturated */
+ * qc + qa * a + qb * b in Q20 (two MLA), shifted down and saturated (one SSAT) */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_add(
     int32_t a, int32_t b, tvm_memplan_adder s, int32_t low, int32_t high) {
-  if (s.fixed) {
-#if defined(__ARM_FEATURE_DSP)
-    const int32_t sum = __smlawb(s.qb, b, __smlawb(s.qa, a, s.qc));
-#else
-    const int32_t sum = s.qc + (int32_t)(((int64_t)s.qa * a) >> 16) + (int32_t)(((int64_t)s.qb * b) >> 16);
-#endif
-    return tvm_memplan_clamp(sum >> 14, low, high);
-  }
+  if (s.fixed) return tvm_memplan_clamp((s.qc + s.qa * a + s.qb * b) >> 20, low, high);
   return tvm_memplan_clamp(
       tvm_memplan_round(fmaf((float)a, s.ratio_a, fmaf((float)b, s.ratio_b, s.constant))), low, high);
 }
@@ -434,15 +428,16 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
   const int32_t stride = ((cols > filled ? cols : filled) + 3) & ~3;
   int8_t cache[cin * kh * stride]; /* per input channel, a ring of the window's rows, padded */
-  int16_t columns[2][2 * pairs];   /* two pixels' windows (im2col), as int16 pairs */
-  uint32_t packed[cout * pairs];   /* each output channel's weights in the same order */
+  int16_t columns[4 * pairs];        /* two pixels' windows (im2col), as int16 pairs, one after the other */
+  uint32_t packed[(cout + 1) * pairs]; /* each output channel's weights in the same order (then zeros) */
   const int8_t* rows[TVM_MEMPLAN_MAX_ROWS];
   for (int32_t o = 0; o < cout; ++o) {
     int16_t lanes[2 * pairs];
     for (int32_t i = 0; i < 2 * pairs; ++i) lanes[i] = i < depth ? weights[o * depth + i] : 0;
     memcpy(packed + o * pairs, lanes, 4 * pairs);
   }
-  columns[0][2 * pairs - 1] = columns[1][2 * pairs - 1] = 0;
+  memset(packed + cout * pairs, 0, 4 * pairs);
+  memset(columns, 0, sizeof(columns));
   int32_t next = -top;
   for (int32_t oy = 0; oy < oh; ++oy) {
     const int32_t first = oy * sh - top;
@@ -467,25 +462,27 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t ox = 0; ox < ow; ox += 2) {
       const int32_t two = ox + 1 < ow;
       for (int32_t p = 0; p <= two; ++p) {
-        int16_t* to = columns[p];
+        int16_t* to = columns + 2 * pairs * p;
         for (int32_t i = 0; i < cin * kh; ++i) {
           const int8_t* from = rows[i] + (ox + p) * sw;
 #pragma GCC unroll 8
           for (int32_t k = 0; k < kw; ++k) *to++ = from[k];
         }
       }
-      const int8_t* x0 = (const int8_t*)columns[0];
-      const int8_t* x1 = (const int8_t*)columns[two];
+      /* (fixed offsets from two pointers: the second pixel's window and channel o + 1's weights are read even
+       * where there is none, and not stored) */
+      const int8_t* x0 = (const int8_t*)columns;
+      const int8_t* x1 = x0 + 4 * pairs;
       int8_t* out = y + oy * ow + ox;
       for (int32_t o = 0; o < cout; o += 2) {
         const int32_t second = o + 1 < cout;
         const uint32_t* u = packed + o * pairs;
-        const uint32_t* v = second ? u + pairs : u;
+        const uint32_t* v = u + pairs;
         int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
         const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
         const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
         const tvm_memplan_scale mb = tvm_memplan_scale_of(second ? multiplier[o + 1] : 0.0f, fixed);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int32_t i = 0; i < pairs; ++i) {
           const uint32_t wu = u[i], wv = v[i], xa = tvm_memplan_word(x0 + 4 * i), xb = tvm_memplan_word(x1 + 4 * i);
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
