@@ -95,7 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="exact",
         help="with --emit-c, int8 on a Cortex-M with the DSP extension: how the C kernels requantize; exact "
         "(default): onnxruntime's float rounding, its codes exactly; fixed: integers as CMSIS-NN does (one "
-        "SMMLAR per output, residual adds on MLA), each kernel within 1 LSB of onnxruntime, fewer instructions",
+        "SMMLAR per output), each kernel within 1 LSB of onnxruntime, fewer instructions",
     )
     add_cross_compiler(build)
     add_json(build)

@@ -100,8 +100,8 @@ _DECLARATION = re.compile(
 REQUANTIZATIONS = ("exact", "fixed")
 """How the whole-layer C kernels requantize (``build --requantize``): ``exact``, MLAS's float rounding, the
 codes of onnxruntime's run exactly; ``fixed``, integers as CMSIS-NN does (``TVM_MEMPLAN_FIXED_POINT``: one
-``SMMLAR`` per output instead of a float multiply and two conversions, residual adds on two ``MLA``), each
-kernel within 1 LSB of onnxruntime's codes."""
+``SMMLAR`` per output instead of a float multiply and two conversions; residual adds keep MLAS's float
+formula), each kernel within 1 LSB of onnxruntime's codes."""
 
 
 def with_micro_kernels(source: str, requantize: str = "exact") -> str:

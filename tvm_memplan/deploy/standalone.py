@@ -89,6 +89,9 @@ class CMeasurement:
     absolute difference (the largest over the outputs), without the 2-LSB floor of ``tolerance``."""
     spread_lsb: int | None = None
     """The same spread in output LSB."""
+    diff_lsb: int | None = None
+    """For an int8 (QDQ) model: the largest difference to onnxruntime's default run, in output LSB (the
+    issue's rule for a network: at most ``spread_lsb``)."""
     kernels: list[dict[str, Any]] | None = None
     """With ``per_kernel``: per call of ``<name>_run``, its step, kernel and instructions (from the
     profiling build, which reads the counter after every kernel; every figure above is that build's)."""
@@ -209,6 +212,7 @@ def measure_c(
     )
     reference, reference_name = reference_outputs(model, inputs)
     allowed = int8_allowed(model, inputs, (reference, reference_name))
+    diff_lsb = None
     atols = [t.atol for t in allowed] if allowed else None
     if status == 0:
         outputs = [
@@ -216,6 +220,11 @@ def measure_c(
             for spec in model_c.outputs
         ]
         correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference], atols)
+        if allowed:
+            from ..quant.reference import lsb_difference
+
+            compared = zip(outputs, reference, allowed, strict=True)
+            diff_lsb = max(lsb_difference(o, np.asarray(r), t.scale) for o, r, t in compared)
     else:
         correct, worst = False, float("inf")
         error = error or f"{model_c.name}_run returned {status}"
@@ -244,6 +253,7 @@ def measure_c(
         tolerance=max(atols) if atols else None,
         spread=max(t.spread_lsb * t.scale for t in allowed) if allowed else None,
         spread_lsb=max(t.spread_lsb for t in allowed) if allowed else None,
+        diff_lsb=diff_lsb,
         kernels=kernels,
     )
 
