@@ -37,6 +37,13 @@ static inline __attribute__((always_inline)) uint32_t tvm_memplan_odd(uint32_t w
   return pairs;
 }
 #define tvm_memplan_smlad(a, b, acc) __smlad((a), (b), (acc))
+#define tvm_memplan_smladx(a, b, acc) __smladx((a), (b), (acc))
+/* the bottom half of a, the top half of b: one PKHBT */
+static inline __attribute__((always_inline)) uint32_t tvm_memplan_pkhbt(uint32_t a, uint32_t b) {
+  uint32_t packed;
+  __asm__("pkhbt %0, %1, %2" : "=r"(packed) : "r"(a), "r"(b));
+  return packed;
+}
 #define tvm_memplan_smlabb(a, b, acc) __smlabb((int32_t)(a), (b), (acc))
 #define tvm_memplan_smlatb(a, b, acc) __smlatb((int32_t)(a), (b), (acc))
 #define tvm_memplan_smlabt(a, b, acc) __smlabt((int32_t)(a), (int32_t)(b), (acc))
@@ -49,6 +56,10 @@ static inline uint32_t tvm_memplan_odd(uint32_t word) { return tvm_memplan_even(
 static inline int32_t tvm_memplan_smlad(uint32_t a, uint32_t b, int32_t acc) {
   return acc + (int16_t)(a & 0xffff) * (int16_t)(b & 0xffff) + (int16_t)(a >> 16) * (int16_t)(b >> 16);
 }
+static inline int32_t tvm_memplan_smladx(uint32_t a, uint32_t b, int32_t acc) {
+  return acc + (int16_t)(a & 0xffff) * (int16_t)(b >> 16) + (int16_t)(a >> 16) * (int16_t)(b & 0xffff);
+}
+static inline uint32_t tvm_memplan_pkhbt(uint32_t a, uint32_t b) { return (a & 0xffffu) | (b & 0xffff0000u); }
 static inline int32_t tvm_memplan_smlabb(uint32_t a, int32_t b, int32_t acc) {
   return acc + (int16_t)(a & 0xffff) * (int16_t)b;
 }
@@ -171,8 +182,11 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   /* a small plane goes whole into the cache, padded, each row copied once; a large one through a ring of the
    * window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
   const int32_t span = (oh - 1) * sh + kh, whole = span * stride <= TVM_MEMPLAN_MAX_PLANE;
-  int8_t cache[whole ? span * stride : 2 * kh * stride];
-  memset(cache, x_zp, sizeof(cache)); /* the padding stays */
+  /* each row's input columns start on a word (its first byte at left + shift), so that the row copies are
+   * word-aligned memcpys (newlib copies an unaligned destination byte by byte) */
+  int8_t padded[(whole ? span * stride : 2 * kh * stride) + 3];
+  memset(padded, x_zp, sizeof(padded)); /* the padding stays */
+  int8_t* cache = padded + ((4 - (left & 3)) & 3);
   for (int32_t plane = 0; plane < planes; ++plane) {
     const int32_t channel = plane % channels;
     const int8_t* src = x + plane * h * w;
@@ -218,8 +232,27 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
           out[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
           if (ox + 1 < ow) out[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
         }
-      } else if (kh == 3 && kw == 3) { /* one output per word of each row at the stride */
-        for (int32_t ox = 0; ox < ow; ++ox, r0 += sw) {
+      } else if (kh == 3 && kw == 3) { /* at stride 2, two outputs per two words of each row; else one per word */
+        int32_t ox = 0;
+        for (; sw == 2 && ox + 1 < ow; ox += 2, r0 += 4) {
+          /* bytes 0 to 4 of a row: output ox takes 0, 1, 2 (SMLAD of bytes 0 and 2, tap 1 on byte 1), ox + 1
+           * takes 2, 3, 4 (SMLADX of bytes 4 and 2, which PKHBT pairs, tap 1 on byte 3) */
+#define TVM_MEMPLAN_ROW(at, outer, middle, tap1_a0, tap1_a1)                               \
+  do {                                                                                    \
+    const uint32_t w0 = tvm_memplan_word(at), e = tvm_memplan_even(w0), o = tvm_memplan_odd(w0); \
+    const uint32_t pair = tvm_memplan_pkhbt(tvm_memplan_even(tvm_memplan_word((at) + 4)), e);  \
+    a0 = tap1_a0(o, middle, tvm_memplan_smlad(e, outer, a0));                               \
+    a1 = tap1_a1(o, middle, tvm_memplan_smladx(pair, outer, a1));                           \
+  } while (0)
+          int32_t a0 = b, a1 = b;
+          TVM_MEMPLAN_ROW(r0, outer0, middle01, tvm_memplan_smlabb, tvm_memplan_smlatb);
+          TVM_MEMPLAN_ROW(r0 + stride, outer1, middle01, tvm_memplan_smlabt, tvm_memplan_smlatt);
+          TVM_MEMPLAN_ROW(r0 + 2 * stride, outer2, middle2, tvm_memplan_smlabb, tvm_memplan_smlatb);
+#undef TVM_MEMPLAN_ROW
+          dst[ox] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
+          dst[ox + 1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
+        }
+        for (; ox < ow; ++ox, r0 += sw) {
           uint32_t e = tvm_memplan_word(r0);
           int32_t a = tvm_memplan_smlad(tvm_memplan_even(e), outer0, b);
           a = tvm_memplan_smlabb(tvm_memplan_odd(e), middle01, a);
