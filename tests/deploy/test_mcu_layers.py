@@ -142,6 +142,7 @@ def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, ke
         (24, 10, 70, True, 0),
         (24, 10, 70, True, 30),
         (200, 4, 3, False, 0),
+        (300, 6, 9, True, 0),  # tiles of 6 pixels, the weights unpacked per tile
         (42, 10, 1, False, 0),
     ],
 )

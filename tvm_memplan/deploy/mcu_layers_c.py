@@ -20,7 +20,16 @@ code runs on portable definitions of the intrinsics.
 
 from __future__ import annotations
 
-from ..quant.mcu_kernels import DEPTHWISE_KERNEL, MAX_PLANE, MAX_ROWS, MAX_WINDOW, POINTWISE_KERNEL, WINDOW_KERNEL
+from ..quant.mcu_kernels import (
+    DEPTHWISE_KERNEL,
+    MAX_PLANE,
+    MAX_ROWS,
+    MAX_WINDOW,
+    PACKED_BYTES,
+    POINTWISE_KERNEL,
+    UNPACK_TILE,
+    WINDOW_KERNEL,
+)
 
 LAYER_KERNELS = (
     r"""
@@ -166,7 +175,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 }
 """
     + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n#define TVM_MEMPLAN_MAX_ROWS {MAX_ROWS}\n"
-    + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n"
+    + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n#define TVM_MEMPLAN_PACKED_BYTES {PACKED_BYTES}\n"
+    + f"#define TVM_MEMPLAN_UNPACK_TILE {UNPACK_TILE}\n"
     + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
@@ -290,9 +300,10 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   int8_t* y = (int8_t*)y_;
   const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
   const int32_t steps = (cin + 3) >> 2;
-  int32_t tile = (4096 / (8 * steps)) & ~1;
+  int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;
   tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
-  const int32_t unpack = tile >= 8; /* enough pixels a tile to unpack each channel pair's weights once */
+  /* enough pixels a tile to unpack each channel pair's weights once */
+  const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
   /* per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word), read
    * by one LDRD; the two pixels' steps interleave so that one pointer walks both */
   uint64_t packed[steps * tile];

@@ -50,6 +50,11 @@ a larger one goes through the ring of window rows."""
 FIXED_POINT_MULTIPLIERS = (2.0**-16, 0.5)
 """The multipliers (``[low, high)``) the fixed-point requantization takes: one ``SMMLAR`` by the multiplier
 times 2^32 needs it under 0.5; from 2^-16 on, that integer (at least 2^16) keeps the products within 0.01 LSB."""
+PACKED_BYTES = 4096
+"""The pointwise kernel's tile of packed input pixels (bytes)."""
+UNPACK_TILE = 6
+"""The fewest pixels a pointwise tile needs for the kernel to unpack each channel pair's weights once per tile:
+unpacking costs 8 instructions a step, and saves 4 a step for each pair of pixels."""
 STACK_BYTES = 8192
 """The most stack a C kernel may take for its row cache, packed operands and unpacked weights; a
 larger layer keeps TVM's kernel."""
@@ -121,7 +126,8 @@ def dot_conv(int8_dot: str, weight_shape: Sequence[int], geometry: dict, x_dtype
     _o, c, kh, kw = weight_shape
     unit = list(geometry["strides"]) == [1, 1] and not any(geometry["padding"])
     steps = -(-c // 4)  # the kernel's stack: a tile of packed pixels (4 KiB, or 2 pixels), unpacked weights
-    small = max(4096, 16 * steps) + (16 * steps if steps <= 64 else 0) <= STACK_BYTES
+    unpacked = 16 * steps if (PACKED_BYTES // (8 * steps)) & ~1 >= UNPACK_TILE else 0
+    small = max(PACKED_BYTES, 16 * steps) + unpacked <= STACK_BYTES
     pointwise = int8_dot == "dsp-smlad" and (kh, kw) == (1, 1) and unit and x_dtype == "int8" and small
     return pointwise_conv2d if pointwise else dot_kernels.conv2d_dot
 
