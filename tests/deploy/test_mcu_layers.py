@@ -21,7 +21,7 @@ from tvm_memplan.deploy.emit_c import emit_c
 from tvm_memplan.deploy.mcu_layers_c import LAYER_KERNELS
 from tvm_memplan.deploy.standalone import measure_c
 from tvm_memplan.quant import dot_kernels
-from tvm_memplan.quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL
+from tvm_memplan.quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL, fits_fixed_point
 
 from ..quant import models
 from ..schedule.test_int8_dot import reference
@@ -179,6 +179,37 @@ def test_pointwise_kernel_equals_integer_arithmetic(tmp_path, cin, cout, pixels,
         [np.abs(got - add_codes(np.clip(conv + d, -128, 127), other, **add)) for d in (-1, 0, 1)], axis=0
     )  # fmt: skip
     assert not nearest.any()
+
+
+def test_fixed_point_takes_multipliers_from_2_to_the_minus_16_to_one_half():
+    assert fits_fixed_point(np.array([2.0**-16, 0.01, 0.499], np.float32))
+    assert not fits_fixed_point(np.array([0.01, 0.5], np.float32))  # one SMMLAR by m * 2^32 needs m < 0.5
+    assert not fits_fixed_point(np.array([0.01, 2.0**-17], np.float32))
+    assert not fits_fixed_point(np.array([], np.float32))
+
+
+@needs_cc
+def test_a_layer_whose_multipliers_do_not_fit_keeps_the_exact_requantization(tmp_path):
+    """Built with ``TVM_MEMPLAN_FIXED_POINT``, a call with ``fixed_point`` 0 gives MLAS's codes exactly, and one
+    with 1 the fixed-point ones: a multiplier of 1/4 puts many outputs on a tie, which MLAS rounds to even and
+    ``SMMLAR`` up."""
+    rng = np.random.default_rng(5)
+    cin, cout, pixels, zx, zy = 24, 10, 70, 0, 3
+    x = rng.integers(-3, 4, size=(1, cin, 1, pixels)).astype(np.int8)
+    w = rng.integers(-3, 4, size=(cout, cin)).astype(np.int8)
+    bias = rng.integers(-20, 20, size=cout).astype(np.int32)
+    multiplier = np.full(cout, 0.25, np.float32)
+    expected = reference(x, w.reshape(cout, cin, 1, 1), bias, multiplier, 1, 1, [0] * 4, zx, zy, -128, 127, "int8")
+    arrays = {"x": x, "w": dot_kernels.pack_dot_weights(w.reshape(cout, cin, 1, 1), 4, 4), "b": bias, "m": multiplier}
+    codes = {}
+    for fixed_point in (0, 1):
+        call = (
+            f"{POINTWISE_KERNEL}(x, w, b, m, y, y, {cin}, {cout}, {pixels}, {zy}, -128, 127, 0, 1, 0.0f, 0.0f, 0.0f, "
+            f"-128, 127, {fixed_point}, {pixels})"
+        )
+        codes[fixed_point] = run_kernel(tmp_path, arrays, cout * pixels, call, fixed=True)
+    assert np.array_equal(codes[0], expected.astype(np.int32).ravel())
+    assert not np.array_equal(codes[1], codes[0]) and np.abs(codes[1] - codes[0]).max() == 1
 
 
 @needs_cc
