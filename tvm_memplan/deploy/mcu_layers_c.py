@@ -7,15 +7,18 @@ for NCHW tensors:
   point (a window of rows at a time, reused across output rows), so the inner loop has no bounds
   checks. A 3x3 window at stride 1 computes two outputs per word of 4 input bytes: ``SXTB16``
   splits it into the even and odd bytes, ``SMLAD`` adds taps 0 and 2 of a row, ``SMLABB``/``SMLATB``
-  tap 1 (the pairing of TinyEngine's depthwise kernels); at stride 2 one output per word;
+  tap 1 (the pairing of TinyEngine's depthwise kernels); at stride 2 two outputs per two words
+  (``PKHBT`` pairs the second output's bytes 2 and 4 for ``SMLADX``);
 * pointwise (1x1, stride 1): a tile of pixels is packed once as ``SXTB16`` pairs of 4 input
   channels, then 2 output channels x 2 pixels accumulate on ``SMLAD`` over the channels (4
   accumulators in registers), reading the weights in :func:`.dot_kernels.pack_dot_weights`'s
   layout, the one :func:`.dot_kernels.conv2d_dot` reads.
 
-Both requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
-channel's bias and multiplier loaded once. Without the DSP extension (the host build) the same
-code runs on portable definitions of the intrinsics.
+They requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
+channel's bias and multiplier loaded once; built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize
+fixed``), a layer whose multipliers fit (:func:`.mcu_kernels.fits_fixed_point`) requantizes in integers as
+CMSIS-NN does (one ``SMMLAR`` by the multiplier times 2^32), within 1 LSB of MLAS's codes. Without the DSP
+extension (the host build) the same code runs on portable definitions of the intrinsics.
 """
 
 from __future__ import annotations

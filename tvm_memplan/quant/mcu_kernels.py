@@ -7,7 +7,8 @@ kernels (:mod:`tvm_memplan.deploy.mcu_layers_c` holds their text), written like 
 ``arm_depthwise_conv_s8`` / ``arm_nn_mat_mult_kernel_s8_s16`` loops: SMLAD on pairs of taps or
 input channels unpacked with SXTB16, the per-channel bias and multiplier loaded once per plane
 or block, and the requantization fused per output. They compute what :func:`.kernels.conv2d`
-computes, bit for bit (the same MLAS float requantization); shapes they do not cover take
+computes, bit for bit (the same MLAS float requantization), or within 1 LSB of it with the fixed-point
+requantization (``build --requantize fixed``, :func:`fits_fixed_point`); shapes they do not cover take
 :func:`.kernels.conv2d` or :func:`.dot_kernels.conv2d_dot`.
 """
 
