@@ -327,9 +327,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int8_t* c0 = x + 4 * s * pixels + p0;
       const int32_t there = cin - 4 * s; /* channels of this step that exist */
       int32_t p = 0;
-      /* 4 pixels from a word of each channel, a 4x4 byte transpose, where packing weighs (no more output channels than
-       * input channels: a projection; an expansion's kernel runs faster without this loop) */
-      for (; cout <= cin && there >= 4 && p + 3 < n; p += 4) {
+      for (; there >= 4 && p + 3 < n; p += 4) { /* 4 pixels from a word of each channel: a 4x4 byte transpose */
         const uint32_t w0 = tvm_memplan_word(c0 + p), w1 = tvm_memplan_word(c0 + pixels + p);
         const uint32_t w2 = tvm_memplan_word(c0 + 2 * pixels + p), w3 = tvm_memplan_word(c0 + 3 * pixels + p);
         /* channel k's pixels 0 and 2 (even), 1 and 3 (odd); a pixel's pairs take one half of two of them (PKHBT,
