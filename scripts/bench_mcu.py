@@ -9,7 +9,8 @@ high-water mark, flash is ``.text + .rodata + .data``, instructions are counted 
 SRAM budget as its memory limit. Int8 rows quantize the float model first (``tvm-memplan quantize
 --int8``: onnxruntime's ``quantize_static``, QDQ, per-channel int8 weights, int8 activations, MinMax
 on random normal calibration inputs) and are checked against onnxruntime's run of the same QDQ file
-within its own optimized-vs-unoptimized spread (at least 2 LSB); their instructions are also given
+within its own optimized-vs-unoptimized spread (at least 2 LSB; rows built with ``--requantize fixed``, the
+fixed-point requantization, within that spread as measured, in LSB); their instructions are also given
 as a ratio to the float row of the same model and core, measured in the same run. ``--model PATH``
 adds a float ONNX file (a torchvision export, say) as a float and an int8 row on the Cortex-M7.
 Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm.
@@ -46,6 +47,9 @@ FIRMWARE = {"io_in_arena": True, "int8_io": True, "kernel_checks": False}
 the arena, int8 codes in and out, TVM's argument checks and their messages left out."""
 SPLIT_DEVICE = {"io_in_arena": True, "int8_io": True, "kernel_checks": False, "split_device": "qemu-cortex-m7"}
 """The int8 split row: firmware's options, its split search counting instructions on the emulated M7."""
+FIXED = {"requantize": "fixed"}
+"""``--requantize fixed``: the C kernels' fixed-point requantization, checked by the issue's rule for it: the
+outputs within onnxruntime's own optimized-vs-unoptimized spread on the same input, in LSB, with no floor."""
 ROWS = [
     ("zoo:mcu_cnn", "cortex-m7", None, False, {}),
     ("zoo:mcu_cnn", "cortex-m7", None, True, {}),
@@ -57,6 +61,8 @@ ROWS = [
     ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, True, {}),
     ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, True, FIRMWARE),
     ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", INT8_SPLIT_LIMIT, True, SPLIT_DEVICE),
+    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, True, FIXED),
+    ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, True, {**FIRMWARE, **FIXED}),
 ]
 """(model, core, memory limit of the split search or None for no split, int8, :func:`emit_c` options)."""
 PUBLISHED = (
@@ -71,6 +77,7 @@ FLAGS = {
     "int8_io": ("--int8-io", False),
     "kernel_checks": ("--no-kernel-checks", True),
     "split_device": ("--device qemu-cortex-m7", None),
+    "requantize": ("--requantize fixed", "exact"),
 }
 """A row's :func:`emit_c` options as ``build`` flags in the model column, where not at their default."""
 
@@ -120,7 +127,7 @@ def measure_row(
             io_in_arena=standalone.get("io_in_arena", False),
             mcu_device=standalone.get("split_device"),
             spec=source,
-            emit_options={"kernel_checks": standalone.get("kernel_checks", True)},
+            emit_options={k: standalone[k] for k in ("kernel_checks", "requantize") if k in standalone},
             cache=split_cache or DEFAULT_CACHE,
         )
         print(
@@ -151,15 +158,13 @@ def row(
     without_io = result.sram_bytes - (0 if emitted.io_in_arena else io_bytes)
     name = spec.removeprefix("zoo:") if spec.startswith("zoo:") else Path(spec).name
     ratio = f"{result.instructions / float_instructions:.2f}" if int8 and float_instructions else "-"
-    agreement = (
-        "NO"
-        if not result.correct
-        else (
-            f"{result.max_abs_diff:.1e} (≤ {result.tolerance:.1e})"
-            if result.tolerance
-            else f"{result.max_abs_diff:.1e}"
-        )
-    )
+    if standalone.get("requantize", "exact") != "exact":  # the issue's rule: onnxruntime's own spread, no floor
+        within = result.correct and result.diff_lsb is not None and result.diff_lsb <= result.spread_lsb
+        agreement = f"{result.diff_lsb} LSB (≤ {result.spread_lsb} LSB)" + ("" if within else " NO")
+    elif not result.correct:
+        agreement = "NO"
+    else:
+        agreement = f"{result.max_abs_diff:.1e}" + (f" (≤ {result.tolerance:.1e})" if result.tolerance else "")
     flags = [flag for key, (flag, default) in FLAGS.items() if standalone.get(key, default) != default]
     cells = [
         name + (f" + split ≤ {split_limit // 1024} KiB" if split_limit else "") + "".join(f" {f}" for f in flags),
@@ -252,7 +257,9 @@ def main() -> None:
         "unsplit row of the same model, dtype and options in the same run. "
         f"`fits` compares with an STM32F767 (seed 003): {SRAM_LIMIT // 1024} KiB SRAM (`SRAM - I/O`), "
         f"{FLASH_LIMIT // 1024 // 1024} MiB flash. `max abs diff`: largest absolute difference to onnxruntime "
-        "(int8 rows: to onnxruntime's run of the same QDQ file, with the allowed difference in brackets). "
+        "(int8 rows: to onnxruntime's run of the same QDQ file, with the allowed difference in brackets: onnxruntime's "
+        "own optimized-vs-unoptimized spread on the same input, at least 2 LSB; `--requantize fixed` rows: in output "
+        "LSB against that spread without the floor, `NO` beyond it). "
         "`int8 / float`: the int8 row's instructions over the float row's of the same model and core.\n\n"
         f"Written by `python scripts/bench_mcu.py --out results/bench_mcu.md{models}{chosen}`{exported}"
         + (" (only these rows of the table)" if chosen else "")

@@ -117,6 +117,26 @@ def test_int8_network_on_the_emulated_cortex_m7_agrees_with_onnxruntime(capsys, 
     assert report["instructions"] > 0
 
 
+@needs_arm
+@pytest.mark.slow
+def test_build_requantize_fixed_runs_within_onnxruntimes_spread(capsys, int8_c, tmp_path):
+    """``build --requantize fixed``: the C kernels requantize with SMMLAR; ``measure`` reports the network's
+    difference to onnxruntime and onnxruntime's own optimized-vs-unoptimized spread, both in LSB."""
+    path, _ = int8_c
+    directory = tmp_path / "c"
+    code, _, err = run_cli(
+        capsys, "build", str(path), "--target", "cortex-m7", "--emit-c", str(directory), "--requantize", "fixed"
+    )
+    assert code == 0, err
+    assert "#define TVM_MEMPLAN_FIXED_POINT 1" in (directory / "kernels.c").read_text()
+    report = run_cli_json(capsys, "measure", str(directory), "--device", "qemu-cortex-m7")["memplan"]
+    assert report["correct"] and report["diff_lsb"] <= report["spread_lsb"], report
+    code, _, err = run_cli(
+        capsys, "build", str(path), "--target", "c", "-o", str(tmp_path / "x.so"), "--requantize", "fixed"
+    )
+    assert code != 0 and "--requantize" in err  # it shapes the standalone C only
+
+
 def _firmware(directories, main_source: str, work, defines=()) -> subprocess.CompletedProcess:
     """Link the models in ``directories`` with ``main_source`` for the emulated M7 and run it in ``work``."""
     first = directories[0]

@@ -1,7 +1,8 @@
 """The whole-layer int8 C kernels of :mod:`tvm_memplan.deploy.mcu_layers_c`, code for code against
-integer arithmetic in numpy (MLAS's requantization): each kernel compiled alone with this machine's C
+integer arithmetic in numpy (MLAS's requantization), and within 1 LSB of it when built for the fixed-point
+requantization (``TVM_MEMPLAN_FIXED_POINT``): each kernel compiled alone with this machine's C
 compiler (the portable intrinsics), and a MobileNetV2 block on the emulated Cortex-M7 (SMLAD, SXTB16,
-VCVTR, SSAT) and on this machine, against onnxruntime.
+VCVTR or SMMLAR, SSAT) and on this machine, against onnxruntime.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tvm_memplan.deploy.emit_c import emit_c
 from tvm_memplan.deploy.mcu_layers_c import LAYER_KERNELS
 from tvm_memplan.deploy.standalone import measure_c
 from tvm_memplan.quant import dot_kernels
-from tvm_memplan.quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL
+from tvm_memplan.quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL, fits_fixed_point
 
 from ..quant import models
 from ..schedule.test_int8_dot import reference
@@ -38,14 +39,18 @@ def _array(name: str, values: np.ndarray) -> str:
     return f"static {ctype} {name}[{max(values.size, 1)}] = {{{body or 0}}};\n"
 
 
-def run_kernel(tmp_path: Path, arrays: dict[str, np.ndarray], out_size: int, call: str) -> np.ndarray:
-    """``call`` (C, on the ``arrays`` and ``y``) compiled with the kernels on this machine; ``y``'s bytes."""
+def run_kernel(
+    tmp_path: Path, arrays: dict[str, np.ndarray], out_size: int, call: str, fixed: bool = False
+) -> np.ndarray:
+    """``call`` (C, on the ``arrays`` and ``y``) compiled with the kernels on this machine (``fixed``: with
+    ``TVM_MEMPLAN_FIXED_POINT``); ``y``'s bytes."""
     source = LAYER_KERNELS + "#include <stdio.h>\n" + "".join(_array(n, a) for n, a in arrays.items())
     source += f"static int8_t y[{out_size}];\nint main(void) {{\n  {call};\n  fwrite(y, 1, {out_size}, stdout);\n"
     source += "  return 0;\n}\n"
     (tmp_path / "kernel.c").write_text(source)
     binary = tmp_path / "kernel"
-    subprocess.run(["cc", "-O2", "-o", str(binary), str(tmp_path / "kernel.c"), "-lm"], check=True)
+    define = ["-DTVM_MEMPLAN_FIXED_POINT=1"] if fixed else []
+    subprocess.run(["cc", "-O2", *define, "-o", str(binary), str(tmp_path / "kernel.c"), "-lm"], check=True)
     output = subprocess.run([str(binary)], capture_output=True, check=True).stdout
     return np.frombuffer(output, np.int8).astype(np.int32)
 
@@ -61,6 +66,14 @@ def add_codes(a, b, ratio_a, ratio_b, constant, low, high) -> np.ndarray:
     """MLAS's QLinearAdd of two code arrays (:func:`tvm_memplan.quant.kernels.add_codes`)."""
     value = _fma(a, ratio_a, _fma(b, ratio_b, np.float32(constant)))
     return np.clip(np.rint(value), low, high).astype(np.int32)
+
+
+def assert_codes(got: np.ndarray, expected: np.ndarray, fixed: bool) -> None:
+    """The exact requantization gives MLAS's codes; the fixed-point one each within 1 LSB of them."""
+    if fixed:
+        assert np.abs(got - expected).max(initial=0) <= 1
+    else:
+        assert np.array_equal(got, expected)
 
 
 def _operands(rng, cout: int, depth: int, x_shape: tuple[int, ...], zx: int):
@@ -85,7 +98,8 @@ def _operands(rng, cout: int, depth: int, x_shape: tuple[int, ...], zx: int):
         (1, 47, 3, 2, 1, -128),  # the ring at stride 2
     ],
 )
-def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, kernel, stride, pad, low):
+@pytest.mark.parametrize("fixed", [False, True])
+def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, kernel, stride, pad, low, fixed):
     rng = np.random.default_rng(channels * 100 + size)
     zx, zy = 5, -128
     x, w, bias, multiplier, folded = _operands(rng, channels, kernel * kernel, (1, channels, size, size), zx)
@@ -113,10 +127,10 @@ def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, ke
     oh = expected.shape[2]
     call = (
         f"{DEPTHWISE_KERNEL}(x, w, b, m, y, {channels}, {channels}, {size}, {size}, {oh}, {oh}, {kernel}, {kernel}, "
-        f"{stride}, {stride}, {pad}, {pad}, {zx}, {zy}, {low}, 127, {oh * oh})"
+        f"{stride}, {stride}, {pad}, {pad}, {zx}, {zy}, {low}, 127, 1, {oh * oh})"
     )
-    got = run_kernel(tmp_path, {"x": x, "w": weight, "b": folded, "m": multiplier}, expected.size, call)
-    assert np.array_equal(got, expected.astype(np.int32).ravel())
+    got = run_kernel(tmp_path, {"x": x, "w": weight, "b": folded, "m": multiplier}, expected.size, call, fixed)
+    assert_codes(got, expected.astype(np.int32).ravel(), fixed)
 
 
 @needs_cc
@@ -128,34 +142,79 @@ def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, ke
         (24, 10, 70, True, 0),
         (24, 10, 70, True, 30),
         (200, 4, 3, False, 0),
+        (300, 6, 9, True, 0),  # tiles of 6 pixels, the weights unpacked per tile
         (42, 10, 1, False, 0),
     ],
 )
-def test_pointwise_kernel_equals_integer_arithmetic(tmp_path, cin, cout, pixels, residual, gap):
+@pytest.mark.parametrize("fixed", [False, True])
+def test_pointwise_kernel_equals_integer_arithmetic(tmp_path, cin, cout, pixels, residual, gap, fixed):
     """Its paths: 5 to 8 input channels (1 channel x 4 pixels), one pixel (a dense), 2 channels x 2 pixels.
     With a ``gap``, the output planes are ``pixels + gap`` apart (a row tile written into its rows of the
-    full tensor, ``y_plane``) while the residual's stay ``pixels`` apart."""
+    full tensor, ``y_plane``) while the residual's stay ``pixels`` apart. Fixed-point, the conv within 1 LSB
+    and MLAS's add of its codes."""
     rng = np.random.default_rng(cin + cout + pixels)
     zx, zy = -7, 3
     x, w, bias, multiplier, folded = _operands(rng, cout, cin, (1, cin, 1, pixels), zx)
     expected = reference(x, w.reshape(cout, cin, 1, 1), bias, multiplier, 1, 1, [0] * 4, zx, zy, -128, 127, "int8")
     arrays = {"x": x, "w": dot_kernels.pack_dot_weights(w.reshape(cout, cin, 1, 1), 4, 4), "b": folded, "m": multiplier}
     add = {"ratio_a": 0.75, "ratio_b": 0.5, "constant": -3.25, "low": -128, "high": 127}
-    if residual:  # MLAS's QLinearAdd of the conv's codes (first) and the residual's
-        arrays["r"] = rng.integers(-128, 128, size=(1, cout, 1, pixels)).astype(np.int8)
-        expected = add_codes(expected, arrays["r"], **add)
+    conv = expected.astype(np.int32).reshape(cout, pixels)
     call = (
         f"{POINTWISE_KERNEL}(x, w, b, m, {'r' if residual else 'y'}, y, {cin}, {cout}, {pixels}, {zy}, -128, 127, "
-        f"{int(residual)}, 1, {add['ratio_a']}f, {add['ratio_b']}f, {add['constant']}f, -128, 127, {pixels + gap})"
+        f"{int(residual)}, 1, {add['ratio_a']}f, {add['ratio_b']}f, {add['constant']}f, -128, 127, 1, {pixels + gap})"
     )
-    got = run_kernel(tmp_path, arrays, cout * (pixels + gap), call).reshape(cout, pixels + gap)
-    assert np.array_equal(got[:, :pixels], expected.astype(np.int32).reshape(cout, pixels))
+    if residual:  # MLAS's QLinearAdd of the conv's codes (first) and the residual's
+        arrays["r"] = rng.integers(-128, 128, size=(1, cout, 1, pixels)).astype(np.int8)
+    got = run_kernel(tmp_path, arrays, cout * (pixels + gap), call, fixed).reshape(cout, pixels + gap)
     assert not got[:, pixels:].any()  # the gap is not written
+    got = got[:, :pixels]
+    if not residual:
+        assert_codes(got, conv, fixed)
+        return
+    other = arrays["r"].astype(np.int32).reshape(cout, pixels)
+    if not fixed:
+        assert np.array_equal(got, add_codes(conv, other, **add))
+        return
+    nearest = np.min(  # the add (exact) of a conv code within 1 LSB of MLAS's
+        [np.abs(got - add_codes(np.clip(conv + d, -128, 127), other, **add)) for d in (-1, 0, 1)], axis=0
+    )  # fmt: skip
+    assert not nearest.any()
+
+
+def test_fixed_point_takes_multipliers_from_2_to_the_minus_16_to_one_half():
+    assert fits_fixed_point(np.array([2.0**-16, 0.01, 0.499], np.float32))
+    assert not fits_fixed_point(np.array([0.01, 0.5], np.float32))  # one SMMLAR by m * 2^32 needs m < 0.5
+    assert not fits_fixed_point(np.array([0.01, 2.0**-17], np.float32))
+    assert not fits_fixed_point(np.array([], np.float32))
 
 
 @needs_cc
-@pytest.mark.parametrize("quantize", [False, True])
-def test_window_kernel_equals_integer_arithmetic(tmp_path, quantize):
+def test_a_layer_whose_multipliers_do_not_fit_keeps_the_exact_requantization(tmp_path):
+    """Built with ``TVM_MEMPLAN_FIXED_POINT``, a call with ``fixed_point`` 0 gives MLAS's codes exactly, and one
+    with 1 the fixed-point ones: a multiplier of 1/4 puts many outputs on a tie, which MLAS rounds to even and
+    ``SMMLAR`` up."""
+    rng = np.random.default_rng(5)
+    cin, cout, pixels, zx, zy = 24, 10, 70, 0, 3
+    x = rng.integers(-3, 4, size=(1, cin, 1, pixels)).astype(np.int8)
+    w = rng.integers(-3, 4, size=(cout, cin)).astype(np.int8)
+    bias = rng.integers(-20, 20, size=cout).astype(np.int32)
+    multiplier = np.full(cout, 0.25, np.float32)
+    expected = reference(x, w.reshape(cout, cin, 1, 1), bias, multiplier, 1, 1, [0] * 4, zx, zy, -128, 127, "int8")
+    arrays = {"x": x, "w": dot_kernels.pack_dot_weights(w.reshape(cout, cin, 1, 1), 4, 4), "b": bias, "m": multiplier}
+    codes = {}
+    for fixed_point in (0, 1):
+        call = (
+            f"{POINTWISE_KERNEL}(x, w, b, m, y, y, {cin}, {cout}, {pixels}, {zy}, -128, 127, 0, 1, 0.0f, 0.0f, 0.0f, "
+            f"-128, 127, {fixed_point}, {pixels})"
+        )
+        codes[fixed_point] = run_kernel(tmp_path, arrays, cout * pixels, call, fixed=True)
+    assert np.array_equal(codes[0], expected.astype(np.int32).ravel())
+    assert not np.array_equal(codes[1], codes[0]) and np.abs(codes[1] - codes[0]).max() == 1
+
+
+@needs_cc
+@pytest.mark.parametrize("quantize, fixed", [(False, False), (True, False), (True, True)])
+def test_window_kernel_equals_integer_arithmetic(tmp_path, quantize, fixed):
     """The stem: 3 input channels, 3x3, stride 2, 5 output channels; from int8 codes, or from the
     float network input quantized as MLAS does (divide, round half to even, saturate)."""
     rng = np.random.default_rng(int(quantize))
@@ -169,11 +228,11 @@ def test_window_kernel_equals_integer_arithmetic(tmp_path, quantize):
     oh = expected.shape[2]
     call = (
         f"{WINDOW_KERNEL}({'xf' if quantize else 'x'}, w, b, m, y, {cin}, {size}, {size}, {cout}, {oh}, {oh}, 3, 3, "
-        f"2, 2, 1, 1, {zx}, {zy}, -128, 127, {int(quantize)}, {scale}f, {oh * oh})"
+        f"2, 2, 1, 1, {zx}, {zy}, -128, 127, {int(quantize)}, {scale}f, 1, {oh * oh})"
     )
     arrays = {"x": x, "xf": real, "w": weight, "b": folded, "m": multiplier}
-    got = run_kernel(tmp_path, arrays, expected.size, call)
-    assert np.array_equal(got, expected.astype(np.int32).ravel())
+    got = run_kernel(tmp_path, arrays, expected.size, call, fixed)
+    assert_codes(got, expected.astype(np.int32).ravel(), fixed)
 
 
 def inverted_residual(channels: int = 8, expand: int = 3, size: int = 10) -> onnx.ModelProto:
@@ -204,14 +263,19 @@ def inverted_residual(channels: int = 8, expand: int = 3, size: int = 10) -> onn
 
 @needs_arm
 @pytest.mark.slow
-def test_inverted_residual_block_on_the_emulated_m7_gives_onnxruntimes_codes(tmp_path):
+@pytest.mark.parametrize("requantize", ["exact", "fixed"])
+def test_inverted_residual_block_on_the_emulated_m7_gives_onnxruntimes_codes(tmp_path, requantize):
+    """Exact: onnxruntime's codes. Fixed-point (SMMLAR requantization): within onnxruntime's own spread
+    between its optimized and unoptimized runs, as ``measure`` measured it on the same input (without the
+    2-LSB floor of ``tolerance``)."""
     model = models.quantize_qdq(inverted_residual())
     path = tmp_path / "block.onnx"
     onnx.save(model, str(path))
     directory = tmp_path / "c"
-    emit_c(str(path), directory, "cortex-m7", order_seconds=1)
+    emit_c(str(path), directory, "cortex-m7", requantize=requantize, order_seconds=1)
     source = (directory / "kernels.c").read_text()
     assert f"{DEPTHWISE_KERNEL}(" in source
+    assert ("#define TVM_MEMPLAN_FIXED_POINT 1" in source) == (requantize == "fixed")
     pointwise = re.findall(rf"{POINTWISE_KERNEL}\(\w+, \w+, \w+, \w+, (\w+), (\w+),", source)  # (residual, y)
     assert len(pointwise) == 2 and any(residual != y for residual, y in pointwise)  # the add fused into the project
     y_scale = next(
@@ -220,4 +284,12 @@ def test_inverted_residual_block_on_the_emulated_m7_gives_onnxruntimes_codes(tmp
     for device in ("qemu-cortex-m7", "host"):
         result = measure_c(directory, device)
         assert result.correct and result.arena_bytes == result.planned_arena_bytes, (device, result)
-        assert result.max_abs_diff < 0.5 * y_scale, (device, result)  # onnxruntime's codes
+        if requantize == "exact":
+            assert result.max_abs_diff < 0.5 * y_scale, (device, result)  # onnxruntime's codes
+        else:
+            assert result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, (device, result)
+    disassembly = subprocess.run(
+        ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
+    ).stdout
+    fixed = requantize == "fixed"
+    assert ("smmlar" in disassembly) == fixed

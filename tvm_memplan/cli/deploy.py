@@ -96,6 +96,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --emit-c: TVM's kernels skip their argument checks and error strings (model.c passes what the "
         "plan fixed), as TF_LITE_STRIP_ERROR_STRINGS does for TFLite Micro: less flash, fewer instructions",
     )
+    build.add_argument(
+        "--requantize",
+        choices=("exact", "fixed"),
+        default="exact",
+        help="with --emit-c, int8 on a Cortex-M with the DSP extension: how the C kernels requantize; exact "
+        "(default): onnxruntime's float rounding, its codes exactly; fixed: integers as CMSIS-NN does (one "
+        "SMMLAR per output), each kernel within 1 LSB of onnxruntime, fewer instructions",
+    )
     add_cross_compiler(build)
     add_json(build)
     split_search_options(
@@ -174,8 +182,11 @@ def run_build(args: argparse.Namespace) -> int:
     limits = {key: getattr(args, key) for key in ("sram_limit", "flash_limit") if getattr(args, key) is not None}
     if limits and not args.emit_c:
         raise UserError("--sram-limit and --flash-limit check the standalone C: give --emit-c DIR")
-    if (args.io_in_arena or args.int8_io or not args.kernel_checks) and not args.emit_c:
-        raise UserError("--io-in-arena, --int8-io and --no-kernel-checks shape the standalone C: give --emit-c DIR")
+    shaping = args.io_in_arena or args.int8_io or not args.kernel_checks or args.requantize != "exact"
+    if shaping and not args.emit_c:
+        raise UserError(
+            "--io-in-arena, --int8-io, --no-kernel-checks and --requantize shape the standalone C: give --emit-c DIR"
+        )
     if args.output is None and args.emit_c is None:
         raise UserError(
             f"target {args.target}: give -o OUT.so" + (" or --emit-c DIR" if get_target(args.target).is_c else "")
@@ -210,6 +221,7 @@ def run_build(args: argparse.Namespace) -> int:
             args.target,
             io_in_arena=args.io_in_arena,
             kernel_checks=args.kernel_checks,
+            requantize=args.requantize,
             **options,
         )
     if emitted is not None:

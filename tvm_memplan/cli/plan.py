@@ -371,7 +371,10 @@ def run_split_search(
             io_in_arena=io_in_arena,
             mcu_device=mcu_device,
             spec=args.model,
-            emit_options={"kernel_checks": getattr(args, "kernel_checks", True)},
+            emit_options={
+                "kernel_checks": getattr(args, "kernel_checks", True),
+                "requantize": getattr(args, "requantize", "exact"),
+            },
         )
 
 

@@ -220,7 +220,8 @@ class DeviceInstructions(ChainLatency):
         self.plan_options["time_budget"] = min(self.plan_options.get("time_budget") or 1.0, 1.0)
         self.emit_options = dict(emit_options or {})
         checks = "checks" if self.emit_options.get("kernel_checks", True) else "no-checks"
-        self.context = "|".join((self.target.name, device, schedule, checks, "instructions"))
+        fixed = [] if self.emit_options.get("requantize", "exact") == "exact" else ["fixed"]  # (the caches' old keys)
+        self.context = "|".join((self.target.name, device, schedule, checks, *fixed, "instructions"))
 
     def __call__(self, chain: Chain, parts: int) -> float:
         alone = chain_module(self.mod, chain)

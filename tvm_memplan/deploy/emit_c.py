@@ -270,6 +270,7 @@ def emit_c(
     io_in_arena: bool = False,
     int8_io: bool = False,
     kernel_checks: bool = True,
+    requantize: str = "exact",
     **options: Any,
 ) -> EmittedC:
     """Write the model ``spec`` (TVM's C target, memplan pipeline) as a standalone C project.
@@ -279,6 +280,7 @@ def emit_c(
     ``int8_io``: a QDQ model takes and gives int8 codes (:mod:`tvm_memplan.quant.int8_io`); the model
     built, and checked by ``measure``, is that graph, written to ``DIR/int8-io/<name>.onnx``.
     ``kernel_checks=False``: TVM's kernels do not check their arguments (see below).
+    ``requantize``: how the Cortex-M whole-layer kernels requantize (:data:`.mcu_dsp.REQUANTIZATIONS`).
     """
     directory = Path(directory)
     target = get_target(target_name)
@@ -330,7 +332,7 @@ def emit_c(
             f"/* {kernel}({described}) */\nint32_t {kernel_symbol(name, kernel)}(void* self, void* args, "
             "int32_t num_args, void* result);\n"
         )
-    (directory / "kernels.c").write_text(prefix_kernel_symbols(with_micro_kernels(source), name))
+    (directory / "kernels.c").write_text(prefix_kernel_symbols(with_micro_kernels(source, requantize), name))
     fields = {"model": model.name, "count": len(kernels), "version": tvm.__version__, "example": example}
     (directory / "kernels.h").write_text(
         _HEADER.format(declarations="\n".join(declarations), prefix=kernel_symbol(name, ""), **fields)

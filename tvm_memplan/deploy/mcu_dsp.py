@@ -97,10 +97,20 @@ _DECLARATION = re.compile(
 )
 
 
-def with_micro_kernels(source: str) -> str:
+REQUANTIZATIONS = ("exact", "fixed")
+"""How the whole-layer C kernels requantize (``build --requantize``): ``exact``, MLAS's float rounding, the
+codes of onnxruntime's run exactly; ``fixed``, integers as CMSIS-NN does (``TVM_MEMPLAN_FIXED_POINT``: one
+``SMMLAR`` per output instead of a float multiply and two conversions; residual adds keep MLAS's float
+formula), each kernel within 1 LSB of onnxruntime's codes."""
+
+
+def with_micro_kernels(source: str, requantize: str = "exact") -> str:
     """TVM's C kernels with the micro-kernels and the whole-layer kernels
     (:mod:`tvm_memplan.deploy.mcu_layers_c`) defined before their first use, in place of TVM's
-    declarations (nothing changes in a source that calls none)."""
+    declarations (nothing changes in a source that calls none). ``requantize``: one of
+    :data:`REQUANTIZATIONS`."""
+    if requantize not in REQUANTIZATIONS:
+        raise ValueError(f"requantize must be one of {', '.join(REQUANTIZATIONS)}, not {requantize!r}")
     definitions = "".join(
         text
         for names, text in ((SMLAD_MICRO_KERNELS.values(), MICRO_KERNELS), (C_KERNELS, LAYER_KERNELS))
@@ -108,6 +118,8 @@ def with_micro_kernels(source: str) -> str:
     )
     if not definitions:
         return source
+    if requantize == "fixed":
+        definitions = "#define TVM_MEMPLAN_FIXED_POINT 1\n" + definitions
     stripped = _DECLARATION.sub("", source)
     first = stripped.index("#ifdef __cplusplus")
     return stripped[:first] + definitions + stripped[first:]

@@ -7,20 +7,32 @@ for NCHW tensors:
   point (a window of rows at a time, reused across output rows), so the inner loop has no bounds
   checks. A 3x3 window at stride 1 computes two outputs per word of 4 input bytes: ``SXTB16``
   splits it into the even and odd bytes, ``SMLAD`` adds taps 0 and 2 of a row, ``SMLABB``/``SMLATB``
-  tap 1 (the pairing of TinyEngine's depthwise kernels); at stride 2 one output per word;
+  tap 1 (the pairing of TinyEngine's depthwise kernels); at stride 2 two outputs per two words
+  (``PKHBT`` pairs the second output's bytes 2 and 4 for ``SMLADX``);
 * pointwise (1x1, stride 1): a tile of pixels is packed once as ``SXTB16`` pairs of 4 input
   channels, then 2 output channels x 2 pixels accumulate on ``SMLAD`` over the channels (4
   accumulators in registers), reading the weights in :func:`.dot_kernels.pack_dot_weights`'s
   layout, the one :func:`.dot_kernels.conv2d_dot` reads.
 
-Both requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
-channel's bias and multiplier loaded once. Without the DSP extension (the host build) the same
-code runs on portable definitions of the intrinsics.
+They requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
+channel's bias and multiplier loaded once; built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize
+fixed``), a layer whose multipliers fit (:func:`.mcu_kernels.fits_fixed_point`) requantizes in integers as
+CMSIS-NN does (one ``SMMLAR`` by the multiplier times 2^32), within 1 LSB of MLAS's codes. Without the DSP
+extension (the host build) the same code runs on portable definitions of the intrinsics.
 """
 
 from __future__ import annotations
 
-from ..quant.mcu_kernels import DEPTHWISE_KERNEL, MAX_PLANE, MAX_ROWS, MAX_WINDOW, POINTWISE_KERNEL, WINDOW_KERNEL
+from ..quant.mcu_kernels import (
+    DEPTHWISE_KERNEL,
+    MAX_PLANE,
+    MAX_ROWS,
+    MAX_WINDOW,
+    PACKED_BYTES,
+    POINTWISE_KERNEL,
+    UNPACK_TILE,
+    WINDOW_KERNEL,
+)
 
 LAYER_KERNELS = (
     r"""
@@ -37,6 +49,13 @@ static inline __attribute__((always_inline)) uint32_t tvm_memplan_odd(uint32_t w
   return pairs;
 }
 #define tvm_memplan_smlad(a, b, acc) __smlad((a), (b), (acc))
+#define tvm_memplan_smladx(a, b, acc) __smladx((a), (b), (acc))
+/* the bottom half of a, the top half of b: one PKHBT */
+static inline __attribute__((always_inline)) uint32_t tvm_memplan_pkhbt(uint32_t a, uint32_t b) {
+  uint32_t packed;
+  __asm__("pkhbt %0, %1, %2" : "=r"(packed) : "r"(a), "r"(b));
+  return packed;
+}
 #define tvm_memplan_smlabb(a, b, acc) __smlabb((int32_t)(a), (b), (acc))
 #define tvm_memplan_smlatb(a, b, acc) __smlatb((int32_t)(a), (b), (acc))
 #define tvm_memplan_smlabt(a, b, acc) __smlabt((int32_t)(a), (int32_t)(b), (acc))
@@ -49,6 +68,10 @@ static inline uint32_t tvm_memplan_odd(uint32_t word) { return tvm_memplan_even(
 static inline int32_t tvm_memplan_smlad(uint32_t a, uint32_t b, int32_t acc) {
   return acc + (int16_t)(a & 0xffff) * (int16_t)(b & 0xffff) + (int16_t)(a >> 16) * (int16_t)(b >> 16);
 }
+static inline int32_t tvm_memplan_smladx(uint32_t a, uint32_t b, int32_t acc) {
+  return acc + (int16_t)(a & 0xffff) * (int16_t)(b >> 16) + (int16_t)(a >> 16) * (int16_t)(b & 0xffff);
+}
+static inline uint32_t tvm_memplan_pkhbt(uint32_t a, uint32_t b) { return (a & 0xffffu) | (b & 0xffff0000u); }
 static inline int32_t tvm_memplan_smlabb(uint32_t a, int32_t b, int32_t acc) {
   return acc + (int16_t)(a & 0xffff) * (int16_t)b;
 }
@@ -108,13 +131,43 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_offset(
   return (int32_t)(sum < low ? low : sum > high ? high : sum);
 #endif
 }
-/* MLAS's requantization: float32 multiply, round half to even, zero point, clamp (clamping after the
- * rounding is the same as before it: the bounds are integers) */
-static inline __attribute__((always_inline)) int32_t tvm_memplan_requantize(
-    int32_t acc, float multiplier, int32_t zero_point, int32_t low, int32_t high) {
-  return tvm_memplan_offset(tvm_memplan_round((float)acc * multiplier), zero_point, low, high);
+/* TVM_MEMPLAN_FIXED_POINT 1 (build --requantize fixed): integer requantization, as CMSIS-NN's arm_nn_requantize
+ * (gemmlowp's rounding multiply), within 1 LSB of onnxruntime's float rounding (it differs only where the float
+ * product rounds across a tie); 0: MLAS's float rounding, onnxruntime's codes exactly */
+#ifndef TVM_MEMPLAN_FIXED_POINT
+#define TVM_MEMPLAN_FIXED_POINT 0
+#endif
+/* a channel's requantization scale: MLAS's float multiplier or, where fixed (a constant the compiler folds), the
+ * same multiplier times 2^32 as an integer (exact for multipliers of at least 2^-9, float32's 24 bits) */
+typedef struct {
+  float m;
+  int32_t q;
+  int32_t fixed;
+} tvm_memplan_scale;
+static inline __attribute__((always_inline)) tvm_memplan_scale tvm_memplan_scale_of(float m, int32_t fixed) {
+  tvm_memplan_scale s = {m, fixed ? (int32_t)(m * 4294967296.0f + 0.5f) : 0, fixed};
+  return s;
 }
-/* MLAS's QLinearAdd of two codes: fma(a, ra, fma(b, rb, constant)), rounded half to even, saturated */
+/* zero_point + acc * q / 2^32 rounded half up: one SMMLAR (the accumulator, the multiplier, the zero point) */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_smmlar(int32_t acc, int32_t q, int32_t zero_point) {
+#if defined(__ARM_FEATURE_DSP)
+  int32_t code;
+  __asm__("smmlar %0, %1, %2, %3" : "=r"(code) : "r"(acc), "r"(q), "r"(zero_point));
+  return code;
+#else
+  return (int32_t)((((int64_t)zero_point << 32) + (int64_t)acc * q + 0x80000000LL) >> 32);
+#endif
+}
+/* MLAS's requantization: float32 multiply, round half to even, zero point, clamp (clamping after the
+ * rounding is the same as before it: the bounds are integers); fixed: SMMLAR and the clamp (SSAT) */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_requantize(
+    int32_t acc, tvm_memplan_scale scale, int32_t zero_point, int32_t low, int32_t high) {
+  if (scale.fixed) return tvm_memplan_clamp(tvm_memplan_smmlar(acc, scale.q, zero_point), low, high);
+  return tvm_memplan_offset(tvm_memplan_round((float)acc * scale.m), zero_point, low, high);
+}
+/* MLAS's QLinearAdd of two codes: fma(a, ra, fma(b, rb, constant)), rounded half to even, saturated (kept in float
+ * with the fixed-point requantization too: an integer add, CMSIS-NN's arm_elementwise_add_s8, rounds ties the other
+ * way, and on MobileNetV2 those few codes grow to 2 LSB at the output, where onnxruntime's own spread is 0) */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_add(
     int32_t a, int32_t b, float ratio_a, float ratio_b, float constant, int32_t low, int32_t high) {
   return tvm_memplan_clamp(tvm_memplan_round(fmaf((float)a, ratio_a, fmaf((float)b, ratio_b, constant))), low, high);
@@ -125,12 +178,13 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 }
 """
     + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n#define TVM_MEMPLAN_MAX_ROWS {MAX_ROWS}\n"
-    + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n"
+    + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n#define TVM_MEMPLAN_PACKED_BYTES {PACKED_BYTES}\n"
+    + f"#define TVM_MEMPLAN_UNPACK_TILE {UNPACK_TILE}\n"
     + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
     int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
-    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t y_plane) {
+    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t fixed_point, int32_t y_plane) {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_;
   const int32_t* bias = (const int32_t*)bias_;
@@ -141,15 +195,18 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   /* a small plane goes whole into the cache, padded, each row copied once; a large one through a ring of the
    * window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
   const int32_t span = (oh - 1) * sh + kh, whole = span * stride <= TVM_MEMPLAN_MAX_PLANE;
-  int8_t cache[whole ? span * stride : 2 * kh * stride];
-  memset(cache, x_zp, sizeof(cache)); /* the padding stays */
+  /* each row's input columns start on a word (its first byte at left + shift), so that the row copies are
+   * word-aligned memcpys (newlib copies an unaligned destination byte by byte) */
+  int8_t padded[(whole ? span * stride : 2 * kh * stride) + 3];
+  memset(padded, x_zp, sizeof(padded)); /* the padding stays */
+  int8_t* cache = padded + ((4 - (left & 3)) & 3);
   for (int32_t plane = 0; plane < planes; ++plane) {
     const int32_t channel = plane % channels;
     const int8_t* src = x + plane * h * w;
     const int8_t* tap = weights + channel * kh * kw;
     int8_t* dst = y + plane * y_plane;
     const int32_t b = bias[channel];
-    const float m = multiplier[channel];
+    const tvm_memplan_scale m = tvm_memplan_scale_of(multiplier[channel], TVM_MEMPLAN_FIXED_POINT && fixed_point);
     int32_t next = -top; /* the first input row not yet in the ring */
     uint32_t outer0 = 0, outer1 = 0, outer2 = 0, middle01 = 0;
     int32_t middle2 = 0;
@@ -188,8 +245,27 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
           out[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
           if (ox + 1 < ow) out[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
         }
-      } else if (kh == 3 && kw == 3) { /* one output per word of each row at the stride */
-        for (int32_t ox = 0; ox < ow; ++ox, r0 += sw) {
+      } else if (kh == 3 && kw == 3) { /* at stride 2, two outputs per two words of each row; else one per word */
+        int32_t ox = 0;
+        for (; sw == 2 && ox + 1 < ow; ox += 2, r0 += 4) {
+          /* bytes 0 to 4 of a row: output ox takes 0, 1, 2 (SMLAD of bytes 0 and 2, tap 1 on byte 1), ox + 1
+           * takes 2, 3, 4 (SMLADX of bytes 4 and 2, which PKHBT pairs, tap 1 on byte 3) */
+#define TVM_MEMPLAN_ROW(at, outer, middle, tap1_a0, tap1_a1)                               \
+  do {                                                                                    \
+    const uint32_t w0 = tvm_memplan_word(at), e = tvm_memplan_even(w0), o = tvm_memplan_odd(w0); \
+    const uint32_t pair = tvm_memplan_pkhbt(tvm_memplan_even(tvm_memplan_word((at) + 4)), e);  \
+    a0 = tap1_a0(o, middle, tvm_memplan_smlad(e, outer, a0));                               \
+    a1 = tap1_a1(o, middle, tvm_memplan_smladx(pair, outer, a1));                           \
+  } while (0)
+          int32_t a0 = b, a1 = b;
+          TVM_MEMPLAN_ROW(r0, outer0, middle01, tvm_memplan_smlabb, tvm_memplan_smlatb);
+          TVM_MEMPLAN_ROW(r0 + stride, outer1, middle01, tvm_memplan_smlabt, tvm_memplan_smlatt);
+          TVM_MEMPLAN_ROW(r0 + 2 * stride, outer2, middle2, tvm_memplan_smlabb, tvm_memplan_smlatb);
+#undef TVM_MEMPLAN_ROW
+          dst[ox] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
+          dst[ox + 1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
+        }
+        for (; ox < ow; ++ox, r0 += sw) {
           uint32_t e = tvm_memplan_word(r0);
           int32_t a = tvm_memplan_smlad(tvm_memplan_even(e), outer0, b);
           a = tvm_memplan_smlabb(tvm_memplan_odd(e), middle01, a);
@@ -218,17 +294,19 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
     int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
-    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t y_plane) {
+    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane) {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
   const int32_t* bias = (const int32_t*)bias_;
   const float* multiplier = (const float*)multiplier_;
   const int8_t* residual = (const int8_t*)residual_;
   int8_t* y = (int8_t*)y_;
+  const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
   const int32_t steps = (cin + 3) >> 2;
-  int32_t tile = (4096 / (8 * steps)) & ~1;
+  int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;
   tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
-  const int32_t unpack = tile >= 8; /* enough pixels a tile to unpack each channel pair's weights once */
+  /* enough pixels a tile to unpack each channel pair's weights once */
+  const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
   /* per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word), read
    * by one LDRD; the two pixels' steps interleave so that one pointer walks both */
   uint64_t packed[steps * tile];
@@ -248,7 +326,26 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t s = 0; s < steps; ++s) {
       const int8_t* c0 = x + 4 * s * pixels + p0;
       const int32_t there = cin - 4 * s; /* channels of this step that exist */
-      for (int32_t p = 0; p < n; ++p) {
+      int32_t p = 0;
+      for (; there >= 4 && p + 3 < n; p += 4) { /* 4 pixels from a word of each channel: a 4x4 byte transpose */
+        const uint32_t w0 = tvm_memplan_word(c0 + p), w1 = tvm_memplan_word(c0 + pixels + p);
+        const uint32_t w2 = tvm_memplan_word(c0 + 2 * pixels + p), w3 = tvm_memplan_word(c0 + 3 * pixels + p);
+        /* channel k's pixels 0 and 2 (even), 1 and 3 (odd); a pixel's pairs take one half of two of them (PKHBT,
+         * PKHTB) */
+        const uint32_t e0 = tvm_memplan_even(w0), o0 = tvm_memplan_odd(w0), e1 = tvm_memplan_even(w1);
+        const uint32_t o1 = tvm_memplan_odd(w1), e2 = tvm_memplan_even(w2), o2 = tvm_memplan_odd(w2);
+        const uint32_t e3 = tvm_memplan_even(w3), o3 = tvm_memplan_odd(w3);
+#define TVM_MEMPLAN_LOW(a, b) (((a) & 0xffffu) | (b) << 16)
+#define TVM_MEMPLAN_HIGH(a, b) (((a) >> 16) | ((b) & 0xffff0000u))
+        uint64_t* to = packed + 2 * ((p >> 1) * steps + s);
+        to[0] = TVM_MEMPLAN_LOW(e0, e2) | (uint64_t)TVM_MEMPLAN_LOW(e1, e3) << 32;
+        to[1] = TVM_MEMPLAN_LOW(o0, o2) | (uint64_t)TVM_MEMPLAN_LOW(o1, o3) << 32;
+        to[2 * steps] = TVM_MEMPLAN_HIGH(e0, e2) | (uint64_t)TVM_MEMPLAN_HIGH(e1, e3) << 32;
+        to[2 * steps + 1] = TVM_MEMPLAN_HIGH(o0, o2) | (uint64_t)TVM_MEMPLAN_HIGH(o1, o3) << 32;
+#undef TVM_MEMPLAN_LOW
+#undef TVM_MEMPLAN_HIGH
+      }
+      for (; p < n; ++p) {
         uint64_t* to = packed + 2 * ((p >> 1) * steps + s) + (p & 1);
         uint32_t word = (uint8_t)c0[p];
         if (there > 1) word |= (uint32_t)(uint8_t)c0[pixels + p] << 8;
@@ -274,7 +371,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         a3 = tvm_memplan_smlad(tvm_memplan_odd(w3), xo, tvm_memplan_smlad(tvm_memplan_even(w3), xe, a3));
       }
       a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
-      for (int32_t k = 0; k < 4 && o + k < cout; ++k) TVM_MEMPLAN_STORE(o + k, p0, a[k], multiplier[o + k]);
+      for (int32_t k = 0; k < 4 && o + k < cout; ++k) {
+        TVM_MEMPLAN_STORE(o + k, p0, a[k], tvm_memplan_scale_of(multiplier[o + k], fixed));
+      }
     }
     /* 5 to 8 channels: 1 channel x 4 pixels, its weights in registers */
     for (int32_t o = 0; pixels > 1 && steps == 2 && o < cout; ++o) {
@@ -283,7 +382,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
       const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
       const int32_t bo = bias[o];
-      const float mo = multiplier[o];
+      const tvm_memplan_scale mo = tvm_memplan_scale_of(multiplier[o], fixed);
       const int32_t at = p0;
       for (int32_t p = 0; p < n; p += 4) {
         const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1), then p + 2's */
@@ -309,7 +408,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t o = 0; pixels > 1 && steps != 2 && o < cout; o += 2) {
       const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
       const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
-      const float ma = multiplier[o], mb = o + 1 < cout ? multiplier[o + 1] : 0.0f;
+      const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
+      const tvm_memplan_scale mb = tvm_memplan_scale_of(o + 1 < cout ? multiplier[o + 1] : 0.0f, fixed);
       if (unpack) {
         for (int32_t s = 0; s < steps; ++s) {
           const uint32_t u = tvm_memplan_word(wa + 16 * s), t = tvm_memplan_word(wa + 16 * s + 4);
@@ -366,7 +466,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t cin, int32_t h, int32_t w, int32_t cout,
     int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left, int32_t x_zp,
-    int32_t y_zp, int32_t low, int32_t high, int32_t quantize, float x_scale, int32_t y_plane) {
+    int32_t y_zp, int32_t low, int32_t high, int32_t quantize, float x_scale, int32_t fixed_point, int32_t y_plane) {
   const int8_t* weights = (const int8_t*)w_; /* OIHW */
   const int32_t* bias = (const int32_t*)bias_;
   const float* multiplier = (const float*)multiplier_;
@@ -375,15 +475,16 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
   const int32_t stride = ((cols > filled ? cols : filled) + 3) & ~3;
   int8_t cache[cin * kh * stride]; /* per input channel, a ring of the window's rows, padded */
-  int16_t columns[2][2 * pairs];   /* two pixels' windows (im2col), as int16 pairs */
-  uint32_t packed[cout * pairs];   /* each output channel's weights in the same order */
+  int16_t columns[4 * pairs];        /* two pixels' windows (im2col), as int16 pairs, one after the other */
+  uint32_t packed[(cout + 1) * pairs]; /* each output channel's weights in the same order (then zeros) */
   const int8_t* rows[TVM_MEMPLAN_MAX_ROWS];
   for (int32_t o = 0; o < cout; ++o) {
     int16_t lanes[2 * pairs];
     for (int32_t i = 0; i < 2 * pairs; ++i) lanes[i] = i < depth ? weights[o * depth + i] : 0;
     memcpy(packed + o * pairs, lanes, 4 * pairs);
   }
-  columns[0][2 * pairs - 1] = columns[1][2 * pairs - 1] = 0;
+  memset(packed + cout * pairs, 0, 4 * pairs);
+  memset(columns, 0, sizeof(columns));
   int32_t next = -top;
   for (int32_t oy = 0; oy < oh; ++oy) {
     const int32_t first = oy * sh - top;
@@ -408,32 +509,37 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t ox = 0; ox < ow; ox += 2) {
       const int32_t two = ox + 1 < ow;
       for (int32_t p = 0; p <= two; ++p) {
-        int16_t* to = columns[p];
+        int16_t* to = columns + 2 * pairs * p;
         for (int32_t i = 0; i < cin * kh; ++i) {
           const int8_t* from = rows[i] + (ox + p) * sw;
 #pragma GCC unroll 8
           for (int32_t k = 0; k < kw; ++k) *to++ = from[k];
         }
       }
-      const int8_t* x0 = (const int8_t*)columns[0];
-      const int8_t* x1 = (const int8_t*)columns[two];
+      /* (fixed offsets from two pointers: the second pixel's window and channel o + 1's weights are read even
+       * where there is none, and not stored) */
+      const int8_t* x0 = (const int8_t*)columns;
+      const int8_t* x1 = x0 + 4 * pairs;
       int8_t* out = y + oy * ow + ox;
       for (int32_t o = 0; o < cout; o += 2) {
         const int32_t second = o + 1 < cout;
         const uint32_t* u = packed + o * pairs;
-        const uint32_t* v = second ? u + pairs : u;
+        const uint32_t* v = u + pairs;
         int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
-#pragma GCC unroll 8
+        const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
+        const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
+        const tvm_memplan_scale mb = tvm_memplan_scale_of(second ? multiplier[o + 1] : 0.0f, fixed);
+#pragma GCC unroll 16
         for (int32_t i = 0; i < pairs; ++i) {
           const uint32_t wu = u[i], wv = v[i], xa = tvm_memplan_word(x0 + 4 * i), xb = tvm_memplan_word(x1 + 4 * i);
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
           b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
         }
-        out[o * y_plane] = (int8_t)tvm_memplan_requantize(a0, multiplier[o], y_zp, low, high);
-        if (two) out[o * y_plane + 1] = (int8_t)tvm_memplan_requantize(a1, multiplier[o], y_zp, low, high);
+        out[o * y_plane] = (int8_t)tvm_memplan_requantize(a0, ma, y_zp, low, high);
+        if (two) out[o * y_plane + 1] = (int8_t)tvm_memplan_requantize(a1, ma, y_zp, low, high);
         if (second) {
-          out[(o + 1) * y_plane] = (int8_t)tvm_memplan_requantize(b0, multiplier[o + 1], y_zp, low, high);
-          if (two) out[(o + 1) * y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, multiplier[o + 1], y_zp, low, high);
+          out[(o + 1) * y_plane] = (int8_t)tvm_memplan_requantize(b0, mb, y_zp, low, high);
+          if (two) out[(o + 1) * y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, mb, y_zp, low, high);
         }
       }
     }

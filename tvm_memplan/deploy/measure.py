@@ -97,17 +97,26 @@ def reference_outputs(model: LoadedModel, inputs: dict[str, np.ndarray]) -> tupl
     return session.run(None, inputs), "onnxruntime"
 
 
-def int8_tolerances(
+def int8_allowed(
     model: LoadedModel, inputs: dict[str, np.ndarray], reference: tuple[list[np.ndarray], str]
-) -> list[float] | None:
-    """For a QDQ model checked against onnxruntime: per output, onnxruntime's own optimized vs
-    unoptimized spread in LSB (at least 2) as an absolute tolerance; None otherwise."""
+) -> list | None:
+    """For a QDQ model checked against onnxruntime: per output, its :class:`..quant.reference.Tolerance`
+    (onnxruntime's own optimized vs unoptimized spread, measured on ``inputs``); None otherwise."""
     from ..quant.reference import is_quantized, tolerances
 
     if reference[1] != "onnxruntime" or not is_quantized(model.onnx_model):
         return None
     allowed = tolerances(model.onnx_model, inputs, reference[0])
-    return None if any(t is None for t in allowed) else [t.atol for t in allowed]
+    return None if any(t is None for t in allowed) else allowed
+
+
+def int8_tolerances(
+    model: LoadedModel, inputs: dict[str, np.ndarray], reference: tuple[list[np.ndarray], str]
+) -> list[float] | None:
+    """For a QDQ model checked against onnxruntime: per output, onnxruntime's own optimized vs
+    unoptimized spread in LSB (at least 2) as an absolute tolerance; None otherwise."""
+    allowed = int8_allowed(model, inputs, reference)
+    return None if allowed is None else [t.atol for t in allowed]
 
 
 def compare_outputs(

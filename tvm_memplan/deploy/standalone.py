@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import UserError
 from ..frontend import load_model
 from .mcu import ModelC
-from .measure import compare_outputs, int8_tolerances, reference_outputs
+from .measure import compare_outputs, int8_allowed, reference_outputs
 from .targets import McuBoard, get_target
 
 DEVICES = {"host": None, "qemu-cortex-m7": "cortex-m7", "qemu-cortex-m4": "cortex-m4", "qemu-cortex-m55": "cortex-m55"}
@@ -84,6 +84,14 @@ class CMeasurement:
     tolerance: float | None = None
     """For an int8 (QDQ) model: the absolute difference allowed, onnxruntime's own optimized vs
     unoptimized spread in output LSB (at least 2 LSB); None: the float tolerance."""
+    spread: float | None = None
+    """For an int8 (QDQ) model: onnxruntime's own optimized vs unoptimized spread on these inputs, as an
+    absolute difference (the largest over the outputs), without the 2-LSB floor of ``tolerance``."""
+    spread_lsb: int | None = None
+    """The same spread in output LSB."""
+    diff_lsb: int | None = None
+    """For an int8 (QDQ) model: the largest difference to onnxruntime's default run, in output LSB (the
+    issue's rule for a network: at most ``spread_lsb``)."""
     kernels: list[dict[str, Any]] | None = None
     """With ``per_kernel``: per call of ``<name>_run``, its step, kernel and instructions (from the
     profiling build, which reads the counter after every kernel; every figure above is that build's)."""
@@ -203,13 +211,20 @@ def measure_c(
         None,
     )
     reference, reference_name = reference_outputs(model, inputs)
-    atols = int8_tolerances(model, inputs, (reference, reference_name))
+    allowed = int8_allowed(model, inputs, (reference, reference_name))
+    diff_lsb = None
+    atols = [t.atol for t in allowed] if allowed else None
     if status == 0:
         outputs = [
             np.fromfile(directory / spec["file"], dtype=spec["dtype"]).reshape(spec["shape"])
             for spec in model_c.outputs
         ]
         correct, worst = compare_outputs(outputs, [np.asarray(r) for r in reference], atols)
+        if allowed:
+            from ..quant.reference import lsb_difference
+
+            compared = zip(outputs, reference, allowed, strict=True)
+            diff_lsb = max(lsb_difference(o, np.asarray(r), t.scale) for o, r, t in compared)
     else:
         correct, worst = False, float("inf")
         error = error or f"{model_c.name}_run returned {status}"
@@ -236,6 +251,9 @@ def measure_c(
         reference=reference_name,
         error=error,
         tolerance=max(atols) if atols else None,
+        spread=max(t.spread_lsb * t.scale for t in allowed) if allowed else None,
+        spread_lsb=max(t.spread_lsb for t in allowed) if allowed else None,
+        diff_lsb=diff_lsb,
         kernels=kernels,
     )
 

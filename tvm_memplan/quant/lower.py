@@ -362,6 +362,8 @@ class _Lowerer(PyExprMutator):
             else:
                 func, kwargs = kernels.dense, {"accumulate": accumulate, **common}
                 zero_point, stored = xq.zero_point, np.ascontiguousarray(w_shifted.T)  # dense: (K, N)
+        if func in (mcu_kernels.conv2d, mcu_kernels.pointwise_conv2d):  # the C kernels' integer requantization
+            kwargs["fixed_point"] = mcu_kernels.fits_fixed_point(multiplier)
         try:
             bias_int = kernels.fold_zero_point(bias_int, w_shifted, zero_point)
         except OverflowError:

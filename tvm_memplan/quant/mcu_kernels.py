@@ -7,7 +7,8 @@ kernels (:mod:`tvm_memplan.deploy.mcu_layers_c` holds their text), written like 
 ``arm_depthwise_conv_s8`` / ``arm_nn_mat_mult_kernel_s8_s16`` loops: SMLAD on pairs of taps or
 input channels unpacked with SXTB16, the per-channel bias and multiplier loaded once per plane
 or block, and the requantization fused per output. They compute what :func:`.kernels.conv2d`
-computes, bit for bit (the same MLAS float requantization); shapes they do not cover take
+computes, bit for bit (the same MLAS float requantization), or within 1 LSB of it with the fixed-point
+requantization (``build --requantize fixed``, :func:`fits_fixed_point`); shapes they do not cover take
 :func:`.kernels.conv2d` or :func:`.dot_kernels.conv2d_dot`.
 """
 
@@ -26,16 +27,17 @@ from .kernels import conv_geometry
 
 DEPTHWISE_KERNEL = "tvm_memplan_depthwise_s8"
 """``(x, w, bias, multiplier, y, planes, channels, h, w, oh, ow, kh, kw, sh, sw, top, left, x_zp,
-y_zp, low, high, y_plane)``: NCHW int8 depthwise convolution (dilation 1) with the requantization fused
-(``y_plane``: elements between output planes, ``oh * ow`` unless it writes rows of a larger tensor)."""
+y_zp, low, high, fixed_point, y_plane)``: NCHW int8 depthwise convolution (dilation 1) with the requantization fused
+(``fixed_point``: :func:`fits_fixed_point` of the multipliers; ``y_plane``: elements between output planes,
+``oh * ow`` unless it writes rows of a larger tensor)."""
 POINTWISE_KERNEL = "tvm_memplan_pointwise_s8"
 """``(x, w, bias, multiplier, residual, y, cin, cout, pixels, y_zp, low, high, add, code_first, ratio_a,
-ratio_b, constant, add_low, add_high, y_plane)``: NCHW int8 1x1 convolution of stride 1 (weights in
+ratio_b, constant, add_low, add_high, fixed_point, y_plane)``: NCHW int8 1x1 convolution of stride 1 (weights in
 :func:`.dot_kernels.pack_dot_weights`'s layout) with the requantization and a residual QLinearAdd
 (:func:`.kernels.add_codes`, where ``add``) fused."""
 WINDOW_KERNEL = "tvm_memplan_window_s8"
 """``(x, w, bias, multiplier, y, cin, h, w, cout, oh, ow, kh, kw, sh, sw, top, left, x_zp, y_zp, low,
-high, quantize, x_scale, y_plane)``: NCHW int8 convolution of few input channels (dilation 1) on im2col'd
+high, quantize, x_scale, fixed_point, y_plane)``: NCHW int8 convolution of few input channels (dilation 1) on im2col'd
 windows of two pixels, with the requantization fused (``quantize``: ``x`` is float32, quantized
 with ``x_scale`` and ``x_zp`` as it enters the row cache)."""
 C_KERNELS = (DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL)
@@ -46,16 +48,35 @@ MAX_ROWS = 32
 MAX_PLANE = 2048
 """The largest padded input plane (bytes) :data:`DEPTHWISE_KERNEL` caches whole, each row copied once;
 a larger one goes through the ring of window rows."""
+FIXED_POINT_MULTIPLIERS = (2.0**-16, 0.5)
+"""The multipliers (``[low, high)``) the fixed-point requantization takes: one ``SMMLAR`` by the multiplier
+times 2^32 needs it under 0.5; from 2^-16 on, that integer (at least 2^16) keeps the products within 0.01 LSB."""
+PACKED_BYTES = 4096
+"""The pointwise kernel's tile of packed input pixels (bytes)."""
+UNPACK_TILE = 6
+"""The fewest pixels a pointwise tile needs for the kernel to unpack each channel pair's weights once per tile:
+unpacking costs 8 instructions a step, and saves 4 a step for each pair of pixels."""
 STACK_BYTES = 8192
 """The most stack a C kernel may take for its row cache, packed operands and unpacked weights; a
 larger layer keeps TVM's kernel."""
+
+
+def fits_fixed_point(multiplier: np.ndarray) -> bool:
+    """Whether every per-channel multiplier lies in :data:`FIXED_POINT_MULTIPLIERS`: the C kernels then
+    requantize with integers when built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize fixed``); a layer
+    with any other keeps MLAS's float rounding."""
+    low, high = FIXED_POINT_MULTIPLIERS
+    values = np.asarray(multiplier, np.float32)
+    return bool(values.size and np.all((values >= low) & (values < high)))
 
 
 def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tensor, **options: Any) -> te.Tensor:
     """:func:`.kernels.conv2d` (same arguments) as one call of :data:`DEPTHWISE_KERNEL` (a depthwise
     convolution) or :data:`WINDOW_KERNEL` (a regular one of few input channels: the stem, quantizing
     the float network input as MLAS does where ``quantize_input`` says so), where the input is int8,
-    the dilation 1 and nothing is fused after it; else :func:`.kernels.conv2d` itself."""
+    the dilation 1 and nothing is fused after it; else :func:`.kernels.conv2d` itself. ``fixed_point``:
+    :func:`fits_fixed_point` of the multipliers."""
+    fixed_point = int(options.pop("fixed_point", False))
     n, c, h, w = (int(d) for d in x.shape)
     o, per_group, kh, kw = (int(d) for d in weight.shape)
     quantize_input, groups = options.get("quantize_input"), options.get("groups", 1)
@@ -73,11 +94,12 @@ def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tens
     (sh, sw), _dilation, (top, left, _bottom, _right), (oh, ow) = geometry
     quantization = tuple(int(options[k]) for k in ("x_zero_point", "y_zero_point", "low", "high"))
     if depthwise:
-        name, args = DEPTHWISE_KERNEL, (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, *quantization, oh * ow)
+        args = (n * c, c, h, w, oh, ow, kh, kw, sh, sw, top, left, *quantization, fixed_point, oh * ow)
+        name = DEPTHWISE_KERNEL
     else:
         scale = float(quantize_input[0]) if quantize_input else 1.0
         args = (c, h, w, o, oh, ow, kh, kw, sh, sw, top, left, *quantization, int(quantize_input is not None), scale)
-        args += (oh * ow,)
+        args += (fixed_point, oh * ow)
         name = WINDOW_KERNEL
     return _extern((n, o, oh, ow), [x, weight, bias, multiplier], name, args, options["out_dtype"])
 
@@ -105,7 +127,8 @@ def dot_conv(int8_dot: str, weight_shape: Sequence[int], geometry: dict, x_dtype
     _o, c, kh, kw = weight_shape
     unit = list(geometry["strides"]) == [1, 1] and not any(geometry["padding"])
     steps = -(-c // 4)  # the kernel's stack: a tile of packed pixels (4 KiB, or 2 pixels), unpacked weights
-    small = max(4096, 16 * steps) + (16 * steps if steps <= 64 else 0) <= STACK_BYTES
+    unpacked = 16 * steps if (PACKED_BYTES // (8 * steps)) & ~1 >= UNPACK_TILE else 0
+    small = max(PACKED_BYTES, 16 * steps) + unpacked <= STACK_BYTES
     pointwise = int8_dot == "dsp-smlad" and (kh, kw) == (1, 1) and unit and x_dtype == "int8" and small
     return pointwise_conv2d if pointwise else dot_kernels.conv2d_dot
 
@@ -115,7 +138,9 @@ def pointwise_conv2d(
 ) -> te.Tensor:
     """:func:`.dot_kernels.conv2d_dot` (same arguments) of a 1x1 convolution of stride 1 (``weight`` in
     :func:`.dot_kernels.pack_dot_weights`'s layout) as one call of :data:`POINTWISE_KERNEL` where
-    the input is int8; a fused int8 ``residual`` add is computed there too (MLAS's formula)."""
+    the input is int8; a fused int8 ``residual`` add is computed there too (MLAS's formula). ``fixed_point``:
+    :func:`fits_fixed_point` of the multipliers."""
+    fixed_point = int(options.pop("fixed_point", False))
     n, c, h, w = (int(d) for d in x.shape)
     residual = options.get("residual")
     plain = options.get("table") is None and options.get("quantize_input") is None and str(x.dtype) == "int8"
@@ -125,7 +150,7 @@ def pointwise_conv2d(
     cout, requantization = options["out_channels"], tuple(int(options[k]) for k in ("y_zero_point", "low", "high"))
     floats = tuple(float(add[k]) for k in ("ratio_a", "ratio_b", "constant"))
     args = (c, cout, h * w, *requantization, int(residual is not None), int(add["code_first"]), *floats)
-    args += (int(add.get("low", 0)), int(add.get("high", 0)), h * w)
+    args += (int(add.get("low", 0)), int(add.get("high", 0)), fixed_point, h * w)
     inputs = [x, weight, bias, multiplier] + ([residual] if residual is not None else [])
     return _extern((n, cout, h, w), inputs, POINTWISE_KERNEL, args, options["out_dtype"], twice=residual is None)
 
