@@ -218,20 +218,11 @@ class SpatialChain(_OneBranch):
 
     @property
     def name(self) -> str:
-        branches = len(self.heads)
-        kind = "rows" + (f", {branches} branches" if branches > 1 else "") + (", gathered" if self.gathered else "")
-        return f"{self.head}..{self.ops[-1].name} ({kind})"
+        return f"{self.head}..{self.ops[-1].name} (rows{', gathered' if self.gathered else ''})"
 
     @property
     def fusable(self) -> bool:
-        """Not a chain whose branches meet in a concat (the tile kernel merges linear stages only)."""
-        return not self.gathered and not any(op.joins for op in self.ops)
-
-    @property
-    def heads(self) -> tuple[str, ...]:
-        """Its operators that read rows of a tensor from outside through a window: one, or one per
-        branch of a module whose branches all read the same tensor."""
-        return tuple(op.name for op in self.ops if op.window is not None and op.outside)
+        return not self.gathered
 
     def tile_rows(self, parts: int) -> list[dict[str, Rows]]:
         """Per tile, the output rows every operator computes (halos included)."""

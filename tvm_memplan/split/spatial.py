@@ -58,9 +58,6 @@ class RowOp:
     """Bytes of one row of the outside operand that a tile copies out before its window reads it (0: the
     window reads its rows in place). An int8 model's convolution must read a ``dequantize`` to stay an
     integer kernel, so its tile dequantizes a copy of the int8 rows."""
-    joins: bool = False
-    """A channel concat of its row operands (the branches of an inception module meeting again): output
-    row ``r`` is row ``r`` of each."""
 
 
 def operand_rows(op: RowOp, rows: Rows) -> Rows:

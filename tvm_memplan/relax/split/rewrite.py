@@ -327,8 +327,6 @@ class _SplitRewriter(PyExprMutator):
         tensor's rows are cut from its int8 input and dequantized again, so that ``LowerQDQ`` still
         finds each integer kernel's ``dequantize`` operand (a cut float tensor would stay float)."""
         bb = self.builder_
-        if isinstance(arg, relax.Tuple):  # a concat's operands: rows of each
-            return relax.Tuple([self._rows_of(field, rows, tiles) for field in arg.fields])
         if isinstance(arg, relax.Var) and arg.name in tiles:
             tile, (lo, _) = tiles[arg.name]
             whole, cut, total = tile, (rows[0] - lo, rows[1] - lo), nchw(tile)[ROWS]

@@ -30,8 +30,6 @@ SPATIAL_WINDOWS = 6
 """Convolutions and pools one spatial chain may span (a MobileNetV2 stem and its first block):
 each adds its halo to the rows the earlier ones recompute."""
 _SPATIAL_BINDINGS = 40
-_BRANCHED_BINDINGS = 80
-"""Bindings a chain of several branches may span (an inception module and the next one's start)."""
 GATHER_BELOW = 4
 """A spatial chain is also offered with its last tiles concatenated once at the end when its last
 tensor is this many times smaller than its largest."""
@@ -87,12 +85,6 @@ def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.V
             return None
         copied = _copied_row_bytes(index, data)
         return RowOp(var.name, out[ROWS], row_bytes, window=window, outside=(data.name,), copied_row_bytes=copied)
-    if op_name(value) == "relax.concat":
-        fields = list(value.args[0].fields) if isinstance(value.args[0], relax.Tuple) else []
-        shape = static_shape(value.ty)
-        if not fields or int(value.attrs.axis) % len(shape) != CHANNEL or not all(f in inside for f in fields):
-            return None
-        return RowOp(var.name, out[ROWS], row_bytes, reads=tuple(dict.fromkeys(f.name for f in fields)), joins=True)
     if op_name(value) not in ELEMENTWISE_PER_CHANNEL | QDQ_OPS:
         return None
     reads, outside = [], []
@@ -137,89 +129,46 @@ def spatial_chains(index: FunctionIndex) -> list[Chain]:
     that read the chain and can be cut into rows (convolutions, pools, elementwise), up to every
     prefix whose tensors reach the rest of the program through its last one alone (made tile by
     tile into its rows). At least two convolutions or pools (one and its epilogue gain nothing),
-    at most :data:`SPATIAL_WINDOWS` on any path; the rows of all tensors in one component of the axis
-    connection graph (sliding-window axes join a tensor's rows to its consumer's).
-
-    Where several convolutions or pools read the same tensor (the branches of an inception module,
-    its pool branch a pool followed by convolutions), a chain from the first of them also takes the
-    others as heads of their own branches, up to the concat where the branches meet and the operators
-    after it (a pool), short of the next module's branches: each tile computes every branch on its rows,
-    so neither the module's branches nor its concat exist whole."""
-    found: dict[str, Chain] = {}
-    for i, head in enumerate(index.bindings):
+    at most :data:`SPATIAL_WINDOWS`; the rows of all tensors in one component of the axis
+    connection graph (sliding-window axes join a tensor's rows to its consumer's)."""
+    bindings = index.bindings
+    found = []
+    for i, head in enumerate(bindings):
         if op_name(head.value) not in (CONV, *POOLS):
             continue
-        for branches in (False, True):
-            if branches and not _first_of_siblings(index, i):
+        first = _row_op(index, head, set(), i)
+        comp = index.component(head.var, ROWS)
+        if first is None or comp is None:
+            continue
+        ops, members, inside = [first], [i], {head.var}
+        windows = 1
+        for j in range(i + 1, len(bindings)):
+            binding = bindings[j]
+            if not any(v in inside for v in relax.analysis.free_vars(binding.value)):
                 continue
-            for chain in _grown(index, i, branches):
-                found.setdefault(chain.name, chain)
-    return list(found.values())
-
-
-def _windows_reading(index: FunctionIndex, var: relax.Var) -> int:
-    """Convolutions and pools that read ``var``."""
-    return sum(op_name(index.bindings[j].value) in (CONV, *POOLS) for j in index.uses.get(var, []))
-
-
-def _first_of_siblings(index: FunctionIndex, i: int) -> bool:
-    """Binding ``i`` is the first of several convolutions or pools that read the same tensor."""
-    data = index.bindings[i].value.args[0]
-    readers = [j for j in index.uses.get(data, []) if op_name(index.bindings[j].value) in (CONV, *POOLS)]
-    return len(readers) > 1 and readers[0] == i
-
-
-def _grown(index: FunctionIndex, i: int, branches: bool) -> list[SpatialChain]:
-    """The spatial chains from head ``i`` (with ``branches``: from it and its siblings, those that
-    have at least two branches)."""
-    bindings, head = index.bindings, index.bindings[i]
-    first = _row_op(index, head, set(), i)
-    comp = index.component(head.var, ROWS)
-    if first is None or comp is None:
-        return []
-    source = head.value.args[0]
-    ops, members, inside = [first], [i], {head.var}
-    depth = {head.var.name: 1}  # windows on the longest path to each operator: halos add up along it
-    windows, found = 1, []
-    for j in range(i + 1, len(bindings)):
-        binding = bindings[j]
-        sibling = (
-            branches and binding.value.args[0].same_as(source) and op_name(binding.value) in (CONV, *POOLS)
-            if isinstance(binding.value, relax.Call) and binding.value.args
-            else False
-        )
-        reads = [v for v in relax.analysis.free_vars(binding.value) if v in inside]
-        if not sibling and not reads:
-            continue
-        if branches and any(_windows_reading(index, v) > 1 for v in reads):
-            break  # the next module's branches: each module is a chain of its own
-        op = _row_op(index, binding, inside, i)
-        limit = _BRANCHED_BINDINGS if branches else _SPATIAL_BINDINGS
-        if op is None or index.component(binding.var, ROWS) != comp or len(ops) == limit:
-            break
-        depth[op.name] = max((depth[r] for r in op.reads), default=0) + (op.window is not None)
-        if depth[op.name] > SPATIAL_WINDOWS:
-            break
-        windows += op.window is not None
-        ops.append(op)
-        members.append(j)
-        inside.add(binding.var)
-        if (
-            index.escaping(members) != [binding.var]
-            or windows < 2
-            or op.rows < 2
-            or _epilogue_follows(index, binding.var)
-            or op_name(binding.value) == DEQUANTIZE
-        ):
-            continue
-        names = tuple(bindings[k].var.name for k in members)
-        tiles = sum(nbytes(bindings[k].var) for k in members[:-1])
-        chain = SpatialChain(Branch(names[0], names[1:], op.rows, nchw(binding.var)[CHANNEL]), tuple(ops), tiles)
-        if branches and len(chain.heads) < 2:
-            continue
-        found.append(chain)
-        if GATHER_BELOW * nbytes(binding.var) <= max(nbytes(bindings[k].var) for k in members):
-            found.append(replace(chain, gathered=True))
+            op = _row_op(index, binding, inside, i)
+            if op is None or index.component(binding.var, ROWS) != comp or len(ops) == _SPATIAL_BINDINGS:
+                break
+            windows += op.window is not None
+            if windows > SPATIAL_WINDOWS:
+                break
+            ops.append(op)
+            members.append(j)
+            inside.add(binding.var)
+            if (
+                index.escaping(members) != [binding.var]
+                or windows < 2
+                or op.rows < 2
+                or _epilogue_follows(index, binding.var)
+                or op_name(binding.value) == DEQUANTIZE
+            ):
+                continue
+            names = tuple(bindings[k].var.name for k in members)
+            tiles = sum(nbytes(bindings[k].var) for k in members[:-1])
+            chain = SpatialChain(Branch(names[0], names[1:], op.rows, nchw(binding.var)[CHANNEL]), tuple(ops), tiles)
+            found.append(chain)
+            if GATHER_BELOW * nbytes(binding.var) <= max(nbytes(bindings[k].var) for k in members):
+                found.append(replace(chain, gathered=True))
     return found
 
 
