@@ -60,8 +60,8 @@ from tvm_memplan.planning import DEFAULT_ALIGNMENT
 from tvm_memplan.relax.ir_utils import top_level_bindings
 from tvm_memplan.relax.pipeline import stage_passes
 from tvm_memplan.relax.split import find_chains, in_order, normalize, program_of
-from tvm_memplan.split.chain import Chain
-from tvm_memplan.split.search import search_phased
+from tvm_memplan.split.chain import Chain, SplitChoice
+from tvm_memplan.split.search import Point, search_phased
 from tvm_memplan.split.simulate import Program, peak, split_program
 from tvm_memplan.verify import verify_plan
 
@@ -106,16 +106,16 @@ def model_key(spec: str) -> str:
     return re.sub(r"(\.torchscript)?\.onnx$", "", Path(spec).name)
 
 
-def simulated_floor(program: Program, chains: list[Chain], seconds: float):
+def simulated_floor(program: Program, chains: list[Chain], seconds: float) -> Point:
     """The simulator's lowest peak with every chain free to split (each split costing nothing)."""
     return search_phased(program, chains, 1.0, lambda chain, parts: 0.0, budget=1e9, seconds=seconds).best
 
 
-def holding_chain(program: Program, floor, kept_live: tuple[str, ...]):
+def holding_chain(program: Program, floor: Point, kept_live: tuple[str, ...]) -> SplitChoice | None:
     """The floor plan's split that removes the most bytes live at the kept plan's peak (the chain
     holding the kept plan above the floor), else the one whose tiles are live at the floor's own peak."""
 
-    def tensors(choice) -> set[str]:
+    def tensors(choice: SplitChoice) -> set[str]:
         return {program.tensor(b) for b in choice.chain.bindings}
 
     live = {name.partition("#")[0] for name in kept_live}
@@ -128,10 +128,9 @@ def holding_chain(program: Program, floor, kept_live: tuple[str, ...]):
     return next((c for c in floor.choices if c.chain.head in heads), None)
 
 
-def floor_report(
-    model: LoadedModel, outcome: SplitOutcome, cache: Path, floor_seconds: float, fused_tiles: str
-) -> dict:
-    """The simulator's floor and, for the chain that holds the kept plan above it, its measured cost."""
+def floor_report(model: LoadedModel, outcome: SplitOutcome, cache: Path, floor_seconds: float) -> dict:
+    """The simulator's floor and, for the chain that holds the kept plan above it, its measured cost: fused
+    where its tiles can run as one kernel (whatever the row's ``--fused-tiles``), else per kernel."""
     mod = normalize(to_relax(model))
     mod = in_order(mod, outcome.order) if outcome.order else mod
     program = program_of(mod, DEFAULT_ALIGNMENT)
@@ -140,7 +139,7 @@ def floor_report(
     report = {"floor": (peak(program).bytes, floor.peak_bytes), "held": None}
     held = holding_chain(program, floor, outcome.result.bottleneck.live)
     if held is not None:
-        fused = "on" if held.chain.fusable and fused_tiles != "off" else "off"
+        fused = "on" if held.chain.fusable else "off"
         measurer = ChainLatency(mod, get_target("host"), Device(), cache=cache, fused_tiles=fused)
         report["held"] = (held.chain.name, held.parts, fused == "on", measurer(held.chain, held.parts))
     return report
@@ -164,7 +163,7 @@ def bench(
         started = time.perf_counter()
         again = search_split(model, budget=budget, seconds=seconds, cache=cache, fused_tiles=fused_tiles)
         warm = time.perf_counter() - started
-        floor = floor_report(model, outcome, cache, floor_seconds, fused_tiles)
+        floor = floor_report(model, outcome, cache, floor_seconds)
     # split plans are built in NCHW (``--split acg`` does not tile blocked tensors yet): so is the coarse one
     coarse = plan_model(model, order_seconds=order_seconds, layout="nchw")
     split = plan_model(model, prepare=outcome.prepare(), order_seconds=order_seconds, layout="nchw")
