@@ -128,16 +128,19 @@ def holding_chain(program: Program, floor: Point, kept_live: tuple[str, ...]) ->
     return next((c for c in floor.choices if c.chain.head in heads), None)
 
 
-def floor_report(model: LoadedModel, outcome: SplitOutcome, cache: Path, floor_seconds: float) -> dict:
-    """The simulator's floor and, for the chain that holds the kept plan above it, its measured cost: fused
-    where its tiles can run as one kernel (whatever the row's ``--fused-tiles``), else per kernel."""
+def floor_report(
+    model: LoadedModel, outcome: SplitOutcome, cache: Path, floor_seconds: float, measure: bool = True
+) -> dict:
+    """The simulator's floor and (with ``measure``: for a model with a target) the chain that holds the kept
+    plan above it, with its measured cost: fused where its tiles can run as one kernel (whatever the row's
+    ``--fused-tiles``), else per kernel."""
     mod = normalize(to_relax(model))
     mod = in_order(mod, outcome.order) if outcome.order else mod
     program = program_of(mod, DEFAULT_ALIGNMENT)
     chains = find_chains(mod)
     floor = simulated_floor(program, chains, floor_seconds)
     report = {"floor": (peak(program).bytes, floor.peak_bytes), "held": None}
-    held = holding_chain(program, floor, outcome.result.bottleneck.live)
+    held = holding_chain(program, floor, outcome.result.bottleneck.live) if measure else None
     if held is not None:
         fused = "on" if held.chain.fusable else "off"
         measurer = ChainLatency(mod, get_target("host"), Device(), cache=cache, fused_tiles=fused)
@@ -163,7 +166,7 @@ def bench(
         started = time.perf_counter()
         again = search_split(model, budget=budget, seconds=seconds, cache=cache, fused_tiles=fused_tiles)
         warm = time.perf_counter() - started
-        floor = floor_report(model, outcome, cache, floor_seconds)
+        floor = floor_report(model, outcome, cache, floor_seconds, measure=target is not None)
     # split plans are built in NCHW (``--split acg`` does not tile blocked tensors yet): so is the coarse one
     coarse = plan_model(model, order_seconds=order_seconds, layout="nchw")
     split = plan_model(model, prepare=outcome.prepare(), order_seconds=order_seconds, layout="nchw")
