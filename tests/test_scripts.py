@@ -322,3 +322,22 @@ def test_bench_mcu_split_builds_the_kept_plan_on_the_emulated_m7(tmp_path):
     assert [r[9] for r in rows[:2]] == ["-", "-"] and all(r[9].endswith("%") for r in rows[2:])
     arena = {(r[0], r[1]): float(r[2]) for r in rows}
     assert arena[("split", "excluded")] <= 8 < arena[("unsplit", "excluded")]
+
+
+def test_bench_split_reports_the_floor_and_what_holds_a_missed_target(tmp_path):
+    """mcu_cnn with a target it cannot reach: the row has the simulator's floor, each split chain says
+    whether it runs fused, and the target column names the floor and the chain holding the kept plan
+    above it with its measured cost; the command that made the table is in its text."""
+    out = tmp_path / "split.md"
+    args = ["zoo:mcu_cnn", "--search-seconds", "2", "--order-seconds", "1", "--floor-seconds", "2"]
+    run_script("bench_split.py", *args, "--target", "mcu_cnn=100", "--fused-tiles", "auto", "--out", str(out))
+    text = out.read_text()
+    header, row = [line for line in text.splitlines() if line.startswith("| ")][:2]
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")], strict=True))
+    floor = float(cells["floor (simulated)"].split("x")[0])
+    assert floor >= float(cells["reduction"].rstrip("x")) * 0.5 and floor > 1.0
+    assert cells["target"].startswith("100x: missed; floor") and "held by" in cells["target"]
+    assert "ms (" in cells["target"] and cells["correct, VM = plan"] == "yes"
+    split = cells["chains found / split"].split(" / ", 1)[1]
+    assert split == "none" or all(c.endswith(("fused", "per kernel")) for c in split.split("; "))
+    assert "Command: `python scripts/bench_split.py zoo:mcu_cnn" in text

@@ -293,3 +293,42 @@ def test_reshapes_are_views_in_the_simulator():
     ]
     assert reshapes
     assert all(program.tensor(b.var.name) == program.tensor(b.value.args[0].name) for b in reshapes)
+
+
+def _resnext_block(channels: int = 8, width: int = 16, groups: int = 4, size: int = 10) -> tvm.IRModule:
+    """A ResNeXt bottleneck: 1x1 conv -> ReLU -> grouped 3x3 conv -> ReLU -> 1x1 conv."""
+    rng = np.random.default_rng(0)
+
+    def weight(*shape):
+        return relax.const(rng.standard_normal(shape).astype("float32") * 0.3)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, weight(width, channels, 1, 1))))
+            g = bb.emit(relax.op.nn.conv2d(h, weight(width, width // groups, 3, 3), padding=1, groups=groups))
+            g = bb.emit(relax.op.nn.relu(g))
+            out = bb.emit_output(relax.op.nn.conv2d(g, weight(channels, width, 1, 1)))
+        bb.emit_func_output(out)
+    return normalize(bb.get())
+
+
+def test_grouped_convolutions_join_a_channel_chain():
+    """ResNeXt: the grouped convolution reads its input channels through ``f // per_group``; the axis
+    connection graph joins them to its output channels, so the chain runs from the first 1x1
+    convolution through the grouped one to the projection, in tiles of whole groups."""
+    mod = _resnext_block()
+    table = {b.var.name: b for block in mod["main"].body.blocks for b in block.bindings}
+    chains = [c for c in find_chains(mod) if c.kind == "temporal"]
+    grouped = [c for c in chains if any(getattr(table[m].value.attrs, "groups", 1) == 4 for m in c.branches[0].mids)]
+    assert grouped, [c.name for c in chains]
+    chain = grouped[0]
+    assert chain.units == 4 and chain.tail is not None
+    acg, _ = axis_graph(mod)
+    assert acg.component_of(chain.head, 1) is acg.component_of(chain.branches[0].mids[-1], 1)
+    x = np.random.default_rng(1).standard_normal((1, 8, 10, 10)).astype("float32")
+    whole = _run(mod, x)
+    for parts in (2, 4):
+        split = split_chains(mod, [SplitChoice(chain, parts)])
+        np.testing.assert_allclose(_run(split, x), whole, rtol=1e-4, atol=1e-4)

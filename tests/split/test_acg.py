@@ -79,3 +79,38 @@ def test_sliding_window_axes():
     # the window's reduction axis indexes the same input axis: one component, sliding + reduction
     nodes = build_acg(graph).component_of("y", 0).nodes
     assert {(n.axis, n.kind) for n in nodes} == {("o", "sliding"), ("k", "reduction")}
+
+
+def _grouped_conv(name, x, y, channels, groups):
+    """``y[f] = sum_r x[(f // per_group) * per_group + r]``: a grouped 1-D convolution's channel index."""
+    per_group = channels // groups
+    block = Block(
+        "group_conv",
+        (LoopAxis("f", S, channels), LoopAxis("r", R, per_group)),
+        Access("Y", (Affine.of(f=1),)),
+        (Access("X", (Affine((("r", 1),), 0, (("f", per_group, per_group),)),)),),
+    )
+    shapes = {"X": (channels,), "Y": (channels,)}
+    return Kernel(name, "group_conv", ("X", "Y"), (x, y), shapes, (block,))
+
+
+def test_grouped_convolution_joins_channels_through_the_group():
+    """ResNeXt's grouped convolution reads its input channel through ``f // per_group``: the output
+    channel axis joins the input's (one component, as for a depthwise convolution), and the input
+    channels a range of output channels needs are whole groups."""
+    kernel = _grouped_conv("gc", "x", "y", 8, 4)
+    graph = Graph({"x": _tensor("x", (8,)), "y": _tensor("y", (8,))}, [kernel])
+    acg = build_acg(graph)
+    assert acg.component_of("x", 0) is acg.component_of("y", 0)
+    assert acg.component_of("y", 0).kernels == ["gc"]
+    # output channels 2..5 are groups 1 and 2: input channels 2..5; channel 3 alone needs its group
+    assert kernel.input_boxes(((2, 6),))[0] == ((2, 6),)
+    assert kernel.input_boxes(((3, 4),))[0] == ((2, 4),)
+
+
+def test_quotient_terms_bound_intervals_exactly():
+    expr = Affine((("r", 1),), 1, (("f", 4, 4),))  # 4 * (f // 4) + r + 1
+    assert expr.axes == ("r", "f")
+    assert expr.single_axis() is None
+    values = {4 * (f // 4) + r + 1 for f in range(5, 11) for r in range(2)}
+    assert expr.interval({"f": (5, 11), "r": (0, 2)}) == (min(values), max(values) + 1)

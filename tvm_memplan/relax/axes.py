@@ -16,13 +16,24 @@ from .ir_utils import static_shape, top_level_bindings
 
 
 def affine(expr: tirx.PrimExpr, axes: set[str]) -> Affine | None:
-    """``expr`` as ``const + sum(coeff * axis)`` over the named iterators, or None."""
+    """``expr`` as ``const + sum(coeff * axis)`` over the named iterators, with ``axis // divisor`` terms
+    (a grouped convolution's group), or None."""
     if isinstance(expr, tirx.IntImm):
         return Affine((), int(expr.value))
     if isinstance(expr, tirx.Var):
         return Affine(((expr.name, 1),)) if expr.name in axes else None
     if isinstance(expr, tirx.Cast):
         return affine(expr.value, axes)
+    if isinstance(expr, tirx.FloorDiv):
+        a, b = affine(expr.a, axes), affine(expr.b, axes)
+        if a is None or b is None or b.terms or b.quotients or b.const <= 0:
+            return None
+        if b.const == 1:
+            return a
+        axis = a.single_axis()
+        if axis is None or a.const:
+            return None
+        return Affine((), 0, ((axis, b.const, 1),))
     if isinstance(expr, (tirx.Add, tirx.Sub)):
         a, b = affine(expr.a, axes), affine(expr.b, axes)
         if a is None or b is None:
@@ -31,16 +42,28 @@ def affine(expr: tirx.PrimExpr, axes: set[str]) -> Affine | None:
         terms = dict(a.terms)
         for name, coeff in b.terms:
             terms[name] = terms.get(name, 0) + sign * coeff
-        return Affine(tuple((n, c) for n, c in terms.items() if c), a.const + sign * b.const)
+        quotients = {(n, d): c for n, d, c in a.quotients}
+        for name, divisor, coeff in b.quotients:
+            quotients[(name, divisor)] = quotients.get((name, divisor), 0) + sign * coeff
+        return Affine(
+            tuple((n, c) for n, c in terms.items() if c),
+            a.const + sign * b.const,
+            tuple((n, d, c) for (n, d), c in quotients.items() if c),
+        )
     if isinstance(expr, tirx.Mul):
         a, b = affine(expr.a, axes), affine(expr.b, axes)
         if a is None or b is None:
             return None
-        if not a.terms:
+        if not (a.terms or a.quotients):
             a, b = b, a
-        if b.terms:
+        if b.terms or b.quotients:
             return None
-        return Affine(tuple((n, c * b.const) for n, c in a.terms if c * b.const), a.const * b.const)
+        k = b.const
+        return Affine(
+            tuple((n, c * k) for n, c in a.terms if c * k),
+            a.const * k,
+            tuple((n, d, c * k) for n, d, c in a.quotients if c * k),
+        )
     return None
 
 

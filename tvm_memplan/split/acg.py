@@ -4,7 +4,9 @@ Every loop axis of every block is a node; every axis of every activation tensor 
 and the internal buffers of fused kernels, not constants) is a hub. A loop axis that appears in
 the index of a tensor axis is joined with that axis's hub, so a producer's axis and a consumer's
 axis that index the same tensor axis end up in one connected component. For ``C = A @ B`` this
-gives A.s1→C.s1, A.s2→C.t1, B.s1→C.t1, B.s2→C.s2. Loop axes of extent 1 join nothing
+gives A.s1→C.s1, A.s2→C.t1, B.s1→C.t1, B.s2→C.s2. A grouped convolution reads input channel
+``(f // per_group) * in_per_group + r``: its output channel axis ``f`` joins the input's channel axis
+through the quotient (tiles of whole groups keep it exact). Loop axes of extent 1 join nothing
 (they cannot be split). A component that spans at least two kernels is a split candidate.
 """
 
@@ -120,8 +122,8 @@ def build_acg(graph: Graph) -> AxisConnectionGraph:
                     if h is None:
                         continue
                     hubs.add(h)
-                    for name, coeff in idx.terms:
-                        if coeff and axes[name].extent > 1:
+                    for name in idx.axes:  # quotient terms too: a grouped convolution's group
+                        if axes[name].extent > 1:
                             uf.union(("loop", kernel.name, block.name, name), h)
     for view in graph.views:
         for src_axis, view_axis in view.axis_map:

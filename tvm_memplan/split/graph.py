@@ -46,10 +46,17 @@ class LoopAxis:
 
 @dataclass(frozen=True)
 class Affine:
-    """``const + sum(coeff * axis)`` over loop axes."""
+    """``const + sum(coeff * axis) + sum(coeff * (axis // divisor))`` over loop axes.
+
+    The quotient terms are the group of a grouped convolution: its input channel is
+    ``(out_channel // out_per_group) * in_per_group + r``, which joins the output channel axis to the
+    input's through the group (as MAGIS's dimension graph joins axes through a split dimension).
+    """
 
     terms: tuple[tuple[str, int], ...]
     const: int = 0
+    quotients: tuple[tuple[str, int, int], ...] = ()
+    """``(axis, divisor, coeff)``: ``coeff * (axis // divisor)`` (floor division, ``divisor > 0``)."""
 
     @classmethod
     def of(cls, const: int = 0, **terms: int) -> Affine:
@@ -57,23 +64,24 @@ class Affine:
 
     @property
     def axes(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.terms)
+        """Every loop axis the expression depends on (quotient terms included)."""
+        return tuple(name for name, _ in self.terms) + tuple(name for name, _, _ in self.quotients)
 
     def interval(self, domain: Mapping[str, Interval]) -> Interval:
         """The values the expression takes when every axis ranges over ``domain`` (half-open)."""
         lo = hi = self.const
-        for name, coeff in self.terms:
+        for name, coeff, divisor in (*((n, c, 1) for n, c in self.terms), *((n, c, d) for n, d, c in self.quotients)):
             a, b = domain[name]
             if b <= a:
                 return (0, 0)
-            ends = (coeff * a, coeff * (b - 1))
+            ends = (coeff * (a // divisor), coeff * ((b - 1) // divisor))
             lo += min(ends)
             hi += max(ends)
         return (lo, hi + 1)
 
     def single_axis(self) -> str | None:
         """The axis when the expression is ``axis + const``, else None."""
-        if len(self.terms) == 1 and self.terms[0][1] == 1:
+        if len(self.terms) == 1 and self.terms[0][1] == 1 and not self.quotients:
             return self.terms[0][0]
         return None
 

@@ -138,18 +138,19 @@ def _follow(
             continue
         nxt = index.bindings[j]
         op = op_name(nxt.value)
+        kept = units
         if op == CONV and nxt.value.args[0].same_as(current) and constant_value(nxt.value.args[1]) is not None:
             groups = int(nxt.value.attrs.groups)
             channels_in, channels_out = channels(current), channels(nxt.var)
             if groups == 1 or channels_out is None or channels_in % groups or channels_out % groups or units % groups:
                 return found, units, j
-            units = groups
+            kept = groups  # tiles of whole groups
         elif op not in PER_CHANNEL_OPS or channels(nxt.var) != channels(current):
             return found, units, j
         if not _operands_ok(index, nxt.value, current, since) or index.component(nxt.var) != comp:
             return found, units, j
         found.append(nxt)
-        current = nxt.var
+        current, units = nxt.var, kept
 
 
 def _closing_diamond(index: FunctionIndex, current: relax.Var, comp: int, since: int) -> list | None:
