@@ -21,6 +21,7 @@ from ..blocks import (
     is_padding,
     iter_extents,
     iterator_loops,
+    loop_extent,
     the_reduction,
     top_level_blocks,
 )
@@ -31,6 +32,11 @@ BLOCKED_CONV = "conv2d_NCHWc"
 """The reduction block's name in :func:`tvm_memplan.relax.layout.conv2d_nchwc`."""
 MAX_CHANNEL_TILE = 4
 """Channel blocks per register tile (MLAS's AVX-512 kernel holds up to 4 filter blocks)."""
+TAIL_GAIN = 0.75
+"""How much better (in multiply-adds per load) a register tile with a narrower last tile must be than the
+best dividing one to be chosen: the tail costs its own loop nest and a row-wide accumulator buffer (one
+thread, Zen 4: 64 channels at 56x56, 1x1, 4 x 6 with a tail ran 13 % slower than 4 x 4; 256 channels
+at 13x13, 3x3, 4 x 6 with a tail 8 % slower than 2 x 13)."""
 
 
 class BlockedConv(CPUScheduleRule):
@@ -58,15 +64,20 @@ class BlockedConv(CPUScheduleRule):
         loops = iterator_loops(sch, main, extents)
 
         vectors = -(-lanes // spec.lanes)
-        channel_tile, column_tile = register_tile(channels, columns, vectors, spec)
         batch, oc, oh, ow, o, *reduce_loops = loops
+        # with a tail of columns the columns are partitioned below the tasks, which must then be enough
+        tails = extents[0] * rows * -(-channels // MAX_CHANNEL_TILE) >= 4 * spec.threads
+        channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails)
         oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
-        ow_outer, ow_inner = sch.split(ow, [None, column_tile])
-        if _weights_first(block, rows):
-            task_loops = [batch, oc_outer, oh, ow_outer]
+        column_parts = [columns - columns % column_tile] + ([columns % column_tile] if columns % column_tile else [])
+        weights_first = _weights_first(block, rows)
+        if len(column_parts) == 1:
+            ow_outer, ow_inner = sch.split(ow, [None, column_tile])
+            task_loops = [batch, oc_outer, oh, ow_outer] if weights_first else [batch, oh, ow_outer, oc_outer]
+            sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
         else:
-            task_loops = [batch, oh, ow_outer, oc_outer]
-        sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
+            task_loops = [batch, oc_outer, oh] if weights_first else [batch, oh, oc_outer]
+            sch.reorder(*task_loops, ow, *reduce_loops, oc_inner, o)
         work = 1
         for extent in extents:
             work *= extent
@@ -79,28 +90,64 @@ class BlockedConv(CPUScheduleRule):
         sch.reverse_compute_at(epilogue, tile_loop)
         vectorize(sch, sch.get_loops(epilogue)[-1], spec)
         sch.unroll(oc_inner)
-        sch.unroll(ow_inner)
         vectorize(sch, o, spec)
-        sch.decompose_reduction(main, reduce_loops[0])
+        if len(column_parts) == 1:
+            sch.unroll(ow_inner)
+            sch.decompose_reduction(main, reduce_loops[0])
+        else:
+            _column_tiles(sch, ow, column_parts, column_tile, len(reduce_loops))
         for pad in padding:
             schedule_loop_nest(sch, pad, spec)
 
 
-def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec) -> tuple[int, int]:
-    """(channel blocks, columns) of the register tile: divisors of their extents whose accumulators,
-    one weight register per block and a broadcast fit the registers (LLVM keeps every weight vector
-    of a step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with the most
-    multiply-adds per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of them)."""
-    best, best_score = (1, 1), (0.0, 0)
+def _column_tiles(sch: s_tir.Schedule, ow, parts: list[int], column_tile: int, reductions: int) -> None:
+    """Columns that no register tile divides: whole tiles, then one narrower tile, each a loop nest of its
+    own (``loop_partition``) with the columns unrolled inside the reduction."""
+    for part in sch.loop_partition(ow, parts[:-1] + [None]):
+        (block,) = sch.get_child_blocks(part)
+        part_loops = list(sch.get_loops(block))
+        at = [str(sch.get(loop).loop_var) for loop in part_loops].index(str(sch.get(part).loop_var))
+        reduce_part = part_loops[at + 1 : at + 1 + reductions]
+        inner = part_loops[at + 1 + reductions :]
+        if loop_extent(sch, part) > column_tile:
+            part_outer, part_inner = sch.split(part, [None, column_tile])
+            sch.reorder(part_outer, *reduce_part, part_inner, *inner)
+        else:
+            part_inner = part
+            sch.reorder(*reduce_part, part_inner, *inner)
+        sch.unroll(part_inner)
+        sch.decompose_reduction(block, reduce_part[0])
+
+
+def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec, tails: bool = False) -> tuple[int, int]:
+    """(channel blocks, columns) of the register tile: a divisor of the channel blocks and a column count
+    whose accumulators, one weight register per block and a broadcast fit the registers (LLVM keeps every
+    weight vector of a step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with
+    the most multiply-adds per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of
+    them). The columns divide the output's, unless ``tails`` allows a narrower last tile per row and the
+    best dividing tile serves under :data:`TAIL_GAIN` of the multiply-adds per load (averaged over the
+    row's columns) that a tile with a tail does: a prime width (13, 73, 109) left one column a tile."""
+
+    def fits(channel_tile: int, column_tile: int) -> bool:
+        accumulators = channel_tile * column_tile * vectors
+        return accumulators <= spec.accumulators and accumulators + channel_tile * vectors + 1 <= spec.registers
+
+    def per_load(channel_tile: int, column_tile: int) -> float:
+        return channel_tile * column_tile * vectors / (channel_tile * vectors + column_tile)
+
+    best: dict[bool, tuple[tuple[int, int], tuple[float, int]]] = {False: ((1, 1), (0.0, 0)), True: ((1, 1), (0.0, 0))}
     for channel_tile in (d for d in range(1, min(channels, MAX_CHANNEL_TILE) + 1) if channels % d == 0):
-        for column_tile in (d for d in range(1, columns + 1) if columns % d == 0):
-            accumulators = channel_tile * column_tile * vectors
-            if accumulators > spec.accumulators or accumulators + channel_tile * vectors + 1 > spec.registers:
+        for column_tile in range(1, columns + 1):
+            tail = columns % column_tile
+            if not fits(channel_tile, column_tile):
                 continue
-            score = (accumulators / (channel_tile * vectors + column_tile), accumulators)
-            if score > best_score:
-                best, best_score = (channel_tile, column_tile), score
-    return best
+            average = (columns - tail) * per_load(channel_tile, column_tile) + tail * per_load(channel_tile, tail)
+            score = (average / columns, channel_tile * column_tile)
+            if score > best[bool(tail)][1]:
+                best[bool(tail)] = ((channel_tile, column_tile), score)
+    if tails and best[False][1][0] < TAIL_GAIN * best[True][1][0]:
+        return best[True][0]
+    return best[False][0]
 
 
 def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
