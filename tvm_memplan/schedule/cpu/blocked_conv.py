@@ -97,7 +97,22 @@ class BlockedConv(CPUScheduleRule):
         else:
             _column_tiles(sch, ow, column_parts, column_tile, len(reduce_loops))
         for pad in padding:
-            schedule_loop_nest(sch, pad, spec)
+            _schedule_padding(sch, pad, spec)
+
+
+def _schedule_padding(sch: s_tir.Schedule, pad, spec: CpuSpec) -> None:
+    """The input's zero padding, a pass of its own: where its blocks are narrower than a vector (a stem's
+    NCHW1c input), a zero fill and a copy of the valid region whose rows vectorize (the bounds-checked
+    original ran element by element, serial)."""
+    blocks = [pad]
+    loops = sch.get_loops(pad)
+    if loop_extent(sch, loops[-1]) < spec.lanes and sch.can_decompose_padding(pad, loops[0]):
+        blocks.insert(0, sch.decompose_padding(pad, loops[0]))
+    for block in blocks:
+        loops = sch.get_loops(block)
+        if len(loops) >= 2 and loop_extent(sch, loops[-1]) < spec.lanes:
+            sch.fuse(*loops[-2:])
+        schedule_loop_nest(sch, block, spec)
 
 
 def _column_tiles(sch: s_tir.Schedule, ow, parts: list[int], column_tile: int, reductions: int) -> None:
