@@ -97,9 +97,10 @@ def test_the_register_tile_has_the_most_multiply_adds_per_load(channels, columns
 @pytest.mark.parametrize(
     "channels, columns, spec, tile",
     [
-        (4, 13, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 6)),  # 4 x 1 divides
-        (6, 109, AVX512, (3, 9)),  # 109 is prime: 3 x 1 divides
-        (16, 13, AVX512, (2, 13)),  # 2 x 13 divides and is within TAIL_GAIN of 4 x 6
+        (4, 13, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 5)),  # 4 x 1 divides
+        (6, 109, AVX512, (2, 5)),  # 109 is prime: 3 x 1 divides
+        (16, 13, AVX512, (2, 13)),  # 2 x 13 divides, as fast as any tile with a tail
+        (128, 14, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 5)),  # 4 x 2 divides
     ],
 )
 def test_a_width_no_good_tile_divides_gets_a_narrower_last_tile(channels, columns, spec: CpuSpec, tile) -> None:

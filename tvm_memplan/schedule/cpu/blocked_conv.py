@@ -32,11 +32,12 @@ BLOCKED_CONV = "conv2d_NCHWc"
 """The reduction block's name in :func:`tvm_memplan.relax.layout.conv2d_nchwc`."""
 MAX_CHANNEL_TILE = 4
 """Channel blocks per register tile (MLAS's AVX-512 kernel holds up to 4 filter blocks)."""
-TAIL_GAIN = 0.75
-"""How much better (in multiply-adds per load) a register tile with a narrower last tile must be than the
-best dividing one to be chosen: the tail costs its own loop nest and a row-wide accumulator buffer (one
-thread, Zen 4: 64 channels at 56x56, 1x1, 4 x 6 with a tail ran 13 % slower than 4 x 4; 256 channels
-at 13x13, 3x3, 4 x 6 with a tail 8 % slower than 2 x 13)."""
+TAIL_GAIN = 0.95
+"""The share of the dividing register tile's cycles (:func:`row_steps`) under which a tile with a narrower
+last tile is chosen instead: its own loop nest and a row-wide accumulator buffer cost a little (one
+thread, Zen 4, AVX-512: 64 channels at 56x56, 1x1, 4 x 6 + 2 ran 13 % slower than 4 x 4)."""
+FMA_LATENCY = 4
+"""Cycles of a vector multiply-add's latency (Zen 2 to 4, Skylake and later)."""
 
 
 class BlockedConv(CPUScheduleRule):
@@ -135,34 +136,58 @@ def _column_tiles(sch: s_tir.Schedule, ow, parts: list[int], column_tile: int, r
 
 
 def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec, tails: bool = False) -> tuple[int, int]:
-    """(channel blocks, columns) of the register tile: a divisor of the channel blocks and a column count
-    whose accumulators, one weight register per block and a broadcast fit the registers (LLVM keeps every
-    weight vector of a step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with
-    the most multiply-adds per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of
-    them). The columns divide the output's, unless ``tails`` allows a narrower last tile per row and the
-    best dividing tile serves under :data:`TAIL_GAIN` of the multiply-adds per load (averaged over the
-    row's columns) that a tile with a tail does: a prime width (13, 73, 109) left one column a tile."""
+    """(channel blocks, columns) of the register tile: divisors of their extents whose accumulators, one
+    weight register per block and a broadcast fit the registers (LLVM keeps every weight vector of a
+    step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with the most multiply-adds
+    per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of them). Where ``tails``
+    allows a narrower last tile per row, the columns need not divide, and such a tile replaces the
+    dividing one when :func:`row_steps` puts it :data:`TAIL_GAIN` ahead (a prime width, 13 or 73 or
+    109, left one column a tile)."""
 
     def fits(channel_tile: int, column_tile: int) -> bool:
         accumulators = channel_tile * column_tile * vectors
         return accumulators <= spec.accumulators and accumulators + channel_tile * vectors + 1 <= spec.registers
 
-    def per_load(channel_tile: int, column_tile: int) -> float:
-        return channel_tile * column_tile * vectors / (channel_tile * vectors + column_tile)
-
-    best: dict[bool, tuple[tuple[int, int], tuple[float, int]]] = {False: ((1, 1), (0.0, 0)), True: ((1, 1), (0.0, 0))}
+    best, best_score = (1, 1), (0.0, 0)
     for channel_tile in (d for d in range(1, min(channels, MAX_CHANNEL_TILE) + 1) if channels % d == 0):
-        for column_tile in range(1, columns + 1):
-            tail = columns % column_tile
+        for column_tile in (d for d in range(1, columns + 1) if columns % d == 0):
             if not fits(channel_tile, column_tile):
                 continue
-            average = (columns - tail) * per_load(channel_tile, column_tile) + tail * per_load(channel_tile, tail)
-            score = (average / columns, channel_tile * column_tile)
-            if score > best[bool(tail)][1]:
-                best[bool(tail)] = ((channel_tile, column_tile), score)
-    if tails and best[False][1][0] < TAIL_GAIN * best[True][1][0]:
-        return best[True][0]
-    return best[False][0]
+            accumulators = channel_tile * column_tile * vectors
+            score = (accumulators / (channel_tile * vectors + column_tile), accumulators)
+            if score > best_score:
+                best, best_score = (channel_tile, column_tile), score
+    if not tails:
+        return best
+    tiles = [
+        (c, w)
+        for c in range(1, min(channels, MAX_CHANNEL_TILE) + 1)
+        if channels % c == 0
+        for w in range(1, columns + 1)
+        if columns % w and fits(c, w)
+    ]
+    if not tiles:
+        return best
+    tailed = min(tiles, key=lambda tile: row_steps(channels, columns, *tile, vectors))
+    if row_steps(channels, columns, *tailed, vectors) < TAIL_GAIN * row_steps(channels, columns, *best, vectors):
+        return tailed
+    return best
+
+
+def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, vectors: int) -> float:
+    """Cycles per reduction step of an output row's tiles, as the micro-kernel is bound: two vector
+    multiply-adds a cycle, one weight vector or two broadcasts loaded a cycle, and at least the
+    multiply-add's latency (4 cycles: a narrow tail tile waits on its few accumulators). Fitted to one
+    thread on Zen 4: at AVX2 a 7-column row ran 2 x 4 + 3 in 1120 us, 1 x 7 in 1168 us, 2 x 6 + 1 in
+    1312 us; a 14-column row 2 x 6 + 2 in 1063 us, 4 x 2 in 1235 us."""
+
+    def tile(width: int) -> float:
+        accumulators = channel_tile * width * vectors
+        return max(accumulators / 2, channel_tile * vectors + width / 2, FMA_LATENCY)
+
+    tail = columns % column_tile
+    per_channel_tile = columns // column_tile * tile(column_tile) + (tile(tail) if tail else 0.0)
+    return channels // channel_tile * per_channel_tile
 
 
 def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
