@@ -108,3 +108,12 @@ def test_a_width_no_good_tile_divides_gets_a_narrower_last_tile(channels, column
     channel_tile, column_tile = tile
     assert channels % channel_tile == 0
     assert channel_tile * column_tile <= spec.accumulators and channel_tile * (column_tile + 1) + 1 <= spec.registers
+
+
+def test_a_blocked_depthwise_input_is_padded_by_whole_vectors_without_a_zero_fill() -> None:
+    kernels = kernels_of(conv_body(32, 3, padding=1, groups=32), (1, 32, 14, 14), AVX2, layout="blocked")
+    (func,) = (f for name, f in kernels.items() if "depthwise_conv2d_nchwc" in name)
+    new_func, _ = schedule_function(func, CpuSpec(lanes=16, registers=32, threads=1, vector_codegen=True))
+    script = new_func.script()
+    assert "pad_const" not in script and "T.if_then_else" in script
+    np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
