@@ -6,8 +6,9 @@ lanes the block's channels) for the whole reduction; each step loads one weight 
 block and broadcasts one input value per column, so every broadcast serves ``oc`` multiply-adds and
 every weight vector ``ow`` (on AVX-512 the broadcast folds into the FMA's memory operand). Tasks are
 output rows, or channel tiles where the weights outweigh the inputs (whichever rereads fewer bytes,
-as in :mod:`.tiled_reduction`); padding is its own vectorized pass and the epilogue (bias,
-activation, residual add) runs on the tile before it is stored.
+as in :mod:`.tiled_reduction`); a row whose width no good tile divides ends in a narrower tile,
+a loop nest of its own; padding is its own vectorized pass and the epilogue (bias, activation, residual
+add) runs on the tile before it is stored.
 """
 
 from __future__ import annotations
