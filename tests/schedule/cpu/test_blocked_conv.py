@@ -34,6 +34,7 @@ def _run(func: tirx.PrimFunc) -> np.ndarray:
         (conv_body(16, 3, stride=2, padding=1, activation=None), (1, 16, 13, 13)),  # odd width, a stride
         (conv_body(64, 3, padding=1), (1, 64, 4, 4)),  # weights outweigh inputs: channel tiles first
         (conv_body(32, 3, padding=1, groups=2), (1, 32, 6, 6)),  # 16 channels a group
+        (conv_body(32, 3, padding=1), (1, 16, 13, 13)),  # 13 columns: a narrower last tile at 8 lanes
     ],
 )
 @pytest.mark.parametrize("spec", [AVX512, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)])
@@ -91,3 +92,28 @@ def test_the_register_tile_fits_the_registers_and_divides_the_output(channels, c
 )
 def test_the_register_tile_has_the_most_multiply_adds_per_load(channels, columns, spec: CpuSpec, tile) -> None:
     assert register_tile(channels, columns, 1, spec) == tile
+
+
+@pytest.mark.parametrize(
+    "channels, columns, spec, tile",
+    [
+        (4, 13, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 5)),  # 4 x 1 divides
+        (6, 109, AVX512, (2, 5)),  # 109 is prime: 3 x 1 divides
+        (16, 13, AVX512, (2, 13)),  # 2 x 13 divides, as fast as any tile with a tail
+        (128, 14, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 5)),  # 4 x 2 divides
+    ],
+)
+def test_a_width_no_good_tile_divides_gets_a_narrower_last_tile(channels, columns, spec: CpuSpec, tile) -> None:
+    assert register_tile(channels, columns, 1, spec, tails=True) == tile
+    channel_tile, column_tile = tile
+    assert channels % channel_tile == 0
+    assert channel_tile * column_tile <= spec.accumulators and channel_tile * (column_tile + 1) + 1 <= spec.registers
+
+
+def test_a_blocked_depthwise_input_is_padded_by_whole_vectors_without_a_zero_fill() -> None:
+    kernels = kernels_of(conv_body(32, 3, padding=1, groups=32), (1, 32, 14, 14), AVX2, layout="blocked")
+    (func,) = (f for name, f in kernels.items() if "depthwise_conv2d_nchwc" in name)
+    new_func, _ = schedule_function(func, CpuSpec(lanes=16, registers=32, threads=1, vector_codegen=True))
+    script = new_func.script()
+    assert "pad_const" not in script and "T.if_then_else" in script
+    np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)

@@ -6,8 +6,9 @@ lanes the block's channels) for the whole reduction; each step loads one weight 
 block and broadcasts one input value per column, so every broadcast serves ``oc`` multiply-adds and
 every weight vector ``ow`` (on AVX-512 the broadcast folds into the FMA's memory operand). Tasks are
 output rows, or channel tiles where the weights outweigh the inputs (whichever rereads fewer bytes,
-as in :mod:`.tiled_reduction`); padding is its own vectorized pass and the epilogue (bias,
-activation, residual add) runs on the tile before it is stored.
+as in :mod:`.tiled_reduction`); a row whose width no good tile divides ends in a narrower tile,
+a loop nest of its own; padding is its own vectorized pass and the epilogue (bias, activation, residual
+add) runs on the tile before it is stored.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..blocks import (
     is_padding,
     iter_extents,
     iterator_loops,
+    loop_extent,
     the_reduction,
     top_level_blocks,
 )
@@ -31,6 +33,12 @@ BLOCKED_CONV = "conv2d_NCHWc"
 """The reduction block's name in :func:`tvm_memplan.relax.layout.conv2d_nchwc`."""
 MAX_CHANNEL_TILE = 4
 """Channel blocks per register tile (MLAS's AVX-512 kernel holds up to 4 filter blocks)."""
+TAIL_GAIN = 0.95
+"""The share of the dividing register tile's cycles (:func:`row_steps`) under which a tile with a narrower
+last tile is chosen instead: its own loop nest and a row-wide accumulator buffer cost a little (one
+thread, Zen 4, AVX-512: 64 channels at 56x56, 1x1, 4 x 6 + 2 ran 13 % slower than 4 x 4)."""
+FMA_LATENCY = 4
+"""Cycles of a vector multiply-add's latency (Zen 2 to 4, Skylake and later)."""
 
 
 class BlockedConv(CPUScheduleRule):
@@ -58,15 +66,20 @@ class BlockedConv(CPUScheduleRule):
         loops = iterator_loops(sch, main, extents)
 
         vectors = -(-lanes // spec.lanes)
-        channel_tile, column_tile = register_tile(channels, columns, vectors, spec)
         batch, oc, oh, ow, o, *reduce_loops = loops
+        # with a tail of columns the columns are partitioned below the tasks, which must then be enough
+        tails = extents[0] * rows * -(-channels // MAX_CHANNEL_TILE) >= 4 * spec.threads
+        channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails)
         oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
-        ow_outer, ow_inner = sch.split(ow, [None, column_tile])
-        if _weights_first(block, rows):
-            task_loops = [batch, oc_outer, oh, ow_outer]
+        column_parts = [columns - columns % column_tile] + ([columns % column_tile] if columns % column_tile else [])
+        weights_first = _weights_first(block, rows)
+        if len(column_parts) == 1:
+            ow_outer, ow_inner = sch.split(ow, [None, column_tile])
+            task_loops = [batch, oc_outer, oh, ow_outer] if weights_first else [batch, oh, ow_outer, oc_outer]
+            sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
         else:
-            task_loops = [batch, oh, ow_outer, oc_outer]
-        sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
+            task_loops = [batch, oc_outer, oh] if weights_first else [batch, oh, oc_outer]
+            sch.reorder(*task_loops, ow, *reduce_loops, oc_inner, o)
         work = 1
         for extent in extents:
             work *= extent
@@ -79,28 +92,103 @@ class BlockedConv(CPUScheduleRule):
         sch.reverse_compute_at(epilogue, tile_loop)
         vectorize(sch, sch.get_loops(epilogue)[-1], spec)
         sch.unroll(oc_inner)
-        sch.unroll(ow_inner)
         vectorize(sch, o, spec)
-        sch.decompose_reduction(main, reduce_loops[0])
+        if len(column_parts) == 1:
+            sch.unroll(ow_inner)
+            sch.decompose_reduction(main, reduce_loops[0])
+        else:
+            _column_tiles(sch, ow, column_parts, column_tile, len(reduce_loops))
         for pad in padding:
-            schedule_loop_nest(sch, pad, spec)
+            _schedule_padding(sch, pad, spec)
 
 
-def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec) -> tuple[int, int]:
-    """(channel blocks, columns) of the register tile: divisors of their extents whose accumulators,
-    one weight register per block and a broadcast fit the registers (LLVM keeps every weight vector
-    of a step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with the most
-    multiply-adds per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of them)."""
+def _schedule_padding(sch: s_tir.Schedule, pad, spec: CpuSpec) -> None:
+    """The input's zero padding, a pass of its own: where its blocks are narrower than a vector (a stem's
+    NCHW1c input), a zero fill and a copy of the valid region whose rows vectorize (the bounds-checked
+    original ran element by element, serial)."""
+    blocks = [pad]
+    loops = sch.get_loops(pad)
+    if loop_extent(sch, loops[-1]) < spec.lanes and sch.can_decompose_padding(pad, loops[0]):
+        blocks.insert(0, sch.decompose_padding(pad, loops[0]))
+    for block in blocks:
+        loops = sch.get_loops(block)
+        if len(loops) >= 2 and loop_extent(sch, loops[-1]) < spec.lanes:
+            sch.fuse(*loops[-2:])
+        schedule_loop_nest(sch, block, spec)
+
+
+def _column_tiles(sch: s_tir.Schedule, ow, parts: list[int], column_tile: int, reductions: int) -> None:
+    """Columns that no register tile divides: whole tiles, then one narrower tile, each a loop nest of its
+    own (``loop_partition``) with the columns unrolled inside the reduction."""
+    for part in sch.loop_partition(ow, parts[:-1] + [None]):
+        (block,) = sch.get_child_blocks(part)
+        part_loops = list(sch.get_loops(block))
+        at = [str(sch.get(loop).loop_var) for loop in part_loops].index(str(sch.get(part).loop_var))
+        reduce_part = part_loops[at + 1 : at + 1 + reductions]
+        inner = part_loops[at + 1 + reductions :]
+        if loop_extent(sch, part) > column_tile:
+            part_outer, part_inner = sch.split(part, [None, column_tile])
+            sch.reorder(part_outer, *reduce_part, part_inner, *inner)
+        else:
+            part_inner = part
+            sch.reorder(*reduce_part, part_inner, *inner)
+        sch.unroll(part_inner)
+        sch.decompose_reduction(block, reduce_part[0])
+
+
+def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec, tails: bool = False) -> tuple[int, int]:
+    """(channel blocks, columns) of the register tile: divisors of their extents whose accumulators, one
+    weight register per block and a broadcast fit the registers (LLVM keeps every weight vector of a
+    step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with the most multiply-adds
+    per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of them). Where ``tails``
+    allows a narrower last tile per row, the columns need not divide, and such a tile replaces the
+    dividing one when :func:`row_steps` puts it :data:`TAIL_GAIN` ahead (a prime width, 13 or 73 or
+    109, left one column a tile)."""
+
+    def fits(channel_tile: int, column_tile: int) -> bool:
+        accumulators = channel_tile * column_tile * vectors
+        return accumulators <= spec.accumulators and accumulators + channel_tile * vectors + 1 <= spec.registers
+
     best, best_score = (1, 1), (0.0, 0)
     for channel_tile in (d for d in range(1, min(channels, MAX_CHANNEL_TILE) + 1) if channels % d == 0):
         for column_tile in (d for d in range(1, columns + 1) if columns % d == 0):
-            accumulators = channel_tile * column_tile * vectors
-            if accumulators > spec.accumulators or accumulators + channel_tile * vectors + 1 > spec.registers:
+            if not fits(channel_tile, column_tile):
                 continue
+            accumulators = channel_tile * column_tile * vectors
             score = (accumulators / (channel_tile * vectors + column_tile), accumulators)
             if score > best_score:
                 best, best_score = (channel_tile, column_tile), score
+    if not tails:
+        return best
+    tiles = [
+        (c, w)
+        for c in range(1, min(channels, MAX_CHANNEL_TILE) + 1)
+        if channels % c == 0
+        for w in range(1, columns + 1)
+        if columns % w and fits(c, w)
+    ]
+    if not tiles:
+        return best
+    tailed = min(tiles, key=lambda tile: row_steps(channels, columns, *tile, vectors))
+    if row_steps(channels, columns, *tailed, vectors) < TAIL_GAIN * row_steps(channels, columns, *best, vectors):
+        return tailed
     return best
+
+
+def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, vectors: int) -> float:
+    """Cycles per reduction step of an output row's tiles, as the micro-kernel is bound: two vector
+    multiply-adds a cycle, one weight vector or two broadcasts loaded a cycle, and at least the
+    multiply-add's latency (4 cycles: a narrow tail tile waits on its few accumulators). Fitted to one
+    thread on Zen 4: at AVX2 a 7-column row ran 2 x 4 + 3 in 1120 us, 1 x 7 in 1168 us, 2 x 6 + 1 in
+    1312 us; a 14-column row 2 x 6 + 2 in 1063 us, 4 x 2 in 1235 us."""
+
+    def tile(width: int) -> float:
+        accumulators = channel_tile * width * vectors
+        return max(accumulators / 2, channel_tile * vectors + width / 2, FMA_LATENCY)
+
+    tail = columns % column_tile
+    per_channel_tile = columns // column_tile * tile(column_tile) + (tile(tail) if tail else 0.0)
+    return channels // channel_tile * per_channel_tile
 
 
 def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
