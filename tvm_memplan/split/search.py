@@ -319,7 +319,9 @@ def search_phased(
         first.evaluated + second.evaluated,
         first.measured + second.measured,
         time.monotonic() - started,
-        second.stopped,
+        second.stopped
+        if first.stopped != "search time limit"
+        else f"{second.stopped} (channel phase: search time limit)",
         peak(split_program(program, list(best.choices))),
         first.pruned + second.pruned,
         first.best,
