@@ -403,6 +403,7 @@ def _split_summary(split, arena: int) -> dict:
                 "parts": c.parts,
                 "kind": c.chain.kind,
                 "fused": c.fused,
+                "tiles": c.variant,
             }
             for c in split.choices
         ],
@@ -425,6 +426,7 @@ def _split_summary(split, arena: int) -> dict:
         ],
         "search_seconds": round(result.seconds, 2),
         "plans_simulated": result.evaluated,
+        "splits_not_timed": result.pruned,
         "latency_cache_hits": split.cache_hits,
         "latency_measurements": split.cache_misses,
     }
@@ -550,13 +552,16 @@ def _groups_rows(summary: dict) -> list[tuple[str, str]]:
     ]
 
 
+_HOW_TILES_RUN = {"fused": " (one kernel)", "fused, line buffer": " (one kernel, line buffer)"}
+
+
 def _split_rows(summary: dict) -> list[tuple[str, str]]:
     before, after = summary["peak_before_bytes"], summary["peak_after_bytes"]
     unit = summary.get("latency_unit", "ms")
     counts = "latencies" if unit == "ms" else "instruction counts"
     chosen = (
         ", ".join(
-            f"{s['chain']} x{s['parts']}{' (one kernel)' if s['fused'] else ''}" for s in summary["split_subgraphs"]
+            f"{s['chain']} x{s['parts']}{_HOW_TILES_RUN.get(s.get('tiles'), '')}" for s in summary["split_subgraphs"]
         )
         or "none"
     )

@@ -208,6 +208,7 @@ def search(
             ordered = []
         for variants in ordered:
             if time.monotonic() - start > seconds:
+                stopped = "search time limit"
                 break
             best = None
             for trial, p in variants:
