@@ -159,8 +159,8 @@ def test_two_searches_with_the_same_cache_keep_the_same_plan(mcu, tmp_path):
     """Under a latency budget the kept plan also depends on the whole model timed with it: that
     confirmation is cached with the chains' times, so a second search keeps the first one's plan."""
     cache = tmp_path / "latency.jsonl"
-    first = search_split(mcu, cache=cache, budget=0.05, seconds=120, fused_tiles="auto")
-    second = search_split(mcu, cache=cache, budget=0.05, seconds=120, fused_tiles="auto")
+    first = search_split(mcu, cache=cache, budget=0.05, seconds=600, fused_tiles="auto")
+    second = search_split(mcu, cache=cache, budget=0.05, seconds=600, fused_tiles="auto")
     assert "time limit" not in first.result.stopped, first.result.stopped  # else the second search goes further
     assert second.order == first.order
     assert second.cache_misses == 0
