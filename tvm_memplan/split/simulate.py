@@ -255,6 +255,9 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
                 for name, used in last_use.items():
                     following = plan[t + 1].get(owner[name])
                     if used == i and name in tile_of and following is not None and following.kept is not None:
+                        if following.kept == need[owner[name]]:  # all of it carried: the buffer itself
+                            carried[name] = tile_of[name]
+                            continue
                         kept = f"{name}#{chain.head}#{t + 1}#kept"
                         sizes[kept] = (following.kept[1] - following.kept[0]) * _row_bytes(ops, owner[name]) * at_once
                         steps.append(Step(kept, kept, (tile_of[name],)))

@@ -97,7 +97,7 @@ class RollingRows:
 
     @property
     def computed(self) -> Rows:
-        """Rows it computes in this tile (possibly none: ``lo == hi``)."""
+        """Rows it computes in this tile (never none: a tile that would compute none recomputes them)."""
         return (self.kept[1], self.held[1]) if self.kept is not None else self.held
 
 
@@ -124,8 +124,10 @@ def rolling_rows(ops: tuple[RowOp, ...], parts: int, runs: int = 1) -> list[dict
                 continue
             held, previous = need[op.name], before.get(op.name)
             kept = None
-            if previous is not None and previous.held[0] <= held[0] < previous.held[1]:
-                kept = (held[0], min(previous.held[1], held[1]))
+            # rows its previous tile held are kept, unless they are all it holds (a copy with nothing to
+            # compute under it: recomputed instead, which only the tiles at the bottom border meet)
+            if previous is not None and previous.held[0] <= held[0] < previous.held[1] < held[1]:
+                kept = (held[0], previous.held[1])
             plan[op.name] = RollingRows(held, kept)
             lo, hi = plan[op.name].computed
             if lo >= hi:

@@ -325,7 +325,10 @@ class _SplitRewriter(PyExprMutator):
                 for name, reader in last_reader.items():
                     rows = following.get(name)
                     if reader == i and name in tiles and rows is not None and rows.kept is not None:
-                        buffer, (lo, _) = tiles[name]
+                        buffer, (lo, hi) = tiles[name]
+                        if rows.kept == (lo, hi):  # the whole buffer is carried over (a full slice is a view)
+                            carried[name] = buffer
+                            continue
                         kept = (rows.kept[0] - lo, rows.kept[1] - lo)
                         carried[name] = bb.emit(
                             relax.op.strided_slice(buffer, axes=[ROWS], begin=[kept[0]], end=[kept[1]])
