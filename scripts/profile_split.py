@@ -112,7 +112,11 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int, statisti
             if chain.fusable:  # the tiles as one kernel (one tile at a time, and on the workers), same rounds
                 fused = [SplitChoice(chain, count, fused=True)]
                 on_workers = [SplitChoice(chain, count, fused=True, workers=measurer.workers)]
-                modules = [(*pair, split_chains(pair[0], fused), split_chains(pair[0], on_workers)) for pair in modules]
+                variants = [fused, on_workers]
+                if chain.spatial and chain.has_halo(count, on_workers[0].concurrent_tiles):
+                    # halo rows kept in a line buffer (each worker's tiles in order) instead of recomputed
+                    variants.append([SplitChoice(chain, count, fused=True, workers=measurer.workers, rolling=True)])
+                modules = [(*pair, *(split_chains(pair[0], v) for v in variants)) for pair in modules]
             summarize = STATISTICS[statistic]
             chain_ms, model_ms = (
                 [float(summarize(s)) for s in measurer.compare(*variants, rounds=rounds)] for variants in modules
@@ -120,6 +124,9 @@ def profile(spec: str, names: list[str], parts: list[int], rounds: int, statisti
             row[count] = {
                 "peak": peak(split_program(program, choice)).bytes,
                 "workers_peak": peak(split_program(program, on_workers)).bytes if chain.fusable else None,
+                "rolling_peak": peak(split_program(program, variants[2])).bytes
+                if chain.fusable and len(variants) > 2
+                else None,
                 "launches": launches(split_alone, target),
                 "macs": reduction_steps(split_alone),
                 "chain_ms": chain_ms,
@@ -145,19 +152,22 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int, statist
         "side in the same rounds; fused: one tile after another, each stage's loops parallel as scheduled (the "
         "merged kernel before issue 25); on workers: one loop nest whose outer loop runs the independent tiles "
         "of a spatial chain on the target's threads (stages serial inside a tile, each worker with its own scratch; "
-        "its peak in brackets). Produced by `scripts/profile_split.py`.",
+        "its peak in brackets); line buffer: the same loop nest, each worker's tiles in order, every stage keeping "
+        "the rows its next tile reads again instead of recomputing them (its peak in brackets). "
+        "Produced by `scripts/profile_split.py`.",
         "",
         "| chain | parts | peak KiB | launches | reduction steps (M) | chain alone ms: unsplit / split (added µs) "
         "| whole model ms: unsplit / split (overhead) | fused: launches | fused: chain alone ms (added µs) "
         "| fused: whole model ms (overhead) | on workers: chain alone ms (added µs) [peak KiB] "
-        "| on workers: whole model ms (overhead) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| on workers: whole model ms (overhead) | line buffer: chain alone ms (added µs) [peak KiB] "
+        "| line buffer: whole model ms (overhead) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         base = row["unsplit"]
         lines.append(
             f"| {row['chain']} ({row['kind']}) | 1 | {base['peak'] / 1024:.1f} | {base['launches']} | "
-            f"{base['macs'] / 1e6:.2f} | | | | | | | |"
+            f"{base['macs'] / 1e6:.2f} | | | | | | | | | |"
         )
         for count in parts:
             r = row[count]
@@ -169,10 +179,16 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int, statist
                 if cf
                 else "not fusable | | | | "
             )
+            rolling = (
+                f"{cf[2]:.3f} ({(cf[2] - cb) * 1e3:+.0f}) [{r['rolling_peak'] / 1024:.1f}] | {mf[2]:.3f} "
+                f"({mf[2] / mb - 1:+.1%})"
+                if len(cf) > 2
+                else "no halo | "
+            )
             lines.append(
                 f"| | {count} | {r['peak'] / 1024:.1f} | {r['launches']} | {r['macs'] / 1e6:.2f} "
                 f"({r['macs'] / base['macs'] - 1:+.0%}) | {cb:.3f} / {ca:.3f} ({(ca - cb) * 1e3:+.0f}) | "
-                f"{mb:.3f} / {ma:.3f} ({ma / mb - 1:+.1%}) | {fused} |"
+                f"{mb:.3f} / {ma:.3f} ({ma / mb - 1:+.1%}) | {fused} | {rolling} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -84,6 +84,8 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
     assert all("/" in r[6] and "/" in r[7] for r in tiles)  # both timed, side by side
     # the chain's tiles as one kernel: one launch, timed in the same rounds
     assert all(int(r[8]) == 1 and "(" in r[9] and "(" in r[10] for r in tiles)
+    # halos kept in a line buffer: timed where a worker runs more than one tile, with its simulated peak
+    assert all(("(" in r[13] and "[" in r[13]) or r[13].strip() == "no halo" for r in tiles)
 
 
 def test_published_memory_tables_match_what_the_script_plans_now():

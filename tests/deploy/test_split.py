@@ -142,16 +142,29 @@ def test_auto_fused_tiles_keep_the_faster_of_fused_and_per_kernel_tiles(mcu, tmp
     from tvm_memplan.relax.split import chain_module, find_chains
 
     mod = normalize(to_relax(mcu))
-    chain = next(c for c in find_chains(mod) if c.fusable)
     measurer = ChainLatency(mod, get_target("host"), Device(), cache=tmp_path / "c.jsonl", fused_tiles="auto")
-    added = measurer(chain, 2)
-    assert measurer.misses == 3  # the chain whole, in per-kernel tiles and in fused tiles
+    chain = next(c for c in find_chains(mod) if c.fusable and c.spatial and c.has_halo(4, measurer.workers))
+    splits = measurer.splits(chain, 4)
+    assert [c.variant for c in splits] == ["per-kernel", "fused", "fused, line buffer"]
+    added = measurer(chain, 4)
+    assert measurer.misses == 4  # the chain whole, in per-kernel tiles, fused, fused with a line buffer
     alone = chain_module(mod, chain)
-    variants = [SplitChoice(chain, 2, f, measurer.workers) for f in (False, True)]
-    times = {c.fused: measurer.time_ms(split_chains(alone, [c]), "split2") for c in variants}
-    choice = measurer.choice(chain, 2)
-    assert times[choice.fused] == min(times.values())
-    assert added == pytest.approx(times[choice.fused] - measurer.time_ms(alone, "whole"))
+    times = {c: measurer.time_ms(split_chains(alone, [c]), "split4") for c in splits}
+    choice = measurer.choice(chain, 4)
+    assert times[choice] == min(times.values())
+    assert added == pytest.approx(times[choice] - measurer.time_ms(alone, "whole"))
+
+
+def test_two_searches_with_the_same_cache_keep_the_same_plan(mcu, tmp_path):
+    """Under a latency budget the kept plan also depends on the whole model timed with it: that
+    confirmation is cached with the chains' times, so a second search keeps the first one's plan."""
+    cache = tmp_path / "latency.jsonl"
+    first = search_split(mcu, cache=cache, budget=0.05, seconds=600, fused_tiles="auto")
+    second = search_split(mcu, cache=cache, budget=0.05, seconds=600, fused_tiles="auto")
+    assert "time limit" not in first.result.stopped, first.result.stopped  # else the second search goes further
+    assert second.order == first.order
+    assert second.cache_misses == 0
+    assert second.choices == first.choices and second.samples_after_ms == first.samples_after_ms
 
 
 def test_fused_tiles_run_in_the_standalone_c(capsys, tmp_path):

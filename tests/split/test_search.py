@@ -86,16 +86,109 @@ def test_a_plan_that_fits_gives_back_the_tiles_it_does_not_need():
     cost = {2: 0.01, 4: 0.03, 8: 0.2, 16: 0.5, 32: 1.0}
     limit = peak(split_program(program, [SplitChoice(chain, 4)])).bytes
     assert peak(split_program(program, [SplitChoice(chain, 2)])).bytes > limit
-    state = {chain: 32}
+    state = {chain: SplitChoice(chain, 32)}
     current = peak(split_program(program, [SplitChoice(chain, 32)]))
     points: list[Point] = []
 
     def latency_of(s):
-        return 1.0 + sum(cost[n] for n in s.values())
+        return 1.0 + sum(cost[c.parts] for c in s.values())
 
-    def choices_of(s):
-        return tuple(SplitChoice(c, n) for c, n in s.items())
-
-    state, current = _fewer_tiles(program, state, current, limit, latency_of, choices_of, points)
-    assert state == {chain: 4} and current.bytes <= limit
+    state, current = _fewer_tiles(program, state, current, limit, latency_of, points)
+    assert state == {chain: SplitChoice(chain, 4)} and current.bytes <= limit
     assert all(p.peak_bytes <= limit for p in points) and min(p.latency_ms for p in points) == latency_of(state)
+
+
+class _Variants:
+    """A measurer with variants: per-kernel tiles, fused tiles on two workers, and fused tiles with a
+    line buffer, each adding its own made-up ms; records what it was asked to time."""
+
+    def __init__(self, chain, added):
+        self.chain, self.added, self.timed = chain, added, []
+
+    def splits(self, chain, parts):
+        return [
+            SplitChoice(chain, parts),
+            SplitChoice(chain, parts, fused=True, workers=2),
+            SplitChoice(chain, parts, fused=True, workers=2, rolling=True),
+        ]
+
+    def split_delta(self, choice):
+        self.timed.append(choice)
+        return self.added[(choice.variant, choice.parts)]
+
+    def __call__(self, chain, parts):
+        return min(self.split_delta(c) for c in self.splits(chain, parts))
+
+
+def _stem():
+    from .test_spatial import _stem
+
+    return _stem()
+
+
+def test_a_fused_variant_that_misses_is_retried_with_per_kernel_tiles():
+    """Fused tiles on two workers hold two tiles at once: where that does not lower the peak, the
+    per-kernel tiles of the same move are timed and kept; the fused variant is never timed."""
+    program, chain = _stem()
+    base = peak(program).bytes
+    on_workers = peak(split_program(program, [SplitChoice(chain, 2, fused=True, workers=2)])).bytes
+    per_kernel = peak(split_program(program, [SplitChoice(chain, 2)])).bytes
+    assert per_kernel < base <= on_workers  # the premise: only the per-kernel tiles lower it
+    added = {
+        (v, n): cost
+        for n in (2, 4, 8)
+        for v, cost in (("per-kernel", 0.04), ("fused", 0.0), ("fused, line buffer", 0.0))
+    }
+    measurer = _Variants(chain, added)
+    result = search(program, [chain], 1.0, measurer, budget=0.05)
+    assert result.best.choices and result.best.choices[0].variant == "per-kernel"
+    assert result.best.peak_bytes < base
+    for choice in measurer.timed:  # nothing timed whose simulated peak could not beat the plan it extended
+        assert peak(split_program(program, [choice])).bytes < base
+
+
+def test_of_a_moves_variants_with_the_same_peak_the_fastest_is_kept_and_recorded():
+    program, chain = _stem()
+    added = {
+        (v, n): cost
+        for n in (2, 4, 8)
+        for v, cost in (("per-kernel", 0.03), ("fused", 0.02), ("fused, line buffer", 0.01))
+    }
+    measurer = _Variants(chain, added)
+    result = search(program, [chain], 1.0, lambda c, n: 0.0, budget=0.05)  # a plain measurer: per-kernel tiles
+    assert all(c.variant == "per-kernel" for c in result.best.choices)
+    result = search(program, [chain], 1.0, measurer, budget=0.05)
+    (choice,) = result.best.choices
+    same_peak = [
+        c
+        for c in measurer.splits(chain, choice.parts)
+        if peak(split_program(program, [c])).bytes == result.best.peak_bytes
+    ]
+    assert choice == min(same_peak, key=lambda c: added[(c.variant, c.parts)])
+    assert result.best.latency_ms == pytest.approx(1.0 + added[(choice.variant, choice.parts)])
+
+
+def test_more_tiles_of_a_chain_that_missed_the_budget_are_never_timed():
+    program, chain = inverted_residual()
+    timed = []
+
+    def cost(c, n):
+        timed.append(n)
+        return {2: 0.2, 4: 0.3, 8: 0.5, 16: 0.6, 32: 1.0}[n]
+
+    result = search(program, [chain], 1.0, cost, budget=0.05)
+    assert not result.best.choices and timed == [2]  # each larger split has its own, lower peak
+    assert result.pruned == len(chain.parts_ladder()) - 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-0.02, 0.3), min_size=15, max_size=15), st.floats(0.0, 0.2))
+def test_two_searches_with_the_same_measurements_return_the_same_plan(costs, budget):
+    """The search is a function of the simulator and the measurements: with the same (cached)
+    latencies it keeps the same plan and front."""
+    program, chain = _stem()
+    variants = ("per-kernel", "fused", "fused, line buffer")
+    added = {(v, n): costs[3 * i + j] for i, n in enumerate((2, 4, 8, 16, 32)) for j, v in enumerate(variants)}
+    first = search(program, [chain], 1.0, _Variants(chain, added), budget=budget)
+    second = search(program, [chain], 1.0, _Variants(chain, added), budget=budget)
+    assert first.best == second.best and first.front == second.front

@@ -410,6 +410,7 @@ def split_summary(split) -> dict:
                 "parts": c.parts,
                 "kind": c.chain.kind,
                 "fused": c.fused,
+                "tiles": c.variant,
             }
             for c in split.choices
         ],
@@ -432,6 +433,7 @@ def split_summary(split) -> dict:
         ],
         "search_seconds": round(result.seconds, 2),
         "plans_simulated": result.evaluated,
+        "splits_not_timed": result.pruned,
         "latency_cache_hits": split.cache_hits,
         "latency_measurements": split.cache_misses,
     }
@@ -562,6 +564,9 @@ def _groups_rows(summary: dict) -> list[tuple[str, str]]:
     ]
 
 
+_HOW_TILES_RUN = {"fused": " (one kernel)", "fused, line buffer": " (one kernel, line buffer)"}
+
+
 def _split_rows(summary: dict) -> list[tuple[str, str]]:
     before, after = summary["peak_before_bytes"], summary["peak_after_bytes"]
     unit = summary["latency_unit"]
@@ -569,7 +574,7 @@ def _split_rows(summary: dict) -> list[tuple[str, str]]:
     was, now = summary[f"latency_before_{unit}"], summary[f"latency_after_{unit}"]
     chosen = (
         ", ".join(
-            f"{s['chain']} x{s['parts']}{' (one kernel)' if s['fused'] else ''}" for s in summary["split_subgraphs"]
+            f"{s['chain']} x{s['parts']}{_HOW_TILES_RUN.get(s.get('tiles'), '')}" for s in summary["split_subgraphs"]
         )
         or "none"
     )

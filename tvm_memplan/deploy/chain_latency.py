@@ -31,7 +31,7 @@ from ..errors import UserError
 from ..paths import cache_dir
 from ..relax.split import chain_module, chain_signature, split_chains
 from ..schedule.cpu import cpu_spec
-from ..split.chain import FUSED_TILES, Chain, SplitChoice
+from ..split.chain import FUSED_TILES, Chain, SpatialChain, SplitChoice
 from .measure import Device
 from .results import ResultsLog
 from .standalone import DEVICES
@@ -64,38 +64,55 @@ class ChainLatency:
         if fused_tiles not in FUSED_TILES:
             raise UserError(f"unknown fused tiles setting {fused_tiles!r}; choose one of {', '.join(FUSED_TILES)}")
         self.fused_tiles = fused_tiles
-        self.fused: dict[tuple[Chain, int], bool] = {}
-        """(chain, parts) → whether its tiles run as one kernel (what was measured)."""
+        self.chosen: dict[tuple[Chain, int], SplitChoice] = {}
+        """(chain, parts) → the fastest way its tiles ran when ``self(chain, parts)`` measured them."""
         self.mod, self.target, self.device = mod, target, device
         self.workers = self._workers()
         """Threads the fused tiles of a spatial chain run on (the target's cores)."""
         self.repeat, self.min_repeat_ms, self.schedule = repeat, min_repeat_ms, schedule
         self.log = ResultsLog(cache) if cache is not None else None
         self.known: dict[str, float] = {}
+        self.compared: dict[str, tuple[list[float], list[float]]] = {}
+        """Whole-model confirmations (:meth:`compare_split`) by the split model's signature."""
         if self.log is not None:
             for record in self.log.records():
-                self.known[record["key"]] = record["ms"]
+                if "ms" in record:
+                    self.known[record["key"]] = record["ms"]
+                elif "before" in record:
+                    self.compared[record["key"]] = (record["before"], record["after"])
         self.hits = self.misses = 0
         self.timers: dict[str, object] = {}
 
     def __call__(self, chain: Chain, parts: int) -> float:
-        alone = chain_module(self.mod, chain)
-        times = {
-            fused: self.time_ms(split_chains(alone, [SplitChoice(chain, parts, fused, self.workers)]), f"split{parts}")
-            for fused in self._variants(chain)
-        }
-        fused = min(times, key=times.get)
-        self.fused[(chain, parts)] = fused
-        return times[fused] - self.time_ms(alone, "whole")
+        """The fastest of the variants (:meth:`splits`) as measured; :meth:`choice` says which."""
+        times = {split: self.split_delta(split) for split in self.splits(chain, parts)}
+        fastest = min(times, key=times.get)
+        self.chosen[(chain, parts)] = fastest
+        return times[fastest]
+
+    def split_delta(self, choice: SplitChoice) -> float:
+        """Measured ms added by one way of splitting a chain (one of :meth:`splits`)."""
+        alone = chain_module(self.mod, choice.chain)
+        return self.time_ms(split_chains(alone, [choice]), f"split{choice.parts}") - self.time_ms(alone, "whole")
 
     def choice(self, chain: Chain, parts: int) -> SplitChoice:
-        """The split of ``chain`` into ``parts`` as measured: fused where that was chosen."""
-        return SplitChoice(chain, parts, self.fused.get((chain, parts), False), self.workers)
+        """The split of ``chain`` into ``parts`` as measured by ``self(chain, parts)``: the faster variant."""
+        return self.chosen.get((chain, parts), SplitChoice(chain, parts, False, self.workers))
 
-    def _variants(self, chain: Chain) -> list[bool]:
-        """Whether to measure ``chain``'s tiles per kernel (False), fused (True) or both (``fused_tiles``)."""
-        wanted = {"off": [False], "on": [True], "auto": [False, True]}[self.fused_tiles]
-        return [fused for fused in wanted if chain.fusable or not fused] or [False]
+    def splits(self, chain: Chain, parts: int) -> list[SplitChoice]:
+        """The ways ``fused_tiles`` lets ``chain`` run in ``parts`` tiles, none timed yet: per-kernel tiles
+        (``off``, ``auto``), fused tiles (``on``, ``auto``; where :attr:`Chain.fusable`) with halos
+        recomputed and, for a spatial chain whose tiles share rows, kept in a rolling line buffer."""
+        per_kernel = SplitChoice(chain, parts, False, self.workers)
+        if self.fused_tiles == "off" or not chain.fusable:
+            return [per_kernel]
+        fused = [SplitChoice(chain, parts, True, self.workers)]
+        rolling = (
+            SplitChoice(chain, parts, True, self.workers, rolling=True) if isinstance(chain, SpatialChain) else None
+        )
+        if rolling is not None and chain.has_halo(parts, rolling.concurrent_tiles):  # else the same kernel
+            fused.append(rolling)
+        return fused if self.fused_tiles == "on" else [per_kernel, *fused]
 
     def _workers(self) -> int:
         target = self.target.tvm_target()
@@ -106,8 +123,20 @@ class ChainLatency:
         return self.time_ms(mod, "model")
 
     def compare_split(self, mod: tvm.IRModule, choices: list[SplitChoice]) -> tuple[list[float], list[float]]:
-        """Samples of the whole model without and with the split ``choices``, side by side."""
-        before, after = self.compare(mod, split_chains(mod, choices))
+        """Samples of the whole model without and with the split ``choices``, side by side; cached like
+        the chains' times, so that a second search with the same cache confirms (and keeps) the same plan."""
+        split = split_chains(mod, choices)
+        key = "|".join(
+            (chain_signature(mod), chain_signature(split), "confirm", self.target.name, self.device.name, self.schedule)
+        )
+        if key in self.compared:
+            self.hits += 1
+            return self.compared[key]
+        self.misses += 1
+        before, after = self.compare(mod, split)
+        self.compared[key] = (before, after)
+        if self.log is not None:
+            self.log.append({"key": key, "before": before, "after": after})
         return before, after
 
     def time_ms(self, mod: tvm.IRModule, variant: str) -> float:
@@ -223,16 +252,10 @@ class DeviceInstructions(ChainLatency):
         fixed = [] if self.emit_options.get("requantize", "exact") == "exact" else ["fixed"]  # (the caches' old keys)
         self.context = "|".join((self.target.name, device, schedule, checks, *fixed, "instructions"))
 
-    def __call__(self, chain: Chain, parts: int) -> float:
-        alone = chain_module(self.mod, chain)
-        costs = {}
-        for fused in self._variants(chain):
-            choice = SplitChoice(chain, parts, fused)
-            key = "|".join((chain_signature(split_chains(alone, [choice])), f"delta{parts}", self.context))
-            costs[fused] = self._cached(key, lambda choice=choice: self._program([choice]) - self._program([]))
-        fused = min(costs, key=costs.get)
-        self.fused[(chain, parts)] = fused
-        return costs[fused]
+    def split_delta(self, choice: SplitChoice) -> float:
+        alone = chain_module(self.mod, choice.chain)
+        key = "|".join((chain_signature(split_chains(alone, [choice])), f"delta{choice.parts}", self.context))
+        return self._cached(key, lambda: self._program([choice]) - self._program([]))
 
     def model_cost(self, mod: tvm.IRModule) -> float:
         return self._program([])

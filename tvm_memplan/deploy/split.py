@@ -20,7 +20,7 @@ from ..planning import DEFAULT_ALIGNMENT
 from ..relax.ir_utils import top_level_bindings
 from ..relax.split import describe_tensors, find_chains, in_order, memory_order, normalize, program_of, split_chains
 from ..split.chain import Chain, SplitChoice
-from ..split.search import Point, SearchOptions, SearchResult, search_phased
+from ..split.search import SearchOptions, SearchResult, search_phased
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, ChainLatency, DeviceInstructions
 from .measure import Device
@@ -139,7 +139,6 @@ def search_split(
     program = program_of(mod, alignment, inputs_in_arena=io_in_arena)
     limits = SearchOptions(budget=budget, seconds=seconds, memory_limit=memory_limit, progress=progress)
     result = search_phased(program, chains, before, measurer, **limits)
-    result = _as_measured(result, measurer)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
         raise UserError(
@@ -191,23 +190,6 @@ def _planned(
         f"plan's ({coarse:,} bytes), kept unsplit"
     )
     return coarse, coarse, replace(result, best=result.original, stopped=stopped)
-
-
-def _as_measured(result: SearchResult, measurer: ChainLatency) -> SearchResult:
-    """The search's plans with each chain split as it was measured (its tiles fused where chosen)."""
-
-    def measured(point: Point | None) -> Point | None:
-        if point is None:
-            return None
-        return replace(point, choices=tuple(measurer.choice(c.chain, c.parts) for c in point.choices))
-
-    return replace(
-        result,
-        best=measured(result.best),
-        original=measured(result.original),
-        front=[measured(p) for p in result.front],
-        fallback=measured(result.fallback),
-    )
 
 
 def _confirm(

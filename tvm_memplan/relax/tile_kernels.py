@@ -9,7 +9,10 @@ The chain's inputs and its output are that PrimFunc's parameters; every tensor t
 the chain (tile buffers) becomes a view into one scratch parameter, at offsets planned by the arena
 allocators over the kernels' sequence. The scratch is a second output of the call, so the arena planner
 places it like any tensor and the VM allocates exactly the plan (no ``TVMBackendAllocWorkspace``).
-Halo rows are recomputed, as the per-kernel tiles do.
+Halo rows are recomputed, as the per-kernel tiles do, or kept in a rolling line buffer
+(:attr:`~tvm_memplan.split.chain.SplitChoice.rolling`): the rewriter then links each worker's tiles by
+the rows they carry over, so a worker runs its run of tiles in order (:func:`_tile_groups` finds the
+runs, one per worker).
 
 A spatial chain's row tiles are independent (they share only the chain's inputs and its output, each
 writing its own rows; :data:`~.split.outline.WORKERS_ATTR`): on a target with a thread pool the merged

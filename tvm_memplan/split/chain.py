@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spatial import RowOp, Rows, tile_rows
+from .spatial import RollingRows, RowOp, Rows, rolling_rows, tile_rows
 
 SPATIAL_PARTS = 16
 """Most row tiles a spatial chain is cut into: thinner tiles mostly recompute halos."""
@@ -228,6 +228,15 @@ class SpatialChain(_OneBranch):
         """Per tile, the output rows every operator computes (halos included)."""
         return tile_rows(self.ops, parts)
 
+    def rolling_rows(self, parts: int, runs: int = 1) -> list[dict[str, RollingRows]]:
+        """Per tile, the rows every operator holds and keeps from its previous tile (a line buffer;
+        tiles in order within ``runs`` runs, :func:`~tvm_memplan.split.spatial.rolling_rows`)."""
+        return rolling_rows(self.ops, parts, runs)
+
+    def has_halo(self, parts: int, runs: int = 1) -> bool:
+        """Whether neighbouring tiles of a run share rows (so a line buffer computes less than recomputing)."""
+        return any(r.kept is not None for tile in self.rolling_rows(parts, runs) for r in tile.values())
+
     @property
     def spatial(self) -> tuple[RowOp, ...]:
         """The operators (the older class's ``spatial`` field)."""
@@ -264,12 +273,25 @@ class SplitChoice:
     workers: int = 1
     """Fused tiles of a spatial chain (independent tiles) run on this many threads at once, each
     worker with a scratch region of its own for its tile's buffers; 1: one tile at a time."""
+    rolling: bool = False
+    """Fused tiles of a spatial chain keep the halo rows their next tile reads in a rolling line buffer
+    instead of recomputing them (:meth:`SpatialChain.rolling_rows`): the tiles of each worker run in
+    order, the first of them computing its halo."""
+
+    def __post_init__(self) -> None:
+        if self.rolling and not (self.fused and isinstance(self.chain, SpatialChain)):
+            raise ValueError("a rolling line buffer is for the fused tiles of a spatial chain")
 
     @property
     def concurrent_tiles(self) -> int:
         """Tiles whose buffers are live at once: the workers of fused independent tiles, else 1."""
         independent = self.fused and isinstance(self.chain, SpatialChain)
         return max(1, min(self.workers, self.parts)) if independent else 1
+
+    @property
+    def variant(self) -> str:
+        """How the tiles run, for reports: ``per-kernel``, ``fused`` (halos recomputed) or ``fused, line buffer``."""
+        return "fused, line buffer" if self.rolling else "fused" if self.fused else "per-kernel"
 
 
 FUSED_TILES = ("off", "on", "auto")

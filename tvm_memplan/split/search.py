@@ -2,16 +2,19 @@
 
 Each round finds the peak of the current plan with the simulator, tries every chain that is live
 at the peak with more parts, and keeps the move that lowers the peak most among those whose
-measured slowdown keeps the whole model within the budget. Every measured plan is a point of the
-Pareto front (peak bytes against latency); the search stops when no move helps, the memory limit
-is met, or the time is up.
+measured slowdown keeps the whole model within the budget. A move is a chain, a number of parts and
+a way to run the tiles (the measurer's variants: per-kernel tiles, fused tiles with halos recomputed
+or kept in a line buffer), each simulated as it runs before anything is timed: a variant whose peak
+does not beat the current plan's is never timed, and of a move's variants with the same peak the
+fastest as measured is kept. Every measured plan is a point of the Pareto front (peak bytes against
+latency); the search stops when no move helps, the memory limit is met, or the time is up.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypedDict
 
 from .chain import Chain, SpatialChain, SplitChoice
@@ -21,7 +24,9 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 ChainDelta = Callable[[Chain, int], float]
-"""``chain_delta_ms(chain, parts)``: the measured latency change of splitting ``chain`` into ``parts``."""
+"""``chain_delta_ms(chain, parts)``: the measured latency change of splitting ``chain`` into ``parts``.
+A measurer with variants also answers ``splits(chain, parts)`` (the :class:`SplitChoice` it can time,
+without timing them) and ``split_delta(choice)`` (the latency change of one of them)."""
 
 SEARCH_SECONDS = 60.0
 """The default time limit of a search."""
@@ -60,6 +65,8 @@ class SearchResult:
     """Why the search ended."""
     bottleneck: Peak = field(default=None)  # type: ignore[assignment]
     """The peak of the kept plan: what limits it now."""
+    pruned: int = 0
+    """Variants not timed because a cheaper split of their chain, run the same way, missed the budget."""
     fallback: Point | None = None
     """A plan to confirm when the front's points miss the budget as a whole model: the channel
     phase's (:func:`search_phased`), which the spatial phase's points may dominate by estimate."""
@@ -86,6 +93,17 @@ def _fastest_fitting(front: list[Point], memory_limit: int | None, otherwise: Po
     return min(fitting, key=lambda p: p.latency_ms) if fitting else otherwise
 
 
+def _variants(
+    chain_delta_ms: ChainDelta,
+) -> tuple[Callable[[Chain, int], list[SplitChoice]], Callable[[SplitChoice], float]]:
+    """The measurer's variants of a split and the timing of one (a plain callable: per-kernel tiles)."""
+    splits = getattr(chain_delta_ms, "splits", None)
+    split_delta = getattr(chain_delta_ms, "split_delta", None)
+    if splits is None or split_delta is None:
+        return (lambda chain, parts: [SplitChoice(chain, parts)]), (lambda c: chain_delta_ms(c.chain, c.parts))
+    return splits, split_delta
+
+
 def search(
     program: Program,
     chains: list[Chain],
@@ -98,37 +116,44 @@ def search(
     progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
     """Greedy descent on the simulated peak from the plan ``start_from`` (none: unsplit);
-    ``chain_delta_ms(chain, parts)`` is the measured latency change of splitting ``chain`` into
-    ``parts`` (cached by the caller). ``progress(latencies measured, lowest accepted peak)`` is called
-    after each measurement and each accepted move."""
+    ``chain_delta_ms`` measures the latency change of a split (:data:`ChainDelta`, cached by the caller).
+    ``progress(latencies measured, lowest accepted peak)`` is called after each measurement and each
+    accepted move.
+
+    Before timing, moves are pruned by the simulator: a variant is timed only when its simulated peak
+    beats the current plan's, and not when a variant of the same chain run the same way with fewer
+    parts has been timed over the budget (tiles only add launches and halos), which is why the fewest
+    parts of a chain that lower the peak are timed before its more parts."""
     if budget < 0:
         raise ValueError("latency budget must not be negative")
     start = time.monotonic()
     allowed = base_latency_ms * (1 + budget)
-    state: dict[Chain, int] = {c.chain: c.parts for c in start_from}
-    deltas: dict[tuple[Chain, int], float] = {}
-    evaluated = measured = 0
+    splits_of, split_delta = _variants(chain_delta_ms)
+    state: dict[Chain, SplitChoice] = {c.chain: c for c in start_from}
+    deltas: dict[SplitChoice, float] = {}
+    evaluated = measured = pruned = 0
 
-    def delta(chain: Chain, parts: int) -> float:
+    def delta(choice: SplitChoice) -> float:
         nonlocal measured
-        if (chain, parts) not in deltas:
-            deltas[(chain, parts)] = chain_delta_ms(chain, parts)
+        if choice not in deltas:
+            deltas[choice] = split_delta(choice)
             measured += 1
             report()
-        return deltas[(chain, parts)]
+        return deltas[choice]
 
     def report() -> None:
         if progress is not None:
             progress(measured, current.bytes)
 
-    # how a measured split runs (fused tiles where those were faster): its peak is simulated as it runs
-    choose: Callable[[Chain, int], SplitChoice] = getattr(chain_delta_ms, "choice", SplitChoice)
+    def latency_of(s: dict[Chain, SplitChoice]) -> float:
+        return base_latency_ms + sum(delta(c) for c in s.values())
 
-    def choices_of(s: dict[Chain, int]) -> tuple[SplitChoice, ...]:
-        return tuple(choose(c, p) if (c, p) in deltas else SplitChoice(c, p) for c, p in s.items())
-
-    def latency_of(s: dict[Chain, int]) -> float:
-        return base_latency_ms + sum(delta(c, p) for c, p in s.items())
+    def over_budget(choice: SplitChoice, rest: float) -> bool:
+        """Already known to miss: the same chain, run the same way, in no more parts, timed over."""
+        return memory_limit is None and any(
+            c.chain == choice.chain and c.variant == choice.variant and c.parts <= choice.parts and rest + d > allowed
+            for c, d in deltas.items()
+        )
 
     original = Point((), peak(program).bytes, base_latency_ms)
     current = peak(split_program(program, list(start_from)))
@@ -141,54 +166,76 @@ def search(
         if time.monotonic() - start > seconds:
             stopped = "search time limit"
             break
-        moves: list[tuple[int, dict[Chain, int], Peak]] = []
+        # (chain, parts, peak) → the variants of that move that reach this peak
+        moves: dict[tuple[Chain, int, int, int], list[tuple[dict[Chain, SplitChoice], Peak]]] = {}
         for chain in chains:
             # a chain that overlaps chosen ones replaces them (a pool branch's chain and its
             # inception module's): the simulator says whether the exchange lowers the peak
-            kept = {c: p for c, p in state.items() if c == chain or not set(c.bindings) & set(chain.bindings)}
+            kept = {c: s for c, s in state.items() if c == chain or not set(c.bindings) & set(chain.bindings)}
             for parts in chain.parts_ladder():
-                if parts <= state.get(chain, 1):
+                if chain in state and parts <= state[chain].parts:
                     continue
-                trial = {**kept, chain: parts}
-                p = peak(split_program(program, list(choices_of(trial))))
-                evaluated += 1
-                if (p.bytes, p.steps_at_peak) < (current.bytes, current.steps_at_peak):
-                    moves.append((p.bytes, trial, p))
+                for split in splits_of(chain, parts):
+                    trial = {**kept, chain: split}
+                    p = peak(split_program(program, list(trial.values())))
+                    evaluated += 1
+                    if (p.bytes, p.steps_at_peak) < (current.bytes, current.steps_at_peak):
+                        moves.setdefault((chain, parts, p.bytes, p.steps_at_peak), []).append((trial, p))
         # Lowest peak first; of equal peaks, the fewest tiles (the cheapest).
-        moves.sort(key=lambda m: (m[0], m[2].steps_at_peak, sum(m[1].values())))
+        ordered = sorted(
+            moves.values(), key=lambda m: (m[0][1].bytes, m[0][1].steps_at_peak, sum(s.parts for s in m[0][0].values()))
+        )
+        # per chain and way of running its tiles, the move with the fewest tiles (timed first)
+        cheapest: dict[tuple[Chain, str], tuple[dict[Chain, SplitChoice], Peak]] = {}
+        for variants in moves.values():
+            for trial, p in variants:
+                (chain,) = [c for c, s in trial.items() if state.get(c) is not s]
+                key = (chain, trial[chain].variant)
+                if key not in cheapest or trial[chain].parts < cheapest[key][0][chain].parts:
+                    cheapest[key] = (trial, p)
         accepted = False
-        fitting = [m for m in moves if memory_limit is not None and m[0] <= memory_limit]
+        fitting = [m for m in ordered if memory_limit is not None and m[0][1].bytes <= memory_limit]
         if fitting:
             # the limit is in reach: of the moves that reach it, the fastest
             timed = []
-            for _, trial, _ in fitting[:8]:
-                latency = latency_of(trial)
-                p = peak(split_program(program, list(choices_of(trial))))
-                bytes_ = p.bytes
-                points.append(Point(choices_of(trial), bytes_, latency))
-                timed.append((latency, bytes_, trial, p))
+            for variants in fitting[:8]:
+                for trial, p in variants:
+                    latency = latency_of(trial)
+                    points.append(Point(tuple(trial.values()), p.bytes, latency))
+                    timed.append((latency, p.bytes, trial, p))
             _, _, state, current = min(timed, key=lambda t: (t[0], t[1]))
             accepted = True
-            moves = []
-        for bytes_, trial, p in moves:
+            ordered = []
+        for variants in ordered:
             if time.monotonic() - start > seconds:
+                stopped = "search time limit"
                 break
-            latency = latency_of(trial)
-            p = peak(split_program(program, list(choices_of(trial))))  # as measured: fused workers' scratch
-            if (p.bytes, p.steps_at_peak) >= (current.bytes, current.steps_at_peak):
-                continue
-            bytes_ = p.bytes
-            points.append(Point(choices_of(trial), bytes_, latency))
-            if latency <= allowed or memory_limit is not None:
-                state, current, accepted = trial, p, True
+            best = None
+            for trial, p in variants:
+                (chain,) = [c for c, s in trial.items() if state.get(c) is not s]
+                rest = latency_of({c: s for c, s in trial.items() if c != chain})
+                probe, probe_peak = cheapest[(chain, trial[chain].variant)]
+                if probe[chain] not in deltas and probe[chain].parts < trial[chain].parts:
+                    # its fewest tiles first: if those miss, no more tiles are timed
+                    points.append(Point(tuple(probe.values()), probe_peak.bytes, latency_of(probe)))
+                if trial[chain] not in deltas and over_budget(trial[chain], rest):
+                    pruned += 1
+                    continue
+                latency = latency_of(trial)
+                points.append(Point(tuple(trial.values()), p.bytes, latency))
+                if (latency <= allowed or memory_limit is not None) and (best is None or latency < best[0]):
+                    best = (latency, trial, p)
+            if best is not None:
+                _, state, current = best
+                accepted = True
                 break
         if not accepted:
             break
         report()
     if memory_limit is not None and current.bytes <= memory_limit and state:
-        state, current = _fewer_tiles(program, state, current, memory_limit, latency_of, choices_of, points)
+        state, current = _fewer_tiles(program, state, current, memory_limit, latency_of, points)
     front = _with_original(pareto(points), original)
-    final = _fastest_fitting(front, memory_limit, Point(choices_of(state), current.bytes, latency_of(state)))
+    final = _fastest_fitting(front, memory_limit, Point(tuple(state.values()), current.bytes, latency_of(state)))
     return SearchResult(
         final,
         original,
@@ -198,31 +245,33 @@ def search(
         time.monotonic() - start,
         stopped,
         peak(split_program(program, list(final.choices))),
+        pruned=pruned,
     )
 
 
 def _fewer_tiles(
     program: Program,
-    state: dict[Chain, int],
+    state: dict[Chain, SplitChoice],
     current: Peak,
     memory_limit: int,
-    latency_of: Callable[[dict[Chain, int]], float],
-    choices_of: Callable[[dict[Chain, int]], tuple[SplitChoice, ...]],
+    latency_of: Callable[[dict[Chain, SplitChoice]], float],
     points: list[Point],
-) -> tuple[dict[Chain, int], Peak]:
+) -> tuple[dict[Chain, SplitChoice], Peak]:
     """The greedy descent takes the lowest peak at each step, whatever it costs; once the limit is met,
-    give back tiles where that is cheaper and still fits (fewer parts of a chosen chain, or none), the
-    fastest such change at a time, until none is faster (as MCUNetV2 picks the fewest patches that fit)."""
+    give back tiles where that is cheaper and still fits (fewer parts of a chosen chain, run the same
+    way, or none), the fastest such change at a time, until none is faster (as MCUNetV2 picks the
+    fewest patches that fit)."""
     while True:
         best = (latency_of(state), state, current)
-        for chain, parts in state.items():
-            for fewer in [1, *(p for p in chain.parts_ladder() if p < parts)]:
-                trial = {c: p for c, p in state.items() if c != chain} | ({chain: fewer} if fewer > 1 else {})
-                p = peak(split_program(program, list(choices_of(trial))))
+        for chain, split in state.items():
+            for fewer in [1, *(p for p in chain.parts_ladder() if p < split.parts)]:
+                others = {c: s for c, s in state.items() if c != chain}
+                trial = others | ({chain: replace(split, parts=fewer)} if fewer > 1 else {})
+                p = peak(split_program(program, list(trial.values())))
                 if p.bytes > memory_limit:
                     continue
                 latency = latency_of(trial)
-                points.append(Point(choices_of(trial), p.bytes, latency))
+                points.append(Point(tuple(trial.values()), p.bytes, latency))
                 if latency < best[0]:
                     best = (latency, trial, p)
         if best[1] is state:
@@ -271,7 +320,10 @@ def search_phased(
         first.evaluated + second.evaluated,
         first.measured + second.measured,
         time.monotonic() - started,
-        second.stopped,
+        second.stopped
+        if first.stopped != "search time limit"
+        else f"{second.stopped} (channel phase: search time limit)",
         peak(split_program(program, list(best.choices))),
+        first.pruned + second.pruned,
         first.best,
     )

@@ -221,7 +221,9 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
     """A spatial chain tile by tile: each operator on its rows (fused elementwise operators in
     their producer's tile; a convolution reads its rows of an outside tensor in place), the last
     operator writing its rows of the chain's final tensor (or all last tiles concatenated at the
-    end)."""
+    end). With a line buffer (:attr:`~.chain.SplitChoice.rolling`) a tile's buffer also holds the
+    rows its previous tile kept: those are cut out after their last reader in that tile (a tensor
+    of their own until the next tile's buffer takes them in)."""
     chain: SpatialChain = choice.chain
     ops = chain.ops
     by_name = {s.name: s for s in program.steps}
@@ -230,27 +232,85 @@ def _spatial_steps(program: Program, choice: SplitChoice, sizes: dict[str, int])
     steps: list[Step] = []
     last_tiles = []
     at_once = choice.concurrent_tiles  # fused tiles on several workers: each worker's tile buffers live
-    for t, need in enumerate(chain.tile_rows(choice.parts)):
+    if choice.rolling:
+        plan = chain.rolling_rows(choice.parts, at_once)
+        held = [{name: r.held for name, r in tile.items()} for tile in plan]
+    else:
+        plan, held = None, chain.tile_rows(choice.parts)
+    # the last operator of each tensor (whose rows its readers read), and the last step reading it
+    owner = {program.tensor(op.name): op.name for op in ops}
+    last_use = {program.tensor(op.name): i for i, op in enumerate(ops)}
+    for i, op in enumerate(ops):
+        for r in op.reads:
+            last_use[program.tensor(r)] = i
+    carried: dict[str, str] = {}  # tensor → the rows its previous tile kept for this one
+    for t, need in enumerate(held):
         tile_of: dict[str, str] = {}
-        for op in ops:
-            tensor = program.tensor(op.name)
-            into_final = tensor == final and not chain.gathered
-            tile = tile_of.setdefault(tensor, final if into_final else f"{tensor}#{chain.head}#{t}")
-            if not into_final:
-                lo, hi = need[op.name]
-                sizes[tile] = max(sizes.get(tile, 1), (hi - lo) * op.row_bytes * at_once)
-            outer = tuple(r for r in by_name[op.name].reads if r not in group)
-            reads = tuple(dict.fromkeys(tile_of[program.tensor(r)] for r in op.reads if program.tensor(r) != tensor))
-            if op.copied_row_bytes and op.window is not None:
-                lo, hi = op.window.input_rows(need[op.name])[0]
-                if (lo, hi) != (0, op.window.rows_in):
-                    copy = f"{op.outside[0]}#{chain.head}#{t}"
-                    sizes[copy] = (hi - lo) * op.copied_row_bytes * at_once
-                    steps.append(Step(copy, copy, outer))
-                    reads += (copy,)
-            accumulated = (final,) if into_final and t else ()
-            steps.append(Step(f"{tensor}#{chain.head}#{t}", tile, reads + outer + accumulated))
+        for i, op in enumerate(ops):
+            if op.name in need:
+                steps.extend(
+                    _spatial_op_steps(program, choice, op, t, need, plan, tile_of, carried, sizes, by_name, group)
+                )
+            if plan is not None and t + 1 < len(plan):  # cut the rows the next tile keeps after their last reader
+                for name, used in last_use.items():
+                    following = plan[t + 1].get(owner[name])
+                    if used == i and name in tile_of and following is not None and following.kept is not None:
+                        if following.kept == need[owner[name]]:  # all of it carried: the buffer itself
+                            carried[name] = tile_of[name]
+                            continue
+                        kept = f"{name}#{chain.head}#{t + 1}#kept"
+                        sizes[kept] = (following.kept[1] - following.kept[0]) * _row_bytes(ops, owner[name]) * at_once
+                        steps.append(Step(kept, kept, (tile_of[name],)))
+                        carried[name] = kept
         last_tiles.append(tile_of[final])
     if chain.gathered:
         steps.append(Step(f"gather#{chain.head}", final, tuple(last_tiles)))
+    return steps
+
+
+def _row_bytes(ops: tuple, name: str) -> int:
+    return next(op.row_bytes for op in ops if op.name == name)
+
+
+def _spatial_op_steps(
+    program: Program,
+    choice: SplitChoice,
+    op,
+    t: int,
+    need: dict,
+    plan: list | None,
+    tile_of: dict[str, str],
+    carried: dict[str, str],
+    sizes: dict[str, int],
+    by_name: dict[str, Step],
+    group: set[str],
+) -> list[Step]:
+    """The steps of one operator of a spatial chain in tile ``t`` (see :func:`_spatial_steps`)."""
+    chain: SpatialChain = choice.chain
+    final = program.tensor(chain.ops[-1].name)
+    at_once = choice.concurrent_tiles
+    tensor = program.tensor(op.name)
+    into_final = tensor == final and not chain.gathered
+    tile = tile_of.setdefault(tensor, final if into_final else f"{tensor}#{chain.head}#{t}")
+    if not into_final:
+        lo, hi = need[op.name]
+        sizes[tile] = max(sizes.get(tile, 1), (hi - lo) * op.row_bytes * at_once)
+    steps: list[Step] = []
+    placed = ()
+    if tensor in carried:  # its buffer starts with the rows kept from the previous tile
+        steps.append(Step(f"{tile}#placed", tile, (carried.pop(tensor),)))
+        placed = (tile,)
+    if plan is not None and plan[t][op.name].computed[0] >= plan[t][op.name].computed[1]:
+        return steps  # every row it holds was kept: it reads nothing in this tile
+    outer = tuple(r for r in by_name[op.name].reads if r not in group)
+    reads = tuple(dict.fromkeys(tile_of[program.tensor(r)] for r in op.reads if program.tensor(r) != tensor))
+    if op.copied_row_bytes and op.window is not None:
+        lo, hi = op.window.input_rows(need[op.name])[0]
+        if (lo, hi) != (0, op.window.rows_in):
+            copy = f"{op.outside[0]}#{chain.head}#{t}"
+            sizes[copy] = (hi - lo) * op.copied_row_bytes * at_once
+            steps.append(Step(copy, copy, outer))
+            reads += (copy,)
+    accumulated = (final,) if into_final and t else ()
+    steps.append(Step(f"{tensor}#{chain.head}#{t}", tile, reads + outer + accumulated + placed))
     return steps

@@ -16,7 +16,8 @@ from ..module import with_blocks
 
 TILES_ATTR = "tvm_memplan.fused_tiles"
 """Marks a private Relax function holding one split chain's tiles, to be merged into one kernel; its
-value is the number of tiles."""
+value is the number of independent runs of tiles (each tile, or with a line buffer each worker's run
+of tiles, which carry rows from one to the next)."""
 
 WORKERS_ATTR = "tvm_memplan.tile_workers"
 """On such a function: its tiles are independent (a spatial chain's row tiles), and this many may run
@@ -88,7 +89,8 @@ def outline_marked(
     """``func`` with the bindings between each pair of markers outlined (see the module docstring)
     and the markers dropped. Each range has one result used after it: the chain's last tensor
     (:attr:`~tvm_memplan.split.chain.Chain.fusable`). A marker's last fields are the number of its
-    tiles that may run at once (:data:`WORKERS_ATTR`; 1: one after another) and of its tiles."""
+    tiles that may run at once (:data:`WORKERS_ATTR`; 1: one after another) and of its independent
+    runs of tiles (:data:`TILES_ATTR`)."""
     begins = {begin: (end, workers, parts) for begin, end, workers, parts in markers}
     ends = {end for _, end, _, _ in markers}
     blocks = []

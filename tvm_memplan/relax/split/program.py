@@ -147,6 +147,9 @@ def _fused_program(mod: tvm.IRModule, alignment: int) -> tuple[Program, dict[str
 
     placed: set[relax.Var] = set()
     returned = set(relax.analysis.free_vars(func.body.body))
+    for b in reversed(bindings):  # ``gv = lv4``: the tensor returned is lv4's
+        if b.var in returned and isinstance(b.value, relax.Var):
+            returned.add(b.value)
     tensor: dict[relax.Var, str] = {p: p.name for p in func.params}
     sizes: dict[str, int] = {}
     aliases: dict[str, str] = {}

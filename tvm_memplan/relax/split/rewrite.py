@@ -19,7 +19,7 @@ from tvm.script import tirx as T
 
 from ...errors import UserError
 from ...split.chain import Branch, Chain, ChannelChain, RowChain, SpatialChain, SplitChoice, disjoint, tile_ranges
-from ...split.spatial import Rows
+from ...split.spatial import RollingRows, Rows
 from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
 from ..tile_writes import ROW_OFFSET_ATTR
 from .chains import row_axis
@@ -233,7 +233,9 @@ class _SplitRewriter(PyExprMutator):
                 self._emit_channel_branch(choice, index)
         self.left[chain] -= 1
         if choice.fused and not self.left[chain]:
-            self.markers.append((self.begins[chain], marker(self.builder_), choice.concurrent_tiles, choice.parts))
+            # a line buffer links the tiles of each worker: its runs of tiles are what may run at once
+            independent = choice.concurrent_tiles if choice.rolling else choice.parts
+            self.markers.append((self.begins[chain], marker(self.builder_), choice.concurrent_tiles, independent))
 
     def _emit_channel_branch(self, choice: SplitChoice, index: int) -> None:
         """A branch of a channel chain: its tiles, each through the shared operators after a concat
@@ -292,34 +294,82 @@ class _SplitRewriter(PyExprMutator):
         """A spatial chain, tile by tile: every operator on the rows it must produce (convolutions
         and pools read their input rows, halo included, with padding only at the tensor's real
         borders), each tile of the last tensor copied into its rows of the full tensor (or all of them
-        concatenated at the end)."""
+        concatenated at the end). With a line buffer (:attr:`SplitChoice.rolling`) an operator computes
+        only the rows its previous tile did not hold: the rows its next tile reads again are cut out of
+        its buffer after their last reader and placed at the top of the next tile's buffer, below which
+        the new rows are written in place."""
         bb, chain = self.builder_, choice.chain
         ops = chain.ops
         last = self.table[ops[-1].name].var
+        if choice.rolling:
+            plan = chain.rolling_rows(choice.parts, choice.concurrent_tiles)
+        else:
+            plan = [
+                {name: RollingRows(rows, None) for name, rows in need.items()} for need in chain.tile_rows(choice.parts)
+            ]
+        last_reader = {op.name: i for i, op in enumerate(ops)}
+        for i, op in enumerate(ops):
+            for name in op.reads:
+                last_reader[name] = i
         full, pieces = None, []
-        for need in chain.tile_rows(choice.parts):
+        carried: dict[str, relax.Expr] = {}  # rows an operator's previous tile kept for this one
+        for t, need in enumerate(plan):
             tiles: dict[str, tuple[relax.Expr, Rows]] = {}
-            for op in ops:
-                value, rows = self.table[op.name].value, need[op.name]
-                if op.window is None:
-                    args = [self._rows_of(a, rows, tiles) for a in value.args]
-                    tile = bb.emit(relax.Call(value.op, args, value.attrs, value.ty_args))
-                else:
-                    in_rows, top, bottom = op.window.input_rows(rows)
-                    data = value.args[0]
-                    if op.outside and in_rows != (0, op.window.rows_in) and not self._dequantized(data):
-                        # rows of an outside tensor, in place
-                        tile = _emit_windowed_rows(bb, value, self.visit_expr(data), in_rows, top, bottom)
-                    else:
-                        tile = bb.emit(_windowed(value, self._rows_of(data, in_rows, tiles), top, bottom))
-                tiles[op.name] = (tile, rows)
+            for i, op in enumerate(ops):
+                if op.name in need:
+                    tiles[op.name] = (
+                        self._emit_spatial_op(op, need[op.name], tiles, carried.pop(op.name, None)),
+                        need[op.name].held,
+                    )
+                following = plan[t + 1] if t + 1 < len(plan) else {}
+                for name, reader in last_reader.items():
+                    rows = following.get(name)
+                    if reader == i and name in tiles and rows is not None and rows.kept is not None:
+                        buffer, (lo, hi) = tiles[name]
+                        if rows.kept == (lo, hi):  # the whole buffer is carried over (a full slice is a view)
+                            carried[name] = buffer
+                            continue
+                        kept = (rows.kept[0] - lo, rows.kept[1] - lo)
+                        carried[name] = bb.emit(
+                            relax.op.strided_slice(buffer, axes=[ROWS], begin=[kept[0]], end=[kept[1]])
+                        )
             if chain.gathered:
                 pieces.append(tiles[ops[-1].name][0])
             else:
-                full = _write_rows(bb, tiles[ops[-1].name][0], full, need[ops[-1].name][0], last.ty)
+                full = _write_rows(bb, tiles[ops[-1].name][0], full, need[ops[-1].name].held[0], last.ty)
         if chain.gathered:
             full = bb.normalize(relax.op.concat(pieces, axis=ROWS))
         bb.emit_normalized(relax.VarBinding(last, full))
+
+    def _emit_spatial_op(
+        self, op, rows: RollingRows, tiles: dict[str, tuple[relax.Expr, Rows]], kept: relax.Expr | None
+    ) -> relax.Expr:
+        """One operator of a spatial chain on its rows of a tile: the rows it computes, under the rows
+        ``kept`` from its previous tile (a line buffer) when there are any."""
+        bb = self.builder_
+        value = self.table[op.name].value
+        lo, hi = rows.computed
+        new = None
+        if lo < hi:
+            if op.window is None:
+                args = [self._rows_of(a, (lo, hi), tiles) for a in value.args]
+                new = bb.emit(relax.Call(value.op, args, value.attrs, value.ty_args))
+            else:
+                in_rows, top, bottom = op.window.input_rows((lo, hi))
+                data = value.args[0]
+                if op.outside and in_rows != (0, op.window.rows_in) and not self._dequantized(data):
+                    # rows of an outside tensor, in place
+                    new = _emit_windowed_rows(bb, value, self.visit_expr(data), in_rows, top, bottom)
+                else:
+                    new = bb.emit(_windowed(value, self._rows_of(data, in_rows, tiles), top, bottom))
+        if kept is None:
+            return new
+        shape = list(nchw(kept))
+        shape[ROWS] = rows.held[1] - rows.held[0]
+        ty = relax.TensorType(shape, str(kept.ty.dtype))
+        placer = _row_writer(tuple(shape), nchw(kept)[ROWS], 0, str(kept.ty.dtype)).without_attr(ROW_OFFSET_ATTR)
+        buffer = bb.emit(relax.call_tir(bb.add_func(placer, "place_rows"), [kept], out_ty=ty))
+        return buffer if new is None else _write_rows(bb, new, buffer, lo - rows.held[0], ty)
 
     def _rows_of(self, arg: relax.Expr, rows: Rows, tiles: dict[str, tuple[relax.Expr, Rows]]) -> relax.Expr:
         """``rows`` of an operand: of a chain tensor's tile (cut when the tile holds more), of a
