@@ -16,7 +16,8 @@ The full run (torchvision exports made by ``scripts/export_torch.py``, here in `
 
 Each model is searched once per ``--fused-tiles`` setting (a row each): ``off`` runs every kernel of a
 split chain once per tile; ``auto`` lets the search run a chain's tiles as one kernel where that measured
-faster. The split column says, per chain, whether its tiles run fused (one kernel) or per kernel;
+faster. The split column says, per chain, whether its tiles run fused (one kernel; halos recomputed or kept
+in a line buffer) or per kernel;
 launches are the kernel calls of one inference.
 
 "Before" is today's best coarse-grained plan (order search + in-place + concat elimination); "after"
@@ -189,7 +190,7 @@ def bench(
         "estimate": result.best.latency_ms / result.original.latency_ms - 1 if result.original.latency_ms else 0.0,
         "onnxruntime": (ort_ms, ort_spread),
         "chains": len(outcome.chains),
-        "split": "; ".join(f"{c.chain.name} x{c.parts} {'fused' if c.fused else 'per kernel'}" for c in outcome.choices)
+        "split": "; ".join(f"{c.chain.name} x{c.parts} {c.variant}" for c in outcome.choices)
         or "none",
         "search_s": (cold, warm),
         "warm_measurements": again.cache_misses,
