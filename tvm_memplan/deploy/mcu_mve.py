@@ -13,7 +13,9 @@ switched off by a ``VCTP`` predicate:
   widening ``VLDRB`` of 8 pixels of one channel and a byte ``VSTRB`` scatter, 8 codes per pair);
 * each output channel's weights are gathered once per tile into a contiguous row (``VLDRB`` gather
   of 4 steps of 4 channels), then 4 pixels share each loaded weight vector: per 16 MACs of a pixel,
-  one ``VLDRB`` and one ``VMLADAVA``;
+  one ``VLDRB`` and one ``VMLADAVA``; the 4 codes are requantized as one vector (``VCVT``, ``VMUL``,
+  ``VCVTN``, which rounds half to even as ``tvm_memplan_round``'s ``VCVTR`` does, ``VQADD``, clamp) and
+  stored by one narrowing ``VSTRB``, a fused residual add as ``tvm_memplan_add``'s two FMAs (``VFMA``);
 * a dense (one pixel) reads its inputs in place and its weights by the gather, each used once.
 
 Elsewhere (M4, M7, the host) the preprocessor drops this text and the SMLAD kernel runs.
@@ -63,11 +65,14 @@ MVE_KERNELS = (
   if (pixels == 1) { /* a dense: the input is already a row of channels */
     for (int32_t o = 0; o < cout; ++o) {
       const int8_t* lane = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
-      int32_t acc = bias[o];
-      for (int32_t v = 0; v < vectors; ++v) {
-        const mve_pred16_t tail = vctp8q(cin - 16 * v);
-        const int8x16_t w = vldrbq_gather_offset_z_s8(lane + 64 * v, lane_gather, tail);
-        acc = vmladavaq_s8(acc, vldrbq_z_s8(x + 16 * v, tail), w);
+      const int8_t* from = x;
+      int32_t acc = bias[o], left = cin;
+      for (; left >= 16; left -= 16, lane += 64, from += 16) {
+        acc = vmladavaq_s8(acc, vldrbq_s8(from), vldrbq_gather_offset_s8(lane, lane_gather));
+      }
+      if (left > 0) {
+        const mve_pred16_t tail = vctp8q(left);
+        acc = vmladavaq_p_s8(acc, vldrbq_z_s8(from, tail), vldrbq_gather_offset_z_s8(lane, lane_gather, tail), tail);
       }
       TVM_MEMPLAN_STORE(o, 0, acc, multiplier[o]);
     }
@@ -111,6 +116,20 @@ MVE_KERNELS = (
           a3 = vmladavaq_s8(a3, vldrbq_s8(x3), wv);
         }
         const int32_t at = p0 + p;
+        if (more >= 4) { /* the 4 codes at once: VCVT, VMUL, VCVTN (half to even), VQADD, clamp, VSTRB */
+          const int32x4_t acc = vsetq_lane_s32(a3, vsetq_lane_s32(a2, vsetq_lane_s32(a1, vdupq_n_s32(a0), 1), 2), 3);
+          int32x4_t code = vqaddq_n_s32(vcvtnq_s32_f32(vmulq_n_f32(vcvtq_f32_s32(acc), mo)), y_zp);
+          code = vminq_s32(vmaxq_s32(code, vdupq_n_s32(low)), vdupq_n_s32(high));
+          if (add) { /* tvm_memplan_add's fmaf(a, ratio_a, fmaf(b, ratio_b, constant)) as two VFMA */
+            const float32x4_t mine = vcvtq_f32_s32(code);
+            const float32x4_t other = vcvtq_f32_s32(vldrbq_s32(residual + o * pixels + at));
+            const float32x4_t a = code_first ? mine : other, b = code_first ? other : mine;
+            code = vcvtnq_s32_f32(vfmaq_n_f32(vfmaq_n_f32(vdupq_n_f32(constant), b, ratio_b), a, ratio_a));
+            code = vminq_s32(vmaxq_s32(code, vdupq_n_s32(add_low)), vdupq_n_s32(add_high));
+          }
+          vstrbq_s32(y + o * y_plane + at, code);
+          continue;
+        }
         TVM_MEMPLAN_STORE(o, at, a0, mo);
         if (more > 1) TVM_MEMPLAN_STORE(o, at + 1, a1, mo);
         if (more > 2) TVM_MEMPLAN_STORE(o, at + 2, a2, mo);
