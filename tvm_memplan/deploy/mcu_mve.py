@@ -87,9 +87,14 @@ MVE_KERNELS = (
     const int32_t n = pixels - p0 < tile ? pixels - p0 : tile;
     for (int32_t c = 0; c < cin; ++c) {
       const int8_t* from = x + c * pixels + p0;
-      for (int32_t p = 0; p < n; p += 8) {
+      int8_t* to = packed + c;
+      int32_t p = 0;
+      for (; p + 8 <= n; p += 8, from += 8, to += 8 * row) {
+        vstrbq_scatter_offset_s16(to, pixel_scatter, vldrbq_s16(from));
+      }
+      if (p < n) {
         const mve_pred16_t there = vctp16q(n - p);
-        vstrbq_scatter_offset_p_s16(packed + p * row + c, pixel_scatter, vldrbq_z_s16(from + p, there), there);
+        vstrbq_scatter_offset_p_s16(to, pixel_scatter, vldrbq_z_s16(from, there), there);
       }
     }
     for (int32_t o = 0; o < cout; ++o) {
