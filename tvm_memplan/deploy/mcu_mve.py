@@ -105,13 +105,10 @@ MVE_KERNELS = (
       }
       const int32_t bo = bias[o];
       const float mo = multiplier[o];
-      for (int32_t p = 0; p < n; p += 4) { /* 4 pixels (the last ones repeated at the tile's end) */
-        const int32_t more = n - p;
-        const int8_t* x0 = packed + p * row;
-        const int8_t* x1 = more > 1 ? x0 + row : x0;
-        const int8_t* x2 = more > 2 ? x0 + 2 * row : x0;
-        const int8_t* x3 = more > 3 ? x0 + 3 * row : x0;
-        const int8_t* w = unpacked;
+      const int8_t* xp = packed;
+      int32_t p = 0;
+      for (; p + 4 <= n; p += 4, xp += 4 * row) { /* 4 pixels share each weight vector */
+        const int8_t *x0 = xp, *x1 = xp + row, *x2 = xp + 2 * row, *x3 = xp + 3 * row, *w = unpacked;
         int32_t a0 = bo, a1 = bo, a2 = bo, a3 = bo;
         for (int32_t v = 0; v < vectors; ++v, w += 16, x0 += 16, x1 += 16, x2 += 16, x3 += 16) {
           const int8x16_t wv = vldrbq_s8(w);
@@ -121,24 +118,23 @@ MVE_KERNELS = (
           a3 = vmladavaq_s8(a3, vldrbq_s8(x3), wv);
         }
         const int32_t at = p0 + p;
-        if (more >= 4) { /* the 4 codes at once: VCVT, VMUL, VCVTN (half to even), VQADD, clamp, VSTRB */
-          const int32x4_t acc = vsetq_lane_s32(a3, vsetq_lane_s32(a2, vsetq_lane_s32(a1, vdupq_n_s32(a0), 1), 2), 3);
-          int32x4_t code = vqaddq_n_s32(vcvtnq_s32_f32(vmulq_n_f32(vcvtq_f32_s32(acc), mo)), y_zp);
-          code = vminq_s32(vmaxq_s32(code, vdupq_n_s32(low)), vdupq_n_s32(high));
-          if (add) { /* tvm_memplan_add's fmaf(a, ratio_a, fmaf(b, ratio_b, constant)) as two VFMA */
-            const float32x4_t mine = vcvtq_f32_s32(code);
-            const float32x4_t other = vcvtq_f32_s32(vldrbq_s32(residual + o * pixels + at));
-            const float32x4_t a = code_first ? mine : other, b = code_first ? other : mine;
-            code = vcvtnq_s32_f32(vfmaq_n_f32(vfmaq_n_f32(vdupq_n_f32(constant), b, ratio_b), a, ratio_a));
-            code = vminq_s32(vmaxq_s32(code, vdupq_n_s32(add_low)), vdupq_n_s32(add_high));
-          }
-          vstrbq_s32(y + o * y_plane + at, code);
-          continue;
+        /* the 4 codes at once: VCVT, VMUL, VCVTN (half to even, as tvm_memplan_round's VCVTR), VQADD, clamp */
+        const int32x4_t acc = vsetq_lane_s32(a3, vsetq_lane_s32(a2, vsetq_lane_s32(a1, vdupq_n_s32(a0), 1), 2), 3);
+        int32x4_t code = vqaddq_n_s32(vcvtnq_s32_f32(vmulq_n_f32(vcvtq_f32_s32(acc), mo)), y_zp);
+        code = vminq_s32(vmaxq_s32(code, vdupq_n_s32(low)), vdupq_n_s32(high));
+        if (add) { /* tvm_memplan_add's fmaf(a, ratio_a, fmaf(b, ratio_b, constant)) as two VFMA */
+          const float32x4_t mine = vcvtq_f32_s32(code);
+          const float32x4_t other = vcvtq_f32_s32(vldrbq_s32(residual + o * pixels + at));
+          const float32x4_t a = code_first ? mine : other, b = code_first ? other : mine;
+          code = vcvtnq_s32_f32(vfmaq_n_f32(vfmaq_n_f32(vdupq_n_f32(constant), b, ratio_b), a, ratio_a));
+          code = vminq_s32(vmaxq_s32(code, vdupq_n_s32(add_low)), vdupq_n_s32(add_high));
         }
-        TVM_MEMPLAN_STORE(o, at, a0, mo);
-        if (more > 1) TVM_MEMPLAN_STORE(o, at + 1, a1, mo);
-        if (more > 2) TVM_MEMPLAN_STORE(o, at + 2, a2, mo);
-        if (more > 3) TVM_MEMPLAN_STORE(o, at + 3, a3, mo);
+        vstrbq_s32(y + o * y_plane + at, code); /* one narrowing store */
+      }
+      for (; p < n; ++p, xp += row) { /* the last 1 to 3 pixels one by one */
+        int32_t a = bo;
+        for (int32_t v = 0; v < vectors; ++v) a = vmladavaq_s8(a, vldrbq_s8(xp + 16 * v), vldrbq_s8(unpacked + 16 * v));
+        TVM_MEMPLAN_STORE(o, p0 + p, a, mo);
       }
     }
   }
