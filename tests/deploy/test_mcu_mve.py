@@ -1,8 +1,9 @@
-"""The Helium (MVE) pointwise/dense kernel on the emulated Cortex-M55: compiled in, and the same codes as
-the SMLAD kernel it replaces, which equal onnxruntime's within the int8 rule."""
+"""The Helium (MVE) pointwise/dense and depthwise kernels on the emulated Cortex-M55: compiled in, and the same codes as
+the SMLAD kernels they replace, which equal onnxruntime's within the int8 rule."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -10,9 +11,9 @@ import numpy as np
 import onnx
 
 from tvm_memplan.deploy.emit_c import emit_c
-from tvm_memplan.deploy.mcu_mve import MVE_MARKER, MVE_POINTWISE_KERNEL, with_mve_kernels
+from tvm_memplan.deploy.mcu_mve import MVE_DEPTHWISE_KERNEL, MVE_MARKER, MVE_POINTWISE_KERNEL, with_mve_kernels
 from tvm_memplan.deploy.standalone import measure_c
-from tvm_memplan.quant.mcu_kernels import POINTWISE_KERNEL
+from tvm_memplan.quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL
 
 from ..quant import models
 from .conftest import needs_arm
@@ -33,6 +34,9 @@ def test_helium_kernel_gives_the_smlad_kernels_codes_on_the_emulated_m55(tmp_pat
     emit_c(str(path), helium, "cortex-m55", order_seconds=1)
     kernels_c = (helium / "kernels.c").read_text()
     assert MVE_MARKER in kernels_c and f"#define {POINTWISE_KERNEL} {MVE_POINTWISE_KERNEL}" in kernels_c
+    assert f"#define {DEPTHWISE_KERNEL} {MVE_DEPTHWISE_KERNEL}" in kernels_c
+    widths = re.findall(DEPTHWISE_KERNEL + r"\((?:\w+, ){9}(\d+), \d+, \d+, \d+, 1,", kernels_c)  # ow at stride 1
+    assert any(int(width) >= 16 for width in widths)  # a depthwise the Helium kernel takes
     assembly = subprocess.run(
         ["arm-none-eabi-gcc", *NO_MVE.replace("+nomve", "").split(), "-O2", "-Iinclude", "-S", "-o", "-", "kernels.c"],
         cwd=helium,
@@ -41,6 +45,7 @@ def test_helium_kernel_gives_the_smlad_kernels_codes_on_the_emulated_m55(tmp_pat
         check=True,
     ).stdout
     assert "vmladava.s8" in assembly and "vctp.8" in assembly  # the MVE path is what the M55 compiles
+    assert re.search(r"vmla\.[si]32", assembly)  # the depthwise's vector multiply-accumulate
     smlad = tmp_path / "smlad"
     shutil.copytree(helium, smlad)
     with_mve = measure_c(helium, "qemu-cortex-m55")

@@ -23,11 +23,13 @@ Elsewhere (M4, M7, the host) the preprocessor drops this text and the SMLAD kern
 
 from __future__ import annotations
 
-from ..quant.mcu_kernels import POINTWISE_KERNEL
+from ..quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL
 from .mcu_layers_c import LAYER_KERNELS
 
 MVE_POINTWISE_KERNEL = "tvm_memplan_pointwise_mve_s8"
 """The Helium definition, which ``#define`` makes every call of :data:`POINTWISE_KERNEL` take."""
+MVE_DEPTHWISE_KERNEL = "tvm_memplan_depthwise_mve_s8"
+"""The Helium depthwise definition, which ``#define`` makes every call of :data:`DEPTHWISE_KERNEL` take."""
 MVE_MARKER = "/* tvm-memplan: Helium (MVE) pointwise kernel */"
 """The first line of :data:`MVE_KERNELS`, for tests and readers of ``kernels.c``."""
 
@@ -36,6 +38,92 @@ MVE_KERNELS = (
     + r"""
 #if defined(__ARM_FEATURE_MVE)
 #include <arm_mve.h>
+/* the 4 requantized codes of acc (VCVT, VMUL, VCVTN: half to even as tvm_memplan_round's VCVTR, VQADD, clamp) */
+static inline __attribute__((always_inline)) int32x4_t tvm_memplan_requantize_x4(
+    int32x4_t acc, float multiplier, int32_t zero_point, int32x4_t low, int32x4_t high) {
+  const int32x4_t code = vqaddq_n_s32(vcvtnq_s32_f32(vmulq_n_f32(vcvtq_f32_s32(acc), multiplier)), zero_point);
+  return vminq_s32(vmaxq_s32(code, low), high);
+}
+/* the depthwise convolution at horizontal stride 1: 4 outputs of a row per vector, each tap one widening VLDRB
+ * of 4 inputs and one VMLA; the input rows go once into a ring of the window's rows padded with the input zero
+ * point (rows above and below the input read a row of zero points); other strides and rows of fewer than 16
+ * outputs take the SMLAD kernel */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s8(
+    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
+    int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
+    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t y_plane) {
+  if (sw != 1 || ow < 16) { /* (rows of 9 or 5 outputs: the last vector's idle lanes cost more than SMLAD) */
+    return tvm_memplan_depthwise_s8(x_, w_, bias_, multiplier_, y_, planes, channels, h, w, oh, ow, kh, kw, sh, sw,
+                                    top, left, x_zp, y_zp, low, high, y_plane);
+  }
+  const int8_t* x = (const int8_t*)x_;
+  const int8_t* weights = (const int8_t*)w_;
+  const int32_t* bias = (const int32_t*)bias_;
+  const float* multiplier = (const float*)multiplier_;
+  int8_t* y = (int8_t*)y_;
+  const int32_t cols = ow - 1 + kw, filled = left + w;
+  const int32_t stride = ((cols > filled ? cols : filled) + 4 + 3) & ~3; /* + 4: the last vector reads past ow */
+  int8_t ring[kh * stride], zero_points[stride];
+  memset(ring, x_zp, sizeof(ring)); /* the padding stays: rows are copied between it */
+  memset(zero_points, x_zp, sizeof(zero_points));
+  const int8_t* rows[TVM_MEMPLAN_MAX_WINDOW];
+  int32_t taps[TVM_MEMPLAN_MAX_WINDOW * TVM_MEMPLAN_MAX_WINDOW];
+  const int32x4_t lo = vdupq_n_s32(low), hi = vdupq_n_s32(high);
+  for (int32_t plane = 0; plane < planes; ++plane) {
+    const int32_t channel = plane % channels;
+    const int8_t* src = x + plane * h * w;
+    const int8_t* tap = weights + channel * kh * kw;
+    int8_t* dst = y + plane * y_plane;
+    const int32_t b = bias[channel];
+    const float m = multiplier[channel];
+    for (int32_t i = 0; i < kh * kw; ++i) taps[i] = tap[i];
+    int32_t next = -top; /* the first input row not yet in the ring */
+    for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
+      const int32_t first = oy * sh - top;
+      for (int32_t r = 0; r < kh; ++r) {
+        const int32_t iy = first + r;
+        if (iy < 0 || iy >= h) {
+          rows[r] = zero_points;
+          continue;
+        }
+        int8_t* slot = ring + (iy % kh) * stride;
+        if (iy >= next) {
+          memcpy(slot + left, src + iy * w, w);
+          next = iy + 1;
+        }
+        rows[r] = slot;
+      }
+      if (kh == 3 && kw == 3) {
+        const int8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2];
+        const int32_t t0 = taps[0], t1 = taps[1], t2 = taps[2], t3 = taps[3], t4 = taps[4], t5 = taps[5];
+        const int32_t t6 = taps[6], t7 = taps[7], t8 = taps[8];
+        for (int32_t ox = 0; ox < ow; ox += 4) {
+          int32x4_t acc = vdupq_n_s32(b);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + ox), t0);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + ox + 1), t1);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + ox + 2), t2);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + ox), t3);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + ox + 1), t4);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + ox + 2), t5);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + ox), t6);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + ox + 1), t7);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + ox + 2), t8);
+          vstrbq_p_s32(dst + ox, tvm_memplan_requantize_x4(acc, m, y_zp, lo, hi), vctp32q(ow - ox));
+        }
+      } else {
+        for (int32_t ox = 0; ox < ow; ox += 4) {
+          int32x4_t acc = vdupq_n_s32(b);
+          for (int32_t r = 0; r < kh; ++r) {
+            const int8_t* at = rows[r] + ox;
+            for (int32_t k = 0; k < kw; ++k) acc = vmlaq_n_s32(acc, vldrbq_s32(at + k), taps[r * kw + k]);
+          }
+          vstrbq_p_s32(dst + ox, tvm_memplan_requantize_x4(acc, m, y_zp, lo, hi), vctp32q(ow - ox));
+        }
+      }
+    }
+  }
+  return 0;
+}
 """
     + f"static inline __attribute__((always_inline)) int32_t {MVE_POINTWISE_KERNEL}("
     + r"""
@@ -142,7 +230,8 @@ MVE_KERNELS = (
   return 0;
 }
 """
-    + f"#define {POINTWISE_KERNEL} {MVE_POINTWISE_KERNEL}\n#endif\n"
+    + f"#define {POINTWISE_KERNEL} {MVE_POINTWISE_KERNEL}\n#define {DEPTHWISE_KERNEL} {MVE_DEPTHWISE_KERNEL}\n"
+    + "#endif\n"
 )
 
 
@@ -152,7 +241,8 @@ def with_mve_kernels(source: str) -> str:
     :data:`POINTWISE_KERNEL`: after them, so that the SMLAD definition keeps its name and the
     requantization helpers are defined; before the calls, which the ``#define`` redirects."""
     end = source.find(LAYER_KERNELS)
-    if end < 0 or f"{POINTWISE_KERNEL}(" not in source[end + len(LAYER_KERNELS) :]:
+    calls = source[end + len(LAYER_KERNELS) :]
+    if end < 0 or not any(f"{name}(" in calls for name in (POINTWISE_KERNEL, DEPTHWISE_KERNEL)):
         return source
     end += len(LAYER_KERNELS)
     return source[:end] + MVE_KERNELS + source[end:]
