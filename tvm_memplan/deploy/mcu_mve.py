@@ -1,24 +1,28 @@
-"""The int8 1x1 convolution (and the dense, its one-pixel case) on Helium, the M-profile Vector Extension.
+"""Int8 1x1 convolutions, denses and depthwise convolutions on Helium, the M-profile Vector Extension.
 
-On a core with MVE (``__ARM_FEATURE_MVE``: the Cortex-M55, which ``qemu-system-arm`` emulates), a
-call of :data:`~tvm_memplan.quant.mcu_kernels.POINTWISE_KERNEL` runs this definition instead of the
-SMLAD one of :mod:`tvm_memplan.deploy.mcu_layers_c`: same arguments, same weights (in
-:func:`~tvm_memplan.quant.dot_kernels.pack_dot_weights`'s layout), same requantization (the
-``tvm_memplan_requantize`` and ``tvm_memplan_add`` those kernels define), so the output codes are
-the same bit for bit. Each output is a dot product over the input channels, 16 at a time with one
-``VMLADAVA`` (CMSIS-NN's ``arm_nn_mat_mult_nt_t_s8`` MVE loop), the last vector's missing channels
-switched off by a ``VCTP`` predicate:
+On a core with MVE (``__ARM_FEATURE_MVE``: the Cortex-M55, which ``qemu-system-arm`` emulates), the
+calls of :data:`~tvm_memplan.quant.mcu_kernels.POINTWISE_KERNEL` and
+:data:`~tvm_memplan.quant.mcu_kernels.DEPTHWISE_KERNEL` run the definitions here instead of the SMLAD
+ones of :mod:`tvm_memplan.deploy.mcu_layers_c` (a ``#define`` after them renames the calls): same
+arguments, same weights, and the same requantization arithmetic as ``tvm_memplan_requantize`` and
+``tvm_memplan_add`` (float32 multiply, round half to even, saturating zero-point add, clamp; MLAS's two
+FMAs for a fused residual add), 4 codes at a time (``VCVT``, ``VMUL``, ``VCVTN``, which rounds as
+``VCVTR`` does under the default rounding mode, ``VQADD``, ``VMAX``/``VMIN``, ``VFMA``) and stored by one
+narrowing ``VSTRB``. So the output codes equal the SMLAD kernels' bit for bit.
 
-* a tile of pixels is transposed once from NCHW into pixel-major rows of input channels (a
-  widening ``VLDRB`` of 8 pixels of one channel and a byte ``VSTRB`` scatter, 8 codes per pair);
-* each output channel's weights are gathered once per tile into a contiguous row (``VLDRB`` gather
-  of 4 steps of 4 channels), then 4 pixels share each loaded weight vector: per 16 MACs of a pixel,
-  one ``VLDRB`` and one ``VMLADAVA``; the 4 codes are requantized as one vector (``VCVT``, ``VMUL``,
-  ``VCVTN``, which rounds half to even as ``tvm_memplan_round``'s ``VCVTR`` does, ``VQADD``, clamp) and
-  stored by one narrowing ``VSTRB``, a fused residual add as ``tvm_memplan_add``'s two FMAs (``VFMA``);
-* a dense (one pixel) reads its inputs in place and its weights by the gather, each used once.
+* 1x1 convolution (stride 1, :func:`~tvm_memplan.quant.dot_kernels.pack_dot_weights`'s layout): each
+  output is a dot product over the input channels, 16 at a time with one ``VMLADAVA`` (CMSIS-NN's
+  ``arm_nn_mat_mult_nt_t_s8`` MVE loop), the last vector's missing channels switched off by a ``VCTP``
+  predicate. A tile of pixels is transposed once from NCHW into pixel-major rows (a widening ``VLDRB``
+  of 8 pixels of one channel and a byte ``VSTRB`` scatter); each output channel's weights are gathered
+  once per tile into a contiguous row (``VLDRB`` gather of 4 steps of 4 channels); then 4 pixels share
+  each weight vector: per 16 MACs of a pixel, one ``VLDRB`` and one ``VMLADAVA``.
+* dense (a 1x1 of one pixel): the inputs read in place, the weights by the gather, each used once.
+* depthwise at horizontal stride 1 with rows of at least 16 outputs: 4 outputs of a row per vector, each
+  tap one widening ``VLDRB`` of 4 inputs and one ``VMLA``, the input rows copied once into a ring of the
+  window's rows padded with the input zero point; other strides and narrower rows call the SMLAD kernel.
 
-Elsewhere (M4, M7, the host) the preprocessor drops this text and the SMLAD kernel runs.
+Elsewhere (M4, M7, the host) the preprocessor drops this text and the SMLAD kernels run.
 """
 
 from __future__ import annotations
