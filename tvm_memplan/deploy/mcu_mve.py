@@ -30,6 +30,8 @@ from __future__ import annotations
 from ..quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL
 from .mcu_layers_c import LAYER_KERNELS
 
+HELIUM_CPUS = ("cortex-m55",)
+"""The cores of :mod:`tvm_memplan.deploy.targets` with MVE, whose ``kernels.c`` gets :data:`MVE_KERNELS`."""
 MVE_POINTWISE_KERNEL = "tvm_memplan_pointwise_mve_s8"
 """The Helium definition, which ``#define`` makes every call of :data:`POINTWISE_KERNEL` take."""
 MVE_DEPTHWISE_KERNEL = "tvm_memplan_depthwise_mve_s8"
