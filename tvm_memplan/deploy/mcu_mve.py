@@ -58,7 +58,7 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
     int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
     int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t y_plane) {
-  if (sw != 1 || ow < 16) { /* (rows of 9 or 5 outputs: the last vector's idle lanes cost more than SMLAD) */
+  if (sw != 1 || ow < 16 || ow > 1024) { /* (rows of 9 or 5 outputs: idle lanes cost more than SMLAD does) */
     return tvm_memplan_depthwise_s8(x_, w_, bias_, multiplier_, y_, planes, channels, h, w, oh, ow, kh, kw, sh, sw,
                                     top, left, x_zp, y_zp, low, high, y_plane);
   }
@@ -75,6 +75,7 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s
   const int8_t* rows[TVM_MEMPLAN_MAX_WINDOW];
   int32_t taps[TVM_MEMPLAN_MAX_WINDOW * TVM_MEMPLAN_MAX_WINDOW];
   const int32x4_t lo = vdupq_n_s32(low), hi = vdupq_n_s32(high);
+  int32_t partial[(ow + 3) & ~3]; /* a 3x3 row's sums over its first two rows of taps */
   for (int32_t plane = 0; plane < planes; ++plane) {
     const int32_t channel = plane % channels;
     const int8_t* src = x + plane * h * w;
@@ -99,21 +100,26 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s
         }
         rows[r] = slot;
       }
-      if (kh == 3 && kw == 3) {
+      if (kh == 3 && kw == 3) { /* two passes, so that the taps and pointers of each stay in registers */
         const int8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2];
         const int32_t t0 = taps[0], t1 = taps[1], t2 = taps[2], t3 = taps[3], t4 = taps[4], t5 = taps[5];
+        const int32x4_t start = vdupq_n_s32(b);
+        int32_t* to = partial;
+        for (int32_t ox = 0; ox < ow; ox += 4, r0 += 4, r1 += 4, to += 4) { /* rows 0 and 1 */
+          int32x4_t acc = vmlaq_n_s32(start, vldrbq_s32(r0), t0);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + 1), t1);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + 2), t2);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r1), t3);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + 1), t4);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + 2), t5);
+          vstrwq_s32(to, acc);
+        }
         const int32_t t6 = taps[6], t7 = taps[7], t8 = taps[8];
-        for (int32_t ox = 0; ox < ow; ox += 4) {
-          int32x4_t acc = vdupq_n_s32(b);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + ox), t0);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + ox + 1), t1);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + ox + 2), t2);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + ox), t3);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + ox + 1), t4);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + ox + 2), t5);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + ox), t6);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + ox + 1), t7);
-          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + ox + 2), t8);
+        const int32_t* from = partial;
+        for (int32_t ox = 0; ox < ow; ox += 4, r2 += 4, from += 4) { /* row 2, the requantization */
+          int32x4_t acc = vmlaq_n_s32(vldrwq_s32(from), vldrbq_s32(r2), t6);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + 1), t7);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + 2), t8);
           vstrbq_p_s32(dst + ox, tvm_memplan_requantize_x4(acc, m, y_zp, lo, hi), vctp32q(ow - ox));
         }
       } else {
