@@ -5,7 +5,7 @@
 Each model is quantized as ``scripts/bench_mcu.py`` quantizes its int8 rows and written once with
 ``build --emit-c --target cortex-m55``. The same C is then built twice and run under ``qemu -icount``
 (``measure --per-kernel``): with the M55's own flags, where ``__ARM_FEATURE_MVE`` selects the Helium
-pointwise/dense kernel (:mod:`tvm_memplan.deploy.mcu_mve`), and with ``-mcpu=cortex-m55+nomve`` (the
+1x1, dense and depthwise kernels (:mod:`tvm_memplan.deploy.mcu_mve`), and with ``-mcpu=cortex-m55+nomve`` (the
 Makefile's ``CPU_FLAGS``), where the SMLAD kernels run. ``+nomve`` also stops GCC from vectorizing TVM's
 own loops with MVE, so the rows of TVM's kernels (grouped convolutions, pooling) move too. The output
 files of both runs are compared byte for byte.
@@ -61,7 +61,7 @@ def main() -> None:
     lines = [
         "# Int8 on the emulated Cortex-M55: Helium (MVE) against the SMLAD kernels\n\n",
         f"Written by `python scripts/bench_mcu_m55.py --out {args.out}`: the same `build --emit-c --target "
-        "cortex-m55` C built with the M55's flags (MVE: the Helium pointwise/dense kernel) and with "
+        "cortex-m55` C built with the M55's flags (MVE: the Helium 1x1, dense and depthwise kernels) and with "
         f"`CPU_FLAGS='{NO_MVE}'` (the SMLAD kernels), each run once under `qemu -icount` with "
         "`measure --per-kernel`. Instructions retired, in millions. `+nomve` also keeps GCC from "
         "vectorizing TVM's own loops with MVE, so the rows of TVM's kernels move as well.\n",
