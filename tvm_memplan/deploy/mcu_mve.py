@@ -18,9 +18,12 @@ narrowing ``VSTRB``. So the output codes equal the SMLAD kernels' bit for bit.
   once per tile into a contiguous row (``VLDRB`` gather of 4 steps of 4 channels); then 4 pixels share
   each weight vector: per 16 MACs of a pixel, one ``VLDRB`` and one ``VMLADAVA``.
 * dense (a 1x1 of one pixel): the inputs read in place, the weights by the gather, each used once.
-* depthwise at horizontal stride 1 with rows of at least 16 outputs: 4 outputs of a row per vector, each
-  tap one widening ``VLDRB`` of 4 inputs and one ``VMLA``, the input rows copied once into a ring of the
-  window's rows padded with the input zero point; other strides and narrower rows call the SMLAD kernel.
+* depthwise with rows of at least 16 outputs, at horizontal stride 1 or (3x3) 2: 4 outputs of a row per
+  vector, each tap one widening ``VLDRB`` of 4 inputs and one ``VMLA``, the input rows copied once into a
+  ring of the window's rows padded with the input zero point (at stride 2 split by ``VLD2`` into even and
+  odd columns, so that the 4 inputs of a tap are contiguous); a 3x3 in two passes (the first two rows of
+  taps into a row of partial sums, then the third and the requantization), so that each pass's taps and
+  pointers stay in registers; other strides and narrower rows call the SMLAD kernel.
 
 Elsewhere (M4, M7, the host) the preprocessor drops this text and the SMLAD kernels run.
 """
@@ -50,15 +53,16 @@ static inline __attribute__((always_inline)) int32x4_t tvm_memplan_requantize_x4
   const int32x4_t code = vqaddq_n_s32(vcvtnq_s32_f32(vmulq_n_f32(vcvtq_f32_s32(acc), multiplier)), zero_point);
   return vminq_s32(vmaxq_s32(code, low), high);
 }
-/* the depthwise convolution at horizontal stride 1: 4 outputs of a row per vector, each tap one widening VLDRB
- * of 4 inputs and one VMLA; the input rows go once into a ring of the window's rows padded with the input zero
- * point (rows above and below the input read a row of zero points); other strides and rows of fewer than 16
- * outputs take the SMLAD kernel */
+/* the depthwise convolution at horizontal stride 1 (or 2 for a 3x3): 4 outputs of a row per vector, each tap one
+ * widening VLDRB of 4 inputs and one VMLA; the input rows go once into a ring of the window's rows padded with the
+ * input zero point (rows above and below the input read a row of zero points); other strides and rows of fewer
+ * than 16 outputs take the SMLAD kernel */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s8(
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
     int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
     int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t y_plane) {
-  if (sw != 1 || ow < 16 || ow > 1024) { /* (rows of 9 or 5 outputs: idle lanes cost more than SMLAD does) */
+  const int32_t halves = sw == 2 && kh == 3 && kw == 3; /* stride 2: rows stored as even columns, odd columns */
+  if ((sw != 1 && !halves) || ow < 16 || ow > 1024) { /* (rows of 9 or 5 outputs: idle lanes cost more) */
     return tvm_memplan_depthwise_s8(x_, w_, bias_, multiplier_, y_, planes, channels, h, w, oh, ow, kh, kw, sh, sw,
                                     top, left, x_zp, y_zp, low, high, y_plane);
   }
@@ -67,9 +71,11 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s
   const int32_t* bias = (const int32_t*)bias_;
   const float* multiplier = (const float*)multiplier_;
   int8_t* y = (int8_t*)y_;
-  const int32_t cols = ow - 1 + kw, filled = left + w;
-  const int32_t stride = ((cols > filled ? cols : filled) + 4 + 3) & ~3; /* + 4: the last vector reads past ow */
-  int8_t ring[kh * stride], zero_points[stride];
+  const int32_t cols = (ow - 1) * sw + kw, filled = left + w, widest = cols > filled ? cols : filled;
+  /* + 4: the last vector reads past ow; at stride 2, whole pairs of vectors and 16 bytes of slack per half */
+  const int32_t stride = halves ? ((widest + 31) & ~31) + 32 : (widest + 4 + 3) & ~3, half = stride / 2;
+  int8_t ring[kh * stride], zero_points[stride], wide[halves ? stride : 1];
+  memset(wide, x_zp, sizeof(wide));
   memset(ring, x_zp, sizeof(ring)); /* the padding stays: rows are copied between it */
   memset(zero_points, x_zp, sizeof(zero_points));
   const int8_t* rows[TVM_MEMPLAN_MAX_WINDOW];
@@ -94,13 +100,43 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s
           continue;
         }
         int8_t* slot = ring + (iy % kh) * stride;
-        if (iy >= next) {
+        if (iy >= next && !halves) {
           memcpy(slot + left, src + iy * w, w);
-          next = iy + 1;
+        } else if (iy >= next) { /* the padded row, then split by VLD2 into its even and odd columns */
+          memcpy(wide + left, src + iy * w, w);
+          for (int32_t i = 0; i < stride; i += 32) {
+            const int8x16x2_t pair = vld2q_s8(wide + i);
+            vstrbq_s8(slot + i / 2, pair.val[0]);
+            vstrbq_s8(slot + half + i / 2, pair.val[1]);
+          }
         }
+        if (iy >= next) next = iy + 1;
         rows[r] = slot;
       }
-      if (kh == 3 && kw == 3) { /* two passes, so that the taps and pointers of each stay in registers */
+      if (halves) { /* stride 2: taps 0 and 2 of output ox at even columns ox and ox + 1, tap 1 at odd column ox */
+        const int8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2];
+        const int8_t *q0 = r0 + half, *q1 = r1 + half, *q2 = r2 + half;
+        const int32_t t0 = taps[0], t1 = taps[1], t2 = taps[2], t3 = taps[3], t4 = taps[4], t5 = taps[5];
+        const int32x4_t start = vdupq_n_s32(b);
+        int32_t* to = partial;
+        for (int32_t ox = 0; ox < ow; ox += 4, r0 += 4, q0 += 4, r1 += 4, q1 += 4, to += 4) { /* rows 0 and 1 */
+          int32x4_t acc = vmlaq_n_s32(start, vldrbq_s32(r0), t0);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(q0), t1);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r0 + 1), t2);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r1), t3);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(q1), t4);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r1 + 1), t5);
+          vstrwq_s32(to, acc);
+        }
+        const int32_t t6 = taps[6], t7 = taps[7], t8 = taps[8];
+        const int32_t* from = partial;
+        for (int32_t ox = 0; ox < ow; ox += 4, r2 += 4, q2 += 4, from += 4) { /* row 2, the requantization */
+          int32x4_t acc = vmlaq_n_s32(vldrwq_s32(from), vldrbq_s32(r2), t6);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(q2), t7);
+          acc = vmlaq_n_s32(acc, vldrbq_s32(r2 + 1), t8);
+          vstrbq_p_s32(dst + ox, tvm_memplan_requantize_x4(acc, m, y_zp, lo, hi), vctp32q(ow - ox));
+        }
+      } else if (kh == 3 && kw == 3) { /* two passes, so that the taps and pointers of each stay in registers */
         const int8_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2];
         const int32_t t0 = taps[0], t1 = taps[1], t2 = taps[2], t3 = taps[3], t4 = taps[4], t5 = taps[5];
         const int32x4_t start = vdupq_n_s32(b);
