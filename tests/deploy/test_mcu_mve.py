@@ -35,7 +35,7 @@ def test_helium_kernel_gives_the_smlad_kernels_codes_on_the_emulated_m55(tmp_pat
     kernels_c = (helium / "kernels.c").read_text()
     assert MVE_MARKER in kernels_c and f"#define {POINTWISE_KERNEL} {MVE_POINTWISE_KERNEL}" in kernels_c
     assert f"#define {DEPTHWISE_KERNEL} {MVE_DEPTHWISE_KERNEL}" in kernels_c
-    widths = re.findall(DEPTHWISE_KERNEL + r"\((?:\w+, ){9}(\d+), \d+, \d+, \d+, 1,", kernels_c)  # ow at stride 1
+    widths = re.findall(DEPTHWISE_KERNEL + r"\((?:\w+, ){10}(\d+), \d+, \d+, \d+, 1,", kernels_c)  # ow at stride 1
     assert any(int(width) >= 16 for width in widths)  # a depthwise the Helium kernel takes
     assembly = subprocess.run(
         ["arm-none-eabi-gcc", *NO_MVE.replace("+nomve", "").split(), "-O2", "-Iinclude", "-S", "-o", "-", "kernels.c"],
@@ -46,7 +46,12 @@ def test_helium_kernel_gives_the_smlad_kernels_codes_on_the_emulated_m55(tmp_pat
     ).stdout
     assert "vmladava.s8" in assembly and "vctp.8" in assembly  # the MVE path is what the M55 compiles
     assert re.search(r"vmla\.[si]32", assembly)  # the depthwise's vector multiply-accumulate
-    smlad = tmp_path / "smlad"
+    _same_codes_with_and_without_mve(helium, tmp_path / "smlad", monkeypatch)
+
+
+def _same_codes_with_and_without_mve(helium, smlad, monkeypatch) -> None:
+    """Runs the C in ``helium`` on the emulated M55 as it is and, copied to ``smlad``, built without MVE:
+    both agree with onnxruntime, and their output files are equal byte for byte."""
     shutil.copytree(helium, smlad)
     with_mve = measure_c(helium, "qemu-cortex-m55")
     monkeypatch.setenv("CPU_FLAGS", NO_MVE)  # the Makefile's variable: the same C, built without MVE
@@ -56,3 +61,35 @@ def test_helium_kernel_gives_the_smlad_kernels_codes_on_the_emulated_m55(tmp_pat
     assert outputs and with_mve.instructions != without.instructions  # two different programs, run
     for output in outputs:
         assert np.array_equal(np.fromfile(output, np.uint8), np.fromfile(smlad / output.name, np.uint8)), output.name
+
+
+def _depthwise(channels: int, size: tuple[int, int], stride: int, pad: int) -> onnx.ModelProto:
+    """A 1x1 convolution from 3 channels (so that the depthwise reads int8 codes), a 3x3 depthwise one, ReLU,
+    and a 1x1 back to 3 channels."""
+    rng = np.random.default_rng(1)
+    inits = {
+        "w0": rng.standard_normal((channels, 3, 1, 1)).astype(np.float32) * 0.3,
+        "b0": np.zeros(channels, np.float32),
+        "w": rng.standard_normal((channels, 1, 3, 3)).astype(np.float32) * 0.3,
+        "b": rng.standard_normal(channels).astype(np.float32) * 0.1,
+        "w2": rng.standard_normal((3, channels, 1, 1)).astype(np.float32) * 0.3,
+        "b2": rng.standard_normal(3).astype(np.float32) * 0.1,
+    }
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w0", "b0"], ["c0"]),
+        onnx.helper.make_node("Conv", ["c0", "w", "b"], ["c"], pads=[pad] * 4, group=channels, strides=[stride] * 2),
+        onnx.helper.make_node("Relu", ["c"], ["r"]),
+        onnx.helper.make_node("Conv", ["r", "w2", "b2"], ["y"]),
+    ]
+    oh, ow = ((d + 2 * pad - 3) // stride + 1 for d in size)
+    return models.float_model(nodes, inits, {"x": [1, 3, *size]}, {"y": [1, 3, oh, ow]})
+
+
+@needs_arm
+def test_helium_depthwise_at_stride_2_on_odd_rows_gives_the_smlad_kernels_codes(tmp_path, monkeypatch):
+    path = tmp_path / "dw.int8.onnx"
+    onnx.save(models.quantize_qdq(_depthwise(12, (37, 41), 2, 1)), str(path))  # 19 x 21 outputs
+    helium = tmp_path / "helium"
+    emit_c(str(path), helium, "cortex-m55", order_seconds=1)
+    assert re.search(DEPTHWISE_KERNEL + r"\((?:\w+, ){10}21, 3, 3, 2, 2,", (helium / "kernels.c").read_text())
+    _same_codes_with_and_without_mve(helium, tmp_path / "smlad", monkeypatch)
