@@ -250,6 +250,23 @@ def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
     assert floors and all(ratio > 1 for ratio in floors)
 
 
+def test_bench_mcu_m55_compares_helium_with_the_smlad_kernels_on_the_same_c(tmp_path):
+    """mcu_cnn quantized on the emulated Cortex-M55, built with and without MVE: both runs agree with
+    onnxruntime and with each other byte for byte, and the table has the pointwise families."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
+        pytest.skip("no arm-none-eabi-gcc or qemu-system-arm")
+    out = tmp_path / "m55.md"
+    run_script("bench_mcu_m55.py", "--model", "zoo:mcu_cnn", "--out", str(out))
+    text = out.read_text()
+    assert "identical byte for byte; against onnxruntime: agree" in text and "DO NOT" not in text
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in text.splitlines() if line.startswith("| q")}
+    assert {"qconv2d", "qconv2d_add", "qdense"} <= set(rows)
+
+
 def test_bench_gpu_keeps_going_past_a_failed_model_and_names_software_devices(tmp_path):
     """bench_gpu.py on this CPU (the GPU targets need a device): a model that fails is a FAILED row and the
     next is still measured; its header tells software devices (PoCL, lavapipe) from a GPU."""

@@ -31,6 +31,7 @@ from .build import compile_plan, plan_for
 from .mcu import ModelC, emit_model_c
 from .mcu_c import kernel_symbol, prefix_kernel_symbols
 from .mcu_dsp import with_micro_kernels
+from .mcu_mve import HELIUM_CPUS, with_mve_kernels
 from .mcu_program import C_TYPES, c_identifier
 from .targets import get_target
 
@@ -332,7 +333,10 @@ def emit_c(
             f"/* {kernel}({described}) */\nint32_t {kernel_symbol(name, kernel)}(void* self, void* args, "
             "int32_t num_args, void* result);\n"
         )
-    (directory / "kernels.c").write_text(prefix_kernel_symbols(with_micro_kernels(source, requantize), name))
+    kernels_c = with_micro_kernels(source, requantize)
+    if target.board.cpu in HELIUM_CPUS:  # (and, in the C, only where the compiler enables MVE)
+        kernels_c = with_mve_kernels(kernels_c)
+    (directory / "kernels.c").write_text(prefix_kernel_symbols(kernels_c, name))
     fields = {"model": model.name, "count": len(kernels), "version": tvm.__version__, "example": example}
     (directory / "kernels.h").write_text(
         _HEADER.format(declarations="\n".join(declarations), prefix=kernel_symbol(name, ""), **fields)

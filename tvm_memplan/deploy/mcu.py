@@ -7,7 +7,8 @@ on constants and on the outputs. :mod:`.mcu_program` walks that line, :mod:`.mcu
 (int8 weights of a QDQ model as ``const int8_t``, their biases ``int32_t``), and a ``<name>_run``
 function that calls TVM's C kernels in the planned order with pointers ``arena + offset``. On a core
 with the DSP extension, an int8 model's depthwise, 1x1 and stem convolutions are calls of whole-layer
-C kernels written for SMLAD (:mod:`.mcu_layers_c`), which TVM's kernels call as external functions.
+C kernels written for SMLAD (:mod:`.mcu_layers_c`), which TVM's kernels call as external functions;
+on a core with Helium (the M55) the 1x1, dense and depthwise ones run MVE definitions (:mod:`.mcu_mve`).
 In-place kernels and eliminated concatenations need nothing special: they are already offsets in
 the plan. Nothing is allocated at run time, and nothing of TVM beyond its header-only
 tvm-ffi/dlpack headers is needed.
