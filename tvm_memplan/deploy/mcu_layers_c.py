@@ -34,6 +34,32 @@ from ..quant.mcu_kernels import (
     WINDOW_KERNEL,
 )
 
+POINTWISE_HEAD = r"""
+    void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
+    int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
+    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane) {
+  const int8_t* x = (const int8_t*)x_;
+  const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
+  const int32_t* bias = (const int32_t*)bias_;
+  const float* multiplier = (const float*)multiplier_;
+  const int8_t* residual = (const int8_t*)residual_;
+  int8_t* y = (int8_t*)y_;
+  const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
+#define TVM_MEMPLAN_STORE(o, p, acc, m)                                                                 \
+  do {                                                                                                  \
+    int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
+    if (add) {                                                                                          \
+      const int32_t other = residual[(o) * pixels + (p)];                                               \
+      code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
+                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
+    }                                                                                                   \
+    y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
+  } while (0)
+"""
+"""The parameters of a pointwise kernel, its operands' pointers and ``TVM_MEMPLAN_STORE``, the requantizing store of
+one output code (with the residual add): one text for the SMLAD kernel here and the Helium one in :mod:`.mcu_mve`."""
+
+
 LAYER_KERNELS = (
     r"""
 /* tvm-memplan's whole-layer int8 kernels (NCHW, requantization fused; see tvm_memplan.quant.mcu_kernels) */
@@ -291,18 +317,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 }
 """
     + f"static inline __attribute__((always_inline)) int32_t {POINTWISE_KERNEL}("
-    + r"""
-    void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
-    int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
-    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane) {
-  const int8_t* x = (const int8_t*)x_;
-  const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
-  const int32_t* bias = (const int32_t*)bias_;
-  const float* multiplier = (const float*)multiplier_;
-  const int8_t* residual = (const int8_t*)residual_;
-  int8_t* y = (int8_t*)y_;
-  const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
-  const int32_t steps = (cin + 3) >> 2;
+    + POINTWISE_HEAD
+    + r"""  const int32_t steps = (cin + 3) >> 2;
   int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;
   tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
   /* enough pixels a tile to unpack each channel pair's weights once */
@@ -311,16 +327,6 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
    * by one LDRD; the two pixels' steps interleave so that one pointer walks both */
   uint64_t packed[steps * tile];
   uint64_t unpacked[unpack ? 2 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
-#define TVM_MEMPLAN_STORE(o, p, acc, m)                                                                 \
-  do {                                                                                                  \
-    int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
-    if (add) {                                                                                          \
-      const int32_t other = residual[(o) * pixels + (p)];                                               \
-      code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
-                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
-    }                                                                                                   \
-    y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
-  } while (0)
   for (int32_t p0 = 0; p0 < pixels; p0 += tile) {
     const int32_t n = pixels - p0 < tile ? pixels - p0 : tile;
     for (int32_t s = 0; s < steps; ++s) {

@@ -31,7 +31,7 @@ Elsewhere (M4, M7, the host) the preprocessor drops this text and the SMLAD kern
 from __future__ import annotations
 
 from ..quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL
-from .mcu_layers_c import LAYER_KERNELS
+from .mcu_layers_c import LAYER_KERNELS, POINTWISE_HEAD
 
 HELIUM_CPUS = ("cortex-m55",)
 """The cores of :mod:`tvm_memplan.deploy.targets` with MVE, whose ``kernels.c`` gets :data:`MVE_KERNELS`."""
@@ -178,31 +178,11 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s
 }
 """
     + f"static inline __attribute__((always_inline)) int32_t {MVE_POINTWISE_KERNEL}("
-    + r"""
-    void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
-    int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
-    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane) {
-  const int8_t* x = (const int8_t*)x_;
-  const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
-  const int32_t* bias = (const int32_t*)bias_;
-  const float* multiplier = (const float*)multiplier_;
-  const int8_t* residual = (const int8_t*)residual_;
-  int8_t* y = (int8_t*)y_;
-  const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
-  const int32_t steps = (cin + 3) >> 2, vectors = (cin + 15) >> 4, row = 16 * vectors;
+    + POINTWISE_HEAD
+    + r"""  const int32_t steps = (cin + 3) >> 2, vectors = (cin + 15) >> 4, row = 16 * vectors;
   /* byte offsets of 4 steps of one lane's 4 channels in a block of 4 output channels */
   const uint8x16_t lane_gather = vaddq_u8(vandq_u8(vidupq_n_u8(0, 1), vdupq_n_u8(3)),
                                           vmulq_n_u8(vshrq_n_u8(vidupq_n_u8(0, 1), 2), 16));
-#define TVM_MEMPLAN_STORE(o, p, acc, m)                                                                 \
-  do {                                                                                                  \
-    int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
-    if (add) {                                                                                          \
-      const int32_t other = residual[(o) * pixels + (p)];                                               \
-      code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
-                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
-    }                                                                                                   \
-    y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
-  } while (0)
   if (pixels == 1) { /* a dense: the input is already a row of channels */
     for (int32_t o = 0; o < cout; ++o) {
       const int8_t* lane = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
