@@ -34,6 +34,18 @@ from ..quant.mcu_kernels import (
     WINDOW_KERNEL,
 )
 
+DEPTHWISE_PLANE = """\
+  for (int32_t plane = 0; plane < planes; ++plane) {
+    const int32_t channel = plane % channels;
+    const int8_t* src = x + plane * h * w;
+    const int8_t* tap = weights + channel * kh * kw;
+    int8_t* dst = y + plane * y_plane;
+    const int32_t b = bias[channel];
+    const tvm_memplan_scale m = tvm_memplan_scale_of(multiplier[channel], TVM_MEMPLAN_FIXED_POINT && fixed_point);
+"""
+"""The head of a depthwise kernel's loop over planes: the plane's input, taps, output, bias and scale (one text for
+the SMLAD kernel here and the Helium one in :mod:`.mcu_mve`)."""
+
 POINTWISE_HEAD = r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
     int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
@@ -226,14 +238,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   int8_t padded[(whole ? span * stride : 2 * kh * stride) + 3];
   memset(padded, x_zp, sizeof(padded)); /* the padding stays */
   int8_t* cache = padded + ((4 - (left & 3)) & 3);
-  for (int32_t plane = 0; plane < planes; ++plane) {
-    const int32_t channel = plane % channels;
-    const int8_t* src = x + plane * h * w;
-    const int8_t* tap = weights + channel * kh * kw;
-    int8_t* dst = y + plane * y_plane;
-    const int32_t b = bias[channel];
-    const tvm_memplan_scale m = tvm_memplan_scale_of(multiplier[channel], TVM_MEMPLAN_FIXED_POINT && fixed_point);
-    int32_t next = -top; /* the first input row not yet in the ring */
+"""
+    + DEPTHWISE_PLANE
+    + r"""    int32_t next = -top; /* the first input row not yet in the ring */
     uint32_t outer0 = 0, outer1 = 0, outer2 = 0, middle01 = 0;
     int32_t middle2 = 0;
     if (kh == 3 && kw == 3) {

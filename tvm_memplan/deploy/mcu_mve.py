@@ -31,7 +31,7 @@ Elsewhere (M4, M7, the host) the preprocessor drops this text and the SMLAD kern
 from __future__ import annotations
 
 from ..quant.mcu_kernels import DEPTHWISE_KERNEL, POINTWISE_KERNEL
-from .mcu_layers_c import LAYER_KERNELS, POINTWISE_HEAD
+from .mcu_layers_c import DEPTHWISE_PLANE, LAYER_KERNELS, POINTWISE_HEAD
 
 HELIUM_CPUS = ("cortex-m55",)
 """The cores of :mod:`tvm_memplan.deploy.targets` with MVE, whose ``kernels.c`` gets :data:`MVE_KERNELS`."""
@@ -86,14 +86,9 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_depthwise_mve_s
   int32_t taps[TVM_MEMPLAN_MAX_WINDOW * TVM_MEMPLAN_MAX_WINDOW];
   const int32x4_t lo = vdupq_n_s32(low), hi = vdupq_n_s32(high);
   int32_t partial[(ow + 3) & ~3]; /* a 3x3 row's sums over its first two rows of taps */
-  for (int32_t plane = 0; plane < planes; ++plane) {
-    const int32_t channel = plane % channels;
-    const int8_t* src = x + plane * h * w;
-    const int8_t* tap = weights + channel * kh * kw;
-    int8_t* dst = y + plane * y_plane;
-    const int32_t b = bias[channel];
-    const tvm_memplan_scale m = tvm_memplan_scale_of(multiplier[channel], TVM_MEMPLAN_FIXED_POINT && fixed_point);
-    for (int32_t i = 0; i < kh * kw; ++i) taps[i] = tap[i];
+"""
+    + DEPTHWISE_PLANE
+    + r"""    for (int32_t i = 0; i < kh * kw; ++i) taps[i] = tap[i];
     int32_t next = -top; /* the first input row not yet in the ring */
     for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
       const int32_t first = oy * sh - top;
