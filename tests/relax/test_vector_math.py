@@ -1,8 +1,10 @@
-"""exp, sigmoid and SiLU as vectorizable arithmetic: their accuracy, the kernels they leave (no exp call
-in a SiLU epilogue), and a squeeze-and-excitation block that runs as onnxruntime with the planned
-allocations."""
+"""exp, sigmoid, SiLU and erf as vectorizable arithmetic: their accuracy, the kernels they leave (no exp call
+in a SiLU epilogue, no erf call in a GELU one), and a squeeze-and-excitation block and a GELU feed-forward
+layer that run as onnxruntime with the planned allocations."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx
@@ -15,7 +17,7 @@ from tvm_memplan.frontend import load_model
 from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.layout import channel_block
 from tvm_memplan.relax.pipeline import schedule_passes
-from tvm_memplan.relax.vector_math import vector_exp, vector_sigmoid
+from tvm_memplan.relax.vector_math import VECTOR_MATH_LEGALIZE, vector_exp, vector_sigmoid
 from tvm_memplan.schedule import DefaultCPUSchedule
 from tvm_memplan.verify import verify_plan
 
@@ -107,6 +109,66 @@ def test_silu_epilogues_are_vectorized_without_exp_calls(tmp_path, layout: str) 
 @pytest.mark.parametrize("layout", ["nchw", "blocked"])
 def test_a_squeeze_excitation_block_runs_as_onnxruntime_with_the_planned_allocations(tmp_path, layout: str) -> None:
     plan = plan_model(load_model(_se_net(tmp_path / "se.onnx")), HOST, layout=layout, order="program")
+    result = verify_plan(plan, stock=False, rtol=1e-4, atol=1e-5)
+    assert result.problems == []
+    assert result.trace_matches_plan
+
+
+def test_erf_is_legalized_within_3e_7_of_float64_and_other_dtypes_keep_tvms() -> None:
+    x = np.concatenate([np.linspace(-6, 6, 4001), [0.0, 1e-6, -1e-6, 30.0, -30.0]]).astype("float32")
+    for dtype in ("float32", "float64"):
+        builder = tvm.relax.BlockBuilder()
+        data = tvm.relax.Var("x", tvm.relax.TensorType(x.shape, dtype))
+        with builder.function("main", [data]):
+            builder.emit_func_output(builder.emit(tvm.relax.op.erf(data)))
+        legalized = tvm.relax.transform.LegalizeOps(VECTOR_MATH_LEGALIZE)(builder.get())
+        script = legalized.script()
+        assert ("T.erf(" in script) == (dtype == "float64"), dtype
+        vm = tvm.relax.VirtualMachine(tvm.compile(legalized, HOST), tvm.cpu())
+        result = vm["main"](tvm.runtime.tensor(x.astype(dtype))).numpy()
+        exact = np.array([math.erf(v) for v in x.astype("float64")])
+        np.testing.assert_allclose(result, exact, rtol=1e-6 if dtype == "float32" else 1e-12, atol=3e-7)
+
+
+def _gelu_net(path) -> str:
+    """A transformer's feed-forward input as the transformers exporter writes it: MatMul, bias, then GELU
+    decomposed into ``Div(sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5``."""
+    rng = np.random.default_rng(0)
+    consts = [
+        numpy_helper.from_array((rng.standard_normal((32, 64)) * 0.3).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(64).astype(np.float32), "b"),
+        *(numpy_helper.from_array(np.array(v, np.float32), n) for n, v in [("r2", 2**0.5), ("one", 1), ("half", 0.5)]),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["h"]),
+        helper.make_node("Div", ["h", "r2"], ["s"]),
+        helper.make_node("Erf", ["s"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["e1"]),
+        helper.make_node("Mul", ["h", "e1"], ["g"]),
+        helper.make_node("Mul", ["g", "half"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gelu_ffn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])],
+        consts,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return str(path)
+
+
+def test_a_gelu_epilogue_is_vectorized_without_erf_calls_and_runs_as_onnxruntime(tmp_path) -> None:
+    plan = plan_model(load_model(_gelu_net(tmp_path / "gelu.onnx")), HOST, order="program")
+    reports = []
+    passes = [DefaultCPUSchedule(plan.target, reports.append), *schedule_passes(plan.target, plan.options)[1:]]
+    with plan.target:
+        scheduled = tvm.transform.Sequential(passes)(plan.stock_staged)
+    (kernel,) = [gv.name_hint for gv in scheduled.get_global_vars() if "erf" in gv.name_hint]
+    assert "matmul" in kernel and reports[0].rules[kernel] == "tiled_reduction"
+    script = scheduled[kernel].script()
+    assert "T.erf(" not in script and "T.vectorized" in script
     result = verify_plan(plan, stock=False, rtol=1e-4, atol=1e-5)
     assert result.problems == []
     assert result.trace_matches_plan

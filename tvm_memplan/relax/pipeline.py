@@ -85,7 +85,7 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: s
     kernels first (:func:`~tvm_memplan.quant.lower.LowerQDQ`). Unless ``layout="nchw"``, on an ``llvm``
     target whose vectors hold a channel block (:func:`~.layout.channel_block`), convolutions run in
     blocked channel layouts (:func:`~.layout.BlockedLayout`).
-    On ``llvm`` targets float32 ``exp``, ``sigmoid`` and SiLU are legalized as arithmetic that vectorizes
+    On ``llvm`` targets float32 ``exp``, ``sigmoid``, SiLU and ``erf`` are legalized as arithmetic that vectorizes
     (:mod:`.vector_math`)."""
     backend = _backend_module(target)
     legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
