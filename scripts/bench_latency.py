@@ -226,7 +226,8 @@ def default_markdown(rows: list[dict], device: str, target: str, rounds: int, re
         f"memplan kernels {_target_isa(target)}; onnxruntime {_host_isa()} (MLAS picks its kernels from CPUID).",
     )
     lines += [
-        f"Device `{device}`, target `{target}` ({tvm.target.Target.from_device('cpu')}), TVM_NUM_THREADS={threads} "
+        f"Device `{device}`, target `{target}` (this host's CPU: {tvm.target.Target.from_device('cpu')}), "
+        f"TVM_NUM_THREADS={threads} "
         f"(onnxruntime's intra-op threads alike), host {platform.processor() or platform.machine()} with "
         f"{os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats each; latency is the median over all "
         "repeats (ms), spread the interquartile range. memplan = `tvm_memplan.pipeline` with its defaults "
@@ -268,7 +269,8 @@ def markdown(rows: list[dict], device: str, target: str, rounds: int, repeat: in
         "(the host's own: MLAS picks its kernels from CPUID and has no setting to narrow them).",
     )
     lines += [
-        f"Device `{device}`, target `{target}` ({tvm.target.Target.from_device('cpu')}), TVM_NUM_THREADS={threads}, "
+        f"Device `{device}`, target `{target}` (this host's CPU: {tvm.target.Target.from_device('cpu')}), "
+        f"TVM_NUM_THREADS={threads}, "
         f"host {cpu} with {os.cpu_count()} cores; {rounds} interleaved rounds x {repeat} repeats per pipeline; "
         "latency is "
         "the median over all repeats (ms), spread the interquartile range. TVM = TVM 0.27's own pipeline (unscheduled "
