@@ -217,7 +217,8 @@ def cuda_compiler_problem() -> str | None:
         if not _cuda_bindings_installed():
             return (
                 "TVM compiles CUDA kernels with NVRTC from the cuda-bindings package, which is not installed: "
-                "pip install cuda-bindings, or set TVM_CUDA_COMPILE_MODE=nvcc to use the CUDA toolkit's nvcc"
+                "pip install 'tvm_memplan[cuda]' (cuda-bindings), "
+                "or set TVM_CUDA_COMPILE_MODE=nvcc to use the CUDA toolkit's nvcc"
             )
         return None
     if shutil.which("nvcc") is None:
