@@ -1,22 +1,10 @@
 """The export-checking script end to end on a fixture (the full run is minutes per network)."""
 
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``scripts/<name>`` run as a user runs it; its exit status is asserted to be 0."""
-    command = [sys.executable, str(ROOT / "scripts" / name), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
+from tests.script_runner import ROOT, run_script
 
 RESULTS_README = ROOT / "results" / "README.md"
 needs_arm = pytest.mark.skipif(
@@ -28,24 +16,16 @@ needs_arm = pytest.mark.skipif(
 def test_check_exports_splits_and_verifies_an_exported_stem(tmp_path):
     out = tmp_path / "exports.md"
     fixture = ROOT / "tests" / "fixtures" / "torchvision_mobilenet_v2_stem.torchscript.onnx"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "check_exports.py"),
-            str(fixture),
-            "--out",
-            str(out),
-            "--search-seconds",
-            "5",
-            "--cache",
-            str(tmp_path / "cache.jsonl"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    run_script(
+        "check_exports.py",
+        str(fixture),
+        "--out",
+        str(out),
+        "--search-seconds",
+        "5",
+        "--cache",
+        str(tmp_path / "cache.jsonl"),
     )
-    assert done.returncode == 0, done.stderr[-2000:]
     (row,) = [line for line in out.read_text().splitlines() if line.startswith("| torchvision_mobilenet_v2_stem")]
     checked = row.split("|")[9]
     assert checked.strip().startswith("yes,") and "= plan" in checked and "NOT" not in checked, row
@@ -56,26 +36,18 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
     reduction steps cannot shrink (halos are recomputed), the simulated peak drops; fused, the
     chain is one launch."""
     out = tmp_path / "profile.md"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "profile_split.py"),
-            "zoo:mcu_cnn",
-            "--chains",
-            "lv..lv4 (rows)",
-            "--parts",
-            "2,4",
-            "--rounds",
-            "1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    run_script(
+        "profile_split.py",
+        "zoo:mcu_cnn",
+        "--chains",
+        "lv..lv4 (rows)",
+        "--parts",
+        "2,4",
+        "--rounds",
+        "1",
+        "--out",
+        str(out),
     )
-    assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
     unsplit, *tiles = rows
     assert [int(r[2]) for r in tiles] == [2, 4]
@@ -100,32 +72,18 @@ def test_the_readme_check_sees_a_stale_row(tmp_path):
     row = next(line for line in readme.splitlines() if line.startswith("| mlp | 0.00 | 0.00 | +0.0%"))
     stale = tmp_path / "README.md"
     stale.write_text(readme.replace(row, row.replace("| program (proved optimal) |", "| beam1 |")))
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_memory.py"), "--zoo", "mlp", "--check", str(stale)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 1 and "stale or missing row" in done.stderr and "| mlp |" in done.stderr
+    done = run_script("bench_memory.py", "--zoo", "mlp", "--check", str(stale), returncode=1)
+    assert "stale or missing row" in done.stderr and "| mlp |" in done.stderr
 
 
 def test_plot_results_draws_the_charts_from_the_tables(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "plot_results.py"),
-            "--out",
-            str(tmp_path),
-            "--layout-model",
-            "zoo:mcu_cnn",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    run_script(
+        "plot_results.py",
+        "--out",
+        str(tmp_path),
+        "--layout-model",
+        "zoo:mcu_cnn",
     )
-    assert done.returncode == 0, done.stderr[-2000:]
     for name in ("memory.png", "latency.png", "memory_layout_mcu_cnn.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -143,10 +101,11 @@ def test_execute_tutorials_stores_the_outputs(tmp_path):
 
 def test_bench_latency_default_only_times_the_default_build_against_onnxruntime(tmp_path):
     out = tmp_path / "latency.md"
-    command = [sys.executable, str(ROOT / "scripts" / "bench_latency.py"), "zoo:mcu_cnn", "--default-only"]
-    command += ["--rounds", "1", "--repeat", "1", "--out", str(out), "--log", str(tmp_path / "log.jsonl")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_script(
+        "bench_latency.py",
+        *("zoo:mcu_cnn", "--default-only", "--rounds", "1", "--repeat", "1"),
+        *("--out", str(out), "--log", str(tmp_path / "log.jsonl")),
+    )
     text = out.read_text()
     (row,) = [line.split("|") for line in text.splitlines() if line.startswith("| zoo:mcu_cnn")]
     ratio = float(row[4].strip().removesuffix("x"))
@@ -161,29 +120,21 @@ def test_bench_latency_times_the_blocked_layout_and_an_earlier_build_beside_nchw
     # this checkout's builds stand in for an earlier checkout's
     for pipeline, layout in (("memplan", "nchw"), ("memplan_blocked", "blocked")):
         assert cli(["build", "zoo:mcu_cnn", "--layout", layout, "-o", str(earlier / f"zoo_mcu_cnn.{pipeline}.so")]) == 0
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench_latency.py"),
-            "zoo:mcu_cnn",
-            "--blocked",
-            "--rounds",
-            "1",
-            "--repeat",
-            "1",
-            "--out",
-            str(out),
-            "--log",
-            str(tmp_path / "log.jsonl"),
-            "--baseline",
-            str(earlier),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    run_script(
+        "bench_latency.py",
+        "zoo:mcu_cnn",
+        "--blocked",
+        "--rounds",
+        "1",
+        "--repeat",
+        "1",
+        "--out",
+        str(out),
+        "--log",
+        str(tmp_path / "log.jsonl"),
+        "--baseline",
+        str(earlier),
     )
-    assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
     assert len(rows) == 4  # the NCHW table's row, the blocked table's, and NCHW and blocked against the earlier build
     blocked = rows[1]
@@ -275,11 +226,10 @@ def test_bench_gpu_keeps_going_past_a_failed_model_and_names_software_devices(tm
     out = tmp_path / "bench_gpu.md"
     missing = tmp_path / "missing.onnx"
     args = ["--targets", "host", "--dlight-models", "--kernels", "", "--rounds", "1", "--repeat", "1"]
-    command = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), str(missing), "zoo:mcu_cnn", *args]
-    done = subprocess.run(
-        [*command, "--min-repeat-ms", "1", "--out", str(out)], capture_output=True, text=True, timeout=600
+    done = run_script(
+        "bench_gpu.py", str(missing), "zoo:mcu_cnn", *args, "--min-repeat-ms", "1", "--out", str(out), returncode=1
     )
-    assert done.returncode == 1 and done.stderr.strip().endswith("failed: missing.onnx on host"), done.stderr[-2000:]
+    assert done.stderr.strip().endswith("failed: missing.onnx on host"), done.stderr[-2000:]
     rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     assert rows[0][1].strip() == "missing.onnx" and "FAILED: no such model file" in rows[0][3]
     assert [(r[1].strip(), r[3].strip()) for r in rows[1:]] == [("mcu_cnn", "stock"), ("mcu_cnn", "memplan")]

@@ -1,35 +1,15 @@
 """scripts/bench_int8.py end to end on the smallest zoo network (the full table takes minutes)."""
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.script_runner import run_script
 
 
 def test_bench_int8_writes_a_row_with_a_quarter_arena(tmp_path):
     """Built for an AVX2 CPU (Haswell), as the bench times AVX2 kernels on an AVX-512 machine."""
     out = tmp_path / "bench_int8.md"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench_int8.py"),
-            "zoo:mcu_cnn",
-            "--inputs",
-            "2",
-            "--order-seconds",
-            "2",
-            "--mcpu",
-            "haswell",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    run_script(
+        "bench_int8.py",
+        *("zoo:mcu_cnn", "--inputs", "2", "--order-seconds", "2", "--mcpu", "haswell", "--out", str(out)),
     )
-    assert done.returncode == 0, done.stderr[-2000:]
     assert "LLVM CPU `haswell`, 8 float32 lanes, int8 convolutions with avx2" in out.read_text()
     (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
     cells = [c.strip() for c in row.split("|")[1:-1]]
