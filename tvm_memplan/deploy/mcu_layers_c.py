@@ -135,6 +135,28 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
   return p + 1;
 #endif
 }
+/* the low and high words at p: one LDRD, its address a base register plus a small constant the compiler picks (the
+ * callers read within 1 KiB of a pointer, LDRD's immediate range) */
+#if defined(__ARM_FEATURE_DSP)
+#define TVM_MEMPLAN_LDRD_M(p, low, high) __asm__("ldrd %0, %1, %2" : "=r"(low), "=r"(high) : "m"(*(const uint64_t*)(p)))
+#else
+#define TVM_MEMPLAN_LDRD_M(p, low, high)                               \
+  do {                                                                 \
+    const uint64_t tvm_memplan_pair_ = *(const uint64_t*)(p);          \
+    low = (uint32_t)tvm_memplan_pair_, high = (uint32_t)(tvm_memplan_pair_ >> 32); \
+  } while (0)
+#endif
+/* the low and high words at byte `offset` (a literal) from p: one LDRD with an immediate offset */
+#if defined(__ARM_FEATURE_DSP)
+#define TVM_MEMPLAN_LDRD_AT(p, offset, low, high) \
+  __asm__("ldrd %0, %1, [%2, #" #offset "]" : "=r"(low), "=r"(high) : "r"(p), "m"(*(const uint64_t(*)[8])(p)))
+#else
+#define TVM_MEMPLAN_LDRD_AT(p, offset, low, high)                                       \
+  do {                                                                                  \
+    const uint64_t tvm_memplan_pair_ = *(const uint64_t*)((const int8_t*)(p) + offset); \
+    low = (uint32_t)tvm_memplan_pair_, high = (uint32_t)(tvm_memplan_pair_ >> 32);      \
+  } while (0)
+#endif
 static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
   uint32_t word;
   memcpy(&word, p, 4);
@@ -263,21 +285,29 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       }
       const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % kh) + kh) % kh) * stride;
       if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
-        int8_t* out = dst;
-        for (int32_t ox = 0; ox < ow; ox += 2, r0 += 2, out += 2) {
-          uint32_t e = tvm_memplan_word(r0), o = tvm_memplan_odd(e);
-          e = tvm_memplan_even(e);
-          int32_t a0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));
-          int32_t a1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));
-          e = tvm_memplan_word(r0 + stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);
-          a0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, a0));
-          a1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, a1));
-          e = tvm_memplan_word(r0 + 2 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);
-          a0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, a0));
-          a1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, a1));
-          out[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
-          if (ox + 1 < ow) out[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
+#define TVM_MEMPLAN_PAIR(at, out, ox)                                                                \
+  do {                                                                                                \
+    uint32_t e = tvm_memplan_word(at), o = tvm_memplan_odd(e);                                        \
+    e = tvm_memplan_even(e);                                                                          \
+    int32_t a0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));                    \
+    int32_t a1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));                    \
+    e = tvm_memplan_word(at + stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);               \
+    a0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, a0));                           \
+    a1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, a1));                           \
+    e = tvm_memplan_word(at + 2 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);           \
+    a0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, a0));                            \
+    a1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, a1));                            \
+    (out)[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);                                \
+    if ((ox) + 1 < ow) (out)[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);            \
+  } while (0)
+        if (ow <= 72) { /* a short row unrolled: fixed offsets, no loop registers */
+#pragma GCC unroll 36
+          for (int32_t ox = 0; ox < ow; ox += 2) TVM_MEMPLAN_PAIR(r0 + ox, dst + ox, ox);
+        } else {
+          int8_t* out = dst;
+          for (int32_t ox = 0; ox < ow; ox += 2, r0 += 2, out += 2) TVM_MEMPLAN_PAIR(r0, out, ox);
         }
+#undef TVM_MEMPLAN_PAIR
       } else if (kh == 3 && kw == 3) { /* at stride 2, two outputs per two words of each row; else one per word */
         int32_t ox = 0;
         for (; sw == 2 && ox + 1 < ow; ox += 2, r0 += 4) {
@@ -397,8 +427,26 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int32_t bo = bias[o];
       const tvm_memplan_scale mo = tvm_memplan_scale_of(multiplier[o], fixed);
       const int32_t at = p0;
-      for (int32_t p = 0; p < n; p += 4) {
-        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1), then p + 2's */
+      int32_t p = 0;
+      for (; p + 1 < n; p += 2) { /* 2 pixels at fixed offsets: two LDRD a pixel */
+        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1) */
+#define TVM_MEMPLAN_DOT8(step0, step1, acc)                                                                 \
+  do {                                                                                                      \
+    uint32_t xe, xo, ye, yo;                                                                                \
+    TVM_MEMPLAN_LDRD_AT(q, step0, xe, xo);                                                                  \
+    TVM_MEMPLAN_LDRD_AT(q, step1, ye, yo);                                                                  \
+    acc = tvm_memplan_smlad(uo, xo, tvm_memplan_smlad(ue, xe, bo));                                         \
+    acc = tvm_memplan_smlad(to, yo, tvm_memplan_smlad(te, ye, acc));                                        \
+  } while (0)
+        int32_t a0, a1;
+        TVM_MEMPLAN_DOT8(0, 16, a0);
+        TVM_MEMPLAN_DOT8(8, 24, a1);
+#undef TVM_MEMPLAN_DOT8
+        TVM_MEMPLAN_STORE(o, at + p, a0, mo);
+        TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
+      }
+      for (; p < n; p += 4) {
+        const uint64_t* q = packed + 2 * p;
         const int32_t more = n - p;
         const uint64_t* q1 = more > 1 ? q + 1 : q;
         const uint64_t* q2 = more > 2 ? q + 4 : q;
@@ -488,16 +536,27 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
   const int32_t stride = ((cols > filled ? cols : filled) + 3) & ~3;
   int8_t cache[cin * kh * stride]; /* per input channel, a ring of the window's rows, padded */
-  int16_t columns[4 * pairs];        /* two pixels' windows (im2col), as int16 pairs, one after the other */
-  uint32_t packed[(cout + 1) * pairs]; /* each output channel's weights in the same order (then zeros) */
+  /* two pixels' windows (im2col) as int16 pairs, interleaved: pair i of pixel 0, then of pixel 1 (one LDRD); a fixed
+   * size, so that their addresses are offsets from the stack pointer */
+  uint64_t columns[TVM_MEMPLAN_MAX_ROWS * TVM_MEMPLAN_MAX_WINDOW / 2];
+  /* each pair of output channels' weights in the same order, interleaved (channel o's pair i, then o + 1's; zeros
+   * past cout), and their requantization scales, computed once */
+  uint64_t packed[((cout + 1) >> 1) * pairs];
+  tvm_memplan_scale scales[cout + 1];
   const int8_t* rows[TVM_MEMPLAN_MAX_ROWS];
-  for (int32_t o = 0; o < cout; ++o) {
-    int16_t lanes[2 * pairs];
-    for (int32_t i = 0; i < 2 * pairs; ++i) lanes[i] = i < depth ? weights[o * depth + i] : 0;
-    memcpy(packed + o * pairs, lanes, 4 * pairs);
+  const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
+  for (int32_t o = 0; o < cout + 1; o += 2) {
+    for (int32_t i = 0; i < pairs && o < cout; ++i) {
+      int16_t lanes[4];
+      for (int32_t k = 0; k < 4; ++k) {
+        const int32_t channel = o + (k >> 1), at = 2 * i + (k & 1);
+        lanes[k] = channel < cout && at < depth ? weights[channel * depth + at] : 0;
+      }
+      memcpy(packed + (o >> 1) * pairs + i, lanes, 8);
+    }
   }
-  memset(packed + cout * pairs, 0, 4 * pairs);
-  memset(columns, 0, sizeof(columns));
+  for (int32_t o = 0; o <= cout; ++o) scales[o] = tvm_memplan_scale_of(o < cout ? multiplier[o] : 0.0f, fixed);
+  memset(columns, 0, 8 * pairs);
   int32_t next = -top;
   for (int32_t oy = 0; oy < oh; ++oy) {
     const int32_t first = oy * sh - top;
@@ -522,29 +581,27 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t ox = 0; ox < ow; ox += 2) {
       const int32_t two = ox + 1 < ow;
       for (int32_t p = 0; p <= two; ++p) {
-        int16_t* to = columns + 2 * pairs * p;
+        int16_t* to = (int16_t*)columns + 2 * p; /* element j at 4 (j / 2) + 2 p + j % 2 */
+#pragma GCC unroll 32
         for (int32_t i = 0; i < cin * kh; ++i) {
           const int8_t* from = rows[i] + (ox + p) * sw;
 #pragma GCC unroll 8
-          for (int32_t k = 0; k < kw; ++k) *to++ = from[k];
+          for (int32_t k = 0; k < kw; ++k) to[4 * ((i * kw + k) >> 1) + ((i * kw + k) & 1)] = from[k];
         }
       }
-      /* (fixed offsets from two pointers: the second pixel's window and channel o + 1's weights are read even
-       * where there is none, and not stored) */
-      const int8_t* x0 = (const int8_t*)columns;
-      const int8_t* x1 = x0 + 4 * pairs;
+      /* (the second pixel's window and channel o + 1's weights are read even where there is none, and not stored) */
       int8_t* out = y + oy * ow + ox;
       for (int32_t o = 0; o < cout; o += 2) {
         const int32_t second = o + 1 < cout;
-        const uint32_t* u = packed + o * pairs;
-        const uint32_t* v = u + pairs;
+        const uint64_t* u = packed + (o >> 1) * pairs;
         int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
-        const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
-        const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
-        const tvm_memplan_scale mb = tvm_memplan_scale_of(second ? multiplier[o + 1] : 0.0f, fixed);
+        tvm_memplan_scale ma = scales[o], mb = scales[o + 1];
+        ma.fixed = mb.fixed = fixed; /* a constant, which drops the other path */
 #pragma GCC unroll 16
-        for (int32_t i = 0; i < pairs; ++i) {
-          const uint32_t wu = u[i], wv = v[i], xa = tvm_memplan_word(x0 + 4 * i), xb = tvm_memplan_word(x1 + 4 * i);
+        for (int32_t i = 0; i < pairs; ++i) { /* two LDRD, four SMLAD */
+          uint32_t wu, wv, xa, xb;
+          TVM_MEMPLAN_LDRD_M(u + i, wu, wv);
+          TVM_MEMPLAN_LDRD_M(columns + i, xa, xb);
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
           b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
         }
