@@ -309,10 +309,6 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         }
 #undef TVM_MEMPLAN_PAIR
       } else if (kh == 3 && kw == 3) { /* at stride 2, two outputs per two words of each row; else one per word */
-        int32_t ox = 0;
-        for (; sw == 2 && ox + 1 < ow; ox += 2, r0 += 4) {
-          /* bytes 0 to 4 of a row: output ox takes 0, 1, 2 (SMLAD of bytes 0 and 2, tap 1 on byte 1), ox + 1
-           * takes 2, 3, 4 (SMLADX of bytes 4 and 2, which PKHBT pairs, tap 1 on byte 3) */
 #define TVM_MEMPLAN_ROW(at, outer, middle, tap1_a0, tap1_a1)                               \
   do {                                                                                    \
     const uint32_t w0 = tvm_memplan_word(at), e = tvm_memplan_even(w0), o = tvm_memplan_odd(w0); \
@@ -320,14 +316,26 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     a0 = tap1_a0(o, middle, tvm_memplan_smlad(e, outer, a0));                               \
     a1 = tap1_a1(o, middle, tvm_memplan_smladx(pair, outer, a1));                           \
   } while (0)
-          int32_t a0 = b, a1 = b;
-          TVM_MEMPLAN_ROW(r0, outer0, middle01, tvm_memplan_smlabb, tvm_memplan_smlatb);
-          TVM_MEMPLAN_ROW(r0 + stride, outer1, middle01, tvm_memplan_smlabt, tvm_memplan_smlatt);
-          TVM_MEMPLAN_ROW(r0 + 2 * stride, outer2, middle2, tvm_memplan_smlabb, tvm_memplan_smlatb);
-#undef TVM_MEMPLAN_ROW
-          dst[ox] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
-          dst[ox + 1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
+/* bytes 0 to 4 of a row: output ox takes 0, 1, 2 (SMLAD of bytes 0 and 2, tap 1 on byte 1), ox + 1 takes 2, 3, 4
+ * (SMLADX of bytes 4 and 2, which PKHBT pairs, tap 1 on byte 3) */
+#define TVM_MEMPLAN_PAIR(at, out)                                                        \
+  do {                                                                                    \
+    int32_t a0 = b, a1 = b;                                                               \
+    TVM_MEMPLAN_ROW(at, outer0, middle01, tvm_memplan_smlabb, tvm_memplan_smlatb);         \
+    TVM_MEMPLAN_ROW((at) + stride, outer1, middle01, tvm_memplan_smlabt, tvm_memplan_smlatt); \
+    TVM_MEMPLAN_ROW((at) + 2 * stride, outer2, middle2, tvm_memplan_smlabb, tvm_memplan_smlatb); \
+    (out)[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);                    \
+    (out)[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);                    \
+  } while (0)
+        int32_t ox = 0;
+        if (sw == 2 && ow <= 72) { /* a row of up to 72 outputs unrolled: fixed offsets, no loop registers */
+#pragma GCC unroll 36
+          for (; ox + 1 < ow; ox += 2) TVM_MEMPLAN_PAIR(r0 + 2 * ox, dst + ox);
+          r0 += 2 * ox;
         }
+        for (; sw == 2 && ox + 1 < ow; ox += 2, r0 += 4) TVM_MEMPLAN_PAIR(r0, dst + ox);
+#undef TVM_MEMPLAN_PAIR
+#undef TVM_MEMPLAN_ROW
         for (; ox < ow; ++ox, r0 += sw) {
           uint32_t e = tvm_memplan_word(r0);
           int32_t a = tvm_memplan_smlad(tvm_memplan_even(e), outer0, b);
