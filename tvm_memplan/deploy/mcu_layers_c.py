@@ -157,6 +157,47 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
     low = (uint32_t)tvm_memplan_pair_, high = (uint32_t)(tvm_memplan_pair_ >> 32);      \
   } while (0)
 #endif
+/* one step of 4 input channels of the pointwise 2x2 block: channels o and o + 1 (their unpacked pairs at v), pixels
+ * p and p + 1 (their packed pairs at q), both pointers advanced: four LDRD, eight SMLAD; in C, scheduled by the
+ * compiler */
+#define TVM_MEMPLAN_STEP_2X2_C(v, q, a0, a1, b0, b1)                                                             \
+  do {                                                                                                         \
+    uint32_t ue, uo, te, to, x0e, x0o, x1e, x1o;                                                               \
+    v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);                                      \
+    q = tvm_memplan_ldrd(q, &x0e, &x0o), q = tvm_memplan_ldrd(q, &x1e, &x1o);                                  \
+    a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));                                           \
+    a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));                                           \
+    b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));                                           \
+    b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                                           \
+  } while (0)
+/* the same step as one asm block on the DSP, so that the compiler's scheduler cannot hoist later steps' loads and
+ * spill the accumulators (it did for some layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers, the
+ * second channel's pair loaded into the first's */
+#if defined(__ARM_FEATURE_DSP)
+#define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                             \
+  do {                                                                                                         \
+    uint32_t u0_, u1_, x0_, x1_, y0_, y1_;                                                                     \
+    __asm__(                                                                                                   \
+        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "ldrd %[x0], %[x1], [%[q]], #8\n\t"                                                                    \
+        "ldrd %[y0], %[y1], [%[q]], #8\n\t"                                                                    \
+        "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                 \
+        "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                 \
+        "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                 \
+        "smlad %[a1], %[u1], %[y1], %[a1]\n\t"                                                                 \
+        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "smlad %[b0], %[u0], %[x0], %[b0]\n\t"                                                                 \
+        "smlad %[b0], %[u1], %[x1], %[b0]\n\t"                                                                 \
+        "smlad %[b1], %[u0], %[y0], %[b1]\n\t"                                                                 \
+        "smlad %[b1], %[u1], %[y1], %[b1]"                                                                     \
+        : [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [v] "+r"(v), [q] "+r"(q), [u0] "=&r"(u0_), \
+          [u1] "=&r"(u1_), [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_)                   \
+        :                                                                                                      \
+        : "memory");                                                                                           \
+  } while (0)
+#else
+#define TVM_MEMPLAN_STEP_2X2 TVM_MEMPLAN_STEP_2X2_C
+#endif
 static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
   uint32_t word;
   memcpy(&word, p, 4);
@@ -486,20 +527,30 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
           unpacked[2 * s + 1] = tvm_memplan_even(t) | (uint64_t)tvm_memplan_odd(t) << 32;
         }
       }
-      for (int32_t p = 0; p < n; p += 2) {
-        const uint64_t* q = packed + p * steps; /* pixels p and p + 1, step by step */
+      /* the pixel pairs walk the packed tile in order, and their outputs (and residuals) by pointer */
+      const uint64_t* q = packed;
+      int8_t* ya = y + o * y_plane + p0;
+      const int8_t* ra = residual + o * pixels + p0;
+      const int32_t second = o + 1 < cout;
+#define TVM_MEMPLAN_STORE_AT(out, other, acc, m)                                                        \
+  do {                                                                                                  \
+    int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
+    if (add) {                                                                                          \
+      code = code_first ? tvm_memplan_add(code, *(other), ratio_a, ratio_b, constant, add_low, add_high) \
+                        : tvm_memplan_add(*(other), code, ratio_a, ratio_b, constant, add_low, add_high); \
+    }                                                                                                   \
+    *(out) = (int8_t)code;                                                                              \
+  } while (0)
+      for (int32_t p = 0; p < n; p += 2, ya += 2, ra += 2) {
         int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;
         if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */
           const uint64_t* v = unpacked;
+          if (add) { /* (the residual add's registers: the compiler's schedule is better there) */
 #pragma GCC unroll 4
-          for (int32_t s = 0; s < steps; ++s) {
-            uint32_t ue, uo, te, to, x0e, x0o, x1e, x1o;
-            v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);
-            q = tvm_memplan_ldrd(q, &x0e, &x0o), q = tvm_memplan_ldrd(q, &x1e, &x1o);
-            a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
-            a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
-            b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
-            b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
+            for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2_C(v, q, a0, a1, b0, b1);
+          } else {
+#pragma GCC unroll 4
+            for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1);
           }
         } else {
           const int8_t* v = wa;
@@ -517,14 +568,14 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
             b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
           }
         }
-        const int32_t at = p0 + p;
-        TVM_MEMPLAN_STORE(o, at, a0, ma);
-        if (p + 1 < n) TVM_MEMPLAN_STORE(o, at + 1, a1, ma);
-        if (o + 1 < cout) {
-          TVM_MEMPLAN_STORE(o + 1, at, b0, mb);
-          if (p + 1 < n) TVM_MEMPLAN_STORE(o + 1, at + 1, b1, mb);
+        TVM_MEMPLAN_STORE_AT(ya, ra, a0, ma);
+        if (p + 1 < n) TVM_MEMPLAN_STORE_AT(ya + 1, ra + 1, a1, ma);
+        if (second) {
+          TVM_MEMPLAN_STORE_AT(ya + y_plane, ra + pixels, b0, mb);
+          if (p + 1 < n) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb);
         }
       }
+#undef TVM_MEMPLAN_STORE_AT
     }
   }
 #undef TVM_MEMPLAN_STORE
