@@ -477,6 +477,34 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const tvm_memplan_scale mo = tvm_memplan_scale_of(multiplier[o], fixed);
       const int32_t at = p0;
       int32_t p = 0;
+#if defined(__ARM_FEATURE_DSP)
+      /* 4 pixels (the packed pairs of two pixel pairs) in one asm block: two LDRD and four SMLAD a pixel, the
+       * accumulators in registers (12 in all) */
+      const uint64_t* q = packed;
+      for (; !add && p + 3 < n; p += 4) {
+        int32_t a0, a1, a2, a3;
+        uint32_t y_, z_;
+#define TVM_MEMPLAN_DOT8(acc, step0, step1)                  \
+  "ldrd %[" #acc "], %[y], " step0 "\n\t"                    \
+  "smlad %[" #acc "], %[ue], %[" #acc "], %[b]\n\t"          \
+  "smlad %[" #acc "], %[uo], %[y], %[" #acc "]\n\t"          \
+  "ldrd %[y], %[z], " step1 "\n\t"                           \
+  "smlad %[" #acc "], %[te], %[y], %[" #acc "]\n\t"          \
+  "smlad %[" #acc "], %[to], %[z], %[" #acc "]\n\t"
+        __asm__(TVM_MEMPLAN_DOT8(a0, "[%[q]], #64", "[%[q], #-48]") TVM_MEMPLAN_DOT8(a1, "[%[q], #-56]", "[%[q], #-40]")
+                    TVM_MEMPLAN_DOT8(a2, "[%[q], #-32]", "[%[q], #-16]")
+                        TVM_MEMPLAN_DOT8(a3, "[%[q], #-24]", "[%[q], #-8]")
+                : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [y] "=&r"(y_), [z] "=&r"(z_),
+                  [q] "+r"(q)
+                : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo)
+                : "memory");
+#undef TVM_MEMPLAN_DOT8
+        TVM_MEMPLAN_STORE(o, at + p, a0, mo);
+        TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
+        TVM_MEMPLAN_STORE(o, at + p + 2, a2, mo);
+        TVM_MEMPLAN_STORE(o, at + p + 3, a3, mo);
+      }
+#endif
       for (; p + 1 < n; p += 2) { /* 2 pixels at fixed offsets: two LDRD a pixel */
         const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1) */
 #define TVM_MEMPLAN_DOT8(step0, step1, acc)                                                                 \
