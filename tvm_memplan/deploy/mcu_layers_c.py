@@ -452,7 +452,28 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       int32_t a[4];
       for (int32_t k = 0; k < 4; ++k) a[k] = o + k < cout ? bias[o + k] : 0;
       int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+#if defined(__ARM_FEATURE_DSP)
+      /* a step in one asm block (11 registers; the compiler's schedule hoisted loads and spilled): one LDRD of
+       * the input pairs, two of the 4 channels' weight words (the weights are word-aligned constants), eight
+       * SXTB16 and eight SMLAD */
 #pragma GCC unroll 2
+      for (int32_t s = 0; s < steps; ++s) {
+        uint32_t xe, xo, w0, w1, t;
+#define TVM_MEMPLAN_LANE(acc, w)                 \
+  "sxtb16 %[t], %[" #w "]\n\t"                   \
+  "sxtb16 %[" #w "], %[" #w "], ror #8\n\t"      \
+  "smlad %[" #acc "], %[t], %[xe], %[" #acc "]\n\t" \
+  "smlad %[" #acc "], %[" #w "], %[xo], %[" #acc "]\n\t"
+        __asm__("ldrd %[xe], %[xo], [%[q]], #16\n\t"
+                "ldrd %[w0], %[w1], [%[v]], #16\n\t" TVM_MEMPLAN_LANE(a0, w0) TVM_MEMPLAN_LANE(a1, w1)
+                "ldrd %[w0], %[w1], [%[v], #-8]\n\t" TVM_MEMPLAN_LANE(a2, w0) TVM_MEMPLAN_LANE(a3, w1)
+                : [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3), [q] "+r"(q), [v] "+r"(v),
+                  [xe] "=&r"(xe), [xo] "=&r"(xo), [w0] "=&r"(w0), [w1] "=&r"(w1), [t] "=&r"(t)
+                :
+                : "memory");
+#undef TVM_MEMPLAN_LANE
+      }
+#else
       for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
         const uint32_t xe = (uint32_t)*q, xo = (uint32_t)(*q >> 32);
         const uint32_t w0 = tvm_memplan_word(v), w1 = tvm_memplan_word(v + 4);
@@ -462,6 +483,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         a2 = tvm_memplan_smlad(tvm_memplan_odd(w2), xo, tvm_memplan_smlad(tvm_memplan_even(w2), xe, a2));
         a3 = tvm_memplan_smlad(tvm_memplan_odd(w3), xo, tvm_memplan_smlad(tvm_memplan_even(w3), xe, a3));
       }
+#endif
       a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
       for (int32_t k = 0; k < 4 && o + k < cout; ++k) {
         TVM_MEMPLAN_STORE(o + k, p0, a[k], tvm_memplan_scale_of(multiplier[o + k], fixed));
