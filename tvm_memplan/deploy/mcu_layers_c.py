@@ -503,6 +503,35 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       /* 4 pixels (the packed pairs of two pixel pairs) in one asm block: two LDRD and four SMLAD a pixel, the
        * accumulators in registers (12 in all) */
       const uint64_t* q = packed;
+      int8_t* yo = y + o * y_plane + p0;
+      /* with the fixed-point requantization to the int8 range and no residual: 8 pixels to their stored codes in
+       * one asm block (12 registers), SMMLAR, SSAT and STRB after each pixel's four SMLAD */
+      for (; fixed && !add && low == -128 && high == 127 && p + 7 < n; p += 8) {
+        int32_t acc_;
+        uint32_t y_, z_;
+#define TVM_MEMPLAN_CODE(step0, step1, store)   \
+  "ldrd %[acc], %[y], " step0 "\n\t"            \
+  "smlad %[acc], %[ue], %[acc], %[b]\n\t"       \
+  "smlad %[acc], %[uo], %[y], %[acc]\n\t"       \
+  "ldrd %[y], %[z], " step1 "\n\t"              \
+  "smlad %[acc], %[te], %[y], %[acc]\n\t"       \
+  "smlad %[acc], %[to], %[z], %[acc]\n\t"       \
+  "smmlar %[acc], %[acc], %[mq], %[zp]\n\t"     \
+  "ssat %[acc], #8, %[acc]\n\t"                 \
+  "strb %[acc], " store "\n\t"
+        __asm__ volatile(TVM_MEMPLAN_CODE("[%[q]], #128", "[%[q], #-112]", "[%[out]], #8") /* (it stores) */
+                    TVM_MEMPLAN_CODE("[%[q], #-120]", "[%[q], #-104]", "[%[out], #-7]")
+                        TVM_MEMPLAN_CODE("[%[q], #-96]", "[%[q], #-80]", "[%[out], #-6]")
+                            TVM_MEMPLAN_CODE("[%[q], #-88]", "[%[q], #-72]", "[%[out], #-5]")
+                                TVM_MEMPLAN_CODE("[%[q], #-64]", "[%[q], #-48]", "[%[out], #-4]")
+                                    TVM_MEMPLAN_CODE("[%[q], #-56]", "[%[q], #-40]", "[%[out], #-3]")
+                                        TVM_MEMPLAN_CODE("[%[q], #-32]", "[%[q], #-16]", "[%[out], #-2]")
+                                            TVM_MEMPLAN_CODE("[%[q], #-24]", "[%[q], #-8]", "[%[out], #-1]")
+                : [acc] "=&r"(acc_), [y] "=&r"(y_), [z] "=&r"(z_), [q] "+r"(q), [out] "+r"(yo)
+                : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo), [mq] "r"(mo.q), [zp] "r"(y_zp)
+                : "memory");
+#undef TVM_MEMPLAN_CODE
+      }
       for (; !add && p + 3 < n; p += 4) {
         int32_t a0, a1, a2, a3;
         uint32_t y_, z_;
