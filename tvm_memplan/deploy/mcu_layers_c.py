@@ -620,40 +620,46 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     }                                                                                                   \
     *(out) = (int8_t)code;                                                                              \
   } while (0)
-      for (int32_t p = 0; p < n; p += 2, ya += 2, ra += 2) {
-        int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;
-        if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */
-          const uint64_t* v = unpacked;
-          if (add) { /* (the residual add's registers: the compiler's schedule is better there) */
-#pragma GCC unroll 4
-            for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2_C(v, q, a0, a1, b0, b1);
-          } else {
-#pragma GCC unroll 4
-            for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1);
-          }
-        } else {
-          const int8_t* v = wa;
-#pragma GCC unroll 4
-          for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
-            const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);
-            const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
-            const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
-            const uint64_t x0 = q[0], x1 = q[1];
-            const uint32_t x0e = (uint32_t)x0, x0o = (uint32_t)(x0 >> 32), x1e = (uint32_t)x1;
-            const uint32_t x1o = (uint32_t)(x1 >> 32);
-            a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
-            a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
-            b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
-            b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
-          }
-        }
-        TVM_MEMPLAN_STORE_AT(ya, ra, a0, ma);
-        if (p + 1 < n) TVM_MEMPLAN_STORE_AT(ya + 1, ra + 1, a1, ma);
-        if (second) {
-          TVM_MEMPLAN_STORE_AT(ya + y_plane, ra + pixels, b0, mb);
-          if (p + 1 < n) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb);
-        }
-      }
+/* a block of channels o, o + 1 x pixels p, p + 1 (both: p + 1 exists) */
+#define TVM_MEMPLAN_BLOCK(both)                                                                \
+  do {                                                                                         \
+    int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;                                                \
+    if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */               \
+      const uint64_t* v = unpacked;                                                            \
+      if (add) { /* (the residual add's registers: the compiler's schedule is better there) */ \
+_Pragma("GCC unroll 4")                                                                        \
+        for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2_C(v, q, a0, a1, b0, b1);      \
+      } else {                                                                                 \
+_Pragma("GCC unroll 4")                                                                        \
+        for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1);        \
+      }                                                                                        \
+    } else {                                                                                   \
+      const int8_t* v = wa;                                                                    \
+_Pragma("GCC unroll 4")                                                                        \
+      for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {                                   \
+        const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);                   \
+        const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);                      \
+        const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);                      \
+        const uint64_t x0 = q[0], x1 = q[1];                                                   \
+        const uint32_t x0e = (uint32_t)x0, x0o = (uint32_t)(x0 >> 32), x1e = (uint32_t)x1;     \
+        const uint32_t x1o = (uint32_t)(x1 >> 32);                                             \
+        a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));                       \
+        a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));                       \
+        b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));                       \
+        b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                       \
+      }                                                                                        \
+    }                                                                                          \
+    TVM_MEMPLAN_STORE_AT(ya, ra, a0, ma);                                                      \
+    if (both) TVM_MEMPLAN_STORE_AT(ya + 1, ra + 1, a1, ma);                                    \
+    if (second) {                                                                              \
+      TVM_MEMPLAN_STORE_AT(ya + y_plane, ra + pixels, b0, mb);                                 \
+      if (both) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb);               \
+    }                                                                                          \
+  } while (0)
+      int32_t p = 0;
+      for (; p + 1 < n; p += 2, ya += 2, ra += 2) TVM_MEMPLAN_BLOCK(1); /* (no test of the second pixel) */
+      if (p < n) TVM_MEMPLAN_BLOCK(0);
+#undef TVM_MEMPLAN_BLOCK
 #undef TVM_MEMPLAN_STORE_AT
     }
   }
