@@ -203,6 +203,20 @@ static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int
   memcpy(&word, p, 4);
   return word;
 }
+/* n bytes from `from` to `to` and to `to + other` (a row of the depthwise ring, held twice): a word at a time (LDR,
+ * which may be unaligned on the M4 and M7, and two STR to word-aligned rows; the empty asm keeps GCC from turning the
+ * loop back into memcpy calls, which cost more for rows of a few dozen bytes), then the last bytes */
+static inline __attribute__((always_inline)) void tvm_memplan_copy_row_twice(
+    int8_t* to, int32_t other, const int8_t* from, int32_t n) {
+  int32_t i = 0;
+#pragma GCC unroll 4
+  for (; i + 3 < n; i += 4) {
+    uint32_t word = tvm_memplan_word(from + i);
+    __asm__("" : "+r"(word));
+    memcpy(to + i, &word, 4), memcpy(to + other + i, &word, 4);
+  }
+  for (; i < n; ++i) to[i] = to[other + i] = from[i];
+}
 /* a float rounded half to even (the FPSCR's default mode) to int32, saturating: VCVTR on a Cortex-M FPU */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_round(float value) {
 #if defined(__ARM_FP) && (__ARM_FP & 4)
@@ -321,7 +335,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         if (next < 0 || next >= h) {
           memset(row, x_zp, w), memset(row + kh * stride, x_zp, w);
         } else {
-          memcpy(row, src + next * w, w), memcpy(row + kh * stride, src + next * w, w);
+          tvm_memplan_copy_row_twice(row, kh * stride, src + next * w, w);
         }
       }
       const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % kh) + kh) % kh) * stride;
@@ -712,6 +726,7 @@ _Pragma("GCC unroll 4")                                                         
         if (next < 0 || next >= h) continue;
         if (quantize) { /* the network input: MLAS's QuantizeLinear (divide, round half to even, saturate) */
           const float* from = (const float*)x_ + (c * h + next) * w;
+#pragma GCC unroll 4
           for (int32_t i = 0; i < w; ++i) row[left + i] = (int8_t)tvm_memplan_offset(
               tvm_memplan_round(from[i] / x_scale), x_zp, -128, 127);
         } else {
