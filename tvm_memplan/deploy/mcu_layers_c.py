@@ -158,21 +158,10 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
   } while (0)
 #endif
 /* one step of 4 input channels of the pointwise 2x2 block: channels o and o + 1 (their unpacked pairs at v), pixels
- * p and p + 1 (their packed pairs at q), both pointers advanced: four LDRD, eight SMLAD; in C, scheduled by the
- * compiler */
-#define TVM_MEMPLAN_STEP_2X2_C(v, q, a0, a1, b0, b1)                                                             \
-  do {                                                                                                         \
-    uint32_t ue, uo, te, to, x0e, x0o, x1e, x1o;                                                               \
-    v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);                                      \
-    q = tvm_memplan_ldrd(q, &x0e, &x0o), q = tvm_memplan_ldrd(q, &x1e, &x1o);                                  \
-    a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));                                           \
-    a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));                                           \
-    b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));                                           \
-    b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                                           \
-  } while (0)
-/* the same step as one asm block on the DSP, so that the compiler's scheduler cannot hoist later steps' loads and
- * spill the accumulators (it did for some layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers, the
- * second channel's pair loaded into the first's */
+ * p and p + 1 (their packed pairs at q), both pointers advanced: four LDRD, eight SMLAD. On the DSP one asm block,
+ * so that the compiler's scheduler cannot hoist later steps' loads and spill the accumulators (it did for some
+ * layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers, the second channel's pair loaded into the
+ * first's */
 #if defined(__ARM_FEATURE_DSP)
 #define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                             \
   do {                                                                                                         \
@@ -196,7 +185,16 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
         : "memory");                                                                                           \
   } while (0)
 #else
-#define TVM_MEMPLAN_STEP_2X2 TVM_MEMPLAN_STEP_2X2_C
+#define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                           \
+  do {                                                                                                         \
+    uint32_t ue, uo, te, to, x0e, x0o, x1e, x1o;                                                               \
+    v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);                                      \
+    q = tvm_memplan_ldrd(q, &x0e, &x0o), q = tvm_memplan_ldrd(q, &x1e, &x1o);                                  \
+    a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));                                           \
+    a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));                                           \
+    b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));                                           \
+    b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                                           \
+  } while (0)
 #endif
 static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
   uint32_t word;
@@ -640,13 +638,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;                                                \
     if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */               \
       const uint64_t* v = unpacked;                                                            \
-      if (add) { /* (the residual add's registers: the compiler's schedule is better there) */ \
 _Pragma("GCC unroll 4")                                                                        \
-        for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2_C(v, q, a0, a1, b0, b1);      \
-      } else {                                                                                 \
-_Pragma("GCC unroll 4")                                                                        \
-        for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1);        \
-      }                                                                                        \
+      for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1);          \
     } else {                                                                                   \
       const int8_t* v = wa;                                                                    \
 _Pragma("GCC unroll 4")                                                                        \
