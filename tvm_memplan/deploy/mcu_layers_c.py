@@ -8,11 +8,19 @@ for NCHW tensors:
   checks. A 3x3 window at stride 1 computes two outputs per word of 4 input bytes: ``SXTB16``
   splits it into the even and odd bytes, ``SMLAD`` adds taps 0 and 2 of a row, ``SMLABB``/``SMLATB``
   tap 1 (the pairing of TinyEngine's depthwise kernels); at stride 2 two outputs per two words
-  (``PKHBT`` pairs the second output's bytes 2 and 4 for ``SMLADX``);
+  (``PKHBT`` pairs the second output's bytes 2 and 4 for ``SMLADX``); rows of up to 72 outputs are
+  unrolled whole (fixed offsets, no loop registers);
 * pointwise (1x1, stride 1): a tile of pixels is packed once as ``SXTB16`` pairs of 4 input
   channels, then 2 output channels x 2 pixels accumulate on ``SMLAD`` over the channels (4
   accumulators in registers), reading the weights in :func:`.dot_kernels.pack_dot_weights`'s
-  layout, the one :func:`.dot_kernels.conv2d_dot` reads.
+  layout, the one :func:`.dot_kernels.conv2d_dot` reads; 5-8 input channels: one channel's
+  weights in registers, 4 or 8 pixels a pass; one pixel (a dense): 4 channels a step;
+* the stem (few input channels): two pixels' im2col'd windows and two channels' weights, interleaved
+  so that one ``LDRD`` reads a pair of taps of both.
+
+On the DSP the pointwise kernel's inner steps are inline-asm blocks: GCC's scheduler otherwise hoists
+later steps' loads and spills the accumulators on some layer shapes; the asm fixes the registers (at
+most 12) and the instruction order.
 
 They requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
 channel's bias and multiplier loaded once; built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize
