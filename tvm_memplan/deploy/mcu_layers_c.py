@@ -143,10 +143,12 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
   return p + 1;
 #endif
 }
-/* the low and high words at p: one LDRD, its address a base register plus a small constant the compiler picks (the
- * callers read within 1 KiB of a pointer, LDRD's immediate range) */
+/* the low and high words at p: one LDRD, its address a base register plus a constant the compiler picks. "Uv" (a VFP
+ * load's address: a register and a multiple of 4 within +-1020) is LDRD's immediate range too, where "m" would allow
+ * LDR's 4095 */
 #if defined(__ARM_FEATURE_DSP)
-#define TVM_MEMPLAN_LDRD_M(p, low, high) __asm__("ldrd %0, %1, %2" : "=r"(low), "=r"(high) : "m"(*(const uint64_t*)(p)))
+#define TVM_MEMPLAN_LDRD_M(p, low, high) \
+  __asm__("ldrd %0, %1, %2" : "=r"(low), "=r"(high) : "Uv"(*(const uint64_t*)(p)))
 #else
 #define TVM_MEMPLAN_LDRD_M(p, low, high)                               \
   do {                                                                 \
