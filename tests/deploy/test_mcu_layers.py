@@ -293,3 +293,60 @@ def test_inverted_residual_block_on_the_emulated_m7_gives_onnxruntimes_codes(tmp
     ).stdout
     fixed = requantize == "fixed"
     assert ("smmlar" in disassembly) == fixed
+
+
+def expand_stride_project(channels: int = 8, hidden: int = 24, out: int = 16, size: int = 9) -> onnx.ModelProto:
+    """A 3x3 stem (the window kernel, which quantizes the float input), a 1x1 expansion of its 8 channels (the
+    5-8-channel kernel, 81 pixels: blocks of 8 and 4 and a tail), a 3x3 depthwise at stride 2 (rows of 5), a 1x1
+    projection with no residual (the 2x2 blocks, 25 pixels: an odd tail)."""
+    rng = np.random.default_rng(2)
+    inits = {
+        "ws": rng.standard_normal((channels, 3, 3, 3)) * 0.3,
+        "bs": rng.standard_normal(channels) * 0.1,
+        "we": rng.standard_normal((hidden, channels, 1, 1)) * 0.3,
+        "be": rng.standard_normal(hidden) * 0.1,
+        "wd": rng.standard_normal((hidden, 1, 3, 3)) * 0.3,
+        "bd": rng.standard_normal(hidden) * 0.1,
+        "wp": rng.standard_normal((out, hidden, 1, 1)) * 0.2,
+        "bp": rng.standard_normal(out) * 0.1,
+        "zero": np.float32(0.0),
+        "six": np.float32(6.0),
+    }
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "ws", "bs"], ["s"], pads=[1] * 4),
+        onnx.helper.make_node("Clip", ["s", "zero", "six"], ["sr"]),
+        onnx.helper.make_node("Conv", ["sr", "we", "be"], ["e"]),
+        onnx.helper.make_node("Clip", ["e", "zero", "six"], ["er"]),
+        onnx.helper.make_node("Conv", ["er", "wd", "bd"], ["d"], group=hidden, pads=[1] * 4, strides=[2, 2]),
+        onnx.helper.make_node("Clip", ["d", "zero", "six"], ["dr"]),
+        onnx.helper.make_node("Conv", ["dr", "wp", "bp"], ["y"]),
+    ]
+    half = (size + 1) // 2
+    return models.float_model(nodes, inits, {"x": [1, 3, size, size]}, {"y": [1, out, half, half]})
+
+
+@needs_arm
+@pytest.mark.slow
+@pytest.mark.parametrize("requantize", ["exact", "fixed"])
+def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emulated_m7(tmp_path, requantize):
+    """The kernels' inline-asm blocks (DSP only, so the host tests above do not run them): 8 pixels of 5-8 input
+    channels to stored codes (fixed point) or 4 to accumulators, a step of the 2x2 pointwise block, against
+    onnxruntime's run of the same QDQ file (exact: its codes; fixed: within its own spread)."""
+    model = models.quantize_qdq(expand_stride_project())
+    path = tmp_path / "net.onnx"
+    onnx.save(model, str(path))
+    directory = tmp_path / "c"
+    emit_c(str(path), directory, "cortex-m7", requantize=requantize, order_seconds=1)
+    result = measure_c(directory, "qemu-cortex-m7")
+    assert result.correct, result
+    if requantize == "exact":
+        assert result.diff_lsb == 0, result
+    else:
+        assert result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
+    disassembly = subprocess.run(
+        ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
+    ).stdout
+    fixed = requantize == "fixed"
+    assert bool(re.search(r"ldrd\s+\w+, \w+, \[\w+\], #128", disassembly)) == fixed  # the 8-pixel block
+    assert bool(re.search(r"ldrd\s+\w+, \w+, \[\w+\], #64", disassembly))  # the 4-pixel block
+    assert ("smmlar" in disassembly) == fixed

@@ -8,11 +8,19 @@ for NCHW tensors:
   checks. A 3x3 window at stride 1 computes two outputs per word of 4 input bytes: ``SXTB16``
   splits it into the even and odd bytes, ``SMLAD`` adds taps 0 and 2 of a row, ``SMLABB``/``SMLATB``
   tap 1 (the pairing of TinyEngine's depthwise kernels); at stride 2 two outputs per two words
-  (``PKHBT`` pairs the second output's bytes 2 and 4 for ``SMLADX``);
+  (``PKHBT`` pairs the second output's bytes 2 and 4 for ``SMLADX``); rows of up to 72 outputs are
+  unrolled whole (fixed offsets, no loop registers);
 * pointwise (1x1, stride 1): a tile of pixels is packed once as ``SXTB16`` pairs of 4 input
   channels, then 2 output channels x 2 pixels accumulate on ``SMLAD`` over the channels (4
   accumulators in registers), reading the weights in :func:`.dot_kernels.pack_dot_weights`'s
-  layout, the one :func:`.dot_kernels.conv2d_dot` reads.
+  layout, the one :func:`.dot_kernels.conv2d_dot` reads; 5-8 input channels: one channel's
+  weights in registers, 4 or 8 pixels a pass; one pixel (a dense): 4 channels a step;
+* the stem (few input channels): two pixels' im2col'd windows and two channels' weights, interleaved
+  so that one ``LDRD`` reads a pair of taps of both.
+
+On the DSP the pointwise kernel's inner steps are inline-asm blocks: GCC's scheduler otherwise hoists
+later steps' loads and spills the accumulators on some layer shapes; the asm fixes the registers (at
+most 12) and the instruction order.
 
 They requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
 channel's bias and multiplier loaded once; built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize
@@ -135,10 +143,87 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
   return p + 1;
 #endif
 }
+/* the low and high words at p: one LDRD, its address a base register plus a constant the compiler picks. "Uv" (a VFP
+ * load's address: a register and a multiple of 4 within +-1020) is LDRD's immediate range too, where "m" would allow
+ * LDR's 4095 */
+#if defined(__ARM_FEATURE_DSP)
+#define TVM_MEMPLAN_LDRD_M(p, low, high) \
+  __asm__("ldrd %0, %1, %2" : "=r"(low), "=r"(high) : "Uv"(*(const uint64_t*)(p)))
+#else
+#define TVM_MEMPLAN_LDRD_M(p, low, high)                               \
+  do {                                                                 \
+    const uint64_t tvm_memplan_pair_ = *(const uint64_t*)(p);          \
+    low = (uint32_t)tvm_memplan_pair_, high = (uint32_t)(tvm_memplan_pair_ >> 32); \
+  } while (0)
+#endif
+/* the low and high words at byte `offset` (a literal) from p: one LDRD with an immediate offset */
+#if defined(__ARM_FEATURE_DSP)
+#define TVM_MEMPLAN_LDRD_AT(p, offset, low, high) \
+  __asm__("ldrd %0, %1, [%2, #" #offset "]" : "=r"(low), "=r"(high) : "r"(p), "m"(*(const uint64_t(*)[8])(p)))
+#else
+#define TVM_MEMPLAN_LDRD_AT(p, offset, low, high)                                       \
+  do {                                                                                  \
+    const uint64_t tvm_memplan_pair_ = *(const uint64_t*)((const int8_t*)(p) + offset); \
+    low = (uint32_t)tvm_memplan_pair_, high = (uint32_t)(tvm_memplan_pair_ >> 32);      \
+  } while (0)
+#endif
+/* one step of 4 input channels of the pointwise 2x2 block: channels o and o + 1 (their unpacked pairs at v), pixels
+ * p and p + 1 (their packed pairs at q), both pointers advanced: four LDRD, eight SMLAD. On the DSP one asm block,
+ * so that the compiler's scheduler cannot hoist later steps' loads and spill the accumulators (it did for some
+ * layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers, the second channel's pair loaded into the
+ * first's */
+#if defined(__ARM_FEATURE_DSP)
+#define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                             \
+  do {                                                                                                         \
+    uint32_t u0_, u1_, x0_, x1_, y0_, y1_;                                                                     \
+    __asm__(                                                                                                   \
+        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "ldrd %[x0], %[x1], [%[q]], #8\n\t"                                                                    \
+        "ldrd %[y0], %[y1], [%[q]], #8\n\t"                                                                    \
+        "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                 \
+        "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                 \
+        "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                 \
+        "smlad %[a1], %[u1], %[y1], %[a1]\n\t"                                                                 \
+        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "smlad %[b0], %[u0], %[x0], %[b0]\n\t"                                                                 \
+        "smlad %[b0], %[u1], %[x1], %[b0]\n\t"                                                                 \
+        "smlad %[b1], %[u0], %[y0], %[b1]\n\t"                                                                 \
+        "smlad %[b1], %[u1], %[y1], %[b1]"                                                                     \
+        : [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [v] "+r"(v), [q] "+r"(q), [u0] "=&r"(u0_), \
+          [u1] "=&r"(u1_), [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_)                   \
+        :                                                                                                      \
+        : "memory");                                                                                           \
+  } while (0)
+#else
+#define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                           \
+  do {                                                                                                         \
+    uint32_t ue, uo, te, to, x0e, x0o, x1e, x1o;                                                               \
+    v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);                                      \
+    q = tvm_memplan_ldrd(q, &x0e, &x0o), q = tvm_memplan_ldrd(q, &x1e, &x1o);                                  \
+    a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));                                           \
+    a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));                                           \
+    b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));                                           \
+    b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                                           \
+  } while (0)
+#endif
 static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
   uint32_t word;
   memcpy(&word, p, 4);
   return word;
+}
+/* n bytes from `from` to `to` and to `to + other` (a row of the depthwise ring, held twice): a word at a time (LDR,
+ * which may be unaligned on the M4 and M7, and two STR to word-aligned rows; the empty asm keeps GCC from turning the
+ * loop back into memcpy calls, which cost more for rows of a few dozen bytes), then the last bytes */
+static inline __attribute__((always_inline)) void tvm_memplan_copy_row_twice(
+    int8_t* to, int32_t other, const int8_t* from, int32_t n) {
+  int32_t i = 0;
+#pragma GCC unroll 4
+  for (; i + 3 < n; i += 4) {
+    uint32_t word = tvm_memplan_word(from + i);
+    __asm__("" : "+r"(word));
+    memcpy(to + i, &word, 4), memcpy(to + other + i, &word, 4);
+  }
+  for (; i < n; ++i) to[i] = to[other + i] = from[i];
 }
 /* a float rounded half to even (the FPSCR's default mode) to int32, saturating: VCVTR on a Cortex-M FPU */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_round(float value) {
@@ -258,31 +343,35 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         if (next < 0 || next >= h) {
           memset(row, x_zp, w), memset(row + kh * stride, x_zp, w);
         } else {
-          memcpy(row, src + next * w, w), memcpy(row + kh * stride, src + next * w, w);
+          tvm_memplan_copy_row_twice(row, kh * stride, src + next * w, w);
         }
       }
       const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % kh) + kh) % kh) * stride;
       if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
-        int8_t* out = dst;
-        for (int32_t ox = 0; ox < ow; ox += 2, r0 += 2, out += 2) {
-          uint32_t e = tvm_memplan_word(r0), o = tvm_memplan_odd(e);
-          e = tvm_memplan_even(e);
-          int32_t a0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));
-          int32_t a1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));
-          e = tvm_memplan_word(r0 + stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);
-          a0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, a0));
-          a1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, a1));
-          e = tvm_memplan_word(r0 + 2 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);
-          a0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, a0));
-          a1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, a1));
-          out[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
-          if (ox + 1 < ow) out[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
+#define TVM_MEMPLAN_PAIR(at, out, ox)                                                                \
+  do {                                                                                                \
+    uint32_t e = tvm_memplan_word(at), o = tvm_memplan_odd(e);                                        \
+    e = tvm_memplan_even(e);                                                                          \
+    int32_t a0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));                    \
+    int32_t a1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));                    \
+    e = tvm_memplan_word(at + stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);               \
+    a0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, a0));                           \
+    a1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, a1));                           \
+    e = tvm_memplan_word(at + 2 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);           \
+    a0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, a0));                            \
+    a1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, a1));                            \
+    (out)[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);                                \
+    if ((ox) + 1 < ow) (out)[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);            \
+  } while (0)
+        if (ow <= 72) { /* a short row unrolled: fixed offsets, no loop registers */
+#pragma GCC unroll 36
+          for (int32_t ox = 0; ox < ow; ox += 2) TVM_MEMPLAN_PAIR(r0 + ox, dst + ox, ox);
+        } else {
+          int8_t* out = dst;
+          for (int32_t ox = 0; ox < ow; ox += 2, r0 += 2, out += 2) TVM_MEMPLAN_PAIR(r0, out, ox);
         }
+#undef TVM_MEMPLAN_PAIR
       } else if (kh == 3 && kw == 3) { /* at stride 2, two outputs per two words of each row; else one per word */
-        int32_t ox = 0;
-        for (; sw == 2 && ox + 1 < ow; ox += 2, r0 += 4) {
-          /* bytes 0 to 4 of a row: output ox takes 0, 1, 2 (SMLAD of bytes 0 and 2, tap 1 on byte 1), ox + 1
-           * takes 2, 3, 4 (SMLADX of bytes 4 and 2, which PKHBT pairs, tap 1 on byte 3) */
 #define TVM_MEMPLAN_ROW(at, outer, middle, tap1_a0, tap1_a1)                               \
   do {                                                                                    \
     const uint32_t w0 = tvm_memplan_word(at), e = tvm_memplan_even(w0), o = tvm_memplan_odd(w0); \
@@ -290,14 +379,26 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     a0 = tap1_a0(o, middle, tvm_memplan_smlad(e, outer, a0));                               \
     a1 = tap1_a1(o, middle, tvm_memplan_smladx(pair, outer, a1));                           \
   } while (0)
-          int32_t a0 = b, a1 = b;
-          TVM_MEMPLAN_ROW(r0, outer0, middle01, tvm_memplan_smlabb, tvm_memplan_smlatb);
-          TVM_MEMPLAN_ROW(r0 + stride, outer1, middle01, tvm_memplan_smlabt, tvm_memplan_smlatt);
-          TVM_MEMPLAN_ROW(r0 + 2 * stride, outer2, middle2, tvm_memplan_smlabb, tvm_memplan_smlatb);
-#undef TVM_MEMPLAN_ROW
-          dst[ox] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);
-          dst[ox + 1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);
+/* bytes 0 to 4 of a row: output ox takes 0, 1, 2 (SMLAD of bytes 0 and 2, tap 1 on byte 1), ox + 1 takes 2, 3, 4
+ * (SMLADX of bytes 4 and 2, which PKHBT pairs, tap 1 on byte 3) */
+#define TVM_MEMPLAN_PAIR(at, out)                                                        \
+  do {                                                                                    \
+    int32_t a0 = b, a1 = b;                                                               \
+    TVM_MEMPLAN_ROW(at, outer0, middle01, tvm_memplan_smlabb, tvm_memplan_smlatb);         \
+    TVM_MEMPLAN_ROW((at) + stride, outer1, middle01, tvm_memplan_smlabt, tvm_memplan_smlatt); \
+    TVM_MEMPLAN_ROW((at) + 2 * stride, outer2, middle2, tvm_memplan_smlabb, tvm_memplan_smlatb); \
+    (out)[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);                    \
+    (out)[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);                    \
+  } while (0)
+        int32_t ox = 0;
+        if (sw == 2 && ow <= 72) { /* a row of up to 72 outputs unrolled: fixed offsets, no loop registers */
+#pragma GCC unroll 36
+          for (; ox + 1 < ow; ox += 2) TVM_MEMPLAN_PAIR(r0 + 2 * ox, dst + ox);
+          r0 += 2 * ox;
         }
+        for (; sw == 2 && ox + 1 < ow; ox += 2, r0 += 4) TVM_MEMPLAN_PAIR(r0, dst + ox);
+#undef TVM_MEMPLAN_PAIR
+#undef TVM_MEMPLAN_ROW
         for (; ox < ow; ++ox, r0 += sw) {
           uint32_t e = tvm_memplan_word(r0);
           int32_t a = tvm_memplan_smlad(tvm_memplan_even(e), outer0, b);
@@ -373,7 +474,28 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       int32_t a[4];
       for (int32_t k = 0; k < 4; ++k) a[k] = o + k < cout ? bias[o + k] : 0;
       int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+#if defined(__ARM_FEATURE_DSP)
+      /* a step in one asm block (11 registers; the compiler's schedule hoisted loads and spilled): one LDRD of
+       * the input pairs, two of the 4 channels' weight words (the weights are word-aligned constants), eight
+       * SXTB16 and eight SMLAD */
 #pragma GCC unroll 2
+      for (int32_t s = 0; s < steps; ++s) {
+        uint32_t xe, xo, w0, w1, t;
+#define TVM_MEMPLAN_LANE(acc, w)                 \
+  "sxtb16 %[t], %[" #w "]\n\t"                   \
+  "sxtb16 %[" #w "], %[" #w "], ror #8\n\t"      \
+  "smlad %[" #acc "], %[t], %[xe], %[" #acc "]\n\t" \
+  "smlad %[" #acc "], %[" #w "], %[xo], %[" #acc "]\n\t"
+        __asm__("ldrd %[xe], %[xo], [%[q]], #16\n\t"
+                "ldrd %[w0], %[w1], [%[v]], #16\n\t" TVM_MEMPLAN_LANE(a0, w0) TVM_MEMPLAN_LANE(a1, w1)
+                "ldrd %[w0], %[w1], [%[v], #-8]\n\t" TVM_MEMPLAN_LANE(a2, w0) TVM_MEMPLAN_LANE(a3, w1)
+                : [a0] "+r"(a0), [a1] "+r"(a1), [a2] "+r"(a2), [a3] "+r"(a3), [q] "+r"(q), [v] "+r"(v),
+                  [xe] "=&r"(xe), [xo] "=&r"(xo), [w0] "=&r"(w0), [w1] "=&r"(w1), [t] "=&r"(t)
+                :
+                : "memory");
+#undef TVM_MEMPLAN_LANE
+      }
+#else
       for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
         const uint32_t xe = (uint32_t)*q, xo = (uint32_t)(*q >> 32);
         const uint32_t w0 = tvm_memplan_word(v), w1 = tvm_memplan_word(v + 4);
@@ -383,6 +505,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         a2 = tvm_memplan_smlad(tvm_memplan_odd(w2), xo, tvm_memplan_smlad(tvm_memplan_even(w2), xe, a2));
         a3 = tvm_memplan_smlad(tvm_memplan_odd(w3), xo, tvm_memplan_smlad(tvm_memplan_even(w3), xe, a3));
       }
+#endif
       a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
       for (int32_t k = 0; k < 4 && o + k < cout; ++k) {
         TVM_MEMPLAN_STORE(o + k, p0, a[k], tvm_memplan_scale_of(multiplier[o + k], fixed));
@@ -397,8 +520,83 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int32_t bo = bias[o];
       const tvm_memplan_scale mo = tvm_memplan_scale_of(multiplier[o], fixed);
       const int32_t at = p0;
-      for (int32_t p = 0; p < n; p += 4) {
-        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1), then p + 2's */
+      int32_t p = 0;
+#if defined(__ARM_FEATURE_DSP)
+      /* 4 pixels (the packed pairs of two pixel pairs) in one asm block: two LDRD and four SMLAD a pixel, the
+       * accumulators in registers (12 in all) */
+      const uint64_t* q = packed;
+      int8_t* yo = y + o * y_plane + p0;
+      /* with the fixed-point requantization to the int8 range and no residual: 8 pixels to their stored codes in
+       * one asm block (12 registers), SMMLAR, SSAT and STRB after each pixel's four SMLAD */
+      for (; fixed && !add && low == -128 && high == 127 && p + 7 < n; p += 8) {
+        int32_t acc_;
+        uint32_t y_, z_;
+#define TVM_MEMPLAN_CODE(step0, step1, store)   \
+  "ldrd %[acc], %[y], " step0 "\n\t"            \
+  "smlad %[acc], %[ue], %[acc], %[b]\n\t"       \
+  "smlad %[acc], %[uo], %[y], %[acc]\n\t"       \
+  "ldrd %[y], %[z], " step1 "\n\t"              \
+  "smlad %[acc], %[te], %[y], %[acc]\n\t"       \
+  "smlad %[acc], %[to], %[z], %[acc]\n\t"       \
+  "smmlar %[acc], %[acc], %[mq], %[zp]\n\t"     \
+  "ssat %[acc], #8, %[acc]\n\t"                 \
+  "strb %[acc], " store "\n\t"
+        __asm__ volatile(TVM_MEMPLAN_CODE("[%[q]], #128", "[%[q], #-112]", "[%[out]], #8") /* (it stores) */
+                    TVM_MEMPLAN_CODE("[%[q], #-120]", "[%[q], #-104]", "[%[out], #-7]")
+                        TVM_MEMPLAN_CODE("[%[q], #-96]", "[%[q], #-80]", "[%[out], #-6]")
+                            TVM_MEMPLAN_CODE("[%[q], #-88]", "[%[q], #-72]", "[%[out], #-5]")
+                                TVM_MEMPLAN_CODE("[%[q], #-64]", "[%[q], #-48]", "[%[out], #-4]")
+                                    TVM_MEMPLAN_CODE("[%[q], #-56]", "[%[q], #-40]", "[%[out], #-3]")
+                                        TVM_MEMPLAN_CODE("[%[q], #-32]", "[%[q], #-16]", "[%[out], #-2]")
+                                            TVM_MEMPLAN_CODE("[%[q], #-24]", "[%[q], #-8]", "[%[out], #-1]")
+                : [acc] "=&r"(acc_), [y] "=&r"(y_), [z] "=&r"(z_), [q] "+r"(q), [out] "+r"(yo)
+                : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo), [mq] "r"(mo.q), [zp] "r"(y_zp)
+                : "memory");
+#undef TVM_MEMPLAN_CODE
+      }
+      for (; !add && p + 3 < n; p += 4) {
+        int32_t a0, a1, a2, a3;
+        uint32_t y_, z_;
+#define TVM_MEMPLAN_DOT8(acc, step0, step1)                  \
+  "ldrd %[" #acc "], %[y], " step0 "\n\t"                    \
+  "smlad %[" #acc "], %[ue], %[" #acc "], %[b]\n\t"          \
+  "smlad %[" #acc "], %[uo], %[y], %[" #acc "]\n\t"          \
+  "ldrd %[y], %[z], " step1 "\n\t"                           \
+  "smlad %[" #acc "], %[te], %[y], %[" #acc "]\n\t"          \
+  "smlad %[" #acc "], %[to], %[z], %[" #acc "]\n\t"
+        __asm__(TVM_MEMPLAN_DOT8(a0, "[%[q]], #64", "[%[q], #-48]") TVM_MEMPLAN_DOT8(a1, "[%[q], #-56]", "[%[q], #-40]")
+                    TVM_MEMPLAN_DOT8(a2, "[%[q], #-32]", "[%[q], #-16]")
+                        TVM_MEMPLAN_DOT8(a3, "[%[q], #-24]", "[%[q], #-8]")
+                : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [y] "=&r"(y_), [z] "=&r"(z_),
+                  [q] "+r"(q)
+                : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo)
+                : "memory");
+#undef TVM_MEMPLAN_DOT8
+        TVM_MEMPLAN_STORE(o, at + p, a0, mo);
+        TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
+        TVM_MEMPLAN_STORE(o, at + p + 2, a2, mo);
+        TVM_MEMPLAN_STORE(o, at + p + 3, a3, mo);
+      }
+#endif
+      for (; p + 1 < n; p += 2) { /* 2 pixels at fixed offsets: two LDRD a pixel */
+        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1) */
+#define TVM_MEMPLAN_DOT8(step0, step1, acc)                                                                 \
+  do {                                                                                                      \
+    uint32_t xe, xo, ye, yo;                                                                                \
+    TVM_MEMPLAN_LDRD_AT(q, step0, xe, xo);                                                                  \
+    TVM_MEMPLAN_LDRD_AT(q, step1, ye, yo);                                                                  \
+    acc = tvm_memplan_smlad(uo, xo, tvm_memplan_smlad(ue, xe, bo));                                         \
+    acc = tvm_memplan_smlad(to, yo, tvm_memplan_smlad(te, ye, acc));                                        \
+  } while (0)
+        int32_t a0, a1;
+        TVM_MEMPLAN_DOT8(0, 16, a0);
+        TVM_MEMPLAN_DOT8(8, 24, a1);
+#undef TVM_MEMPLAN_DOT8
+        TVM_MEMPLAN_STORE(o, at + p, a0, mo);
+        TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
+      }
+      for (; p < n; p += 4) {
+        const uint64_t* q = packed + 2 * p;
         const int32_t more = n - p;
         const uint64_t* q1 = more > 1 ? q + 1 : q;
         const uint64_t* q2 = more > 2 ? q + 4 : q;
@@ -430,45 +628,56 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
           unpacked[2 * s + 1] = tvm_memplan_even(t) | (uint64_t)tvm_memplan_odd(t) << 32;
         }
       }
-      for (int32_t p = 0; p < n; p += 2) {
-        const uint64_t* q = packed + p * steps; /* pixels p and p + 1, step by step */
-        int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;
-        if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */
-          const uint64_t* v = unpacked;
-#pragma GCC unroll 4
-          for (int32_t s = 0; s < steps; ++s) {
-            uint32_t ue, uo, te, to, x0e, x0o, x1e, x1o;
-            v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);
-            q = tvm_memplan_ldrd(q, &x0e, &x0o), q = tvm_memplan_ldrd(q, &x1e, &x1o);
-            a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
-            a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
-            b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
-            b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
-          }
-        } else {
-          const int8_t* v = wa;
-#pragma GCC unroll 4
-          for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {
-            const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);
-            const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);
-            const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);
-            const uint64_t x0 = q[0], x1 = q[1];
-            const uint32_t x0e = (uint32_t)x0, x0o = (uint32_t)(x0 >> 32), x1e = (uint32_t)x1;
-            const uint32_t x1o = (uint32_t)(x1 >> 32);
-            a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));
-            a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));
-            b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));
-            b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));
-          }
-        }
-        const int32_t at = p0 + p;
-        TVM_MEMPLAN_STORE(o, at, a0, ma);
-        if (p + 1 < n) TVM_MEMPLAN_STORE(o, at + 1, a1, ma);
-        if (o + 1 < cout) {
-          TVM_MEMPLAN_STORE(o + 1, at, b0, mb);
-          if (p + 1 < n) TVM_MEMPLAN_STORE(o + 1, at + 1, b1, mb);
-        }
-      }
+      /* the pixel pairs walk the packed tile in order, and their outputs (and residuals) by pointer */
+      const uint64_t* q = packed;
+      int8_t* ya = y + o * y_plane + p0;
+      const int8_t* ra = residual + o * pixels + p0;
+      const int32_t second = o + 1 < cout;
+#define TVM_MEMPLAN_STORE_AT(out, other, acc, m)                                                        \
+  do {                                                                                                  \
+    int32_t code = tvm_memplan_requantize((acc), (m), y_zp, low, high);                                 \
+    if (add) {                                                                                          \
+      code = code_first ? tvm_memplan_add(code, *(other), ratio_a, ratio_b, constant, add_low, add_high) \
+                        : tvm_memplan_add(*(other), code, ratio_a, ratio_b, constant, add_low, add_high); \
+    }                                                                                                   \
+    *(out) = (int8_t)code;                                                                              \
+  } while (0)
+/* a block of channels o, o + 1 x pixels p, p + 1 (both: p + 1 exists) */
+#define TVM_MEMPLAN_BLOCK(both)                                                                \
+  do {                                                                                         \
+    int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;                                                \
+    if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */               \
+      const uint64_t* v = unpacked;                                                            \
+_Pragma("GCC unroll 4")                                                                        \
+      for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1);          \
+    } else {                                                                                   \
+      const int8_t* v = wa;                                                                    \
+_Pragma("GCC unroll 4")                                                                        \
+      for (int32_t s = 0; s < steps; ++s, v += 16, q += 2) {                                   \
+        const uint32_t u = tvm_memplan_word(v), t = tvm_memplan_word(v + 4);                   \
+        const uint32_t ue = tvm_memplan_even(u), uo = tvm_memplan_odd(u);                      \
+        const uint32_t te = tvm_memplan_even(t), to = tvm_memplan_odd(t);                      \
+        const uint64_t x0 = q[0], x1 = q[1];                                                   \
+        const uint32_t x0e = (uint32_t)x0, x0o = (uint32_t)(x0 >> 32), x1e = (uint32_t)x1;     \
+        const uint32_t x1o = (uint32_t)(x1 >> 32);                                             \
+        a0 = tvm_memplan_smlad(uo, x0o, tvm_memplan_smlad(ue, x0e, a0));                       \
+        a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));                       \
+        b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));                       \
+        b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                       \
+      }                                                                                        \
+    }                                                                                          \
+    TVM_MEMPLAN_STORE_AT(ya, ra, a0, ma);                                                      \
+    if (both) TVM_MEMPLAN_STORE_AT(ya + 1, ra + 1, a1, ma);                                    \
+    if (second) {                                                                              \
+      TVM_MEMPLAN_STORE_AT(ya + y_plane, ra + pixels, b0, mb);                                 \
+      if (both) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb);               \
+    }                                                                                          \
+  } while (0)
+      int32_t p = 0;
+      for (; p + 1 < n; p += 2, ya += 2, ra += 2) TVM_MEMPLAN_BLOCK(1); /* (no test of the second pixel) */
+      if (p < n) TVM_MEMPLAN_BLOCK(0);
+#undef TVM_MEMPLAN_BLOCK
+#undef TVM_MEMPLAN_STORE_AT
     }
   }
 #undef TVM_MEMPLAN_STORE
@@ -488,16 +697,27 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
   const int32_t stride = ((cols > filled ? cols : filled) + 3) & ~3;
   int8_t cache[cin * kh * stride]; /* per input channel, a ring of the window's rows, padded */
-  int16_t columns[4 * pairs];        /* two pixels' windows (im2col), as int16 pairs, one after the other */
-  uint32_t packed[(cout + 1) * pairs]; /* each output channel's weights in the same order (then zeros) */
+  /* two pixels' windows (im2col) as int16 pairs, interleaved: pair i of pixel 0, then of pixel 1 (one LDRD); a fixed
+   * size, so that their addresses are offsets from the stack pointer */
+  uint64_t columns[TVM_MEMPLAN_MAX_ROWS * TVM_MEMPLAN_MAX_WINDOW / 2];
+  /* each pair of output channels' weights in the same order, interleaved (channel o's pair i, then o + 1's; zeros
+   * past cout), and their requantization scales, computed once */
+  uint64_t packed[((cout + 1) >> 1) * pairs];
+  tvm_memplan_scale scales[cout + 1];
   const int8_t* rows[TVM_MEMPLAN_MAX_ROWS];
-  for (int32_t o = 0; o < cout; ++o) {
-    int16_t lanes[2 * pairs];
-    for (int32_t i = 0; i < 2 * pairs; ++i) lanes[i] = i < depth ? weights[o * depth + i] : 0;
-    memcpy(packed + o * pairs, lanes, 4 * pairs);
+  const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
+  for (int32_t o = 0; o < cout + 1; o += 2) {
+    for (int32_t i = 0; i < pairs && o < cout; ++i) {
+      int16_t lanes[4];
+      for (int32_t k = 0; k < 4; ++k) {
+        const int32_t channel = o + (k >> 1), at = 2 * i + (k & 1);
+        lanes[k] = channel < cout && at < depth ? weights[channel * depth + at] : 0;
+      }
+      memcpy(packed + (o >> 1) * pairs + i, lanes, 8);
+    }
   }
-  memset(packed + cout * pairs, 0, 4 * pairs);
-  memset(columns, 0, sizeof(columns));
+  for (int32_t o = 0; o <= cout; ++o) scales[o] = tvm_memplan_scale_of(o < cout ? multiplier[o] : 0.0f, fixed);
+  memset(columns, 0, 8 * pairs);
   int32_t next = -top;
   for (int32_t oy = 0; oy < oh; ++oy) {
     const int32_t first = oy * sh - top;
@@ -509,6 +729,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         if (next < 0 || next >= h) continue;
         if (quantize) { /* the network input: MLAS's QuantizeLinear (divide, round half to even, saturate) */
           const float* from = (const float*)x_ + (c * h + next) * w;
+#pragma GCC unroll 4
           for (int32_t i = 0; i < w; ++i) row[left + i] = (int8_t)tvm_memplan_offset(
               tvm_memplan_round(from[i] / x_scale), x_zp, -128, 127);
         } else {
@@ -522,29 +743,27 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t ox = 0; ox < ow; ox += 2) {
       const int32_t two = ox + 1 < ow;
       for (int32_t p = 0; p <= two; ++p) {
-        int16_t* to = columns + 2 * pairs * p;
+        int16_t* to = (int16_t*)columns + 2 * p; /* element j at 4 (j / 2) + 2 p + j % 2 */
+#pragma GCC unroll 32
         for (int32_t i = 0; i < cin * kh; ++i) {
           const int8_t* from = rows[i] + (ox + p) * sw;
 #pragma GCC unroll 8
-          for (int32_t k = 0; k < kw; ++k) *to++ = from[k];
+          for (int32_t k = 0; k < kw; ++k) to[4 * ((i * kw + k) >> 1) + ((i * kw + k) & 1)] = from[k];
         }
       }
-      /* (fixed offsets from two pointers: the second pixel's window and channel o + 1's weights are read even
-       * where there is none, and not stored) */
-      const int8_t* x0 = (const int8_t*)columns;
-      const int8_t* x1 = x0 + 4 * pairs;
+      /* (the second pixel's window and channel o + 1's weights are read even where there is none, and not stored) */
       int8_t* out = y + oy * ow + ox;
       for (int32_t o = 0; o < cout; o += 2) {
         const int32_t second = o + 1 < cout;
-        const uint32_t* u = packed + o * pairs;
-        const uint32_t* v = u + pairs;
+        const uint64_t* u = packed + (o >> 1) * pairs;
         int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
-        const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
-        const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
-        const tvm_memplan_scale mb = tvm_memplan_scale_of(second ? multiplier[o + 1] : 0.0f, fixed);
+        tvm_memplan_scale ma = scales[o], mb = scales[o + 1];
+        ma.fixed = mb.fixed = fixed; /* a constant, which drops the other path */
 #pragma GCC unroll 16
-        for (int32_t i = 0; i < pairs; ++i) {
-          const uint32_t wu = u[i], wv = v[i], xa = tvm_memplan_word(x0 + 4 * i), xb = tvm_memplan_word(x1 + 4 * i);
+        for (int32_t i = 0; i < pairs; ++i) { /* two LDRD, four SMLAD */
+          uint32_t wu, wv, xa, xb;
+          TVM_MEMPLAN_LDRD_M(u + i, wu, wv);
+          TVM_MEMPLAN_LDRD_M(columns + i, xa, xb);
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
           b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
         }
