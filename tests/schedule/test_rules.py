@@ -163,7 +163,9 @@ def test_cpu_spec_reads_the_target(target: dict, lanes: int, registers: int) -> 
 def test_softmax_runs_per_row_with_exp_once_and_the_c_target_keeps_the_generic_rule() -> None:
     (func,) = kernels_of(lambda bb, x: relax.op.nn.softmax(x, axis=-1), (4, 64)).values()
     scheduled, rule = schedule_function(func, CpuSpec(lanes=16, registers=32, threads=2, vector_codegen=True))
-    assert rule == "row_wise" and scheduled.script().count("T.exp(") == 1 and "T.vectorized" in scheduled.script()
+    # on llvm the exp is legalized as arithmetic (relax/vector_math.py) with one floor per exp
+    script = scheduled.script()
+    assert rule == "row_wise" and "T.exp(" not in script and script.count("T.floor(") == 1 and "T.vectorized" in script
     _, rule = schedule_function(func, CpuSpec(lanes=4, registers=16, threads=1, vector_codegen=False))
     assert rule == "generic"
 
