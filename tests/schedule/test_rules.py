@@ -190,6 +190,19 @@ def test_row_reductions_are_vectorized_across_lanes_where_a_vector_divides_the_r
         np.testing.assert_allclose(_run(scheduled, host), _run(func, host), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_dense_layer_at_batch_one_streams_its_weight_rows_and_splits_them_between_threads(threads) -> None:
+    weights = relax.const(np.random.default_rng(3).standard_normal((512, 1000)).astype("float32"))
+    (func,) = kernels_of(lambda bb, x: relax.op.matmul(x, weights), (1, 512)).values()
+    scheduled, rule = schedule_function(func, CpuSpec(lanes=16, registers=32, threads=threads, vector_codegen=True))
+    script = scheduled.script()
+    assert rule == "tiled_reduction"
+    # each thread sums its own rows into partial outputs (rfactor), added at the end
+    assert ("T.parallel" in script) == ("_rf" in script) == (threads == 2)
+    host = tvm.target.Target.from_device("cpu")
+    np.testing.assert_allclose(_run(scheduled, host), _run(func, host), rtol=1e-4, atol=1e-4)
+
+
 def test_one_thread_keeps_kernels_serial() -> None:
     (func,) = kernels_of(conv_body(32, 3, padding=1), (1, 16, 28, 28)).values()
     new_func, _ = schedule_function(func, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True))

@@ -31,7 +31,7 @@ from ..blocks import (
     the_reduction,
     top_level_blocks,
 )
-from .base import CPUScheduleRule, fuse_parallel, product, vectorize
+from .base import PARALLEL_MIN_WORK, CPUScheduleRule, fuse_parallel, product, vectorize
 from .spec import CpuSpec
 
 LOAD_BOUND_FACTOR = 4
@@ -79,6 +79,9 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     block = sch.get(main)
     loops = iterator_loops(sch, main, extents)
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    if _is_matrix_vector(extents, kinds, axes, staged, spec):
+        _stream_rows(sch, main, epilogue, loops, kinds, axes.vector, spec)
+        return
 
     vector_tile, parts = vector_parts(extents[axes.vector], spec.lanes)
     vectors = -(-vector_tile // spec.lanes)
@@ -159,6 +162,61 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
             sch.reorder(*reduce_part, *unrolled_part, part_inner)
         _tile_body(sch, unrolled_part, part_inner, spec)
         sch.decompose_reduction(block, reduce_part[0])
+
+
+def _is_matrix_vector(extents: list[int], kinds: list[int], axes: ReductionAxes, staged: list, spec: CpuSpec) -> bool:
+    """One output row (every spatial axis but the vector's of extent 1) and one reduction axis: a classifier's
+    dense layer at batch 1, whose weights no register tile reuses."""
+    spatial = [e for i, (e, k) in enumerate(zip(extents, kinds, strict=True)) if k == DATA_PAR and i != axes.vector]
+    return (
+        spec.vector_codegen
+        and not staged
+        and kinds.count(REDUCE) == 1
+        and all(e == 1 for e in spatial)
+        and extents[axes.vector] >= 2 * spec.lanes
+    )
+
+
+def _stream_rows(
+    sch: s_tir.Schedule, main, epilogue, loops: list, kinds: list[int], vector: int, spec: CpuSpec
+) -> None:
+    """A matrix-vector product with the weight matrix read row after row, in memory order: the reduction
+    outermost, every output a vector accumulator in L1 updated once per row. A register tile of a few output
+    vectors per task read each weight row in pieces of 2-8 cache lines, one stream per row, and a cold
+    MnasNet classifier (1280 x 1000, 5 MB) ran 387 µs on one Zen 4 core at AVX-512, 441 µs at AVX2; in row
+    order 230-250 µs at both, onnxruntime's Gemm 265 µs. With threads the rows are split between them
+    (``rfactor``), each summing its own rows, and the partial sums are added at the end."""
+    reduce_at = kinds.index(REDUCE)
+    reduce_loop, vector_loop = loops[reduce_at], loops[vector]
+    _, parts = vector_parts(loop_extent(sch, vector_loop), spec.lanes)
+    rows = loop_extent(sch, reduce_loop)
+    if spec.threads > 1 and product(sch, loops) >= PARALLEL_MIN_WORK and rows % spec.threads == 0:
+        task, _ = sch.split(reduce_loop, [spec.threads, None])
+        partial = sch.rfactor(task, 0)
+        partial_loops = list(sch.get_loops(partial))  # main's, the reduction split in two
+        task, vector_loop = partial_loops[reduce_at], partial_loops[vector if vector < reduce_at else vector + 1]
+        sch.reorder(task, vector_loop)
+        sch.parallel(task)
+        _vector_rows(sch, partial, vector_loop, parts, spec)
+        # the threads' partial sums: a reduction over the task axis, vectorized along the output
+        _vector_rows(sch, main, sch.get_loops(main)[vector], parts, spec)
+    else:
+        sch.set_scope(main, 0, "local")
+        _vector_rows(sch, main, vector_loop, parts, spec)
+    vectorize_parts(sch, sch.get_loops(epilogue)[-1], parts, spec)
+
+
+def _vector_rows(sch: s_tir.Schedule, block, vector_loop, parts: list[int], spec: CpuSpec) -> None:
+    """``block``'s ``vector_loop`` (outside its innermost loop, the reduction) moved inside the reduction, in
+    vectors (tails their own loops), the initialization of its accumulators split off before the reduction."""
+    pieces = sch.loop_partition(vector_loop, parts[:-1] + [None]) if len(parts) > 1 else [vector_loop]
+    for piece in pieces:
+        (part_block,) = sch.get_child_blocks(piece) if len(parts) > 1 else (block,)
+        reduction = sch.get_loops(part_block)[-1]
+        sch.reorder(reduction, piece)
+        width = loop_extent(sch, piece)
+        vectorize(sch, sch.split(piece, [None, spec.lanes])[1] if width > spec.lanes else piece, spec)
+        sch.decompose_reduction(part_block, reduction)
 
 
 def _register_tile(extents: list[int], axes: ReductionAxes, vectors: int, spec: CpuSpec) -> tuple[int, int]:
