@@ -110,10 +110,14 @@ def test_a_width_no_good_tile_divides_gets_a_narrower_last_tile(channels, column
     assert channel_tile * column_tile <= spec.accumulators and channel_tile * (column_tile + 1) + 1 <= spec.registers
 
 
-def test_a_blocked_depthwise_input_is_padded_by_whole_vectors_without_a_zero_fill() -> None:
-    kernels = kernels_of(conv_body(32, 3, padding=1, groups=32), (1, 32, 14, 14), AVX2, layout="blocked")
+@pytest.mark.parametrize("kernel", [3, 5])
+def test_a_blocked_depthwise_input_is_padded_by_whole_vectors_in_place_or_staged_by_its_window(kernel: int) -> None:
+    """A 3x3 window reads the padded input in place (a bounds check per vector load); a 5x5 one stages a
+    bounds-checked copy of whole vectors per task, without a zero fill."""
+    kernels = kernels_of(conv_body(32, kernel, padding=kernel // 2, groups=32), (1, 32, 14, 14), AVX2, layout="blocked")
     (func,) = (f for name, f in kernels.items() if "depthwise_conv2d_nchwc" in name)
     new_func, _ = schedule_function(func, CpuSpec(lanes=16, registers=32, threads=1, vector_codegen=True))
     script = new_func.script()
     assert "pad_const" not in script and "T.if_then_else" in script
+    assert ('T.sblock("data_pad")' in script) == (kernel == 5)
     np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
