@@ -67,7 +67,7 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     # the strided loads they save).
     strides = _vector_strides(block, axes.vector) if rows_first else {}
     staged = []
-    in_place = _reads_padding_in_place(block, axes, extents)
+    in_place = _reads_padding_in_place(block, axes, extents, spec)
     for producer in reversed(blocks[:position]):
         stride = strides.get(sch.get(producer).writes[0].source.name, 1)
         padding = is_padding(sch.get(producer))
@@ -171,15 +171,16 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
         sch.decompose_reduction(block, reduce_part[0])
 
 
-def _reads_padding_in_place(block: s_tir.SBlock, axes: ReductionAxes, extents: list[int]) -> bool:
+def _reads_padding_in_place(block: s_tir.SBlock, axes: ReductionAxes, extents: list[int], spec: CpuSpec) -> bool:
     """Whether a padded input is better read in place, bounds-checked per load, than staged (a copy of the
     input rows per task): in a depthwise convolution (no register reuse, a weight operand: not a pool) whose
-    window has at most 9 taps. In a blocked layout the check selects whole channel vectors. Its copy cost
-    more than the checks: one Zen 4 core, MnasNet's 3x3 depthwise convolutions 0.6-0.9x the time at AVX-512
-    and AVX2 (48 channels at 112 to 56: 77 -> 55 µs AVX-512, 72 -> 43 µs AVX2). At 5x5 the checks cost more
-    than the copy at AVX-512 (28x28, 128 channels: 75 -> 101 µs), though not at AVX2 (66 -> 49 µs)."""
+    window has at most 9 taps, or any window at 8 lanes or fewer. In a blocked layout the check selects whole
+    channel vectors. One Zen 4 core, MnasNet's depthwise convolutions: the 3x3 ones 0.6-0.9x the time at
+    AVX-512 and AVX2 (48 channels at 112 to 56: 77 -> 55 µs AVX-512, 72 -> 43 µs AVX2), the 5x5 ones 0.5-0.75x
+    at AVX2 (128 channels at 28x28: 66 -> 49 µs), but up to 1.35x at AVX-512 (the same layer 75 -> 101 µs),
+    whose 16-lane selects cost more than the copy."""
     taps = math.prod(e for e, iv in zip(extents, block.iter_vars, strict=True) if int(iv.iter_type) == REDUCE)
-    return axes.reuse is None and len({r.source.name for r in block.reads}) >= 2 and taps <= 9
+    return axes.reuse is None and len({r.source.name for r in block.reads}) >= 2 and (taps <= 9 or spec.lanes <= 8)
 
 
 def _is_matrix_vector(extents: list[int], kinds: list[int], axes: ReductionAxes, staged: list, spec: CpuSpec) -> bool:
