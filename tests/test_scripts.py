@@ -1,5 +1,6 @@
 """The export-checking script end to end on a fixture (the full run is minutes per network)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -361,3 +362,23 @@ def test_bench_split_reports_the_floor_and_what_holds_a_missed_target(tmp_path):
     assert split == "none" or all(c.endswith(("fused", "fused, line buffer", "per-kernel")) for c in split.split("; "))
     command = text.split("Command: `", 1)[1]  # (after TVM_NUM_THREADS=N where the caller set it)
     assert "python scripts/bench_split.py zoo:mcu_cnn " in command.split("`")[0]
+
+
+def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(tmp_path):
+    from tvm_memplan.cli.main import main
+
+    artifact = tmp_path / "mcu_cnn.so"
+    assert main(["build", "zoo:mcu_cnn", "-o", str(artifact)]) == 0
+    script = [sys.executable, str(ROOT / "scripts" / "bench_cpu_time.py"), "zoo:mcu_cnn", "--artifact"]
+    env = {**os.environ, "TVM_NUM_THREADS": "2"}
+    refused = subprocess.run([*script, f"a={artifact}"], capture_output=True, text=True, env=env, check=False)
+    assert refused.returncode == 2 and "TVM_NUM_THREADS=1" in refused.stderr  # CPU time is one thread's only at one
+    out = tmp_path / "cpu_time.md"
+    env["TVM_NUM_THREADS"] = "1"
+    command = [*script, f"before={artifact}", "--artifact", f"after={artifact}", "--rounds", "2", "--repeat", "2"]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert len(cells) == 7 and all(float(cells[i]) > 0 for i in (1, 2, 4))
+    assert float(cells[-1]) < 1e-4  # the build computes what onnxruntime does
