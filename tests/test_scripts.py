@@ -229,6 +229,15 @@ def test_profile_kernels_profiles_the_blocked_layout(tmp_path):
     assert blocked == (layout_block(tvm.target.Target.from_device("cpu"), "blocked") is not None)
 
 
+def test_profile_kernels_takes_a_target_such_as_avx2_kernels_on_an_avx512_host(tmp_path):
+    out = tmp_path / "profile.md"
+    target = '{"kind": "llvm", "mcpu": "x86-64"}'  # baseline x86-64 (SSE2): runs on any x86-64 host
+    run_script("profile_kernels.py", "zoo:mcu_cnn", "--layout", "blocked", "--target", target, "--out", str(out))
+    text = out.read_text()
+    assert "(blocked, x86-64)" in text.splitlines()[0]
+    assert any(line.startswith("| fused_conv2d") for line in text.splitlines())
+
+
 def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
     """mcu_cnn quantized on the emulated Cortex-M7: the calls' instructions add up to the whole run's,
     the outputs agree with onnxruntime, and each whole-layer C kernel has a floor below what it retires."""
