@@ -177,7 +177,7 @@ def _reads_padding_in_place(block: s_tir.SBlock, axes: ReductionAxes, extents: l
     window has at most 9 taps, or any window at 8 lanes or fewer. In a blocked layout the check selects whole
     channel vectors. One Zen 4 core, MnasNet's depthwise convolutions: the 3x3 ones 0.6-0.9x the time at
     AVX-512 and AVX2 (48 channels at 112 to 56: 77 -> 55 µs AVX-512, 72 -> 43 µs AVX2), the 5x5 ones 0.5-0.75x
-    at AVX2 (128 channels at 28x28: 66 -> 49 µs), but up to 1.35x at AVX-512 (the same layer 75 -> 101 µs),
+    at AVX2 (120 channels at 28x28: 66 -> 49 µs), but up to 1.35x at AVX-512 (the same layer 75 -> 101 µs),
     whose 16-lane selects cost more than the copy."""
     taps = math.prod(e for e, iv in zip(extents, block.iter_vars, strict=True) if int(iv.iter_type) == REDUCE)
     return axes.reuse is None and len({r.source.name for r in block.reads}) >= 2 and (taps <= 9 or spec.lanes <= 8)
