@@ -11,7 +11,7 @@ tile before it is stored.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import tvm
 from tvm import s_tir, tirx
@@ -35,6 +35,9 @@ from ..blocks import (
 )
 from .base import PARALLEL_MIN_WORK, CPUScheduleRule, fuse_parallel, product, vectorize
 from .spec import CpuSpec
+
+IN_PLACE_REGISTERS = 16
+"""The register budget of a tile that reads a padded input in place (:func:`_reads_padding_in_place`)."""
 
 LOAD_BOUND_FACTOR = 4
 """How much more a multiply-add costs in a reduction without register reuse (depthwise
@@ -67,12 +70,12 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     # the strided loads they save).
     strides = _vector_strides(block, axes.vector) if rows_first else {}
     staged = []
-    in_place = _reads_padding_in_place(block, axes, extents, spec)
+    in_place = False  # a padding read in place, its bounds checked per channel vector
     for producer in reversed(blocks[:position]):
         stride = strides.get(sch.get(producer).writes[0].source.name, 1)
         padding = is_padding(sch.get(producer))
-        if padding and in_place and not _pads_innermost(sch.get(producer)):
-            padding = False  # whole channel vectors selected per load
+        if padding and not _pads_innermost(sch.get(producer)) and _reads_padding_in_place(block, axes):
+            padding, in_place = False, True
         if padding or stride > 1:
             staged.append((producer, stride))
         else:
@@ -93,7 +96,9 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     vector_tile, parts = vector_parts(extents[axes.vector], spec.lanes)
     vectors = -(-vector_tile // spec.lanes)
     unrolled = []
-    for axis, tile in zip((axes.reuse, axes.extra), _register_tile(extents, axes, vectors, spec), strict=True):
+    # an in-place padded read keeps the tile to 16 registers' worth of accumulators (see _reads_padding_in_place)
+    tile_spec = dataclasses.replace(spec, registers=min(spec.registers, IN_PLACE_REGISTERS)) if in_place else spec
+    for axis, tile in zip((axes.reuse, axes.extra), _register_tile(extents, axes, vectors, tile_spec), strict=True):
         if axis is None:
             continue
         outer_loop, inner_loop = sch.split(loops[axis], [None, tile])
@@ -171,16 +176,16 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
         sch.decompose_reduction(block, reduce_part[0])
 
 
-def _reads_padding_in_place(block: s_tir.SBlock, axes: ReductionAxes, extents: list[int], spec: CpuSpec) -> bool:
+def _reads_padding_in_place(block: s_tir.SBlock, axes: ReductionAxes) -> bool:
     """Whether a padded input is better read in place, bounds-checked per load, than staged (a copy of the
-    input rows per task): in a depthwise convolution (no register reuse, a weight operand: not a pool) whose
-    window has at most 9 taps, or any window at 8 lanes or fewer. In a blocked layout the check selects whole
-    channel vectors. One Zen 4 core, MnasNet's depthwise convolutions: the 3x3 ones 0.6-0.9x the time at
-    AVX-512 and AVX2 (48 channels at 112 to 56: 77 -> 55 µs AVX-512, 72 -> 43 µs AVX2), the 5x5 ones 0.5-0.75x
-    at AVX2 (120 channels at 28x28: 66 -> 49 µs), but up to 1.35x at AVX-512 (the same layer 75 -> 101 µs),
-    whose 16-lane selects cost more than the copy."""
-    taps = math.prod(e for e, iv in zip(extents, block.iter_vars, strict=True) if int(iv.iter_type) == REDUCE)
-    return axes.reuse is None and len({r.source.name for r in block.reads}) >= 2 and (taps <= 9 or spec.lanes <= 8)
+    input rows per task): in a depthwise convolution (no register reuse, a weight operand: not a pool). In a
+    blocked layout the check selects whole channel vectors. Its register tile then holds at most
+    :data:`IN_PLACE_REGISTERS` registers' worth of accumulators (7 columns, not 14, at AVX-512). One Zen 4 core,
+    MnasNet's depthwise convolutions at AVX-512, staged -> in place with 14 columns -> in place with 7: 3x3/2 48
+    channels at 112 to 56 77 -> 55 -> 39 µs, 3x3 32 at 112x112 134 -> 117 -> 85 µs, 5x5 120 at 28x28
+    76 -> 101 -> 55 µs, 5x5/2 72 at 56 to 28 70 -> 78 -> 28 µs; at AVX2 (16 registers) 3x3/2 48 at 112 to 56
+    72 -> 43 µs, 5x5 120 at 28x28 66 -> 49 µs."""
+    return axes.reuse is None and len({r.source.name for r in block.reads}) >= 2
 
 
 def _is_matrix_vector(extents: list[int], kinds: list[int], axes: ReductionAxes, staged: list, spec: CpuSpec) -> bool:
