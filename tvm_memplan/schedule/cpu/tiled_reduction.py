@@ -4,7 +4,8 @@ A register tile of output elements, vectorized along the output's contiguous axi
 along an axis whose operand is reused across the vector (output channels of a conv, rows of a
 matmul), stays in vector registers for the whole reduction (the micro-kernel of BLIS and oneDNN).
 Tasks run rows or channel tiles outermost, whichever rereads fewer bytes; padding is computed per
-row (zero fill plus copy), an input read with a stride is stored de-interleaved, a width no vector
+row (zero fill plus copy; a blocked depthwise convolution reads it in place), an input read with a stride is
+stored de-interleaved, a width no vector
 divides gets tail loops of its own, and the epilogue (bias, activation, residual add) runs on the
 tile before it is stored.
 """
@@ -63,8 +64,8 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     extents = iter_extents(block)
     axes = reduction_axes(block, extents)
     rows_first = _rows_first(block, axes, extents)
-    # Producers are inlined, except paddings (but those a small depthwise window reads in place:
-    # _reads_padding_in_place), and, when a row's input serves every channel
+    # Producers are inlined, except paddings (but a blocked depthwise convolution reads its padding
+    # in place: _reads_padding_in_place), and, when a row's input serves every channel
     # tile, inputs read with a stride along the vector axis: those are staged per row, a
     # strided one stored de-interleaved (staged per channel tile, the copies cost more than
     # the strided loads they save).
