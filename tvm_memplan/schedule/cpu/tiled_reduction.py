@@ -4,10 +4,10 @@ A register tile of output elements, vectorized along the output's contiguous axi
 along an axis whose operand is reused across the vector (output channels of a conv, rows of a
 matmul), stays in vector registers for the whole reduction (the micro-kernel of BLIS and oneDNN).
 Tasks run rows or channel tiles outermost, whichever rereads fewer bytes; padding is computed per
-row (zero fill plus copy; a blocked depthwise convolution reads it in place), an input read with a stride is
-stored de-interleaved, a width no vector
-divides gets tail loops of its own, and the epilogue (bias, activation, residual add) runs on the
-tile before it is stored.
+row (zero fill plus copy; a blocked depthwise convolution reads it in place), an input read with a
+stride is stored de-interleaved, a width no vector divides gets tail loops of its own, and the
+epilogue (bias, activation, residual add) runs on the tile before it is stored. A dense layer at
+batch 1 reads its weight rows in memory order instead.
 """
 
 from __future__ import annotations
