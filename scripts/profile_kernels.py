@@ -43,15 +43,16 @@ def _random_argument(buffer, rng: np.random.Generator) -> np.ndarray:
     return rng.random(shape).astype(dtype)
 
 
-def profile(model, repeat: int = 5, number: int = 20, layout: str = "nchw") -> list[dict]:
-    """One row per kernel: name, calls, microseconds over all its calls, parameter shapes, kind."""
+def profile(model, repeat: int = 5, number: int = 20, layout: str = "nchw", target=None) -> list[dict]:
+    """One row per kernel: name, calls, microseconds over all its calls, parameter shapes, kind; for ``target``
+    (a ``tvm.target.Target`` this machine runs; this CPU by default)."""
     import tvm
     from tvm import tirx
 
     from tvm_memplan.planner import plan_model
     from tvm_memplan.relax.pipeline import schedule_passes
 
-    plan = plan_model(model, None, order="program", time_budget=1, layout=layout)
+    plan = plan_model(model, target, order="program", time_budget=1, layout=layout)
     with plan.target:
         module = tvm.transform.Sequential(schedule_passes(plan.target, plan.options))(plan.stock_staged)
     calls = _called(module["main"])
@@ -122,12 +123,17 @@ def main() -> None:
     parser.add_argument(
         "--layout", choices=("nchw", "blocked"), default="nchw", help="activation layout (as tvm_memplan.pipeline)"
     )
+    parser.add_argument(
+        "--target",
+        help='a TVM target this machine runs (default: this CPU), e.g. \'{"kind": "llvm", "mcpu": "znver2"}\'',
+    )
     parser.add_argument("--top", type=int, default=12, help="kernels listed one by one")
     parser.add_argument("--out", type=Path, help="write the table here (default: print it)")
     args = parser.parse_args()
     import onnx
 
     from tvm_memplan.deploy.results import write_atomically
+    from tvm_memplan.deploy.targets import get_target
     from tvm_memplan.frontend import LoadedModel, load_model
     from tvm_memplan.quant.calibrate import quantize_int8
 
@@ -141,7 +147,9 @@ def main() -> None:
             quantize_int8(source, quantized, calib)
             model = LoadedModel(model.name + ".int8", onnx.load(str(quantized)))
     threads = os.environ.get("TVM_NUM_THREADS", "unset")
-    text = table(f"{model.name} ({args.layout})", profile(model, layout=args.layout), threads, args.top)
+    target = get_target(args.target).tvm_target() if args.target else None
+    name = f"{model.name} ({args.layout}{', ' + str(target.attrs.get('mcpu', '')) if target else ''})"
+    text = table(name, profile(model, layout=args.layout, target=target), threads, args.top)
     if args.out:
         write_atomically(args.out, text)
     else:

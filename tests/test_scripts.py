@@ -1,5 +1,6 @@
 """The export-checking script end to end on a fixture (the full run is minutes per network)."""
 
+import os
 import shutil
 
 import pytest
@@ -179,6 +180,15 @@ def test_profile_kernels_profiles_the_blocked_layout(tmp_path):
     assert blocked == (layout_block(tvm.target.Target.from_device("cpu"), "blocked") is not None)
 
 
+def test_profile_kernels_takes_a_target_such_as_avx2_kernels_on_an_avx512_host(tmp_path):
+    out = tmp_path / "profile.md"
+    target = '{"kind": "llvm", "mcpu": "x86-64"}'  # baseline x86-64 (SSE2): runs on any x86-64 host
+    run_script("profile_kernels.py", "zoo:mcu_cnn", "--layout", "blocked", "--target", target, "--out", str(out))
+    text = out.read_text()
+    assert "(blocked, x86-64)" in text.splitlines()[0]
+    assert any(line.startswith("| fused_conv2d") for line in text.splitlines())
+
+
 def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
     """mcu_cnn quantized on the emulated Cortex-M7: the calls' instructions add up to the whole run's,
     the outputs agree with onnxruntime, and each whole-layer C kernel has a floor below what it retires."""
@@ -311,3 +321,23 @@ def test_bench_split_reports_the_floor_and_what_holds_a_missed_target(tmp_path):
     assert split == "none" or all(c.endswith(("fused", "fused, line buffer", "per-kernel")) for c in split.split("; "))
     command = text.split("Command: `", 1)[1]  # (after TVM_NUM_THREADS=N where the caller set it)
     assert "python scripts/bench_split.py zoo:mcu_cnn " in command.split("`")[0]
+
+
+def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(tmp_path):
+    from tvm_memplan.cli.main import main
+
+    artifact = tmp_path / "mcu_cnn.so"
+    assert main(["build", "zoo:mcu_cnn", "-o", str(artifact)]) == 0
+    script = [sys.executable, str(ROOT / "scripts" / "bench_cpu_time.py"), "zoo:mcu_cnn", "--artifact"]
+    env = {**os.environ, "TVM_NUM_THREADS": "2"}
+    refused = subprocess.run([*script, f"a={artifact}"], capture_output=True, text=True, env=env, check=False)
+    assert refused.returncode == 2 and "TVM_NUM_THREADS=1" in refused.stderr  # CPU time is one thread's only at one
+    out = tmp_path / "cpu_time.md"
+    env["TVM_NUM_THREADS"] = "1"
+    command = [*script, f"before={artifact}", "--artifact", f"after={artifact}", "--rounds", "2", "--repeat", "2"]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert len(cells) == 7 and all(float(cells[i]) > 0 for i in (1, 2, 4))
+    assert float(cells[-1]) < 1e-4  # the build computes what onnxruntime does

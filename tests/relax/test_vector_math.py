@@ -1,5 +1,5 @@
-"""exp, sigmoid, SiLU and erf as vectorizable arithmetic: their accuracy, the kernels they leave (no exp call
-in a SiLU epilogue, no erf call in a GELU one), and a squeeze-and-excitation block and a GELU feed-forward
+"""exp, sigmoid, SiLU, erf and softmax as vectorizable arithmetic: their accuracy, the kernels they leave (no exp
+call in a SiLU epilogue, no erf call in a GELU one), and a squeeze-and-excitation block and a GELU feed-forward
 layer that run as onnxruntime with the planned allocations."""
 
 from __future__ import annotations
@@ -128,6 +128,22 @@ def test_erf_is_legalized_within_3e_7_of_float64_and_other_dtypes_keep_tvms() ->
         result = vm["main"](tvm.runtime.tensor(x.astype(dtype))).numpy()
         exact = np.array([math.erf(v) for v in x.astype("float64")])
         np.testing.assert_allclose(result, exact, rtol=1e-6 if dtype == "float32" else 1e-12, atol=3e-7)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax_is_legalized_with_the_vector_exp_along_any_axis_and_other_dtypes_keep_tvms(axis: int) -> None:
+    x = (np.random.default_rng(0).standard_normal((2, 5, 48)) * 20).astype("float32")
+    for dtype in ("float32", "float64"):
+        builder = tvm.relax.BlockBuilder()
+        data = tvm.relax.Var("x", tvm.relax.TensorType(x.shape, dtype))
+        with builder.function("main", [data]):
+            builder.emit_func_output(builder.emit(tvm.relax.op.nn.softmax(data, axis=axis)))
+        legalized = tvm.relax.transform.LegalizeOps(VECTOR_MATH_LEGALIZE)(builder.get())
+        assert ("T.exp(" in legalized.script()) == (dtype == "float64"), dtype
+        vm = tvm.relax.VirtualMachine(tvm.compile(legalized, HOST), tvm.cpu())
+        result = vm["main"](tvm.runtime.tensor(x.astype(dtype))).numpy()
+        shifted = np.exp(x.astype("float64") - x.max(axis=axis, keepdims=True))
+        np.testing.assert_allclose(result, shifted / shifted.sum(axis=axis, keepdims=True), rtol=1e-6, atol=1e-12)
 
 
 def _gelu_net(path) -> str:

@@ -110,10 +110,14 @@ def test_a_width_no_good_tile_divides_gets_a_narrower_last_tile(channels, column
     assert channel_tile * column_tile <= spec.accumulators and channel_tile * (column_tile + 1) + 1 <= spec.registers
 
 
-def test_a_blocked_depthwise_input_is_padded_by_whole_vectors_without_a_zero_fill() -> None:
-    kernels = kernels_of(conv_body(32, 3, padding=1, groups=32), (1, 32, 14, 14), AVX2, layout="blocked")
+@pytest.mark.parametrize(("kernel", "lanes"), [(3, 16), (5, 16), (5, 8)])
+def test_a_blocked_depthwise_input_is_read_in_place_by_whole_vectors_with_a_narrower_tile(kernel, lanes) -> None:
+    """The padded input is read in place (a bounds check per channel vector: no staged copy, no zero fill), and
+    the register tile keeps to 16 registers: 7 of the 14 columns at 32 registers."""
+    kernels = kernels_of(conv_body(32, kernel, padding=kernel // 2, groups=32), (1, 32, 14, 14), AVX2, layout="blocked")
     (func,) = (f for name, f in kernels.items() if "depthwise_conv2d_nchwc" in name)
-    new_func, _ = schedule_function(func, CpuSpec(lanes=16, registers=32, threads=1, vector_codegen=True))
+    new_func, _ = schedule_function(func, CpuSpec(lanes=lanes, registers=32, threads=1, vector_codegen=True))
     script = new_func.script()
-    assert "pad_const" not in script and "T.if_then_else" in script
+    assert "pad_const" not in script and "T.if_then_else" in script and 'T.sblock("data_pad")' not in script
+    assert "T.unroll(T.int64(7))" in script and "T.unroll(T.int64(14))" not in script
     np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
