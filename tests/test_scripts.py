@@ -328,15 +328,17 @@ def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(
 
     artifact = tmp_path / "mcu_cnn.so"
     assert main(["build", "zoo:mcu_cnn", "-o", str(artifact)]) == 0
-    script = [sys.executable, str(ROOT / "scripts" / "bench_cpu_time.py"), "zoo:mcu_cnn", "--artifact"]
     env = {**os.environ, "TVM_NUM_THREADS": "2"}
-    refused = subprocess.run([*script, f"a={artifact}"], capture_output=True, text=True, env=env, check=False)
-    assert refused.returncode == 2 and "TVM_NUM_THREADS=1" in refused.stderr  # CPU time is one thread's only at one
+    refused = run_script("bench_cpu_time.py", "zoo:mcu_cnn", "--artifact", f"a={artifact}", env=env, returncode=2)
+    assert "TVM_NUM_THREADS=1" in refused.stderr  # CPU time is one thread's only at one
     out = tmp_path / "cpu_time.md"
     env["TVM_NUM_THREADS"] = "1"
-    command = [*script, f"before={artifact}", "--artifact", f"after={artifact}", "--rounds", "2", "--repeat", "2"]
-    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script(
+        "bench_cpu_time.py",
+        *("zoo:mcu_cnn", "--artifact", f"before={artifact}", "--artifact", f"after={artifact}"),
+        *("--rounds", "2", "--repeat", "2", "--out", str(out)),
+        env=env,
+    )
     (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == 7 and all(float(cells[i]) > 0 for i in (1, 2, 4))
