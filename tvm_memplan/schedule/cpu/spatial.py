@@ -42,8 +42,11 @@ def _schedule_concat(sch: s_tir.Schedule, block, spec: CpuSpec) -> bool:
         return False
     axis, boundaries = found
     loops = list(sch.get_loops(block))
+    extents = [loop_extent(sch, loop) for loop in loops]
+    if extents != [int(iv.dom.extent) for iv in sch.get(block).iter_vars]:  # not one loop per iterator
+        return False
     inner = 2 if len(loops) >= 5 else 1
-    if axis >= len(loops) - inner:
+    if axis >= len(loops) - inner or boundaries[-1] >= extents[axis]:
         return False
     outer = [loop for i, loop in enumerate(loops[:-inner]) if i != axis]
     sch.reorder(*outer, loops[axis], *loops[-inner:])
