@@ -163,3 +163,45 @@ def test_a_hardswish_stays_in_the_blocked_layout(tmp_path) -> None:
         blocked = BlockedLayout(16)(mod)
     assert not op_calls(blocked, "relax.clip")
     assert len(op_calls(blocked, "relax.layout_transform")) == 2
+
+
+def _dense_block(path) -> str:
+    """DenseNet's pre-activation as torchvision exports it: a concat of two convolutions' outputs, an unfolded
+    BatchNormalization and a ReLU before the next convolution."""
+    rng = np.random.default_rng(0)
+
+    def init(name, shape, low=-0.5):
+        return numpy_helper.from_array(rng.uniform(low, 0.5, shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c0", "w1"], ["c1"]),
+        helper.make_node("Concat", ["c0", "c1"], ["cat"], axis=1),
+        helper.make_node("BatchNormalization", ["cat", "gamma", "beta", "mean", "var"], ["n"], epsilon=1e-5),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    shapes = {"w0": [16, 8, 3, 3], "w1": [16, 16, 1, 1], "w2": [16, 32, 3, 3], "gamma": [32], "beta": [32]}
+    shapes.update({"mean": [32]})
+    initializers = [init(name, shape) for name, shape in shapes.items()] + [init("var", [32], low=0.1)]
+    return save_graph(path, "dense_block", nodes, ([1, 8, 12, 12], [1, 16, 12, 12]), initializers)
+
+
+def test_an_unfolded_batch_norm_stays_in_the_blocked_layout(tmp_path) -> None:
+    """Relax's ``batch_norm`` only runs in NCHW; as a multiply and an add by constants it carries the block, so
+    the only transforms are the network's input and output."""
+    mod = to_relax(load_model(_dense_block(tmp_path / "dense.onnx")))
+    assert op_calls(mod, "relax.nn.batch_norm")
+    with HOST:
+        blocked = BlockedLayout(8)(mod)
+    assert not op_calls(blocked, "relax.nn.batch_norm")
+    assert len(op_calls(blocked, "relax.layout_transform")) == 2
+
+
+def test_a_dense_block_runs_blocked_as_onnxruntime_with_the_planned_allocations(tmp_path) -> None:
+    if channel_block(HOST) is None:
+        pytest.skip("this CPU has no vectors of 8 or more float32 lanes")
+    plan = plan_model(load_model(_dense_block(tmp_path / "dense.onnx")), HOST, layout="blocked", order="program")
+    result = verify_plan(plan, stock=False)
+    assert result.problems == []
+    assert result.trace_matches_plan

@@ -290,3 +290,29 @@ def test_stride_two_stage_tvm_cannot_deinterleave_keeps_its_layout():
     )
     spec = cpu_spec(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"}))
     assert TiledReduction().schedule(te.create_prim_func([x, w, b, m, out]), spec) is not None
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 6, 6, 8), (1, 16, 6, 6)], ids=["blocked", "nchw"])
+def test_a_concat_runs_each_input_in_a_loop_of_its_own(shape) -> None:
+    """DenseNet's pre-activation: a concat of three inputs along the channels, scaled, shifted and ReLU'd."""
+
+    def body(bb, x):
+        layout = "NCHW8c" if len(shape) == 5 else "NCHW"
+        pooled = [bb.emit(relax.op.nn.max_pool2d(x, k, 1, k // 2, layout=layout)) for k in (1, 3)]
+        pooled.append(bb.emit(relax.op.nn.avg_pool2d(x, 3, 1, 1, layout=layout)))
+        narrow = relax.op.strided_slice(pooled[1], axes=[1], begin=[0], end=[shape[1] // 2])
+        cat = relax.op.concat([pooled[0], pooled[2], narrow, x], axis=1)
+        channels = 3 * shape[1] + shape[1] // 2
+        scale = np.random.default_rng(1).standard_normal((1, channels, 1, 1, *shape[4:])).astype("float32")
+        return relax.op.nn.relu(relax.op.add(relax.op.multiply(cat, relax.const(scale)), cat))
+
+    target = tvm.target.Target.from_device("cpu")
+    funcs = {n: f for n, f in kernels_of(body, shape).items() if "concatenate" in n}
+    assert funcs
+    for name, func in funcs.items():
+        new_func, rule = schedule_function(func, cpu_spec(target))
+        assert rule == "spatial", f"{name} scheduled by {rule}"
+        # the channels' loop partitioned at the inputs' boundaries: inputs of 2, 2, 1 and 2 blocks (or 16, 16, 8, 16)
+        bounds = [int(a) for a in re.findall(r"in range\(T\.int64\((\d+)\), T\.int64\(\d+\)\)", new_func.script())]
+        assert bounds == [shape[1], 2 * shape[1], 2 * shape[1] + shape[1] // 2]
+        np.testing.assert_allclose(_run(new_func, target), _run(func, target), rtol=1e-6, atol=1e-6)  # FMA contraction

@@ -33,3 +33,26 @@ def op_name(value: relax.Expr | None) -> str | None:
 def constant_value(expr: relax.Expr) -> np.ndarray | None:
     """The array of a constant, else None."""
     return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+
+
+def inference_batch_norm(value: relax.Expr | None) -> relax.Expr | None:
+    """``batch_norm(x, gamma, beta, mean, var)[0]`` with constant statistics, as the per-channel
+    ``x * scale + shift`` it computes at inference (exports that do not fold BatchNormalization, such as
+    DenseNet's pre-activations); None for anything else."""
+    if op_name(value) != "relax.nn.batch_norm" or bool(getattr(value.attrs, "training", False)):
+        return None
+    gamma, beta, mean, var = (constant_value(a) for a in value.args[1:5])
+    shape = static_shape(value.args[0].ty)
+    if any(c is None for c in (gamma, beta, mean, var)) or shape is None:
+        return None
+    scale = 1 / np.sqrt(var + float(value.attrs.epsilon))
+    if bool(getattr(value.attrs, "scale", True)):
+        scale = gamma * scale
+    shift = -mean * scale + (beta if bool(getattr(value.attrs, "center", True)) else 0)
+    broadcast = [1] * len(shape)
+    broadcast[int(value.attrs.axis) % len(shape)] = -1
+    dtype = str(value.args[0].ty.dtype)
+    return relax.op.add(
+        relax.op.multiply(value.args[0], relax.const(scale.reshape(broadcast).astype(dtype))),
+        relax.const(shift.reshape(broadcast).astype(dtype)),
+    )

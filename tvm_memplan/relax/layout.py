@@ -12,7 +12,8 @@ depthwise; other channel counts are padded to whole blocks first, :mod:`.channel
 adds, activations, residual adds, pools, concats) and inserts ``layout_transform`` only where the
 layout changes. The ONNX frontend's Clip bounds (``call_tir`` of ``topi.maximum``/``minimum`` with
 a scalar, or ``relax.clip``) become Relax maximum and minimum ops first, so that ReLU6 and HardSwish
-do not end a blocked region.
+do not end a blocked region, and inference batch norms a multiply and an add, so that unfolded ones
+(DenseNet's pre-activations) do not either.
 The weights' and biases' transforms are constants, folded in numpy (:mod:`.fold`); the blocked
 convolutions become the TE computes :func:`conv2d_nchwc` and :func:`depthwise_conv2d_nchwc`, which
 TVM 0.27's ``LegalizeOps`` has no lowering for.
@@ -30,6 +31,7 @@ from ..schedule.cpu import cpu_spec
 from ..schedule.cpu.blocked_conv import BLOCKED_CONV
 from .channel_pad import PadChannels
 from .fold import FoldDataMovementConstants
+from .ir_utils import inference_batch_norm
 
 _BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
 _DEPTHWISE_KERNEL = re.compile(r"OIHW(\d+)o")
@@ -231,6 +233,21 @@ class _ClipBoundsAsOps(relax.PyExprMutator):
 
 
 @relax.expr_functor.mutator
+class _BatchNormAsScaleShift(relax.PyExprMutator):
+    """An inference ``batch_norm`` with constant statistics becomes a multiply and an add by per-channel
+    constants (:func:`~.ir_utils.inference_batch_norm`), which ``ConvertLayout`` carries in a blocked
+    layout; Relax's ``batch_norm`` keeps NCHW, so DenseNet's pre-activations (concat, batch norm, ReLU
+    before each convolution) ran between two layout transforms each."""
+
+    def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
+        item = super().visit_tuple_getitem_(item)
+        if item.index != 0 or not isinstance(item.tuple_value, relax.Var):
+            return item
+        folded = inference_batch_norm(self.lookup_binding(item.tuple_value))
+        return item if folded is None else folded
+
+
+@relax.expr_functor.mutator
 class _LowerBlockedConv(relax.PyExprMutator):
     """Blocked ``relax.nn.conv2d`` calls become calls of :func:`conv2d_nchwc` (depthwise ones, of
     :func:`depthwise_conv2d_nchwc`)."""
@@ -297,7 +314,8 @@ def BlockedLayout(block: int) -> tvm.transform.Pass:  # noqa: N802 - named like 
     return tvm.transform.Sequential(
         [
             _rewrite(_ClipBoundsAsOps, "tvm_memplan.ClipBoundsAsOps"),
-            relax.transform.DeadCodeElimination(),  # the Clip bounds' PrimFuncs
+            _rewrite(_BatchNormAsScaleShift, "tvm_memplan.BatchNormAsScaleShift"),
+            relax.transform.DeadCodeElimination(),  # the Clip bounds' PrimFuncs, the batch norms' tuples
             PadChannels(block),
             relax.transform.ConvertLayout({}, _desired_layouts(block)),
             FoldDataMovementConstants(),

@@ -121,3 +121,14 @@ def test_a_blocked_depthwise_input_is_read_in_place_by_whole_vectors_with_a_narr
     assert "pad_const" not in script and "T.if_then_else" in script and 'T.sblock("data_pad")' not in script
     assert "T.unroll(T.int64(7))" in script and "T.unroll(T.int64(14))" not in script
     np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
+
+
+def test_a_rows_task_runs_its_channel_tiles_outside_its_column_tiles() -> None:
+    """Within an output row, one channel tile's weights serve every column tile before the next tile's are read."""
+    (func,) = (
+        f
+        for name, f in kernels_of(conv_body(64, 1), (1, 16, 28, 28), AVX2, "blocked").items()
+        if "conv2d_nchwc" in name
+    )
+    script = schedule_function(func, AVX512)[0].script()
+    assert "for oc_0, ow_0 in T.grid" in script  # tasks: rows (parallel); in a row, channel tiles, then columns

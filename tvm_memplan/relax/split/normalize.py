@@ -5,13 +5,12 @@ every binding of ``main`` given its own name. A QDQ (int8) module keeps its weig
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax, te, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ...quant.qdq_graph import has_qdq
-from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
+from ..ir_utils import inference_batch_norm, static_shape, top_level_bindings
 from ..module import with_blocks, with_functions
 
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
@@ -63,7 +62,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
             item = super().visit_tuple_getitem_(item)
             if item.index != 0 or not isinstance(item.tuple_value, relax.Var):
                 return item
-            folded = _inference_batch_norm(self.lookup_binding(item.tuple_value))
+            folded = inference_batch_norm(self.lookup_binding(item.tuple_value))
             return folded if folded is not None else item
 
     raiser = _Raise(mod)
@@ -125,22 +124,3 @@ def _unique_names(mod: tvm.IRModule) -> tvm.IRModule:
     renamer = _Rename(mod)
     renamer.builder_.update_func(mod.get_global_var("main"), renamer.visit_expr(mod["main"]))
     return renamer.builder_.finalize()
-
-
-def _inference_batch_norm(value: relax.Expr | None) -> relax.Expr | None:
-    """``batch_norm(x, gamma, beta, mean, var)[0]`` with constant statistics, as the per-channel
-    ``x * scale + shift`` it computes at inference (exports that do not fold BatchNormalization)."""
-    if op_name(value) != "relax.nn.batch_norm" or bool(getattr(value.attrs, "training", False)):
-        return None
-    gamma, beta, mean, var = (constant_value(a) for a in value.args[1:5])
-    shape = static_shape(value.args[0].ty)
-    if any(c is None for c in (gamma, beta, mean, var)) or shape is None:
-        return None
-    scale = gamma / np.sqrt(var + float(value.attrs.epsilon))
-    broadcast = [1] * len(shape)
-    broadcast[int(value.attrs.axis) % len(shape)] = -1
-    dtype = str(value.args[0].ty.dtype)
-    return relax.op.add(
-        relax.op.multiply(value.args[0], relax.const(scale.reshape(broadcast).astype(dtype))),
-        relax.const((beta - mean * scale).reshape(broadcast).astype(dtype)),
-    )

@@ -75,7 +75,11 @@ class BlockedConv(CPUScheduleRule):
         weights_first = _weights_first(block, rows)
         if len(column_parts) == 1:
             ow_outer, ow_inner = sch.split(ow, [None, column_tile])
-            task_loops = [batch, oc_outer, oh, ow_outer] if weights_first else [batch, oh, ow_outer, oc_outer]
+            # within a row, channel tiles outermost: a tile's weights stay in L1 across the row, whose input
+            # is reread per tile (columns outermost reread every weight per column tile: a 1x1 convolution of
+            # 64 to 256 channels at 56x56 with a residual add, one thread, Zen 4, 0.94x the time at AVX-512,
+            # 0.88x at AVX2; 3x3 ones unchanged)
+            task_loops = [batch, oc_outer, oh, ow_outer] if weights_first else [batch, oh, oc_outer, ow_outer]
             sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
         else:
             task_loops = [batch, oc_outer, oh] if weights_first else [batch, oh, oc_outer]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.sym.pattern import detect_linear_equation
 
-from ..blocks import NotApplicable, is_output, is_reduction, top_level_blocks
-from .base import CPUScheduleRule, schedule_loop_nest
+from ..blocks import NotApplicable, is_output, is_reduction, loop_extent, top_level_blocks
+from .base import CPUScheduleRule, fuse_parallel, product, schedule_loop_nest, vectorize
 from .spec import CpuSpec
 
 
@@ -26,7 +27,59 @@ class Spatial(CPUScheduleRule):
                 sch.compute_inline(block)
         for block in sch.get_child_blocks(sch.get_sblock("root")):
             _iterate_over_output(sch, block)
-            schedule_loop_nest(sch, block, spec)
+            if not _schedule_concat(sch, block, spec):
+                schedule_loop_nest(sch, block, spec)
+
+
+def _schedule_concat(sch: s_tir.Schedule, block, spec: CpuSpec) -> bool:
+    """A concat (and what is fused after it) whose inputs meet along one axis: that axis's loop, moved
+    inside the outer parallel loops, is partitioned at the inputs' boundaries, so each part reads one input
+    with no select (the concat's nested ``if_then_else`` ran per vector, after a division and a modulo of
+    the fused loop index: DenseNet-121's 62 concat, batch norm and ReLU kernels 3.4 ms at AVX2 on Zen 4,
+    one thread, against 1.7 ms at AVX-512, twice the vectors for the same bytes). Whether it applied."""
+    found = _concat_boundaries(sch.get(block))
+    if found is None:
+        return False
+    axis, boundaries = found
+    loops = list(sch.get_loops(block))
+    extents = [loop_extent(sch, loop) for loop in loops]
+    if extents != [int(iv.dom.extent) for iv in sch.get(block).iter_vars]:  # not one loop per iterator
+        return False
+    inner = 2 if len(loops) >= 5 else 1
+    if axis >= len(loops) - inner or boundaries[-1] >= extents[axis]:
+        return False
+    outer = [loop for i, loop in enumerate(loops[:-inner]) if i != axis]
+    sch.reorder(*outer, loops[axis], *loops[-inner:])
+    fuse_parallel(sch, outer, product(sch, loops), spec)
+    sizes = [b - a for a, b in zip([0, *boundaries[:-1]], boundaries, strict=True)]
+    for part in sch.loop_partition(loops[axis], [*sizes, None]):
+        (part_block,) = sch.get_child_blocks(part)
+        innermost = sch.get_loops(part_block)[-1]
+        extent = loop_extent(sch, innermost)
+        if extent > spec.lanes and extent % spec.lanes == 0:
+            _, innermost = sch.split(innermost, [None, spec.lanes])
+        if 2 <= loop_extent(sch, innermost) <= 4 * spec.lanes:
+            vectorize(sch, innermost, spec)
+    return True
+
+
+def _concat_boundaries(block: tirx.SBlock) -> tuple[int, list[int]] | None:
+    """(iterator index, offsets) where the block reads its inputs at ``iterator - offset`` along one
+    axis with offsets above 0 (a concat's inputs after the first), else None."""
+    offsets: dict[int, set[int]] = {}
+    variables = [iv.var for iv in block.iter_vars]
+    for read in block.reads:
+        for dim in read.region:
+            for index, var in enumerate(variables):
+                coefficients = detect_linear_equation(dim.min, [var])
+                if len(coefficients) != 2 or not all(isinstance(c, tirx.IntImm) for c in coefficients):
+                    continue
+                if int(coefficients[0]) == 1 and int(coefficients[1]) < 0:
+                    offsets.setdefault(index, set()).add(-int(coefficients[1]))
+    if len(offsets) != 1:
+        return None
+    ((axis, found),) = offsets.items()
+    return axis, sorted(found)
 
 
 def _iterate_over_output(sch: s_tir.Schedule, block) -> None:
