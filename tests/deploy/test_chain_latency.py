@@ -30,8 +30,8 @@ class Stubbed(ChainLatency):
         super().__init__(mod, get_target("host"), Device(), cache=cache, **options)
         self.now, self.slowdown, self.timed = today, slowdown, []
 
-    def _measure(self, mod) -> float:
-        return self.now
+    def timer(self, mod):
+        return lambda: [self.now] * self.repeat
 
     def compare(self, *modules, rounds: int = 3):
         self.timed.append(rounds)
@@ -98,17 +98,15 @@ def test_a_confirmation_asked_for_more_rounds_times_only_the_rounds_it_lacks(mcu
 
 
 class NoisyTimer:
-    """Confirmations of one plan whose samples straddle the budget: each call returns the samples of
-    ``rounds`` rounds, half of them 3 % slower and half 7 % (the median slowdown: 5 %, the budget)."""
+    """Confirmations of one plan whose samples spread over far more than the budget: the unsplit model's
+    fastest run takes 1 ms, the split model's ``1 + slow`` ms, half of each side's runs 10 to 20 % more."""
 
     def __init__(self, slow: float) -> None:
         self.slow, self.asked = slow, []
 
     def compare_split(self, mod, choices, rounds: int = 3):
         self.asked.append(rounds)
-        before = [1.0, 1.1] * rounds
-        after = [1.03, 1.07 * 1.1] * (rounds - 1) + [1.0 + self.slow, 1.1 * (1 + self.slow)]
-        return before, after
+        return [1.0, 1.1] * rounds, [1.0 + self.slow, 1.2] * rounds
 
 
 def _one_point_result():
@@ -119,7 +117,7 @@ def _one_point_result():
     return SearchResult(split, original, [split, original], 1, 1, 0.1, "done")
 
 
-@pytest.mark.parametrize("slow, kept", [(0.02, True), (0.12, False)])
+@pytest.mark.parametrize("slow, kept", [(0.02, True), (0.08, False)])
 def test_a_confirmation_within_noise_of_the_budget_is_timed_on(slow, kept):
     """The first confirmation is within its noise of the budget: it is timed on (6, then 9 rounds) and
     judged on all its samples."""

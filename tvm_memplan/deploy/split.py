@@ -212,11 +212,12 @@ def _planned(
 
 
 def overhead_and_noise(before: list[float], after: list[float]) -> tuple[float, float]:
-    """The whole model's slowdown with a split (median against median) and how far the samples let it
-    move: the two sides' interquartile ranges relative to their medians, averaged (0 when each side
-    is one sample, as an instruction count is)."""
+    """The whole model's slowdown with a split (fastest run against fastest, as the search's chain
+    deltas are read: load only adds time) and how far the samples let it move: the two sides'
+    interquartile ranges relative to their medians, averaged (0 when each side is one sample, as an
+    instruction count is)."""
     (b25, b50, b75), (a25, a50, a75) = np.percentile(before, [25, 50, 75]), np.percentile(after, [25, 50, 75])
-    return float(a50 / b50 - 1), float(((b75 - b25) / b50 + (a75 - a25) / a50) / 2)
+    return float(min(after) / min(before) - 1), float(((b75 - b25) / b50 + (a75 - a25) / a50) / 2)
 
 
 def _confirm(
@@ -272,7 +273,7 @@ def _confirm(
             result,
             best=original,
             stopped=f"{result.stopped}; every split plan tried made the whole "
-            f"model slower than the budget (last: {np.median(after) / np.median(before) - 1:+.1%}), kept unsplit",
+            f"model slower than the budget (last: {overhead_and_noise(before, after)[0]:+.1%}), kept unsplit",
         )
     before = before or [measurer.model_cost(mod)]
     return before, before, result
