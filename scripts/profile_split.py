@@ -147,7 +147,7 @@ def markdown(spec: str, rows: list[dict], parts: list[int], rounds: int, statist
         "at a time (nothing else split). Peak: the simulator's, whole model. Launches: the chain's kernels after TVM's "
         "fusion. Reduction steps: iterations of its kernels' reduction blocks (the multiply-adds of convolutions and "
         f"matmuls, the window reads of pools; halos recomputed). Times: {statistic}s over "
-        f"{rounds} interleaved rounds x 5 repeats, the chain compiled alone and the whole model, each unsplit, "
+        f"{rounds} interleaved rounds x 25 single runs, the chain compiled alone and the whole model, each unsplit, "
         "split into per-kernel tiles and (fused columns) split with the chain's tiles run as one kernel, side by "
         "side in the same rounds; fused: one tile after another, each stage's loops parallel as scheduled (the "
         "merged kernel before issue 25); on workers: one loop nest whose outer loop runs the independent tiles "

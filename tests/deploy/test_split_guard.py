@@ -14,7 +14,7 @@ class TilesCost:
     """Latencies without a device: the whole model 1 ms, each tile of a split chain ``per_tile`` ms
     more (0.01: a 5 % budget allows four tiles on a chain, what the measured BERT-tiny search kept)."""
 
-    hits = misses = 0
+    hits = misses = stale = 0
     per_tile = 0.01
 
     def __init__(self, *args, **kwargs) -> None:

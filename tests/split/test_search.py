@@ -192,3 +192,30 @@ def test_two_searches_with_the_same_measurements_return_the_same_plan(costs, bud
     first = search(program, [chain], 1.0, _Variants(chain, added), budget=budget)
     second = search(program, [chain], 1.0, _Variants(chain, added), budget=budget)
     assert first.best == second.best and first.front == second.front
+
+
+def test_the_time_limit_stops_timing_a_moves_variants(monkeypatch):
+    """A move's variants can each take a minute to compile: once the limit has passed, the search
+    times no further variant, and keeps the best of those it timed."""
+    from tvm_memplan.split import search as search_module
+
+    program, chain = _stem()
+    clock = [0.0]
+    monkeypatch.setattr(search_module.time, "monotonic", lambda: clock[0])
+    timed = []
+
+    class OneWorker(_Variants):
+        """Per-kernel and fused tiles on one worker: the same peak, so one move with two variants."""
+
+        def splits(self, chain, parts):
+            return [SplitChoice(chain, parts), SplitChoice(chain, parts, fused=True, workers=1)]
+
+        def split_delta(self, choice):
+            clock[0] += 60.0  # each variant a minute
+            timed.append(choice)
+            return 0.01
+
+    result = search(program, [chain], 1.0, OneWorker(chain, {}), budget=0.05, seconds=90.0)
+    # the first move (4 parts, the lowest peak): its fewest tiles (2) probed, then one variant, then the limit
+    assert [(c.parts, c.variant) for c in timed] == [(2, "per-kernel"), (4, "per-kernel")]
+    assert result.stopped == "search time limit" and result.best.choices == (timed[-1],)

@@ -93,6 +93,13 @@ def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> arg
         "instead of timing on this machine; the latency budget is then in instructions",
     )
     group.add_argument(
+        "--refresh-confirmations",
+        action="store_true",
+        help="with --split acg: time the whole model again instead of reusing the cache's whole-model times "
+        "(the unsplit model's, the split plans' confirmations); without it they are timed again only when "
+        "the unsplit model timed now is over twice as fast or as slow as when they were measured",
+    )
+    group.add_argument(
         "--split-cache",
         metavar="FILE",
         help="latency measurements to reuse and extend "
@@ -371,6 +378,7 @@ def run_split_search(
             io_in_arena=io_in_arena,
             mcu_device=mcu_device,
             spec=args.model,
+            refresh_confirmations=getattr(args, "refresh_confirmations", False),
             emit_options={
                 "kernel_checks": getattr(args, "kernel_checks", True),
                 "requantize": getattr(args, "requantize", "exact"),
@@ -435,6 +443,7 @@ def split_summary(split) -> dict:
         "plans_simulated": result.evaluated,
         "splits_not_timed": result.pruned,
         "latency_cache_hits": split.cache_hits,
+        "whole_model_times_remeasured": split.remeasured,
         "latency_measurements": split.cache_misses,
     }
 
@@ -589,8 +598,13 @@ def _split_rows(summary: dict) -> list[tuple[str, str]]:
         (
             "split search",
             f"{summary['search_seconds']:.1f} s, {summary['plans_simulated']:,} plans simulated, "
-            f"{summary['latency_measurements']} {counts} measured, {summary['latency_cache_hits']} from the cache; "
-            f"stopped: {summary['split_reason']}",
+            f"{summary['latency_measurements']} {counts} measured, {summary['latency_cache_hits']} from the cache"
+            + (
+                f" ({summary['whole_model_times_remeasured']} cached whole-model times timed again)"
+                if summary.get("whole_model_times_remeasured")
+                else ""
+            )
+            + f"; stopped: {summary['split_reason']}",
         ),
         ("bottleneck now", "; ".join(summary["bottleneck_described"]) or "-"),
     ]

@@ -212,6 +212,11 @@ def search(
                 break
             best = None
             for trial, p in variants:
+                if time.monotonic() - start > seconds:
+                    # a move's variants can each take a minute to compile (fused tiles of a long spatial
+                    # chain at 16 parts on a loaded 2-core machine): of those timed, the best
+                    stopped = "search time limit"
+                    break
                 (chain,) = [c for c, s in trial.items() if state.get(c) is not s]
                 rest = latency_of({c: s for c, s in trial.items() if c != chain})
                 probe, probe_peak = cheapest[(chain, trial[chain].variant)]
