@@ -27,13 +27,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_memplan.errors import UserError
 from tvm_memplan.frontend import load_model
-
-
-def _outputs(value) -> list[np.ndarray]:
-    if isinstance(value, tvm.runtime.Tensor):
-        return [value.numpy()]
-    return [array for item in value for array in _outputs(item)]
+from tvm_memplan.verify.run import flatten_outputs
 
 
 def _relative_error(outputs: list[np.ndarray], expected: list[np.ndarray]) -> float:
@@ -56,7 +52,7 @@ def bench(model: str, artifacts: dict[str, Path], rounds: int, repeat: int) -> d
     for name, path in artifacts.items():
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
         args = [tvm.runtime.tensor(x) for x in inputs.values()]
-        rows[name] = {"error": _relative_error(_outputs(vm["main"](*args)), expected)}
+        rows[name] = {"error": _relative_error(flatten_outputs(vm["main"](*args)), expected)}
         runs[name] = lambda vm=vm, args=args: vm["main"](*args)
     runs["onnxruntime"] = lambda: session.run(None, inputs)
     rows["onnxruntime"] = {"error": 0.0}
@@ -115,7 +111,11 @@ def main() -> int:
             print(f"error: --artifact {item}: expected NAME=PATH of an existing .so", file=sys.stderr)
             return 2
         artifacts[name] = Path(path)
-    rows = bench(args.model, artifacts, args.rounds, args.repeat)
+    try:
+        rows = bench(args.model, artifacts, args.rounds, args.repeat)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     command = "TVM_NUM_THREADS=1 python " + shlex.join(["scripts/bench_cpu_time.py", *sys.argv[1:]])
     text = markdown({args.model: rows}, args.rounds, args.repeat, command)
     if args.out:

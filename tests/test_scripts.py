@@ -333,6 +333,10 @@ def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(
     assert "TVM_NUM_THREADS=1" in refused.stderr  # CPU time is one thread's only at one
     out = tmp_path / "cpu_time.md"
     env["TVM_NUM_THREADS"] = "1"
+    missing = run_script(
+        "bench_cpu_time.py", str(tmp_path / "missing.onnx"), "--artifact", f"a={artifact}", env=env, returncode=2
+    )
+    assert missing.stderr.strip() == f"error: no such model file: {tmp_path / 'missing.onnx'}"
     run_script(
         "bench_cpu_time.py",
         *("zoo:mcu_cnn", "--artifact", f"before={artifact}", "--artifact", f"after={artifact}"),

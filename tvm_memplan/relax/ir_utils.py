@@ -56,3 +56,24 @@ def inference_batch_norm(value: relax.Expr | None) -> relax.Expr | None:
         relax.op.multiply(value.args[0], relax.const(scale.reshape(broadcast).astype(dtype))),
         relax.const(shift.reshape(broadcast).astype(dtype)),
     )
+
+
+@relax.expr_functor.mutator
+class _InferenceBatchNorms(relax.PyExprMutator):
+    def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
+        item = super().visit_tuple_getitem_(item)
+        if item.index != 0 or not isinstance(item.tuple_value, relax.Var):
+            return item
+        folded = inference_batch_norm(self.lookup_binding(item.tuple_value))
+        return item if folded is None else folded
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_memplan.FoldInferenceBatchNorms")
+def fold_inference_batch_norms(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """Every :func:`inference_batch_norm` of the module's Relax functions as its multiply and add (the
+    batch norm's tuple is left for ``DeadCodeElimination``)."""
+    rewriter = _InferenceBatchNorms(mod)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()

@@ -31,7 +31,7 @@ from ..schedule.cpu import cpu_spec
 from ..schedule.cpu.blocked_conv import BLOCKED_CONV
 from .channel_pad import PadChannels
 from .fold import FoldDataMovementConstants
-from .ir_utils import inference_batch_norm
+from .ir_utils import fold_inference_batch_norms
 
 _BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
 _DEPTHWISE_KERNEL = re.compile(r"OIHW(\d+)o")
@@ -233,21 +233,6 @@ class _ClipBoundsAsOps(relax.PyExprMutator):
 
 
 @relax.expr_functor.mutator
-class _BatchNormAsScaleShift(relax.PyExprMutator):
-    """An inference ``batch_norm`` with constant statistics becomes a multiply and an add by per-channel
-    constants (:func:`~.ir_utils.inference_batch_norm`), which ``ConvertLayout`` carries in a blocked
-    layout; Relax's ``batch_norm`` keeps NCHW, so DenseNet's pre-activations (concat, batch norm, ReLU
-    before each convolution) ran between two layout transforms each."""
-
-    def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
-        item = super().visit_tuple_getitem_(item)
-        if item.index != 0 or not isinstance(item.tuple_value, relax.Var):
-            return item
-        folded = inference_batch_norm(self.lookup_binding(item.tuple_value))
-        return item if folded is None else folded
-
-
-@relax.expr_functor.mutator
 class _LowerBlockedConv(relax.PyExprMutator):
     """Blocked ``relax.nn.conv2d`` calls become calls of :func:`conv2d_nchwc` (depthwise ones, of
     :func:`depthwise_conv2d_nchwc`)."""
@@ -314,7 +299,7 @@ def BlockedLayout(block: int) -> tvm.transform.Pass:  # noqa: N802 - named like 
     return tvm.transform.Sequential(
         [
             _rewrite(_ClipBoundsAsOps, "tvm_memplan.ClipBoundsAsOps"),
-            _rewrite(_BatchNormAsScaleShift, "tvm_memplan.BatchNormAsScaleShift"),
+            fold_inference_batch_norms,  # Relax's batch_norm keeps NCHW: DenseNet's pre-activations
             relax.transform.DeadCodeElimination(),  # the Clip bounds' PrimFuncs, the batch norms' tuples
             PadChannels(block),
             relax.transform.ConvertLayout({}, _desired_layouts(block)),

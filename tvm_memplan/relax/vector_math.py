@@ -20,6 +20,8 @@ head), 110 µs per call in the model against onnxruntime's 14 µs. It is TOPI's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tvm
 from tvm import relax, te, tirx, topi
 
@@ -58,25 +60,23 @@ def vector_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
     return one / (one + vector_exp(-x))
 
 
-def _elementwise(name: str, scalar):
+def _float32(name: str, compute: Callable[..., te.Tensor], attrs: Callable[[relax.Call], tuple] = lambda _: ()):
+    """A legalization that emits ``compute(data, *attrs(call))`` for float32 data and TVM's own otherwise."""
+
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
         (data,) = call.args
         if str(getattr(data.ty, "dtype", "")) != "float32":
             return _default(call)(bb, call)
-
-        def compute(tensor: te.Tensor) -> te.Tensor:
-            return te.compute(tensor.shape, lambda *i: scalar(tensor(*i)), name="compute", tag=topi.tag.ELEMWISE)
-
-        return bb.call_te(compute, data, primfunc_name_hint=name)
+        return bb.call_te(compute, data, *attrs(call), primfunc_name_hint=name)
 
     return legalize
 
 
-def _erf(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
-    (data,) = call.args
-    if str(getattr(data.ty, "dtype", "")) != "float32":
-        return _default(call)(bb, call)
-    return bb.call_te(topi.fast_erf, data, primfunc_name_hint="erf")
+def _elementwise(name: str, scalar):
+    def compute(tensor: te.Tensor) -> te.Tensor:
+        return te.compute(tensor.shape, lambda *i: scalar(tensor(*i)), name="compute", tag=topi.tag.ELEMWISE)
+
+    return _float32(name, compute)
 
 
 def vector_softmax(data: te.Tensor, axis: int) -> te.Tensor:
@@ -99,13 +99,6 @@ def vector_softmax(data: te.Tensor, axis: int) -> te.Tensor:
     return te.compute(shape, lambda *i: exp(*i) / expsum(*narrow(i)), name="T_softmax_norm", attrs={"axis": axis})
 
 
-def _softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
-    (data,) = call.args
-    if str(getattr(data.ty, "dtype", "")) != "float32":
-        return _default(call)(bb, call)
-    return bb.call_te(vector_softmax, data, int(call.attrs.axis), primfunc_name_hint="softmax")
-
-
 def _default(call: relax.Call):
     return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")
 
@@ -114,8 +107,8 @@ VECTOR_MATH_LEGALIZE = {
     "relax.exp": _elementwise("exp", vector_exp),
     "relax.sigmoid": _elementwise("sigmoid", vector_sigmoid),
     "relax.nn.silu": _elementwise("silu", lambda x: x * vector_sigmoid(x)),
-    "relax.erf": _erf,
-    "relax.nn.softmax": _softmax,
+    "relax.erf": _float32("erf", topi.fast_erf),
+    "relax.nn.softmax": _float32("softmax", vector_softmax, lambda call: (int(call.attrs.axis),)),
 }
 """Legalizations of float32 ``exp``, ``sigmoid``, SiLU, ``erf`` and softmax for
 ``LegalizeOps(customize_legalize_map=...)`` on targets whose code generator vectorizes (``llvm``); other dtypes

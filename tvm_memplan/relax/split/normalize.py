@@ -10,7 +10,7 @@ from tvm import relax, te, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ...quant.qdq_graph import has_qdq
-from ..ir_utils import inference_batch_norm, static_shape, top_level_bindings
+from ..ir_utils import fold_inference_batch_norms, static_shape, top_level_bindings
 from ..module import with_blocks, with_functions
 
 # call_tir kernels the ONNX importer emits for Clip and friends, raised back to Relax operators.
@@ -33,6 +33,7 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     quantized = has_qdq(mod["main"])
     if not quantized:
         mod = relax.transform.FoldConstant()(mod)
+    mod = fold_inference_batch_norms(mod)
     call_tir = tvm.ir.Op.get("relax.call_tir")
 
     @mutator
@@ -57,13 +58,6 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
             except ValueError:
                 return call
             return entry[1](*args)
-
-        def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
-            item = super().visit_tuple_getitem_(item)
-            if item.index != 0 or not isinstance(item.tuple_value, relax.Var):
-                return item
-            folded = inference_batch_norm(self.lookup_binding(item.tuple_value))
-            return folded if folded is not None else item
 
     raiser = _Raise(mod)
     gvar = mod.get_global_var("main")
