@@ -347,3 +347,14 @@ def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == 7 and all(float(cells[i]) > 0 for i in (1, 2, 4))
     assert float(cells[-1]) < 1e-4  # the build computes what onnxruntime does
+
+
+def test_bench_compile_time_times_two_checkouts_side_by_side(tmp_path):
+    out = tmp_path / "compile.md"
+    run_script("bench_compile_time.py", "zoo:mcu_cnn", "--baseline-src", str(ROOT), "--repeat", "1", "--out", str(out))
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
+    baseline_s, current_s, ratio = (cell.strip() for cell in row.strip("|").split("|")[1:])
+    assert float(baseline_s) > 0 and float(current_s) > 0
+    assert ratio.endswith("x") and float(ratio.removesuffix("x")) > 0 and "Median ratio" in out.read_text()
+    refused = run_script("bench_compile_time.py", "zoo:mcu_cnn", "--baseline-src", str(tmp_path), returncode=1)
+    assert refused.stderr.count("\n") == 1 and "not a checkout of tvm_memplan" in refused.stderr
