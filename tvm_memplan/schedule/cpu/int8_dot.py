@@ -87,8 +87,15 @@ INTRINSICS = {
 """Instruction (a :class:`~tvm_memplan.schedule.cpu.CpuSpec` ``int8_dot``) → (registered tensor intrinsic,
 the LLVM intrinsic it calls)."""
 
-for _isa, (_name, _llvm_intrinsic) in INTRINSICS.items():  # "dsp-smlad": :mod:`.int8_smlad`, a rule of its own
-    TensorIntrin.register(_name, _dot_prim_func(_isa), _dot_prim_func(_isa, _llvm_intrinsic), override=True)
+
+@functools.cache
+def _registered(isa: str) -> str:
+    """The tensor intrinsic of ``isa`` (a key of :data:`INTRINSICS`; "dsp-smlad" is :mod:`.int8_smlad`, a
+    rule of its own), registered on first use: parsing its TVMScript costs ~0.3 s, which every compile
+    would otherwise pay at import, float models included."""
+    name, llvm_intrinsic = INTRINSICS[isa]
+    TensorIntrin.register(name, _dot_prim_func(isa), _dot_prim_func(isa, llvm_intrinsic), override=True)
+    return name
 
 
 class Int8DotProduct(CPUScheduleRule):
@@ -130,7 +137,7 @@ class Int8DotProduct(CPUScheduleRule):
             sch.vectorize(lane)
         init = sch.decompose_reduction(acc, rc)
         if tensorized:
-            sch.tensorize(lane, INTRINSICS[spec.int8_dot][0])
+            sch.tensorize(lane, _registered(spec.int8_dot))
         sch.unroll(ow_i)
         sch.unroll(ob_i)
         if spec.vector_codegen:
