@@ -173,9 +173,8 @@ def test_split_plan_goes_through_the_same_path(capsys, tmp_path):
     assert report["correct"] and report["arena_bytes"] == split["arena_bytes"] == _static_arena(out_dir)
 
 
-def test_limits_say_by_how_much_and_which_tensors(capsys, tmp_path):
-    out_dir = tmp_path / "c"
-    code, _, err = run_cli(
+def _build_with_limits(capsys, out_dir, sram: str, flash: str) -> tuple[int, str, str]:
+    return run_cli(
         capsys,
         "build",
         "zoo:mcu_cnn",
@@ -184,10 +183,15 @@ def test_limits_say_by_how_much_and_which_tensors(capsys, tmp_path):
         "--emit-c",
         str(out_dir),
         "--sram-limit",
-        "16K",
+        sram,
         "--flash-limit",
-        "4K",
+        flash,
     )
+
+
+def test_limits_say_by_how_much_and_which_tensors(capsys, tmp_path):
+    out_dir = tmp_path / "c"
+    code, _, err = _build_with_limits(capsys, out_dir, "16K", "4K")
     model_c = ModelC.load(out_dir)
     assert code == 2 and err.count("\n") == 1
     sram_miss = model_c.arena_bytes + model_c.workspace_bytes - 16 * 1024
@@ -195,19 +199,7 @@ def test_limits_say_by_how_much_and_which_tensors(capsys, tmp_path):
     assert f"flash misses the 4,096-byte limit by {model_c.weight_bytes - 4096:,} bytes" in err
     assert model_c.peak_tensors and all(name in err for name, _ in model_c.peak_tensors)
     assert sum(size for _, size in model_c.peak_tensors) <= model_c.peak_live_bytes <= model_c.arena_bytes
-    code, out, _ = run_cli(
-        capsys,
-        "build",
-        "zoo:mcu_cnn",
-        "--target",
-        "cortex-m7",
-        "--emit-c",
-        str(out_dir),
-        "--sram-limit",
-        "512K",
-        "--flash-limit",
-        "2M",
-    )
+    code, out, _ = _build_with_limits(capsys, out_dir, "512K", "2M")
     assert code == 0 and "static arena" in out
 
 
