@@ -98,7 +98,7 @@ def test_the_register_tile_has_the_most_multiply_adds_per_load(channels, columns
     "channels, columns, spec, tile",
     [
         (4, 13, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 5)),  # 4 x 1 divides
-        (6, 109, AVX512, (2, 5)),  # 109 is prime: 3 x 1 divides
+        (6, 109, AVX512, (2, 8)),  # 109 is prime: 3 x 1 divides; 13 x 8 and a 5-column tail
         (16, 13, AVX512, (2, 13)),  # 2 x 13 divides, as fast as any tile with a tail
         (128, 14, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 5)),  # 4 x 2 divides
     ],
@@ -108,6 +108,26 @@ def test_a_width_no_good_tile_divides_gets_a_narrower_last_tile(channels, column
     channel_tile, column_tile = tile
     assert channels % channel_tile == 0
     assert channel_tile * column_tile <= spec.accumulators and channel_tile * (column_tile + 1) + 1 <= spec.registers
+
+
+AVX2_SPEC = CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)
+
+
+@pytest.mark.parametrize(
+    "channels, columns, spec, reduction, tile",
+    [
+        (8, 56, AVX2_SPEC, 64, (2, 4)),  # a 1x1 of 64 channels: the tail's row costs more than 2 x 6 saves
+        (8, 56, AVX2_SPEC, 576, (2, 6)),  # a 3x3 of 64 channels: 2 x 6 and a 2-column tail
+        (16, 28, AVX2_SPEC, 128, (2, 4)),
+        (16, 28, AVX2_SPEC, 512, (2, 6)),
+        (4, 56, AVX512, 576, (4, 4)),  # 16 accumulators cover the latency: no tail at 32 registers
+    ],
+)
+def test_a_tail_is_taken_where_the_reduction_is_long_enough_to_pay_for_it(
+    channels, columns, spec: CpuSpec, reduction, tile
+) -> None:
+    assert register_tile(channels, columns, 1, spec, tails=True, reduction=reduction) == tile
+    assert register_tile(channels, columns, 1, spec, tails=False, reduction=reduction)[1] in (4, columns)
 
 
 @pytest.mark.parametrize(("kernel", "lanes"), [(3, 16), (5, 16), (5, 8)])

@@ -13,6 +13,8 @@ add) runs on the tile before it is stored.
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir
 
 from ..blocks import (
@@ -33,12 +35,19 @@ BLOCKED_CONV = "conv2d_NCHWc"
 """The reduction block's name in :func:`tvm_memplan.relax.layout.conv2d_nchwc`."""
 MAX_CHANNEL_TILE = 4
 """Channel blocks per register tile (MLAS's AVX-512 kernel holds up to 4 filter blocks)."""
-TAIL_GAIN = 0.95
-"""The share of the dividing register tile's cycles (:func:`row_steps`) under which a tile with a narrower
-last tile is chosen instead: its own loop nest and a row-wide accumulator buffer cost a little (one
-thread, Zen 4, AVX-512: 64 channels at 56x56, 1x1, 4 x 6 + 2 ran 13 % slower than 4 x 4)."""
+TAIL_VECTOR_CYCLES = 9.0
+"""Cycles a row with a narrower last tile spends per output vector beyond its tiles' multiply-adds: its own
+loop nest and a row-wide accumulator buffer that the epilogue reloads. Fitted to one thread on Zen 4 at AVX2
+(ResNet-50's kernels, 2 x 6 plus a tail against 2 x 4): the tail paid off from 256 reduction steps at 56
+columns and 512 at 28 (3 to 8 % less time) and cost 2 to 12 % with 64 to 147 steps."""
 FMA_LATENCY = 4
 """Cycles of a vector multiply-add's latency (Zen 2 to 4, Skylake and later)."""
+FMA_PIPES = 2
+"""Vector multiply-adds issued a cycle."""
+LATENCY_BOUND_CYCLES = 0.5
+"""Cycles a reduction step loses where a tile's accumulators only just cover the multiply-add's latency
+(no more than ``FMA_PIPES * FMA_LATENCY`` of them): one late operand stalls both pipes. At AVX2 on Zen 4 the
+2 x 4 tile (8 accumulators) ran at about 90 % of the peak, the 2 x 6 tile at 95 %."""
 
 
 class BlockedConv(CPUScheduleRule):
@@ -69,7 +78,8 @@ class BlockedConv(CPUScheduleRule):
         batch, oc, oh, ow, o, *reduce_loops = loops
         # with a tail of columns the columns are partitioned below the tasks, which must then be enough
         tails = extents[0] * rows * -(-channels // MAX_CHANNEL_TILE) >= 4 * spec.threads
-        channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails)
+        reduction = math.prod(extents[5:])
+        channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails, reduction=reduction)
         oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
         column_parts = [columns - columns % column_tile] + ([columns % column_tile] if columns % column_tile else [])
         weights_first = _weights_first(block, rows)
@@ -140,14 +150,18 @@ def _column_tiles(sch: s_tir.Schedule, ow, parts: list[int], column_tile: int, r
         sch.decompose_reduction(block, reduce_part[0])
 
 
-def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec, tails: bool = False) -> tuple[int, int]:
+def register_tile(
+    channels: int, columns: int, vectors: int, spec: CpuSpec, tails: bool = False, reduction: int | None = None
+) -> tuple[int, int]:
     """(channel blocks, columns) of the register tile: divisors of their extents whose accumulators, one
     weight register per block and a broadcast fit the registers (LLVM keeps every weight vector of a
     step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with the most multiply-adds
     per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of them). Where ``tails``
-    allows a narrower last tile per row, the columns need not divide, and such a tile replaces the
-    dividing one when :func:`row_steps` puts it :data:`TAIL_GAIN` ahead (a prime width, 13 or 73 or
-    109, left one column a tile)."""
+    allows a narrower last tile per row, the columns need not divide (a prime width, 13 or 73 or 109, left
+    one column a tile), and such a tile replaces the dividing one where the cycles it saves over the
+    ``reduction``'s steps (:func:`row_steps`) exceed what its row costs per output vector
+    (:data:`TAIL_VECTOR_CYCLES`): a long reduction takes 2 x 6 and a 2-column tail over 2 x 4 at 56
+    columns, a short one keeps 2 x 4. Without ``reduction``, the reduction counts as long."""
 
     def fits(channel_tile: int, column_tile: int) -> bool:
         accumulators = channel_tile * column_tile * vectors
@@ -174,21 +188,24 @@ def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec, tail
     if not tiles:
         return best
     tailed = min(tiles, key=lambda tile: row_steps(channels, columns, *tile, vectors))
-    if row_steps(channels, columns, *tailed, vectors) < TAIL_GAIN * row_steps(channels, columns, *best, vectors):
-        return tailed
-    return best
+    saved = row_steps(channels, columns, *best, vectors) - row_steps(channels, columns, *tailed, vectors)
+    if reduction is None:
+        return tailed if saved > 0 else best
+    return tailed if saved * reduction > TAIL_VECTOR_CYCLES * channels * vectors * columns else best
 
 
 def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, vectors: int) -> float:
-    """Cycles per reduction step of an output row's tiles, as the micro-kernel is bound: two vector
-    multiply-adds a cycle, one weight vector or two broadcasts loaded a cycle, and at least the
-    multiply-add's latency (4 cycles: a narrow tail tile waits on its few accumulators). Fitted to one
-    thread on Zen 4: at AVX2 a 7-column row ran 2 x 4 + 3 in 1120 us, 1 x 7 in 1168 us, 2 x 6 + 1 in
-    1312 us; a 14-column row 2 x 6 + 2 in 1063 us, 4 x 2 in 1235 us."""
+    """Cycles per reduction step of an output row's tiles, as the micro-kernel is bound: :data:`FMA_PIPES`
+    vector multiply-adds a cycle, one weight vector or two broadcasts loaded a cycle, and at least the
+    multiply-add's latency (a narrow tail tile waits on its few accumulators), plus
+    :data:`LATENCY_BOUND_CYCLES` where the accumulators only just cover that latency. Fitted to one thread
+    on Zen 4: at AVX2 a 7-column row ran 2 x 4 + 3 in 1120 us, 1 x 7 in 1168 us, 2 x 6 + 1 in 1312 us; a
+    14-column row 2 x 6 + 2 in 1063 us, 4 x 2 in 1235 us."""
 
     def tile(width: int) -> float:
         accumulators = channel_tile * width * vectors
-        return max(accumulators / 2, channel_tile * vectors + width / 2, FMA_LATENCY)
+        bound = max(accumulators / FMA_PIPES, channel_tile * vectors + width / 2, FMA_LATENCY)
+        return bound + (LATENCY_BOUND_CYCLES if accumulators <= FMA_PIPES * FMA_LATENCY else 0.0)
 
     tail = columns % column_tile
     per_channel_tile = columns // column_tile * tile(column_tile) + (tile(tail) if tail else 0.0)
