@@ -35,11 +35,13 @@ BLOCKED_CONV = "conv2d_NCHWc"
 """The reduction block's name in :func:`tvm_memplan.relax.layout.conv2d_nchwc`."""
 MAX_CHANNEL_TILE = 4
 """Channel blocks per register tile (MLAS's AVX-512 kernel holds up to 4 filter blocks)."""
-TAIL_VECTOR_CYCLES = 9.0
+TAIL_VECTOR_CYCLES = 7.0
 """Cycles a row with a narrower last tile spends per output vector beyond its tiles' multiply-adds: its own
 loop nest and a row-wide accumulator buffer that the epilogue reloads. Fitted to one thread on Zen 4 at AVX2
-(ResNet-50's kernels, 2 x 6 plus a tail against 2 x 4): the tail paid off from 256 reduction steps at 56
-columns and 512 at 28 (3 to 8 % less time) and cost 2 to 12 % with 64 to 147 steps."""
+(2 x 6 plus a tail against 2 x 4 on ResNet-50's kernels; MobileNetV3-small's and SqueezeNet's short
+reductions): the tail paid off from 256 reduction steps at 56 columns and 512 at 28 (3 to 8 % less time),
+cost 2 to 12 % with 64 to 128 steps at 28 and 56 columns, and still paid off at 32 to 48 steps where the
+dividing tile was latency-bound (3 x 2 or 4 x 2 at 14 columns: 10 to 20 %)."""
 FMA_LATENCY = 4
 """Cycles of a vector multiply-add's latency (Zen 2 to 4, Skylake and later)."""
 FMA_PIPES = 2
@@ -257,9 +259,14 @@ def _flattens(
 ) -> bool:
     """Whether a pointwise convolution should tile its positions across rows: where a row is too narrow for a
     tile that covers the multiply-add's latency (7 columns at AVX2: 2 x 4 and 2 x 3), the whole map is one run
-    (49 positions: eight 2 x 6 tiles and one column), if its accumulators fit :data:`ROW_BUFFER_BYTES`."""
+    (49 positions: eight 2 x 6 tiles and one column), if its accumulators fit :data:`ROW_BUFFER_BYTES` and the
+    tile spans more than one weight vector."""
     positions = rows * columns
     if rows == 1 or flat_tile[0] * vectors * spec.lanes * 4 * positions > ROW_BUFFER_BYTES:
+        return False
+    if flat_tile[0] * vectors == 1:
+        # one weight vector a step: a broadcast per multiply-add bounds the run as it bounds the rows (AVX2, 29
+        # and 5 channel blocks at 14x14 and 7x7: 2 to 12 % slower across rows)
         return False
     flat = _row_cycles(channels, positions, flat_tile, vectors, reduction)
     return flat < rows * _row_cycles(channels, columns, row_tile, vectors, reduction)
