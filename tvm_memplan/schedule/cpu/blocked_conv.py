@@ -7,7 +7,8 @@ block and broadcasts one input value per column, so every broadcast serves ``oc`
 every weight vector ``ow`` (on AVX-512 the broadcast folds into the FMA's memory operand). Tasks are
 output rows, or channel tiles where the weights outweigh the inputs (whichever rereads fewer bytes,
 as in :mod:`.tiled_reduction`); a row whose width no good tile divides ends in a narrower tile,
-a loop nest of its own; padding is its own vectorized pass and the epilogue (bias, activation, residual
+a loop nest of its own, and a 1x1 convolution whose rows are too narrow tiles its positions across
+rows; padding is its own vectorized pass and the epilogue (bias, activation, residual
 add) runs on the tile before it is stored.
 """
 
@@ -42,6 +43,11 @@ loop nest and a row-wide accumulator buffer that the epilogue reloads. Fitted to
 reductions): the tail paid off from 256 reduction steps at 56 columns and 512 at 28 (3 to 8 % less time),
 cost 2 to 12 % with 64 to 128 steps at 28 and 56 columns, and still paid off at 32 to 48 steps where the
 dividing tile was latency-bound (3 x 2 or 4 x 2 at 14 columns: 10 to 20 %)."""
+ROW_BUFFER_BYTES = 16 * 1024
+"""The most bytes of float32 accumulators a channel tile may keep across a whole run of tiles (the buffer of a run with
+a narrower last tile, which the epilogue reloads): half an x86 core's 32 KiB L1 data cache."""
+
+
 FMA_LATENCY = 4
 """Cycles of a vector multiply-add's latency (Zen 2 to 4, Skylake and later)."""
 FMA_PIPES = 2
@@ -79,9 +85,11 @@ class BlockedConv(CPUScheduleRule):
         tails = extents[0] * rows * -(-channels // MAX_CHANNEL_TILE) >= 4 * spec.threads
         reduction = math.prod(extents[5:])
         channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails, reduction=reduction)
+        flattened = False
         if not padding and _pointwise(block, extents):
             flat = register_tile(channels, rows * columns, vectors, spec, tails=True, reduction=reduction)
-            if _flattens(channels, rows, columns, (channel_tile, column_tile), flat, vectors, reduction, spec):
+            flattened = _flattens(channels, rows, columns, (channel_tile, column_tile), flat, vectors, reduction, spec)
+            if flattened:
                 # a 1x1 convolution at stride 1 reads the same positions it writes: its rows and columns are
                 # one run of positions, tiled across the rows (``(p // W) * W + p % W`` simplifies to ``p``)
                 width = columns
@@ -92,8 +100,8 @@ class BlockedConv(CPUScheduleRule):
                 extents = extents[:2] + [columns] + extents[4:]
                 channel_tile, column_tile = flat
         loops = iterator_loops(sch, main, extents)
-        if len(loops) == 8:
-            loops.insert(2, None)
+        if flattened:
+            loops.insert(2, None)  # no row loop: task loops skip it
         batch, oc, oh, ow, o, *reduce_loops = loops
         oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
         column_parts = [columns - columns % column_tile] + ([columns % column_tile] if columns % column_tile else [])
@@ -205,10 +213,14 @@ def register_tile(
     if not tiles:
         return best
     tailed = min(tiles, key=lambda tile: row_steps(channels, columns, *tile, vectors))
-    saved = row_steps(channels, columns, *best, vectors) - row_steps(channels, columns, *tailed, vectors)
     if reduction is None:
-        return tailed if saved > 0 else best
-    return tailed if saved * reduction > TAIL_VECTOR_CYCLES * channels * vectors * columns else best
+        return (
+            tailed
+            if row_steps(channels, columns, *tailed, vectors) < row_steps(channels, columns, *best, vectors)
+            else best
+        )
+    cycles = [_row_cycles(channels, columns, tile, vectors, reduction) for tile in (tailed, best)]
+    return tailed if cycles[0] < cycles[1] else best
 
 
 def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, vectors: int) -> float:
@@ -227,11 +239,6 @@ def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, 
     tail = columns % column_tile
     per_channel_tile = columns // column_tile * tile(column_tile) + (tile(tail) if tail else 0.0)
     return channels // channel_tile * per_channel_tile
-
-
-ROW_BUFFER_BYTES = 16 * 1024
-"""The most bytes of accumulators a channel tile may keep across a whole run of tiles (the buffer of a run with
-a narrower last tile, which the epilogue reloads): half an x86 core's 32 KiB L1 data cache."""
 
 
 def _pointwise(block: s_tir.SBlock, extents: list[int]) -> bool:
