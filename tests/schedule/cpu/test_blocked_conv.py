@@ -35,6 +35,7 @@ def _run(func: tirx.PrimFunc) -> np.ndarray:
         (conv_body(64, 3, padding=1), (1, 64, 4, 4)),  # weights outweigh inputs: channel tiles first
         (conv_body(32, 3, padding=1, groups=2), (1, 32, 6, 6)),  # 16 channels a group
         (conv_body(32, 3, padding=1), (1, 16, 13, 13)),  # 13 columns: a narrower last tile at 8 lanes
+        (conv_body(64, 1), (1, 64, 7, 7)),  # 1x1 at 7x7: tiles across rows at 8 lanes
     ],
 )
 @pytest.mark.parametrize("spec", [AVX512, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)])
@@ -98,7 +99,7 @@ def test_the_register_tile_has_the_most_multiply_adds_per_load(channels, columns
     "channels, columns, spec, tile",
     [
         (4, 13, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 5)),  # 4 x 1 divides
-        (6, 109, AVX512, (2, 5)),  # 109 is prime: 3 x 1 divides
+        (6, 109, AVX512, (2, 8)),  # 109 is prime: 3 x 1 divides; 13 x 8 and a 5-column tail
         (16, 13, AVX512, (2, 13)),  # 2 x 13 divides, as fast as any tile with a tail
         (128, 14, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True), (2, 5)),  # 4 x 2 divides
     ],
@@ -108,6 +109,46 @@ def test_a_width_no_good_tile_divides_gets_a_narrower_last_tile(channels, column
     channel_tile, column_tile = tile
     assert channels % channel_tile == 0
     assert channel_tile * column_tile <= spec.accumulators and channel_tile * (column_tile + 1) + 1 <= spec.registers
+
+
+AVX2_SPEC = CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)
+
+
+@pytest.mark.parametrize(
+    "channels, columns, spec, reduction, tile",
+    [
+        (8, 56, AVX2_SPEC, 64, (2, 4)),  # a 1x1 of 64 channels: the tail's row costs more than 2 x 6 saves
+        (8, 56, AVX2_SPEC, 576, (2, 6)),  # a 3x3 of 64 channels: 2 x 6 and a 2-column tail
+        (16, 28, AVX2_SPEC, 128, (2, 4)),
+        (16, 28, AVX2_SPEC, 512, (2, 6)),
+        (15, 14, AVX2_SPEC, 40, (3, 3)),  # short, but the dividing 3 x 2 waits on the latency: 3 x 3 and a tail
+        (4, 56, AVX512, 576, (4, 4)),  # 16 accumulators cover the latency: no tail at 32 registers
+    ],
+)
+def test_a_tail_is_taken_where_the_reduction_is_long_enough_to_pay_for_it(
+    channels, columns, spec: CpuSpec, reduction, tile
+) -> None:
+    assert register_tile(channels, columns, 1, spec, tails=True, reduction=reduction) == tile
+    assert columns % register_tile(channels, columns, 1, spec, tails=False, reduction=reduction)[1] == 0
+
+
+@pytest.mark.parametrize(
+    "body, shape, positions, flattens",
+    [
+        (conv_body(64, 1), (1, 64, 7, 7), 49, True),  # 2 x 4 and 2 x 3 a row; 2 x 6 tiles across the 49 positions
+        (conv_body(64, 1, stride=2), (1, 64, 14, 14), 49, False),  # reads every other position
+        (conv_body(64, 3, padding=1), (1, 64, 7, 7), 49, False),  # reads its neighbours
+        (conv_body(64, 1), (1, 64, 56, 56), 3136, False),  # 2 x 6 fits a row; the run's accumulators would not fit L1
+        (conv_body(40, 1), (1, 64, 7, 7), 49, False),  # 5 channel blocks: one weight vector, bound by broadcasts
+    ],
+)
+def test_a_pointwise_convolution_with_narrow_rows_tiles_its_positions_across_rows(
+    body, shape, positions, flattens
+) -> None:
+    (func,) = (f for name, f in kernels_of(body, shape, AVX2, "blocked").items() if "conv2d_nchwc" in name)
+    new_func, rule = schedule_function(func, AVX2_SPEC)
+    assert rule == "blocked_conv"
+    assert (f"T.int64({positions})" in new_func.script()) == flattens
 
 
 @pytest.mark.parametrize(("kernel", "lanes"), [(3, 16), (5, 16), (5, 8)])

@@ -7,11 +7,14 @@ block and broadcasts one input value per column, so every broadcast serves ``oc`
 every weight vector ``ow`` (on AVX-512 the broadcast folds into the FMA's memory operand). Tasks are
 output rows, or channel tiles where the weights outweigh the inputs (whichever rereads fewer bytes,
 as in :mod:`.tiled_reduction`); a row whose width no good tile divides ends in a narrower tile,
-a loop nest of its own; padding is its own vectorized pass and the epilogue (bias, activation, residual
+a loop nest of its own, and a 1x1 convolution whose rows are too narrow tiles its positions across
+rows; padding is its own vectorized pass and the epilogue (bias, activation, residual
 add) runs on the tile before it is stored.
 """
 
 from __future__ import annotations
+
+import math
 
 from tvm import s_tir
 
@@ -33,12 +36,26 @@ BLOCKED_CONV = "conv2d_NCHWc"
 """The reduction block's name in :func:`tvm_memplan.relax.layout.conv2d_nchwc`."""
 MAX_CHANNEL_TILE = 4
 """Channel blocks per register tile (MLAS's AVX-512 kernel holds up to 4 filter blocks)."""
-TAIL_GAIN = 0.95
-"""The share of the dividing register tile's cycles (:func:`row_steps`) under which a tile with a narrower
-last tile is chosen instead: its own loop nest and a row-wide accumulator buffer cost a little (one
-thread, Zen 4, AVX-512: 64 channels at 56x56, 1x1, 4 x 6 + 2 ran 13 % slower than 4 x 4)."""
+TAIL_VECTOR_CYCLES = 7.0
+"""Cycles a row with a narrower last tile spends per output vector beyond its tiles' multiply-adds: its own
+loop nest and a row-wide accumulator buffer that the epilogue reloads. Fitted to one thread on Zen 4 at AVX2
+(2 x 6 plus a tail against 2 x 4 on ResNet-50's kernels; MobileNetV3-small's and SqueezeNet's short
+reductions): the tail paid off from 256 reduction steps at 56 columns and 512 at 28 (3 to 8 % less time),
+cost 2 to 12 % with 64 to 128 steps at 28 and 56 columns, and still paid off at 32 to 48 steps where the
+dividing tile was latency-bound (3 x 2 or 4 x 2 at 14 columns: 10 to 20 %)."""
+ROW_BUFFER_BYTES = 16 * 1024
+"""The most bytes of float32 accumulators a channel tile may keep across a whole run of tiles (the buffer of a run with
+a narrower last tile, which the epilogue reloads): half an x86 core's 32 KiB L1 data cache."""
+
+
 FMA_LATENCY = 4
 """Cycles of a vector multiply-add's latency (Zen 2 to 4, Skylake and later)."""
+FMA_PIPES = 2
+"""Vector multiply-adds issued a cycle."""
+LATENCY_BOUND_CYCLES = 0.5
+"""Cycles a reduction step loses where a tile's accumulators only just cover the multiply-add's latency
+(no more than ``FMA_PIPES * FMA_LATENCY`` of them): one late operand stalls both pipes. At AVX2 on Zen 4 the
+2 x 4 tile (8 accumulators) ran at about 90 % of the peak, the 2 x 6 tile at 95 %."""
 
 
 class BlockedConv(CPUScheduleRule):
@@ -63,13 +80,29 @@ class BlockedConv(CPUScheduleRule):
             else:
                 sch.compute_inline(producer)
         epilogue = inline_into_epilogue(sch, main, blocks[position + 1 :], "global")
-        loops = iterator_loops(sch, main, extents)
-
         vectors = -(-lanes // spec.lanes)
-        batch, oc, oh, ow, o, *reduce_loops = loops
         # with a tail of columns the columns are partitioned below the tasks, which must then be enough
         tails = extents[0] * rows * -(-channels // MAX_CHANNEL_TILE) >= 4 * spec.threads
-        channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails)
+        reduction = math.prod(extents[5:])
+        channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails, reduction=reduction)
+        flattened = False
+        if not padding and _pointwise(block, extents):
+            flat = register_tile(channels, rows * columns, vectors, spec, tails=True, reduction=reduction)
+            flattened = _flattens(channels, rows, columns, (channel_tile, column_tile), flat, vectors, reduction, spec)
+            if flattened:
+                # a 1x1 convolution at stride 1 reads the same positions it writes: its rows and columns are
+                # one run of positions, tiled across the rows (``(p // W) * W + p % W`` simplifies to ``p``)
+                width = columns
+                sch.transform_block_layout(
+                    main, lambda b, oc, oh, ow, o, ic, kh, kw, i: (b, oc, oh * width + ow, o, ic, kh, kw, i)
+                )
+                rows, columns = 1, rows * columns
+                extents = extents[:2] + [columns] + extents[4:]
+                channel_tile, column_tile = flat
+        loops = iterator_loops(sch, main, extents)
+        if flattened:
+            loops.insert(2, None)  # no row loop: task loops skip it
+        batch, oc, oh, ow, o, *reduce_loops = loops
         oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
         column_parts = [columns - columns % column_tile] + ([columns % column_tile] if columns % column_tile else [])
         weights_first = _weights_first(block, rows)
@@ -80,9 +113,11 @@ class BlockedConv(CPUScheduleRule):
             # 64 to 256 channels at 56x56 with a residual add, one thread, Zen 4, 0.94x the time at AVX-512,
             # 0.88x at AVX2; 3x3 ones unchanged)
             task_loops = [batch, oc_outer, oh, ow_outer] if weights_first else [batch, oh, oc_outer, ow_outer]
+            task_loops = [loop for loop in task_loops if loop is not None]
             sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
         else:
             task_loops = [batch, oc_outer, oh] if weights_first else [batch, oh, oc_outer]
+            task_loops = [loop for loop in task_loops if loop is not None]
             sch.reorder(*task_loops, ow, *reduce_loops, oc_inner, o)
         work = 1
         for extent in extents:
@@ -140,14 +175,18 @@ def _column_tiles(sch: s_tir.Schedule, ow, parts: list[int], column_tile: int, r
         sch.decompose_reduction(block, reduce_part[0])
 
 
-def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec, tails: bool = False) -> tuple[int, int]:
+def register_tile(
+    channels: int, columns: int, vectors: int, spec: CpuSpec, tails: bool = False, reduction: int | None = None
+) -> tuple[int, int]:
     """(channel blocks, columns) of the register tile: divisors of their extents whose accumulators, one
     weight register per block and a broadcast fit the registers (LLVM keeps every weight vector of a
     step in a register; 28 accumulators, 4 weights and 7 broadcasts spilled), with the most multiply-adds
     per load (``oc`` weight loads and ``ow`` broadcasts serve ``oc * ow`` of them). Where ``tails``
-    allows a narrower last tile per row, the columns need not divide, and such a tile replaces the
-    dividing one when :func:`row_steps` puts it :data:`TAIL_GAIN` ahead (a prime width, 13 or 73 or
-    109, left one column a tile)."""
+    allows a narrower last tile per row, the columns need not divide (a prime width, 13 or 73 or 109, left
+    one column a tile), and such a tile replaces the dividing one where the cycles it saves over the
+    ``reduction``'s steps (:func:`row_steps`) exceed what its row costs per output vector
+    (:data:`TAIL_VECTOR_CYCLES`): a long reduction takes 2 x 6 and a 2-column tail over 2 x 4 at 56
+    columns, a short one keeps 2 x 4. Without ``reduction``, the reduction counts as long."""
 
     def fits(channel_tile: int, column_tile: int) -> bool:
         accumulators = channel_tile * column_tile * vectors
@@ -174,25 +213,70 @@ def register_tile(channels: int, columns: int, vectors: int, spec: CpuSpec, tail
     if not tiles:
         return best
     tailed = min(tiles, key=lambda tile: row_steps(channels, columns, *tile, vectors))
-    if row_steps(channels, columns, *tailed, vectors) < TAIL_GAIN * row_steps(channels, columns, *best, vectors):
-        return tailed
-    return best
+    if reduction is None:
+        return (
+            tailed
+            if row_steps(channels, columns, *tailed, vectors) < row_steps(channels, columns, *best, vectors)
+            else best
+        )
+    cycles = [_row_cycles(channels, columns, tile, vectors, reduction) for tile in (tailed, best)]
+    return tailed if cycles[0] < cycles[1] else best
 
 
 def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, vectors: int) -> float:
-    """Cycles per reduction step of an output row's tiles, as the micro-kernel is bound: two vector
-    multiply-adds a cycle, one weight vector or two broadcasts loaded a cycle, and at least the
-    multiply-add's latency (4 cycles: a narrow tail tile waits on its few accumulators). Fitted to one
-    thread on Zen 4: at AVX2 a 7-column row ran 2 x 4 + 3 in 1120 us, 1 x 7 in 1168 us, 2 x 6 + 1 in
-    1312 us; a 14-column row 2 x 6 + 2 in 1063 us, 4 x 2 in 1235 us."""
+    """Cycles per reduction step of an output row's tiles, as the micro-kernel is bound: :data:`FMA_PIPES`
+    vector multiply-adds a cycle, one weight vector or two broadcasts loaded a cycle, and at least the
+    multiply-add's latency (a narrow tail tile waits on its few accumulators), plus
+    :data:`LATENCY_BOUND_CYCLES` where the accumulators only just cover that latency. Fitted to one thread
+    on Zen 4: at AVX2 a 7-column row ran 2 x 4 + 3 in 1120 us, 1 x 7 in 1168 us, 2 x 6 + 1 in 1312 us; a
+    14-column row 2 x 6 + 2 in 1063 us, 4 x 2 in 1235 us."""
 
     def tile(width: int) -> float:
         accumulators = channel_tile * width * vectors
-        return max(accumulators / 2, channel_tile * vectors + width / 2, FMA_LATENCY)
+        bound = max(accumulators / FMA_PIPES, channel_tile * vectors + width / 2, FMA_LATENCY)
+        return bound + (LATENCY_BOUND_CYCLES if accumulators <= FMA_PIPES * FMA_LATENCY else 0.0)
 
     tail = columns % column_tile
     per_channel_tile = columns // column_tile * tile(column_tile) + (tile(tail) if tail else 0.0)
     return channels // channel_tile * per_channel_tile
+
+
+def _pointwise(block: s_tir.SBlock, extents: list[int]) -> bool:
+    """Whether the convolution is 1x1 at stride 1 without padding: its input has the output's rows and columns."""
+    data = next(r.source for r in block.reads if len(r.source.shape) == 5)
+    return extents[6] == extents[7] == 1 and [constant(d) for d in data.shape[2:4]] == extents[2:4]
+
+
+def _row_cycles(channels: int, columns: int, tile: tuple[int, int], vectors: int, reduction: int) -> float:
+    """Cycles of one row of ``columns`` under ``tile``: its reduction's steps and, with a narrower last tile,
+    what that costs per output vector (:data:`TAIL_VECTOR_CYCLES`)."""
+    cycles = reduction * row_steps(channels, columns, *tile, vectors)
+    return cycles + (TAIL_VECTOR_CYCLES * channels * vectors * columns if columns % tile[1] else 0.0)
+
+
+def _flattens(
+    channels: int,
+    rows: int,
+    columns: int,
+    row_tile: tuple[int, int],
+    flat_tile: tuple[int, int],
+    vectors: int,
+    reduction: int,
+    spec: CpuSpec,
+) -> bool:
+    """Whether a pointwise convolution should tile its positions across rows: where a row is too narrow for a
+    tile that covers the multiply-add's latency (7 columns at AVX2: 2 x 4 and 2 x 3), the whole map is one run
+    (49 positions: eight 2 x 6 tiles and one column), if its accumulators fit :data:`ROW_BUFFER_BYTES` and the
+    tile spans more than one weight vector."""
+    positions = rows * columns
+    if rows == 1 or flat_tile[0] * vectors * spec.lanes * 4 * positions > ROW_BUFFER_BYTES:
+        return False
+    if flat_tile[0] * vectors == 1:
+        # one weight vector a step: a broadcast per multiply-add bounds the run as it bounds the rows (AVX2, 29
+        # and 5 channel blocks at 14x14 and 7x7: 2 to 12 % slower across rows)
+        return False
+    flat = _row_cycles(channels, positions, flat_tile, vectors, reduction)
+    return flat < rows * _row_cycles(channels, columns, row_tile, vectors, reduction)
 
 
 def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
