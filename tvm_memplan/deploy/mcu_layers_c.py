@@ -168,18 +168,19 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
   } while (0)
 #endif
 /* one step of 4 input channels of the pointwise 2x2 block: channels o and o + 1 (their unpacked pairs at v), pixels
- * p and p + 1 (their packed pairs at q), both pointers advanced: four LDRD, eight SMLAD. On the DSP one asm block,
- * so that the compiler's scheduler cannot hoist later steps' loads and spill the accumulators (it did for some
- * layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers, the second channel's pair loaded into the
- * first's */
+ * p and p + 1 (their packed pairs at q), both pointers advanced: one LDM of the two pixels' four words, two LDRD of
+ * the channels' pairs, eight SMLAD (11 instructions for 16 MACs; LDM's register list must ascend, so its four
+ * registers are named). On the DSP one asm block, so that the compiler's scheduler cannot hoist later steps' loads
+ * and spill the accumulators (it did for some layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers,
+ * the second channel's pair loaded into the first's */
 #if defined(__ARM_FEATURE_DSP)
 #define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                             \
   do {                                                                                                         \
-    uint32_t u0_, u1_, x0_, x1_, y0_, y1_;                                                                     \
+    register uint32_t x0_ __asm__("r0"), x1_ __asm__("r1"), y0_ __asm__("r2"), y1_ __asm__("r3");          \
+    uint32_t u0_, u1_;                                                                                         \
     __asm__(                                                                                                   \
+        "ldm %[q]!, {%[x0], %[x1], %[y0], %[y1]}\n\t"                                                          \
         "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
-        "ldrd %[x0], %[x1], [%[q]], #8\n\t"                                                                    \
-        "ldrd %[y0], %[y1], [%[q]], #8\n\t"                                                                    \
         "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                 \
         "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                 \
         "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                 \
