@@ -71,7 +71,7 @@ POINTWISE_HEAD = r"""
     if (add) {                                                                                          \
       const int32_t other = residual[(o) * pixels + (p)];                                               \
       code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
-                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
+                               : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
     }                                                                                                   \
     y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
   } while (0)
@@ -623,11 +623,33 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
       const tvm_memplan_scale mb = tvm_memplan_scale_of(o + 1 < cout ? multiplier[o + 1] : 0.0f, fixed);
       if (unpack) {
+#if defined(__ARM_FEATURE_DSP)
+        /* per step: one LDRD of the two channels' words (word-aligned constants), four SXTB16, one STM (STM's
+         * register list must ascend, so its four registers are named) */
+        const int8_t* from = wa;
+        uint32_t* to = (uint32_t*)unpacked;
+#pragma GCC unroll 2
+        for (int32_t s = 0; s < steps; ++s) {
+          register uint32_t ue_ __asm__("r0"), uo_ __asm__("r1"), te_ __asm__("r2"), to_ __asm__("r3");
+          uint32_t u_, t_;
+          __asm__ volatile("ldrd %[u], %[t], [%[from]], #16\n\t"  /* (it stores) */
+                         "sxtb16 %[ue], %[u]\n\t"
+                         "sxtb16 %[uo], %[u], ror #8\n\t"
+                         "sxtb16 %[te], %[t]\n\t"
+                         "sxtb16 %[to], %[t], ror #8\n\t"
+                         "stm %[to_p]!, {%[ue], %[uo], %[te], %[to]}"
+                         : [from] "+r"(from), [to_p] "+r"(to), [u] "=&r"(u_), [t] "=&r"(t_), [ue] "=&r"(ue_),
+                           [uo] "=&r"(uo_), [te] "=&r"(te_), [to] "=&r"(to_)
+                  :
+                         : "memory");
+        }
+#else
         for (int32_t s = 0; s < steps; ++s) {
           const uint32_t u = tvm_memplan_word(wa + 16 * s), t = tvm_memplan_word(wa + 16 * s + 4);
           unpacked[2 * s] = tvm_memplan_even(u) | (uint64_t)tvm_memplan_odd(u) << 32;
           unpacked[2 * s + 1] = tvm_memplan_even(t) | (uint64_t)tvm_memplan_odd(t) << 32;
         }
+#endif
       }
       /* the pixel pairs walk the packed tile in order, and their outputs (and residuals) by pointer */
       const uint64_t* q = packed;
