@@ -640,7 +640,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
                          "stm %[to_p]!, {%[ue], %[uo], %[te], %[to]}"
                          : [from] "+r"(from), [to_p] "+r"(to), [u] "=&r"(u_), [t] "=&r"(t_), [ue] "=&r"(ue_),
                            [uo] "=&r"(uo_), [te] "=&r"(te_), [to] "=&r"(to_)
-                  :
+                         :
                          : "memory");
         }
 #else
