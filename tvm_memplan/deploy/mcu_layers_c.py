@@ -445,20 +445,17 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       for (; there >= 4 && p + 3 < n; p += 4) { /* 4 pixels from a word of each channel: a 4x4 byte transpose */
         const uint32_t w0 = tvm_memplan_word(c0 + p), w1 = tvm_memplan_word(c0 + pixels + p);
         const uint32_t w2 = tvm_memplan_word(c0 + 2 * pixels + p), w3 = tvm_memplan_word(c0 + 3 * pixels + p);
-        /* channel k's pixels 0 and 2 (even), 1 and 3 (odd); a pixel's pairs take one half of two of them (PKHBT,
-         * PKHTB) */
-        const uint32_t e0 = tvm_memplan_even(w0), o0 = tvm_memplan_odd(w0), e1 = tvm_memplan_even(w1);
-        const uint32_t o1 = tvm_memplan_odd(w1), e2 = tvm_memplan_even(w2), o2 = tvm_memplan_odd(w2);
-        const uint32_t e3 = tvm_memplan_even(w3), o3 = tvm_memplan_odd(w3);
-#define TVM_MEMPLAN_LOW(a, b) (((a) & 0xffffu) | (b) << 16)
-#define TVM_MEMPLAN_HIGH(a, b) (((a) >> 16) | ((b) & 0xffff0000u))
-        uint64_t* to = packed + 2 * ((p >> 1) * steps + s);
-        to[0] = TVM_MEMPLAN_LOW(e0, e2) | (uint64_t)TVM_MEMPLAN_LOW(e1, e3) << 32;
-        to[1] = TVM_MEMPLAN_LOW(o0, o2) | (uint64_t)TVM_MEMPLAN_LOW(o1, o3) << 32;
-        to[2 * steps] = TVM_MEMPLAN_HIGH(e0, e2) | (uint64_t)TVM_MEMPLAN_HIGH(e1, e3) << 32;
-        to[2 * steps + 1] = TVM_MEMPLAN_HIGH(o0, o2) | (uint64_t)TVM_MEMPLAN_HIGH(o1, o3) << 32;
-#undef TVM_MEMPLAN_LOW
-#undef TVM_MEMPLAN_HIGH
+        /* the bottom halves of channels 0 and 2 (PKHBT), [c0 p0, c0 p1, c2 p0, c2 p1], give pixel 0's even pair
+         * (SXTB16) and pixel 1's (SXTB16 ROR 8); the top halves (PKHTB) pixels 2 and 3; channels 1 and 3 their odd
+         * pairs: 4 PKH and 8 SXTB16 */
+        const uint32_t low02 = (w0 & 0xffffu) | w2 << 16, high02 = (w0 >> 16) | (w2 & 0xffff0000u);
+        const uint32_t low13 = (w1 & 0xffffu) | w3 << 16, high13 = (w1 >> 16) | (w3 & 0xffff0000u);
+        uint32_t* to = (uint32_t*)(packed + 2 * ((p >> 1) * steps + s));
+        to[0] = tvm_memplan_even(low02), to[1] = tvm_memplan_even(low13);
+        to[2] = tvm_memplan_odd(low02), to[3] = tvm_memplan_odd(low13);
+        to += 4 * steps;
+        to[0] = tvm_memplan_even(high02), to[1] = tvm_memplan_even(high13);
+        to[2] = tvm_memplan_odd(high02), to[3] = tvm_memplan_odd(high13);
       }
       for (; p < n; ++p) {
         uint64_t* to = packed + 2 * ((p >> 1) * steps + s) + (p & 1);
