@@ -779,8 +779,33 @@ _Pragma("GCC unroll 4")                                                         
         int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
         tvm_memplan_scale ma = scales[o], mb = scales[o + 1];
         ma.fixed = mb.fixed = fixed; /* a constant, which drops the other path */
+        int32_t i = 0;
+#if defined(__ARM_FEATURE_DSP)
+        /* two pairs of taps: one LDM of both channels' weights (LDM's register list must ascend, so its registers
+         * are named), two LDRD of the two pixels' windows, eight SMLAD */
 #pragma GCC unroll 16
-        for (int32_t i = 0; i < pairs; ++i) { /* two LDRD, four SMLAD */
+        for (; i + 1 < pairs; i += 2) {
+          register uint32_t wu_ __asm__("r0"), wv_ __asm__("r1"), wu1_ __asm__("r2"), wv1_ __asm__("r3");
+          uint32_t xa_, xb_;
+          __asm__("ldm %[u]!, {%[wu], %[wv], %[wu1], %[wv1]}\n\t"
+                  "ldrd %[xa], %[xb], %[c0]\n\t"
+                  "smlad %[a0], %[wu], %[xa], %[a0]\n\t"
+                  "smlad %[a1], %[wu], %[xb], %[a1]\n\t"
+                  "smlad %[b0], %[wv], %[xa], %[b0]\n\t"
+                  "smlad %[b1], %[wv], %[xb], %[b1]\n\t"
+                  "ldrd %[xa], %[xb], %[c1]\n\t"
+                  "smlad %[a0], %[wu1], %[xa], %[a0]\n\t"
+                  "smlad %[a1], %[wu1], %[xb], %[a1]\n\t"
+                  "smlad %[b0], %[wv1], %[xa], %[b0]\n\t"
+                  "smlad %[b1], %[wv1], %[xb], %[b1]"
+                  : [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [u] "+r"(u), [wu] "=&r"(wu_),
+                    [wv] "=&r"(wv_), [wu1] "=&r"(wu1_), [wv1] "=&r"(wv1_), [xa] "=&r"(xa_), [xb] "=&r"(xb_)
+                  : [c0] "Uv"(columns[i]), [c1] "Uv"(columns[i + 1]), "m"(*(const uint64_t(*)[2])u));
+        }
+        u -= i;
+#endif
+#pragma GCC unroll 16
+        for (; i < pairs; ++i) { /* two LDRD, four SMLAD */
           uint32_t wu, wv, xa, xb;
           TVM_MEMPLAN_LDRD_M(u + i, wu, wv);
           TVM_MEMPLAN_LDRD_M(columns + i, xa, xb);
