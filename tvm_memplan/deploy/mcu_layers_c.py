@@ -449,7 +449,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + POINTWISE_HEAD
     + r"""  const int32_t steps = (cin + 3) >> 2;
   int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;
-  tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
+  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;
   /* enough pixels a tile to unpack each channel pair's weights once */
   const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
   /* per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word), read
