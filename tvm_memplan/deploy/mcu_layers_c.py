@@ -713,9 +713,12 @@ _Pragma("GCC unroll 4")                                                         
       if (both) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb);               \
     }                                                                                          \
   } while (0)
-      int32_t p = 0;
-      for (; p + 1 < n; p += 2, ya += 2, ra += 2) TVM_MEMPLAN_BLOCK(1); /* (no test of the second pixel) */
-      if (p < n) TVM_MEMPLAN_BLOCK(0);
+      /* each block moves q by its two pixels' steps: the loop ends on q (no pixel count to keep; no test of the
+       * second pixel) */
+      for (const uint64_t* const pairs_end = packed + steps * (n & ~1); q != pairs_end; ya += 2, ra += 2) {
+        TVM_MEMPLAN_BLOCK(1);
+      }
+      if (n & 1) TVM_MEMPLAN_BLOCK(0);
 #undef TVM_MEMPLAN_BLOCK
 #undef TVM_MEMPLAN_STORE_AT
     }
