@@ -546,7 +546,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       int8_t* yo = y + o * y_plane + p0;
       /* with the fixed-point requantization to the int8 range and no residual: 8 pixels to their stored codes in
        * one asm block (12 registers), SMMLAR, SSAT and STRB after each pixel's four SMLAD */
-      for (; fixed && !add && low == -128 && high == 127 && p + 7 < n; p += 8) {
+      /* (the loop ends on q, 16 words a block: no pixel count to keep) */
+      const uint64_t* const end8 = packed + ((fixed && !add && low == -128 && high == 127) ? 2 * (n & ~7) : 0);
+      for (; q != end8;) {
         int32_t acc_;
         uint32_t y_, z_;
 #define TVM_MEMPLAN_CODE(step0, step1, store)   \
@@ -572,6 +574,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
                 : "memory");
 #undef TVM_MEMPLAN_CODE
       }
+      p = (int32_t)(q - packed) >> 1;
       for (; !add && p + 3 < n; p += 4) {
         int32_t a0, a1, a2, a3;
         uint32_t y_, z_;
