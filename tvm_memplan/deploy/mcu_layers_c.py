@@ -575,7 +575,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 #undef TVM_MEMPLAN_CODE
       }
       p = (int32_t)(q - packed) >> 1;
-      for (; !add && p + 3 < n; p += 4) {
+      /* (the loop ends on q, 8 words a block, and stores by yo) */
+      for (const uint64_t* const end4 = add ? q : q + 8 * ((n - p) >> 2); q != end4; yo += 4) {
         int32_t a0, a1, a2, a3;
         uint32_t y_, z_;
 #define TVM_MEMPLAN_DOT8(acc, step0, step1)                  \
@@ -593,11 +594,12 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
                 : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo)
                 : "memory");
 #undef TVM_MEMPLAN_DOT8
-        TVM_MEMPLAN_STORE(o, at + p, a0, mo);
-        TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
-        TVM_MEMPLAN_STORE(o, at + p + 2, a2, mo);
-        TVM_MEMPLAN_STORE(o, at + p + 3, a3, mo);
+        yo[0] = (int8_t)tvm_memplan_requantize(a0, mo, y_zp, low, high);
+        yo[1] = (int8_t)tvm_memplan_requantize(a1, mo, y_zp, low, high);
+        yo[2] = (int8_t)tvm_memplan_requantize(a2, mo, y_zp, low, high);
+        yo[3] = (int8_t)tvm_memplan_requantize(a3, mo, y_zp, low, high);
       }
+      p = (int32_t)(q - packed) >> 1;
 #endif
       for (; p + 1 < n; p += 2) { /* 2 pixels at fixed offsets: two LDRD a pixel */
         const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1) */
