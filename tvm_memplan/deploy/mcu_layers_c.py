@@ -642,6 +642,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t o = 0; pixels > 1 && steps != 2 && o < cout; o += 2) {
       const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
       const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
+      /* the blocks' accumulators start from these: two LDRD, no register held for the biases */
+      const int32_t starts[4] __attribute__((aligned(8))) = {ba, ba, bb, bb};
       const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
       const tvm_memplan_scale mb = tvm_memplan_scale_of(o + 1 < cout ? multiplier[o + 1] : 0.0f, fixed);
       if (unpack) {
@@ -690,7 +692,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 /* a block of channels o, o + 1 x pixels p, p + 1 (both: p + 1 exists) */
 #define TVM_MEMPLAN_BLOCK(both)                                                                \
   do {                                                                                         \
-    int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;                                                \
+    int32_t a0, a1, b0, b1;                                                                    \
+    TVM_MEMPLAN_LDRD_M(starts, a0, a1);                                                        \
+    TVM_MEMPLAN_LDRD_M(starts + 2, b0, b1);                                                    \
     if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */               \
       const uint64_t* v = unpacked;                                                            \
 _Pragma("GCC unroll 4")                                                                        \
