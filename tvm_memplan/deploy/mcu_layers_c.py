@@ -646,6 +646,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int32_t starts[4] __attribute__((aligned(8))) = {ba, ba, bb, bb};
       const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
       const tvm_memplan_scale mb = tvm_memplan_scale_of(o + 1 < cout ? multiplier[o + 1] : 0.0f, fixed);
+      const int32_t multipliers[2] __attribute__((aligned(8))) = {ma.q, mb.q};
       if (unpack) {
 #if defined(__ARM_FEATURE_DSP)
         /* per step: one LDRD of the two channels' words (word-aligned constants), four SXTB16, one STM (STM's
@@ -715,11 +716,13 @@ _Pragma("GCC unroll 4")                                                         
         b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                       \
       }                                                                                        \
     }                                                                                          \
-    TVM_MEMPLAN_STORE_AT(ya, ra, a0, ma);                                                      \
-    if (both) TVM_MEMPLAN_STORE_AT(ya + 1, ra + 1, a1, ma);                                    \
+    tvm_memplan_scale ma_ = ma, mb_ = mb;                                                      \
+    if (fixed) TVM_MEMPLAN_LDRD_M(multipliers, ma_.q, mb_.q); /* (one LDRD, not two LDR) */     \
+    TVM_MEMPLAN_STORE_AT(ya, ra, a0, ma_);                                                     \
+    if (both) TVM_MEMPLAN_STORE_AT(ya + 1, ra + 1, a1, ma_);                                   \
     if (second) {                                                                              \
-      TVM_MEMPLAN_STORE_AT(ya + y_plane, ra + pixels, b0, mb);                                 \
-      if (both) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb);               \
+      TVM_MEMPLAN_STORE_AT(ya + y_plane, ra + pixels, b0, mb_);                                \
+      if (both) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb_);              \
     }                                                                                          \
   } while (0)
       /* each block moves q by its two pixels' steps: the loop ends on q (no pixel count to keep; no test of the
