@@ -173,7 +173,7 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
  * registers are named). On the DSP one asm block, so that the compiler's scheduler cannot hoist later steps' loads
  * and spill the accumulators (it did for some layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers,
  * the second channel's pair loaded into the first's */
-#if defined(__ARM_FEATURE_DSP)
+#if defined(__ARM_FEATURE_DSP) && !defined(__ARM_ARCH_8M_MAIN__)
 #define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                             \
   do {                                                                                                         \
     register uint32_t x0_ __asm__("r0"), x1_ __asm__("r1"), y0_ __asm__("r2"), y1_ __asm__("r3");          \
@@ -181,6 +181,30 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
     __asm__(                                                                                                   \
         "ldm %[q]!, {%[x0], %[x1], %[y0], %[y1]}\n\t"                                                          \
         "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                 \
+        "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                 \
+        "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                 \
+        "smlad %[a1], %[u1], %[y1], %[a1]\n\t"                                                                 \
+        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "smlad %[b0], %[u0], %[x0], %[b0]\n\t"                                                                 \
+        "smlad %[b0], %[u1], %[x1], %[b0]\n\t"                                                                 \
+        "smlad %[b1], %[u0], %[y0], %[b1]\n\t"                                                                 \
+        "smlad %[b1], %[u1], %[y1], %[b1]"                                                                     \
+        : [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [v] "+r"(v), [q] "+r"(q), [u0] "=&r"(u0_), \
+          [u1] "=&r"(u1_), [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_)                   \
+        :                                                                                                      \
+        : "memory");                                                                                           \
+  } while (0)
+/* Armv8.1-M without MVE (the M55 built +nomve) keeps LR for its low-overhead loops, and GCC finds no registers
+ * for the LDM's four named ones beside the other eight: four LDRD, any registers */
+#elif defined(__ARM_FEATURE_DSP)
+#define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                             \
+  do {                                                                                                         \
+    uint32_t u0_, u1_, x0_, x1_, y0_, y1_;                                                                     \
+    __asm__(                                                                                                   \
+        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "ldrd %[x0], %[x1], [%[q]], #8\n\t"                                                                    \
+        "ldrd %[y0], %[y1], [%[q]], #8\n\t"                                                                    \
         "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                 \
         "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                 \
         "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                 \
