@@ -295,10 +295,11 @@ def test_inverted_residual_block_on_the_emulated_m7_gives_onnxruntimes_codes(tmp
     assert ("smmlar" in disassembly) == fixed
 
 
-def expand_stride_project(channels: int = 8, hidden: int = 24, out: int = 16, size: int = 9) -> onnx.ModelProto:
+def expand_stride_project(channels: int = 8, hidden: int = 24, out: int = 16, size: int = 10) -> onnx.ModelProto:
     """A 3x3 stem (the window kernel, which quantizes the float input), a 1x1 expansion of its 8 channels (the
-    5-8-channel kernel, 81 pixels: blocks of 8 and 4 and a tail), a 3x3 depthwise at stride 2 (rows of 5), a 1x1
-    projection with no residual (the 2x2 blocks, 25 pixels: an odd tail)."""
+    5-8-channel kernel, 100 pixels in one tile: blocks of 8 and one of 4 with the fixed-point requantization, else
+    blocks of 4), a 3x3 depthwise at stride 2 (rows of 5), a 1x1 projection with no residual (the 2x2 blocks, 25
+    pixels: an odd tail)."""
     rng = np.random.default_rng(2)
     inits = {
         "ws": rng.standard_normal((channels, 3, 3, 3)) * 0.3,
@@ -330,8 +331,10 @@ def expand_stride_project(channels: int = 8, hidden: int = 24, out: int = 16, si
 @pytest.mark.parametrize("requantize", ["exact", "fixed"])
 def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emulated_m7(tmp_path, requantize):
     """The kernels' inline-asm blocks (DSP only, so the host tests above do not run them): 8 pixels of 5-8 input
-    channels to stored codes (fixed point) or 4 to accumulators, a step of the 2x2 pointwise block, against
-    onnxruntime's run of the same QDQ file (exact: its codes; fixed: within its own spread)."""
+    channels to stored codes (fixed point) or 4 to accumulators, a step of the 2x2 pointwise block (one LDM of two
+    pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the stem's two pairs of taps (one
+    LDM of both channels' weights), against onnxruntime's run of the same QDQ file (exact: its codes; fixed: within
+    its own spread)."""
     model = models.quantize_qdq(expand_stride_project())
     path = tmp_path / "net.onnx"
     onnx.save(model, str(path))
@@ -350,3 +353,26 @@ def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emul
     assert bool(re.search(r"ldrd\s+\w+, \w+, \[\w+\], #128", disassembly)) == fixed  # the 8-pixel block
     assert bool(re.search(r"ldrd\s+\w+, \w+, \[\w+\], #64", disassembly))  # the 4-pixel block
     assert ("smmlar" in disassembly) == fixed
+    # the 2x2 step's pixels, the stem's weights (LDM), the unpacked weights (STM after four SXTB16)
+    assert len(re.findall(r"ldmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}\n[^\n]*ldrd", disassembly)) >= 2
+    assert re.search(r"sxtb16\s+r3, \w+, ror #8\n[^\n]*stmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}", disassembly)
+
+
+@needs_arm
+@pytest.mark.slow
+def test_the_depthwise_ring_copies_16_bytes_by_ldm_and_stm_on_the_emulated_m7(tmp_path):
+    """A 48x48 plane goes through the depthwise kernel's ring of window rows (larger than ``MAX_PLANE``): its rows
+    of 48 bytes, word-aligned, are copied by one LDM and two STM per 16 bytes; the network gives onnxruntime's codes
+    within its own spread (fixed point)."""
+    model = models.quantize_qdq(expand_stride_project(size=48))
+    path = tmp_path / "net.onnx"
+    onnx.save(model, str(path))
+    directory = tmp_path / "c"
+    emit_c(str(path), directory, "cortex-m7", requantize="fixed", order_seconds=1)
+    result = measure_c(directory, "qemu-cortex-m7")
+    assert result.correct and result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
+    disassembly = subprocess.run(
+        ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
+    ).stdout
+    assert re.search(r"ldmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}\n[^\n]*stmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}\n"
+                     r"[^\n]*stmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}", disassembly)  # fmt: skip

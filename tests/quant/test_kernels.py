@@ -96,6 +96,24 @@ def test_kernel_after_conv_within_one_lsb(op, activation):
     assert lowered.get(kind) == 1
 
 
+@pytest.mark.parametrize("size", [5, 9])
+def test_global_average_pool_as_one_sum_or_a_reduction_within_one_lsb(size):
+    """A 5x5 plane (at most ``UNROLLED_MEAN`` elements) is summed as one expression per channel, straight from the
+    input; a 9x9 one through the int32 reduction. Both within 1 LSB of onnxruntime, as the other followers."""
+    from tvm import te
+
+    from tvm_memplan.quant.kernels import UNROLLED_MEAN, mean
+
+    x = te.placeholder((1, 8, size, size), "int8", name="x")
+    y = mean(
+        x, axes=[2, 3], keepdims=True, multiplier=0.01, x_zero_point=-3, y_zero_point=2, low=-128, high=127,
+        out_dtype="int8",
+    )  # fmt: skip
+    assert (y.op.input_tensors[0] == x) == (size * size <= UNROLLED_MEAN)
+    diff, lowered = compare(models.quantize_qdq(models.after_conv("GlobalAveragePool", size=size)))
+    assert diff <= 1 and lowered.get("mean") == 1
+
+
 @pytest.mark.parametrize("op", ["HardSwish", "HardSigmoid", "Tanh"])
 def test_float_activation_between_convs_becomes_a_table(op):
     """The quantizer leaves these in float; DequantizeLinear → op → QuantizeLinear is still a

@@ -20,7 +20,9 @@ for NCHW tensors:
 
 On the DSP the pointwise kernel's inner steps are inline-asm blocks: GCC's scheduler otherwise hoists
 later steps' loads and spills the accumulators on some layer shapes; the asm fixes the registers (at
-most 12) and the instruction order.
+most 12) and the instruction order. Where four words move together (the 2x2 step's two pixels, the unpacked
+weights of a channel pair, the stem's two pairs of taps, the depthwise ring's rows) one ``LDM``/``STM`` moves
+them, its four registers named (the list must ascend): one instruction where ``LDRD`` takes two.
 
 They requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
 channel's bias and multiplier loaded once; built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize
@@ -71,7 +73,7 @@ POINTWISE_HEAD = r"""
     if (add) {                                                                                          \
       const int32_t other = residual[(o) * pixels + (p)];                                               \
       code = code_first ? tvm_memplan_add(code, other, ratio_a, ratio_b, constant, add_low, add_high)   \
-                        : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
+                               : tvm_memplan_add(other, code, ratio_a, ratio_b, constant, add_low, add_high);  \
     }                                                                                                   \
     y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
   } while (0)
@@ -168,11 +170,36 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
   } while (0)
 #endif
 /* one step of 4 input channels of the pointwise 2x2 block: channels o and o + 1 (their unpacked pairs at v), pixels
- * p and p + 1 (their packed pairs at q), both pointers advanced: four LDRD, eight SMLAD. On the DSP one asm block,
- * so that the compiler's scheduler cannot hoist later steps' loads and spill the accumulators (it did for some
- * layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers, the second channel's pair loaded into the
- * first's */
-#if defined(__ARM_FEATURE_DSP)
+ * p and p + 1 (their packed pairs at q), both pointers advanced: one LDM of the two pixels' four words, two LDRD of
+ * the channels' pairs, eight SMLAD (11 instructions for 16 MACs; LDM's register list must ascend, so its four
+ * registers are named). On the DSP one asm block, so that the compiler's scheduler cannot hoist later steps' loads
+ * and spill the accumulators (it did for some layers' shapes, 56 -> 336 channels at 5x5 among them): 12 registers,
+ * the second channel's pair loaded into the first's */
+#if defined(__ARM_FEATURE_DSP) && !defined(__ARM_ARCH_8M_MAIN__)
+#define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                             \
+  do {                                                                                                         \
+    register uint32_t x0_ __asm__("r0"), x1_ __asm__("r1"), y0_ __asm__("r2"), y1_ __asm__("r3");          \
+    uint32_t u0_, u1_;                                                                                         \
+    __asm__(                                                                                                   \
+        "ldm %[q]!, {%[x0], %[x1], %[y0], %[y1]}\n\t"                                                          \
+        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                 \
+        "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                 \
+        "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                 \
+        "smlad %[a1], %[u1], %[y1], %[a1]\n\t"                                                                 \
+        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
+        "smlad %[b0], %[u0], %[x0], %[b0]\n\t"                                                                 \
+        "smlad %[b0], %[u1], %[x1], %[b0]\n\t"                                                                 \
+        "smlad %[b1], %[u0], %[y0], %[b1]\n\t"                                                                 \
+        "smlad %[b1], %[u1], %[y1], %[b1]"                                                                     \
+        : [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [v] "+r"(v), [q] "+r"(q), [u0] "=&r"(u0_), \
+          [u1] "=&r"(u1_), [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_)                   \
+        :                                                                                                      \
+        : "memory");                                                                                           \
+  } while (0)
+/* Armv8.1-M without MVE (the M55 built +nomve) keeps LR for its low-overhead loops, and GCC finds no registers
+ * for the LDM's four named ones beside the other eight: four LDRD, any registers */
+#elif defined(__ARM_FEATURE_DSP)
 #define TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1)                                                             \
   do {                                                                                                         \
     uint32_t u0_, u1_, x0_, x1_, y0_, y1_;                                                                     \
@@ -211,12 +238,32 @@ static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int
   memcpy(&word, p, 4);
   return word;
 }
-/* n bytes from `from` to `to` and to `to + other` (a row of the depthwise ring, held twice): a word at a time (LDR,
- * which may be unaligned on the M4 and M7, and two STR to word-aligned rows; the empty asm keeps GCC from turning the
- * loop back into memcpy calls, which cost more for rows of a few dozen bytes), then the last bytes */
+/* n bytes from `from` to `to` and to `to + other` (a row of the depthwise ring, held twice): on the DSP, where all
+ * three are word-aligned, 16 bytes at a time (one LDM, two STM; their register lists must ascend, so the registers
+ * are named); then a word at a time (LDR, which may be unaligned on the M4 and M7, and two STR to word-aligned rows;
+ * the empty asm keeps GCC from turning the loop back into memcpy calls, which cost more for rows of a few dozen
+ * bytes), then the last bytes */
 static inline __attribute__((always_inline)) void tvm_memplan_copy_row_twice(
     int8_t* to, int32_t other, const int8_t* from, int32_t n) {
   int32_t i = 0;
+#if defined(__ARM_FEATURE_DSP)
+  if ((((uintptr_t)to | (uintptr_t)from | (uintptr_t)other) & 3) == 0) {
+    const int8_t* at = from;
+    int8_t *first = to, *second = to + other;
+#pragma GCC unroll 4
+    for (; i + 15 < n; i += 16) {
+      register uint32_t w0_ __asm__("r0"), w1_ __asm__("r1"), w2_ __asm__("r2"), w3_ __asm__("r3");
+      __asm__ volatile(  /* (it stores) */
+          "ldm %[at]!, {%[w0], %[w1], %[w2], %[w3]}\n\t"
+          "stm %[first]!, {%[w0], %[w1], %[w2], %[w3]}\n\t"
+          "stm %[second]!, {%[w0], %[w1], %[w2], %[w3]}"
+          : [at] "+r"(at), [first] "+r"(first), [second] "+r"(second), [w0] "=&r"(w0_), [w1] "=&r"(w1_),
+            [w2] "=&r"(w2_), [w3] "=&r"(w3_)
+          :
+          : "memory");
+    }
+  }
+#endif
 #pragma GCC unroll 4
   for (; i + 3 < n; i += 4) {
     uint32_t word = tvm_memplan_word(from + i);
@@ -428,7 +475,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + POINTWISE_HEAD
     + r"""  const int32_t steps = (cin + 3) >> 2;
   int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;
-  tile = tile < 2 ? 2 : tile > 64 ? 64 : tile;
+  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;
   /* enough pixels a tile to unpack each channel pair's weights once */
   const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
   /* per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word), read
@@ -444,20 +491,17 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       for (; there >= 4 && p + 3 < n; p += 4) { /* 4 pixels from a word of each channel: a 4x4 byte transpose */
         const uint32_t w0 = tvm_memplan_word(c0 + p), w1 = tvm_memplan_word(c0 + pixels + p);
         const uint32_t w2 = tvm_memplan_word(c0 + 2 * pixels + p), w3 = tvm_memplan_word(c0 + 3 * pixels + p);
-        /* channel k's pixels 0 and 2 (even), 1 and 3 (odd); a pixel's pairs take one half of two of them (PKHBT,
-         * PKHTB) */
-        const uint32_t e0 = tvm_memplan_even(w0), o0 = tvm_memplan_odd(w0), e1 = tvm_memplan_even(w1);
-        const uint32_t o1 = tvm_memplan_odd(w1), e2 = tvm_memplan_even(w2), o2 = tvm_memplan_odd(w2);
-        const uint32_t e3 = tvm_memplan_even(w3), o3 = tvm_memplan_odd(w3);
-#define TVM_MEMPLAN_LOW(a, b) (((a) & 0xffffu) | (b) << 16)
-#define TVM_MEMPLAN_HIGH(a, b) (((a) >> 16) | ((b) & 0xffff0000u))
-        uint64_t* to = packed + 2 * ((p >> 1) * steps + s);
-        to[0] = TVM_MEMPLAN_LOW(e0, e2) | (uint64_t)TVM_MEMPLAN_LOW(e1, e3) << 32;
-        to[1] = TVM_MEMPLAN_LOW(o0, o2) | (uint64_t)TVM_MEMPLAN_LOW(o1, o3) << 32;
-        to[2 * steps] = TVM_MEMPLAN_HIGH(e0, e2) | (uint64_t)TVM_MEMPLAN_HIGH(e1, e3) << 32;
-        to[2 * steps + 1] = TVM_MEMPLAN_HIGH(o0, o2) | (uint64_t)TVM_MEMPLAN_HIGH(o1, o3) << 32;
-#undef TVM_MEMPLAN_LOW
-#undef TVM_MEMPLAN_HIGH
+        /* the bottom halves of channels 0 and 2 (PKHBT), [c0 p0, c0 p1, c2 p0, c2 p1], give pixel 0's even pair
+         * (SXTB16) and pixel 1's (SXTB16 ROR 8); the top halves (PKHTB) pixels 2 and 3; channels 1 and 3 their odd
+         * pairs: 4 PKH and 8 SXTB16 */
+        const uint32_t low02 = (w0 & 0xffffu) | w2 << 16, high02 = (w0 >> 16) | (w2 & 0xffff0000u);
+        const uint32_t low13 = (w1 & 0xffffu) | w3 << 16, high13 = (w1 >> 16) | (w3 & 0xffff0000u);
+        uint32_t* to = (uint32_t*)(packed + 2 * ((p >> 1) * steps + s));
+        to[0] = tvm_memplan_even(low02), to[1] = tvm_memplan_even(low13);
+        to[2] = tvm_memplan_odd(low02), to[3] = tvm_memplan_odd(low13);
+        to += 4 * steps;
+        to[0] = tvm_memplan_even(high02), to[1] = tvm_memplan_even(high13);
+        to[2] = tvm_memplan_odd(high02), to[3] = tvm_memplan_odd(high13);
       }
       for (; p < n; ++p) {
         uint64_t* to = packed + 2 * ((p >> 1) * steps + s) + (p & 1);
@@ -528,7 +572,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       int8_t* yo = y + o * y_plane + p0;
       /* with the fixed-point requantization to the int8 range and no residual: 8 pixels to their stored codes in
        * one asm block (12 registers), SMMLAR, SSAT and STRB after each pixel's four SMLAD */
-      for (; fixed && !add && low == -128 && high == 127 && p + 7 < n; p += 8) {
+      /* (the loop ends on q, 16 words a block: no pixel count to keep) */
+      const uint64_t* const end8 = packed + ((fixed && !add && low == -128 && high == 127) ? 2 * (n & ~7) : 0);
+      for (; q != end8;) {
         int32_t acc_;
         uint32_t y_, z_;
 #define TVM_MEMPLAN_CODE(step0, step1, store)   \
@@ -554,7 +600,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
                 : "memory");
 #undef TVM_MEMPLAN_CODE
       }
-      for (; !add && p + 3 < n; p += 4) {
+      p = (int32_t)(q - packed) >> 1;
+      /* (the loop ends on q, 8 words a block, and stores by yo) */
+      for (const uint64_t* const end4 = add ? q : q + 8 * ((n - p) >> 2); q != end4; yo += 4) {
         int32_t a0, a1, a2, a3;
         uint32_t y_, z_;
 #define TVM_MEMPLAN_DOT8(acc, step0, step1)                  \
@@ -572,11 +620,12 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
                 : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo)
                 : "memory");
 #undef TVM_MEMPLAN_DOT8
-        TVM_MEMPLAN_STORE(o, at + p, a0, mo);
-        TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
-        TVM_MEMPLAN_STORE(o, at + p + 2, a2, mo);
-        TVM_MEMPLAN_STORE(o, at + p + 3, a3, mo);
+        yo[0] = (int8_t)tvm_memplan_requantize(a0, mo, y_zp, low, high);
+        yo[1] = (int8_t)tvm_memplan_requantize(a1, mo, y_zp, low, high);
+        yo[2] = (int8_t)tvm_memplan_requantize(a2, mo, y_zp, low, high);
+        yo[3] = (int8_t)tvm_memplan_requantize(a3, mo, y_zp, low, high);
       }
+      p = (int32_t)(q - packed) >> 1;
 #endif
       for (; p + 1 < n; p += 2) { /* 2 pixels at fixed offsets: two LDRD a pixel */
         const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1) */
@@ -619,14 +668,39 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     for (int32_t o = 0; pixels > 1 && steps != 2 && o < cout; o += 2) {
       const int8_t* wa = weights + (o >> 2) * steps * 16 + (o & 3) * 4;
       const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
+      /* the blocks' accumulators start from these: two LDRD, no register held for the biases */
+      const int32_t starts[4] __attribute__((aligned(8))) = {ba, ba, bb, bb};
       const tvm_memplan_scale ma = tvm_memplan_scale_of(multiplier[o], fixed);
       const tvm_memplan_scale mb = tvm_memplan_scale_of(o + 1 < cout ? multiplier[o + 1] : 0.0f, fixed);
+      const int32_t multipliers[2] __attribute__((aligned(8))) = {ma.q, mb.q};
       if (unpack) {
+#if defined(__ARM_FEATURE_DSP)
+        /* per step: one LDRD of the two channels' words (word-aligned constants), four SXTB16, one STM (STM's
+         * register list must ascend, so its four registers are named) */
+        const int8_t* from = wa;
+        uint32_t* to = (uint32_t*)unpacked;
+#pragma GCC unroll 2
+        for (int32_t s = 0; s < steps; ++s) {
+          register uint32_t ue_ __asm__("r0"), uo_ __asm__("r1"), te_ __asm__("r2"), to_ __asm__("r3");
+          uint32_t u_, t_;
+          __asm__ volatile("ldrd %[u], %[t], [%[from]], #16\n\t"  /* (it stores) */
+                         "sxtb16 %[ue], %[u]\n\t"
+                         "sxtb16 %[uo], %[u], ror #8\n\t"
+                         "sxtb16 %[te], %[t]\n\t"
+                         "sxtb16 %[to], %[t], ror #8\n\t"
+                         "stm %[to_p]!, {%[ue], %[uo], %[te], %[to]}"
+                         : [from] "+r"(from), [to_p] "+r"(to), [u] "=&r"(u_), [t] "=&r"(t_), [ue] "=&r"(ue_),
+                           [uo] "=&r"(uo_), [te] "=&r"(te_), [to] "=&r"(to_)
+                         :
+                         : "memory");
+        }
+#else
         for (int32_t s = 0; s < steps; ++s) {
           const uint32_t u = tvm_memplan_word(wa + 16 * s), t = tvm_memplan_word(wa + 16 * s + 4);
           unpacked[2 * s] = tvm_memplan_even(u) | (uint64_t)tvm_memplan_odd(u) << 32;
           unpacked[2 * s + 1] = tvm_memplan_even(t) | (uint64_t)tvm_memplan_odd(t) << 32;
         }
+#endif
       }
       /* the pixel pairs walk the packed tile in order, and their outputs (and residuals) by pointer */
       const uint64_t* q = packed;
@@ -645,7 +719,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 /* a block of channels o, o + 1 x pixels p, p + 1 (both: p + 1 exists) */
 #define TVM_MEMPLAN_BLOCK(both)                                                                \
   do {                                                                                         \
-    int32_t a0 = ba, a1 = ba, b0 = bb, b1 = bb;                                                \
+    int32_t a0, a1, b0, b1;                                                                    \
+    TVM_MEMPLAN_LDRD_M(starts, a0, a1);                                                        \
+    TVM_MEMPLAN_LDRD_M(starts + 2, b0, b1);                                                    \
     if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */               \
       const uint64_t* v = unpacked;                                                            \
 _Pragma("GCC unroll 4")                                                                        \
@@ -666,16 +742,21 @@ _Pragma("GCC unroll 4")                                                         
         b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                       \
       }                                                                                        \
     }                                                                                          \
-    TVM_MEMPLAN_STORE_AT(ya, ra, a0, ma);                                                      \
-    if (both) TVM_MEMPLAN_STORE_AT(ya + 1, ra + 1, a1, ma);                                    \
+    tvm_memplan_scale ma_ = ma, mb_ = mb;                                                      \
+    if (fixed) TVM_MEMPLAN_LDRD_M(multipliers, ma_.q, mb_.q); /* (one LDRD, not two LDR) */     \
+    TVM_MEMPLAN_STORE_AT(ya, ra, a0, ma_);                                                     \
+    if (both) TVM_MEMPLAN_STORE_AT(ya + 1, ra + 1, a1, ma_);                                   \
     if (second) {                                                                              \
-      TVM_MEMPLAN_STORE_AT(ya + y_plane, ra + pixels, b0, mb);                                 \
-      if (both) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb);               \
+      TVM_MEMPLAN_STORE_AT(ya + y_plane, ra + pixels, b0, mb_);                                \
+      if (both) TVM_MEMPLAN_STORE_AT(ya + y_plane + 1, ra + pixels + 1, b1, mb_);              \
     }                                                                                          \
   } while (0)
-      int32_t p = 0;
-      for (; p + 1 < n; p += 2, ya += 2, ra += 2) TVM_MEMPLAN_BLOCK(1); /* (no test of the second pixel) */
-      if (p < n) TVM_MEMPLAN_BLOCK(0);
+      /* each block moves q by its two pixels' steps: the loop ends on q (no pixel count to keep; no test of the
+       * second pixel) */
+      for (const uint64_t* const pairs_end = packed + steps * (n & ~1); q != pairs_end; ya += 2, ra += 2) {
+        TVM_MEMPLAN_BLOCK(1);
+      }
+      if (n & 1) TVM_MEMPLAN_BLOCK(0);
 #undef TVM_MEMPLAN_BLOCK
 #undef TVM_MEMPLAN_STORE_AT
     }
@@ -759,8 +840,33 @@ _Pragma("GCC unroll 4")                                                         
         int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
         tvm_memplan_scale ma = scales[o], mb = scales[o + 1];
         ma.fixed = mb.fixed = fixed; /* a constant, which drops the other path */
+        int32_t i = 0;
+#if defined(__ARM_FEATURE_DSP)
+        /* two pairs of taps: one LDM of both channels' weights (LDM's register list must ascend, so its registers
+         * are named), two LDRD of the two pixels' windows, eight SMLAD */
 #pragma GCC unroll 16
-        for (int32_t i = 0; i < pairs; ++i) { /* two LDRD, four SMLAD */
+        for (; i + 1 < pairs; i += 2) {
+          register uint32_t wu_ __asm__("r0"), wv_ __asm__("r1"), wu1_ __asm__("r2"), wv1_ __asm__("r3");
+          uint32_t xa_, xb_;
+          __asm__("ldm %[u]!, {%[wu], %[wv], %[wu1], %[wv1]}\n\t"
+                  "ldrd %[xa], %[xb], %[c0]\n\t"
+                  "smlad %[a0], %[wu], %[xa], %[a0]\n\t"
+                  "smlad %[a1], %[wu], %[xb], %[a1]\n\t"
+                  "smlad %[b0], %[wv], %[xa], %[b0]\n\t"
+                  "smlad %[b1], %[wv], %[xb], %[b1]\n\t"
+                  "ldrd %[xa], %[xb], %[c1]\n\t"
+                  "smlad %[a0], %[wu1], %[xa], %[a0]\n\t"
+                  "smlad %[a1], %[wu1], %[xb], %[a1]\n\t"
+                  "smlad %[b0], %[wv1], %[xa], %[b0]\n\t"
+                  "smlad %[b1], %[wv1], %[xb], %[b1]"
+                  : [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [u] "+r"(u), [wu] "=&r"(wu_),
+                    [wv] "=&r"(wv_), [wu1] "=&r"(wu1_), [wv1] "=&r"(wv1_), [xa] "=&r"(xa_), [xb] "=&r"(xb_)
+                  : [c0] "Uv"(columns[i]), [c1] "Uv"(columns[i + 1]), "m"(*(const uint64_t(*)[2])u));
+        }
+        u -= i;
+#endif
+#pragma GCC unroll 16
+        for (; i < pairs; ++i) { /* two LDRD, four SMLAD */
           uint32_t wu, wv, xa, xb;
           TVM_MEMPLAN_LDRD_M(u + i, wu, wv);
           TVM_MEMPLAN_LDRD_M(columns + i, xa, xb);

@@ -371,6 +371,10 @@ def binary(
     return te.compute(tuple(int(d) for d in out_shape), body, name="qadd" if op == "add" else "qmul")
 
 
+UNROLLED_MEAN = 64
+"""The most elements a mean sums as one expression (see :func:`mean`)."""
+
+
 def mean(
     x: te.Tensor,
     *,
@@ -384,24 +388,43 @@ def mean(
     out_dtype: str,
 ) -> te.Tensor:
     """QLinearGlobalAveragePool (a mean over ``axes``): int32 sum of ``x - zx``, times
-    ``x_scale / (count * y_scale)``."""
+    ``x_scale / (count * y_scale)``. A window of at most ``UNROLLED_MEAN`` elements (MobileNet's last 5x5 or 7x7
+    plane) is summed as one expression per output, its elements' codes then ``- count * zx``: no reduction buffer,
+    whose every partial sum a C compiler keeps in memory (an int8 load may alias it), and no workspace."""
     axes = sorted(int(a) % len(x.shape) for a in axes)
-    reduce = [te.reduce_axis((0, int(x.shape[a])), name=f"r{a}") for a in axes]
     kept = [a for a in range(len(x.shape)) if a not in axes]
     if keepdims:
         out_shape = [1 if a in axes else int(x.shape[a]) for a in range(len(x.shape))]
     else:
         out_shape = [int(x.shape[a]) for a in kept]
+    window = [int(x.shape[a]) for a in axes]
+    scale = tirx.const(multiplier, "float32")
 
-    def accumulate(*index):
-        full, it = [], iter(reduce)
+    def element(index: Sequence, at: Sequence) -> tirx.PrimExpr:
+        """``x`` at output ``index``, ``at`` along the reduced axes."""
+        full, it = [], iter(at)
         positions = dict(zip(kept, index if not keepdims else [index[a] for a in kept], strict=True))
         for a in range(len(x.shape)):
             full.append(next(it) if a in axes else positions[a])
-        return te.sum(x[tuple(full)].astype("int32") - x_zero_point, axis=reduce)
+        return x[tuple(full)]
+
+    count = int(np.prod(window))
+    if count <= UNROLLED_MEAN:
+
+        def unrolled(*index):
+            total = None
+            for at in np.ndindex(*window):
+                code = element(index, at).astype("int32")
+                total = code if total is None else total + code
+            return requantize(total - count * x_zero_point, scale, y_zero_point, low, high, out_dtype)
+
+        return te.compute(tuple(out_shape), unrolled, name="requantize")
+    reduce = [te.reduce_axis((0, n), name=f"r{a}") for a, n in zip(axes, window, strict=True)]
+
+    def accumulate(*index):
+        return te.sum(element(index, reduce).astype("int32") - x_zero_point, axis=reduce)
 
     acc = te.compute(tuple(out_shape), accumulate, name="sum_int32")
-    scale = tirx.const(multiplier, "float32")
     return te.compute(
         acc.shape, lambda *i: requantize(acc[i], scale, y_zero_point, low, high, out_dtype), name="requantize"
     )
