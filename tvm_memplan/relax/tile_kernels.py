@@ -36,6 +36,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
+from tvm.ir import Range
+from tvm.ir.expr import TensorLoad, TensorRegion
 
 from ..planning import Buffer, Problem, align_up, plan_aliased
 from ..schedule.cpu import CpuSpec, cpu_spec
@@ -43,7 +45,7 @@ from ..schedule.passes import schedule_function
 from .inplace import inplace_safe
 from .ir_utils import static_shape, top_level_bindings
 from .module import referenced_globals, relax_functions, with_blocks
-from .split.outline import TILES_ATTR, WORKERS_ATTR, rebind
+from .split.outline import CARRIED_ROWS_ATTR, TILES_ATTR, WORKERS_ATTR, rebind
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
@@ -203,17 +205,172 @@ def _serial(stmt: tirx.Stmt) -> tirx.Stmt:
     return tvm_ffi.structural_map(stmt, [(tirx.For, serial)])
 
 
-def _tile_loop(worker: tirx.Var, workers: int, tiles: list[tirx.Stmt]) -> tirx.Stmt:
-    """``for worker in parallel(workers): for each of its tiles (a contiguous share, in order):
-    that tile's stages``; a worker's tiles reuse its scratch region."""
-    share = -(-len(tiles) // workers)
-    step = tirx.Var("tile_step", "int64")
-    tile = worker * tirx.IntImm("int64", share) + step
-    chosen = tirx.SeqStmt(
-        [tirx.IfThenElse(tirx.EQ(tile, tirx.IntImm("int64", t)), body, None) for t, body in enumerate(tiles)]
-    )
+def _tiles(kernels: list[_Kernel], inside: list[relax.Var], mod_funcs: list[tirx.PrimFunc]) -> list[list[int]] | None:
+    """The kernels of each tile, each a run of consecutive kernels (tile-major), or None where the chain's
+    kernels do not fall into two or more such runs (a channel chain's tiles share its running sum). Tiles
+    are the kernels linked by the tile buffers they share, save the rows a line buffer's ``place_rows``
+    (:data:`~.split.outline.CARRIED_ROWS_ATTR`) takes over from the tile before."""
+    group = list(range(len(kernels)))
+
+    def find(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    writer: dict[relax.Var, int] = {}
+    for i, kernel in enumerate(kernels):
+        attrs = mod_funcs[i].attrs
+        carries = attrs is not None and CARRIED_ROWS_ATTR in attrs
+        for j, tensor in enumerate(kernel.tensors):
+            if tensor in inside and not (carries and j == 0):
+                group[find(i)] = find(writer.setdefault(tensor, i))
+    runs: list[list[int]] = []
+    for i in range(len(kernels)):
+        if runs and find(runs[-1][-1]) == find(i):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs if len(runs) > 1 and len(runs) == len({find(i) for i in range(len(kernels))}) else None
+
+
+def _holes(stmt: tirx.Stmt, holes: dict[tuple[int, str], tirx.Var]) -> tuple[tirx.Stmt, list[tirx.IntImm]]:
+    """``stmt`` with every integer constant of its buffer accesses' indices replaced by a hole (the k-th
+    hole of a dtype is ``holes[(k, dtype)]``, the same variable for every tile), and the constants, in
+    order: tiles of one chain differ in the rows they read and write, that is in these constants."""
+    found: list[tirx.IntImm] = []
+
+    def hole(imm: tirx.IntImm) -> tirx.Var:
+        key = (len(found), str(imm.ty))
+        found.append(imm)
+        return holes.setdefault(key, tirx.Var(f"tile_hole{key[0]}", imm.ty))
+
+    def indices(exprs) -> list[tirx.Expr]:
+        return [tvm_ffi.structural_map(e, [(tirx.IntImm, hole)]) for e in exprs]
+
+    def store(node: tirx.BufferStore, mutator: tvm_ffi.StructuralMutator):
+        node = mutator.default_mutate(node)
+        return tirx.BufferStore(node.buffer, node.value, indices(node.indices))
+
+    def load(node: TensorLoad, mutator: tvm_ffi.StructuralMutator):
+        node = mutator.default_mutate(node)
+        return tirx.BufferLoad(node.source, indices(node.indices))
+
+    def region(node: TensorRegion, mutator: tvm_ffi.StructuralMutator):
+        node = mutator.default_mutate(node)
+        mins = indices([r.min for r in node.region])
+        ranges = [Range.from_min_extent(m, r.extent) for m, r in zip(mins, node.region, strict=True)]
+        return tirx.BufferRegion(node.source, ranges)
+
+    done = tvm_ffi.structural_mutate(stmt, ((tirx.BufferStore, store), (TensorLoad, load), (TensorRegion, region)))
+    return done, found
+
+
+@dataclass
+class _TileClass:
+    """Tiles whose statements differ only in the constants of their accesses' indices."""
+
+    members: list[int]
+    template: tirx.Stmt
+    holes: list[tirx.Var]
+    values: list[list[int]]
+    """Per member, the constant at each hole."""
+
+
+def _fill(template: tirx.Stmt, holes: list[tirx.Var], values: list) -> tirx.Stmt:
+    mapping = dict(zip(holes, values, strict=True))
+    return tvm_ffi.structural_map(template, [(tvm.ir.Var, lambda var: mapping.get(var, var))])
+
+
+def _tile_classes(tiles: list[tirx.Stmt]) -> list[_TileClass]:
+    """The tiles grouped into classes (anti-unification of their statements): a tile joins the first class
+    whose template, its holes filled with the tile's own constants, is the tile's statement exactly."""
+    shared: dict[tuple[int, str], tirx.Var] = {}
+    classes: list[_TileClass] = []
+    for t, stmt in enumerate(tiles):
+        template, found = _holes(stmt, shared)
+        holes = [shared[(k, str(imm.ty))] for k, imm in enumerate(found)]
+        for cls in classes:
+            same_holes = len(cls.holes) == len(holes) and all(
+                a.same_as(b) for a, b in zip(cls.holes, holes, strict=True)
+            )
+            if same_holes and tvm_ffi.structural_equal(_fill(cls.template, holes, found), stmt):
+                cls.members.append(t)
+                cls.values.append([int(imm.value) for imm in found])
+                break
+        else:
+            classes.append(_TileClass([t], template, holes, [[int(imm.value) for imm in found]]))
+    return classes
+
+
+def _table(index: tirx.Expr, keys: list[int], values: list[int], dtype: str) -> tirx.Expr:
+    """``values[i]`` where ``index == keys[i]``: ``a + b * index`` where the values are affine in the
+    keys, else a chain of selects (outside the keys: the last value)."""
+    const = lambda v: tirx.IntImm(dtype, v)  # noqa: E731
+    if len(set(values)) == 1:
+        return const(values[0])
+    index = index if str(index.ty) == dtype else tirx.Cast(dtype, index)
+    (k0, v0), (k1, v1) = (keys[0], values[0]), (keys[1], values[1])
+    step, rest = divmod(v1 - v0, k1 - k0)
+    if not rest and all(v == v0 + step * (k - k0) for k, v in zip(keys, values, strict=True)):
+        return const(v0 - step * k0) + index * const(step)
+    expr = const(values[-1])
+    for k, v in zip(reversed(keys[:-1]), reversed(values[:-1]), strict=True):
+        expr = tirx.Select(tirx.EQ(index, tirx.IntImm(index.ty, k)), const(v), expr)
+    return expr
+
+
+def _one_of(index: tirx.Expr, members: list[int]) -> tirx.Expr:
+    """``index`` is one of ``members`` (ascending)."""
+    const = lambda v: tirx.IntImm(index.ty, v)  # noqa: E731
+    if len(members) == 1:
+        return tirx.EQ(index, const(members[0]))
+    step = members[1] - members[0]
+    if members == list(range(members[0], members[-1] + 1, step)):
+        inside = tirx.And(tirx.GE(index, const(members[0])), tirx.LE(index, const(members[-1])))
+        if step == 1:
+            return inside
+        return tirx.And(inside, tirx.EQ(tirx.floormod(index - const(members[0]), const(step)), const(0)))
+    condition = tirx.EQ(index, const(members[0]))
+    for m in members[1:]:
+        condition = tirx.Or(condition, tirx.EQ(index, const(m)))
+    return condition
+
+
+def _dispatch(index: tirx.Expr, classes: list[_TileClass]) -> tirx.Stmt:
+    """Tile ``index``'s statement: its class's template, the holes filled from ``index``."""
+    bodies = []
+    for cls in classes:
+        columns = list(zip(*cls.values, strict=True)) if cls.holes else []
+        filled = [_table(index, cls.members, list(col), str(h.ty)) for h, col in zip(cls.holes, columns, strict=True)]
+        bodies.append(_fill(cls.template, cls.holes, filled))
+    stmt = tirx.IfThenElse(_one_of(index, classes[-1].members), bodies[-1], None)
+    for cls, body in zip(reversed(classes[:-1]), reversed(bodies[:-1]), strict=True):
+        stmt = tirx.IfThenElse(_one_of(index, cls.members), body, stmt)
+    return stmt
+
+
+def _tile_loop(tiles: list[tirx.Stmt], runs: list[list[int]] | None, worker: tirx.Var, workers: int) -> tirx.Stmt:
+    """The tiles as one loop over the tile index, each class of alike tiles (:func:`_tile_classes`) one
+    body: ``for tile in range(T): that tile's stages`` (each stage's loops as scheduled), or with
+    ``runs`` (the tiles of each independent run, in order) ``for worker in parallel(workers): for each of
+    its tiles (a contiguous share of the runs, in order): that tile's stages``; a worker's tiles reuse its
+    scratch region."""
+    classes = _tile_classes(tiles)
     zero = tirx.IntImm("int64", 0)
-    inner = tirx.For(step, zero, tirx.IntImm("int64", share), tirx.ForKind.SERIAL, chosen)
+    if runs is None:
+        tile = tirx.Var("tile", "int64")
+        return tirx.For(tile, zero, tirx.IntImm("int64", len(tiles)), tirx.ForKind.SERIAL, _dispatch(tile, classes))
+    share = -(-len(runs) // workers)
+    owned = [[t for run in runs[w * share : (w + 1) * share] for t in run] for w in range(workers)]
+    starts, ends = [own[0] for own in owned], [own[-1] + 1 for own in owned]
+    step = tirx.Var("tile_step", "int64")
+    tile = _table(worker, list(range(workers)), starts, "int64") + step
+    longest = max(e - s for s, e in zip(starts, ends, strict=True))
+    body = _dispatch(tile, classes)
+    if any(e - s < longest for s, e in zip(starts, ends, strict=True)):
+        body = tirx.IfThenElse(tirx.LT(tile, _table(worker, list(range(workers)), ends, "int64")), body, None)
+    inner = tirx.For(step, zero, tirx.IntImm("int64", longest), tirx.ForKind.SERIAL, body)
     return tirx.For(worker, zero, tirx.IntImm("int64", workers), tirx.ForKind.PARALLEL, inner)
 
 
@@ -277,8 +434,20 @@ def merge_chain(
             mapping[param] = view
         body = _substitute(prim.body, mapping)
         bodies.append(tirx.SeqStmt([*views, _serial(body) if groups is not None else body]))
-    if groups is not None:
-        bodies = [_tile_loop(worker, regions, [tirx.SeqStmt([bodies[i] for i in g]) for g in groups])]
+    tiles = _tiles(kernels, inside, [k.func for k in kernels])
+    if tiles is not None and (groups is None or all(any(t[0] == g[0] for t in tiles) for g in groups)):
+        stmts = [tirx.SeqStmt([bodies[i] for i in t]) if len(t) > 1 else bodies[t[0]] for t in tiles]
+        runs = [[j for j, t in enumerate(tiles) if g[0] <= t[0] <= g[-1]] for g in groups] if groups else None
+        bodies = [_tile_loop(stmts, runs, worker, regions)]
+    elif groups is not None:
+        bodies = [
+            _tile_loop(
+                [tirx.SeqStmt([bodies[i] for i in g]) for g in groups],
+                [[i] for i in range(len(groups))],
+                worker,
+                regions,
+            )
+        ]
     root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(bodies) if len(bodies) > 1 else bodies[0])
     merged = tirx.PrimFunc([*params, out, scratch], s_tir.SBlockRealize([], True, root))
     merged = merged.with_attrs({"tir.is_scheduled": True, "tirx.noalias": True})
