@@ -4,7 +4,16 @@ The split rewriter outlines a chain whose tiles are to run as one kernel into a 
 (:mod:`~tvm_memplan.relax.split.outline`), which TVM legalizes and fuses like ``main``: after ``FuseTIR``
 (and :func:`~tvm_memplan.relax.tile_writes.WriteTilesInPlace`) it is a sequence of per-tile kernel
 calls. :func:`MergeTileKernels` schedules each of those kernels as :class:`~tvm_memplan.schedule.
-DefaultCPUSchedule` would and concatenates their bodies, in call order (tile-major), into one PrimFunc.
+DefaultCPUSchedule` would and turns them into one PrimFunc that loops over the tiles. Tiles differ in
+the rows they read and write, that is in integer constants of their buffer accesses' indices; every
+tile's statement (its kernels' bodies in call order) is anti-unified with those of the tiles before it
+(:func:`_tile_classes`): tiles whose statements are equal up to those constants are one class, one
+body in the loop, each of its differing constants an expression of the tile index (affine where the
+constants are, else a small table). The first and last tiles (padding), tiles of another height
+(uneven row ranges) and a worker's first tile of a line buffer (no rows kept yet) are classes of their
+own, so the kernel holds a handful of bodies however many tiles there are, and its compile time no
+longer grows with them (the stages of one tile, or each stage's own parallel loops, as below).
+
 The chain's inputs and its output are that PrimFunc's parameters; every tensor that lives only inside
 the chain (tile buffers) becomes a view into one scratch parameter, at offsets planned by the arena
 allocators over the kernels' sequence. The scratch is a second output of the call, so the arena planner
@@ -12,15 +21,17 @@ places it like any tensor and the VM allocates exactly the plan (no ``TVMBackend
 Halo rows are recomputed, as the per-kernel tiles do, or kept in a rolling line buffer
 (:attr:`~tvm_memplan.split.chain.SplitChoice.rolling`): the rewriter then links each worker's tiles by
 the rows they carry over, so a worker runs its run of tiles in order (:func:`_tile_groups` finds the
-runs, one per worker).
+runs, one per worker; :func:`_tiles` the tiles, cut where ``place_rows`` takes the kept rows over).
 
 A spatial chain's row tiles are independent (they share only the chain's inputs and its output, each
 writing its own rows; :data:`~.split.outline.WORKERS_ATTR`): on a target with a thread pool the merged
-kernel is one loop nest, ``for worker in parallel(W): for tile in its share: every stage of that tile``,
+kernel is one loop nest, ``for worker in parallel(W): for tile in its share: every stage of that tile``
+(parallel over tiles),
 the stages' own parallel loops run serially inside a tile (their vectorized loops stay), and each worker
 has a scratch region of its own (W times one tile's buffers, which the simulator counts,
-:attr:`~tvm_memplan.split.chain.SplitChoice.concurrent_tiles`). A channel chain's tiles accumulate
-into one output: they run one after another, each stage parallel as scheduled.
+:attr:`~tvm_memplan.split.chain.SplitChoice.concurrent_tiles`). With one worker the tile loop is serial
+and each stage keeps its parallel loops (parallel within a tile). A channel chain's tiles accumulate
+into one output: its kernels run one after another, each stage parallel as scheduled (no tile loop).
 
 Where the kernels cannot be merged (a call this pass does not model, a GPU target whose kernels are
 bound to threads), the chain's calls go back into the caller one by one: the per-kernel tiles.
