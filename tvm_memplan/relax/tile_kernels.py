@@ -178,10 +178,10 @@ def _substitute(stmt: tirx.Stmt, mapping: dict) -> tirx.Stmt:
     return tvm_ffi.structural_map(stmt, [(tvm.ir.Var, swap)])
 
 
-def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) -> list[list[int]] | None:
-    """The kernels of each tile: the kernels linked by the tile buffers they share, as many groups as
-    tiles, each a run of consecutive kernels (tile-major); else None. Tiles share only the chain's
-    inputs and output then, so they may run at once (each writes its own rows of the output)."""
+def _linked_runs(kernels: list[_Kernel], inside: list[relax.Var], cut_carries: bool) -> list[list[int]] | None:
+    """The kernels linked by the inner tensors they share (with ``cut_carries``, save the rows a line
+    buffer's ``place_rows``, :data:`~.split.outline.CARRIED_ROWS_ATTR`, takes over from the tile before),
+    each group a run of consecutive kernels; None where a group is not."""
     group = list(range(len(kernels)))
 
     def find(i: int) -> int:
@@ -192,8 +192,9 @@ def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) ->
 
     writer: dict[relax.Var, int] = {}
     for i, kernel in enumerate(kernels):
-        for tensor in kernel.tensors:
-            if tensor in inside:
+        carries = cut_carries and kernel.func.attrs is not None and CARRIED_ROWS_ATTR in kernel.func.attrs
+        for j, tensor in enumerate(kernel.tensors):
+            if tensor in inside and not (carries and j == 0):
                 group[find(i)] = find(writer.setdefault(tensor, i))
     runs: list[list[int]] = []
     for i in range(len(kernels)):
@@ -201,7 +202,21 @@ def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) ->
             runs[-1].append(i)
         else:
             runs.append([i])
-    return runs if len(runs) == tiles == len({find(i) for i in range(len(kernels))}) else None
+    return runs if len(runs) == len({find(i) for i in range(len(kernels))}) else None
+
+
+def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) -> list[list[int]] | None:
+    """The kernels of each independent run of tiles: as many groups as ``tiles`` (tile-major); else None.
+    Runs share only the chain's inputs and output, so they may run at once (each writes its own rows)."""
+    runs = _linked_runs(kernels, inside, cut_carries=False)
+    return runs if runs is not None and len(runs) == tiles else None
+
+
+def _tiles(kernels: list[_Kernel], inside: list[relax.Var]) -> list[list[int]] | None:
+    """The kernels of each tile (a run of consecutive kernels, tile-major), or None where the chain's kernels
+    do not fall into two or more (a channel chain's tiles share its running sum)."""
+    runs = _linked_runs(kernels, inside, cut_carries=True)
+    return runs if runs is not None and len(runs) > 1 else None
 
 
 def _serial(stmt: tirx.Stmt) -> tirx.Stmt:
@@ -214,35 +229,6 @@ def _serial(stmt: tirx.Stmt) -> tirx.Stmt:
         return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body, None, loop.annotations)
 
     return tvm_ffi.structural_map(stmt, [(tirx.For, serial)])
-
-
-def _tiles(kernels: list[_Kernel], inside: list[relax.Var], mod_funcs: list[tirx.PrimFunc]) -> list[list[int]] | None:
-    """The kernels of each tile, each a run of consecutive kernels (tile-major), or None where the chain's
-    kernels do not fall into two or more such runs (a channel chain's tiles share its running sum). Tiles
-    are the kernels linked by the tile buffers they share, save the rows a line buffer's ``place_rows``
-    (:data:`~.split.outline.CARRIED_ROWS_ATTR`) takes over from the tile before."""
-    group = list(range(len(kernels)))
-
-    def find(i: int) -> int:
-        while group[i] != i:
-            group[i] = group[group[i]]
-            i = group[i]
-        return i
-
-    writer: dict[relax.Var, int] = {}
-    for i, kernel in enumerate(kernels):
-        attrs = mod_funcs[i].attrs
-        carries = attrs is not None and CARRIED_ROWS_ATTR in attrs
-        for j, tensor in enumerate(kernel.tensors):
-            if tensor in inside and not (carries and j == 0):
-                group[find(i)] = find(writer.setdefault(tensor, i))
-    runs: list[list[int]] = []
-    for i in range(len(kernels)):
-        if runs and find(runs[-1][-1]) == find(i):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs if len(runs) > 1 and len(runs) == len({find(i) for i in range(len(kernels))}) else None
 
 
 def _holes(stmt: tirx.Stmt, holes: dict[tuple[int, str], tirx.Var]) -> tuple[tirx.Stmt, list[tirx.IntImm]]:
@@ -445,7 +431,7 @@ def merge_chain(
             mapping[param] = view
         body = _substitute(prim.body, mapping)
         bodies.append(tirx.SeqStmt([*views, _serial(body) if groups is not None else body]))
-    tiles = _tiles(kernels, inside, [k.func for k in kernels])
+    tiles = _tiles(kernels, inside)
     if tiles is not None and (groups is None or all(any(t[0] == g[0] for t in tiles) for g in groups)):
         stmts = [tirx.SeqStmt([bodies[i] for i in t]) if len(t) > 1 else bodies[t[0]] for t in tiles]
         runs = [[j for j, t in enumerate(tiles) if g[0] <= t[0] <= g[-1]] for g in groups] if groups else None
