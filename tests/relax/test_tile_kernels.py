@@ -1,6 +1,8 @@
 """One kernel per split chain: a chain's tiles merged into one PrimFunc compute what the unsplit model
 computes, bit for bit, in one VM call, with the tiles' buffers in a scratch tensor the arena plans."""
 
+import shutil
+
 import numpy as np
 import pytest
 import tvm
@@ -295,3 +297,25 @@ def test_a_tile_table_gives_each_tile_its_constant(keys, data):
     assert [_evaluate(table, tile, k) for k in keys] == values
     condition = _one_of(tile, members)
     assert [bool(_evaluate(condition, tile, k)) for k in range(42)] == [k in members for k in range(42)]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler to link the C target's module")
+def test_a_c_target_runs_the_tile_loop_serially_bit_identical(tmp_path):
+    """C code has no thread pool: the tile loop runs serially, with halos recomputed or in a line buffer."""
+    mod = _random_chain_module(20, 7, ["conv", "depthwise", "clip"], 5)
+    chain = max((c for c in find_chains_of(mod) if c.spatial and c.fusable), key=lambda c: len(c.spatial))
+    x = np.random.default_rng(0).standard_normal((1, 3, 20, 7)).astype("float32")
+    target = tvm.target.Target("c")
+    outputs = []
+    for i, choice in enumerate(
+        [None, SplitChoice(chain, 4, fused=True, workers=1), SplitChoice(chain, 4, fused=True, rolling=True)]
+    ):
+        split = mod if choice is None else split_chains(mod, [choice])
+        with target:
+            executable = tvm.compile(split, target, relax_pipeline=pipeline(target, order="program"))
+        path = tmp_path / f"chain{i}.so"
+        executable.export_library(str(path))
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
+        outputs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+    for got in outputs[1:]:
+        np.testing.assert_array_equal(got, outputs[0])
