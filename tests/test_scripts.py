@@ -61,6 +61,20 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
     assert all(("(" in r[13] and "[" in r[13]) or r[13].strip() == "no halo" for r in tiles)
 
 
+def test_time_fused_chain_compiles_and_times_the_fused_tiles(tmp_path):
+    """mcu_cnn's stem chain in 2 and 4 fused tiles: compiled, bit-identical to the unsplit chain, timed
+    beside it; a second run under another label adds its rows to the same table."""
+    out = tmp_path / "fused.md"
+    for label, extra in (("a", []), ("b", ["--append"])):
+        run_script(
+            "time_fused_chain.py", "zoo:mcu_cnn", "--chain", "lv..lv4 (rows)", "--parts", "2,4", "--rounds", "1",
+            "--label", label, "--out", str(out), *extra,
+        )  # fmt: skip
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert {r[1].strip() for r in rows} == {"a", "b"} and {int(r[2]) for r in rows} == {2, 4}
+    assert all(float(r[4]) > 0 and r[5].strip() == "yes" and "(" in r[7] for r in rows)
+
+
 def test_published_memory_tables_match_what_the_script_plans_now():
     """Memory is deterministic: a change that moves a zoo model's arena, bound, in-place count or order
     must regenerate the published tables (scripts/bench_memory.py) or this fails."""

@@ -1,18 +1,22 @@
 """One kernel per split chain: a chain's tiles merged into one PrimFunc compute what the unsplit model
 computes, bit for bit, in one VM call, with the tiles' buffers in a scratch tensor the arena plans."""
 
+import shutil
+
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
 from tvm_memplan.relax.passes import PlanReport
 from tvm_memplan.relax.pipeline import pipeline, stage_passes
+from tvm_memplan.relax.split import find_chains as find_chains_of
 from tvm_memplan.relax.split import split_chains
 from tvm_memplan.relax.split.outline import TILES_ATTR
-from tvm_memplan.relax.tile_kernels import MergeTileKernels
+from tvm_memplan.relax.tile_kernels import MergeTileKernels, _one_of, _table
 from tvm_memplan.split.simulate import SplitChoice
 from tvm_memplan.verify.run import run_vm
 
@@ -230,3 +234,88 @@ def test_a_fused_random_chain_equals_the_unsplit_chain(height, width, stages, wo
     # each tile buffer in the scratch starts at a 64-byte boundary, once per worker
     aligned = 64 * 2 * len(chain.spatial) * choice.concurrent_tiles
     assert simulated <= report.arena_bytes <= simulated + aligned
+
+
+def _tile_bodies(func: tvm.tirx.PrimFunc) -> int:
+    """The bodies of a fused kernel's loop over its tiles (one per class of alike tiles)."""
+    loops: list = []
+    tvm_ffi.structural_walk(
+        func.body,
+        lambda n: loops.append(n) if isinstance(n, tvm.tirx.For) and n.loop_var.name == "tile" else None,
+        order="pre",
+    )
+    (loop,) = loops
+    bodies, node = 0, loop.body
+    while isinstance(node, tvm.tirx.IfThenElse):
+        bodies, node = bodies + 1, node.else_case
+    return bodies
+
+
+def test_alike_tiles_run_as_one_body_of_a_loop_over_the_tiles():
+    """Tiles that differ only in the rows they read and write are one body of the fused kernel's tile
+    loop: its size (and compile time) stays flat as the tiles get finer, and outputs stay bit-identical."""
+    mod = _random_chain_module(32, 8, ["depthwise", "clip", "pointwise"], 3)
+    chain = max((c for c in find_chains_of(mod) if c.spatial and c.fusable), key=lambda c: len(c.spatial))
+    x = np.random.default_rng(3).standard_normal((1, 3, 32, 8)).astype("float32")
+    expected, _, _ = _run_planned(mod, x)
+    bodies = {}
+    for parts in (8, 16):
+        split = split_chains(mod, [SplitChoice(chain, parts, fused=True, workers=1)])
+        with TARGET:
+            fused = tvm.transform.Sequential(stage_passes(TARGET).dataflow)(split)
+        bodies[parts] = _tile_bodies(fused["chain_tiles0_fused"])
+        got, _, _ = _run_planned(split, x)
+        np.testing.assert_array_equal(got, expected)
+    # the first and last tiles (padding) and those whose halo reaches it differ; the others are one body
+    assert bodies[8] <= 4 and bodies[16] <= 6
+
+
+def _evaluate(expr: tvm.tirx.Expr, var: tvm.tirx.Var, value: int) -> int:
+    bound = tvm_ffi.structural_map(
+        expr, [(tvm.ir.Var, lambda v: tvm.tirx.IntImm(v.ty, value) if v.same_as(var) else v)]
+    )
+    return int(tvm.sym.Analyzer().simplify(bound))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    keys=st.lists(st.integers(0, 40), min_size=2, max_size=8, unique=True).map(sorted),
+    data=st.data(),
+)
+def test_a_tile_table_gives_each_tile_its_constant(keys, data):
+    """Property: a hole's constants, affine in the tile index or not, come back for every tile of its
+    class; a class's condition holds for its tiles and no other."""
+    affine = data.draw(st.booleans())
+    if affine:
+        start, step = data.draw(st.integers(-50, 50)), data.draw(st.integers(-9, 9))
+        values = [start + step * k for k in keys]
+    else:
+        values = data.draw(st.lists(st.integers(-100, 100), min_size=len(keys), max_size=len(keys)))
+    members = data.draw(st.lists(st.sampled_from(keys), min_size=1, unique=True).map(sorted))
+    tile = tvm.tirx.Var("tile", "int64")
+    table = _table(tile, keys, values, "int64")
+    assert [_evaluate(table, tile, k) for k in keys] == values
+    condition = _one_of(tile, members)
+    assert [bool(_evaluate(condition, tile, k)) for k in range(42)] == [k in members for k in range(42)]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler to link the C target's module")
+def test_a_c_target_runs_the_tile_loop_serially_bit_identical(tmp_path):
+    """C code has no thread pool: the tile loop runs serially, with halos recomputed or in a line buffer."""
+    mod = _random_chain_module(20, 7, ["conv", "depthwise", "clip"], 5)
+    chain = max((c for c in find_chains_of(mod) if c.spatial and c.fusable), key=lambda c: len(c.spatial))
+    x = np.random.default_rng(0).standard_normal((1, 3, 20, 7)).astype("float32")
+    target = tvm.target.Target("c")
+    outputs = []
+    for i, choice in enumerate(
+        [None, SplitChoice(chain, 4, fused=True, workers=1), SplitChoice(chain, 4, fused=True, rolling=True)]
+    ):
+        split = mod if choice is None else split_chains(mod, [choice])
+        with target:
+            executable = tvm.compile(split, target, relax_pipeline=pipeline(target, order="program"))
+        path = tmp_path / f"chain{i}.so"
+        executable.export_library(str(path))
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
+        outputs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
+    for got in outputs[1:]:
+        np.testing.assert_array_equal(got, outputs[0])

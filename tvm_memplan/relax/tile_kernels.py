@@ -4,7 +4,16 @@ The split rewriter outlines a chain whose tiles are to run as one kernel into a 
 (:mod:`~tvm_memplan.relax.split.outline`), which TVM legalizes and fuses like ``main``: after ``FuseTIR``
 (and :func:`~tvm_memplan.relax.tile_writes.WriteTilesInPlace`) it is a sequence of per-tile kernel
 calls. :func:`MergeTileKernels` schedules each of those kernels as :class:`~tvm_memplan.schedule.
-DefaultCPUSchedule` would and concatenates their bodies, in call order (tile-major), into one PrimFunc.
+DefaultCPUSchedule` would and turns them into one PrimFunc that loops over the tiles. Tiles differ in
+the rows they read and write, that is in integer constants of their buffer accesses' indices; every
+tile's statement (its kernels' bodies in call order) is anti-unified with those of the tiles before it
+(:func:`_tile_classes`): tiles whose statements are equal up to those constants are one class, one
+body in the loop, each of its differing constants an expression of the tile index (affine where the
+constants are, else a small table). The first and last tiles (padding), tiles of another height
+(uneven row ranges) and a worker's first tile of a line buffer (no rows kept yet) are classes of their
+own, so the kernel holds a handful of bodies however many tiles there are, and its compile time no
+longer grows with them (the stages of one tile, or each stage's own parallel loops, as below).
+
 The chain's inputs and its output are that PrimFunc's parameters; every tensor that lives only inside
 the chain (tile buffers) becomes a view into one scratch parameter, at offsets planned by the arena
 allocators over the kernels' sequence. The scratch is a second output of the call, so the arena planner
@@ -12,15 +21,17 @@ places it like any tensor and the VM allocates exactly the plan (no ``TVMBackend
 Halo rows are recomputed, as the per-kernel tiles do, or kept in a rolling line buffer
 (:attr:`~tvm_memplan.split.chain.SplitChoice.rolling`): the rewriter then links each worker's tiles by
 the rows they carry over, so a worker runs its run of tiles in order (:func:`_tile_groups` finds the
-runs, one per worker).
+runs, one per worker; :func:`_tiles` the tiles, cut where ``place_rows`` takes the kept rows over).
 
 A spatial chain's row tiles are independent (they share only the chain's inputs and its output, each
 writing its own rows; :data:`~.split.outline.WORKERS_ATTR`): on a target with a thread pool the merged
-kernel is one loop nest, ``for worker in parallel(W): for tile in its share: every stage of that tile``,
+kernel is one loop nest, ``for worker in parallel(W): for tile in its share: every stage of that tile``
+(parallel over tiles),
 the stages' own parallel loops run serially inside a tile (their vectorized loops stay), and each worker
 has a scratch region of its own (W times one tile's buffers, which the simulator counts,
-:attr:`~tvm_memplan.split.chain.SplitChoice.concurrent_tiles`). A channel chain's tiles accumulate
-into one output: they run one after another, each stage parallel as scheduled.
+:attr:`~tvm_memplan.split.chain.SplitChoice.concurrent_tiles`). With one worker the tile loop is serial
+and each stage keeps its parallel loops (parallel within a tile). A channel chain's tiles accumulate
+into one output: its kernels run one after another, each stage parallel as scheduled (no tile loop).
 
 Where the kernels cannot be merged (a call this pass does not model, a GPU target whose kernels are
 bound to threads), the chain's calls go back into the caller one by one: the per-kernel tiles.
@@ -36,6 +47,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
+from tvm.ir import Range
+from tvm.ir.expr import TensorLoad, TensorRegion
 
 from ..planning import Buffer, Problem, align_up, plan_aliased
 from ..schedule.cpu import CpuSpec, cpu_spec
@@ -43,7 +56,7 @@ from ..schedule.passes import schedule_function
 from .inplace import inplace_safe
 from .ir_utils import static_shape, top_level_bindings
 from .module import referenced_globals, relax_functions, with_blocks
-from .split.outline import TILES_ATTR, WORKERS_ATTR, rebind
+from .split.outline import CARRIED_ROWS_ATTR, TILES_ATTR, WORKERS_ATTR, rebind
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
@@ -165,10 +178,10 @@ def _substitute(stmt: tirx.Stmt, mapping: dict) -> tirx.Stmt:
     return tvm_ffi.structural_map(stmt, [(tvm.ir.Var, swap)])
 
 
-def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) -> list[list[int]] | None:
-    """The kernels of each tile: the kernels linked by the tile buffers they share, as many groups as
-    tiles, each a run of consecutive kernels (tile-major); else None. Tiles share only the chain's
-    inputs and output then, so they may run at once (each writes its own rows of the output)."""
+def _linked_runs(kernels: list[_Kernel], inside: list[relax.Var], cut_carries: bool) -> list[list[int]] | None:
+    """The kernels linked by the inner tensors they share (with ``cut_carries``, save the rows a line
+    buffer's ``place_rows``, :data:`~.split.outline.CARRIED_ROWS_ATTR`, takes over from the tile before),
+    each group a run of consecutive kernels; None where a group is not."""
     group = list(range(len(kernels)))
 
     def find(i: int) -> int:
@@ -179,8 +192,9 @@ def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) ->
 
     writer: dict[relax.Var, int] = {}
     for i, kernel in enumerate(kernels):
-        for tensor in kernel.tensors:
-            if tensor in inside:
+        carries = cut_carries and kernel.func.attrs is not None and CARRIED_ROWS_ATTR in kernel.func.attrs
+        for j, tensor in enumerate(kernel.tensors):
+            if tensor in inside and not (carries and j == 0):
                 group[find(i)] = find(writer.setdefault(tensor, i))
     runs: list[list[int]] = []
     for i in range(len(kernels)):
@@ -188,7 +202,21 @@ def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) ->
             runs[-1].append(i)
         else:
             runs.append([i])
-    return runs if len(runs) == tiles == len({find(i) for i in range(len(kernels))}) else None
+    return runs if len(runs) == len({find(i) for i in range(len(kernels))}) else None
+
+
+def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) -> list[list[int]] | None:
+    """The kernels of each independent run of tiles: as many groups as ``tiles`` (tile-major); else None.
+    Runs share only the chain's inputs and output, so they may run at once (each writes its own rows)."""
+    runs = _linked_runs(kernels, inside, cut_carries=False)
+    return runs if runs is not None and len(runs) == tiles else None
+
+
+def _tiles(kernels: list[_Kernel], inside: list[relax.Var]) -> list[list[int]] | None:
+    """The kernels of each tile (a run of consecutive kernels, tile-major), or None where the chain's kernels
+    do not fall into two or more (a channel chain's tiles share its running sum)."""
+    runs = _linked_runs(kernels, inside, cut_carries=True)
+    return runs if runs is not None and len(runs) > 1 else None
 
 
 def _serial(stmt: tirx.Stmt) -> tirx.Stmt:
@@ -203,17 +231,143 @@ def _serial(stmt: tirx.Stmt) -> tirx.Stmt:
     return tvm_ffi.structural_map(stmt, [(tirx.For, serial)])
 
 
-def _tile_loop(worker: tirx.Var, workers: int, tiles: list[tirx.Stmt]) -> tirx.Stmt:
-    """``for worker in parallel(workers): for each of its tiles (a contiguous share, in order):
-    that tile's stages``; a worker's tiles reuse its scratch region."""
-    share = -(-len(tiles) // workers)
-    step = tirx.Var("tile_step", "int64")
-    tile = worker * tirx.IntImm("int64", share) + step
-    chosen = tirx.SeqStmt(
-        [tirx.IfThenElse(tirx.EQ(tile, tirx.IntImm("int64", t)), body, None) for t, body in enumerate(tiles)]
-    )
+def _holes(stmt: tirx.Stmt, holes: dict[tuple[int, str], tirx.Var]) -> tuple[tirx.Stmt, list[tirx.IntImm]]:
+    """``stmt`` with every integer constant of its buffer accesses' indices replaced by a hole (the k-th
+    hole of a dtype is ``holes[(k, dtype)]``, the same variable for every tile), and the constants, in
+    order: tiles of one chain differ in the rows they read and write, that is in these constants."""
+    found: list[tirx.IntImm] = []
+
+    def hole(imm: tirx.IntImm) -> tirx.Var:
+        key = (len(found), str(imm.ty))
+        found.append(imm)
+        return holes.setdefault(key, tirx.Var(f"tile_hole{key[0]}", imm.ty))
+
+    def indices(exprs) -> list[tirx.Expr]:
+        return [tvm_ffi.structural_map(e, [(tirx.IntImm, hole)]) for e in exprs]
+
+    def store(node: tirx.BufferStore, mutator: tvm_ffi.StructuralMutator):
+        node = mutator.default_mutate(node)
+        return tirx.BufferStore(node.buffer, node.value, indices(node.indices))
+
+    def load(node: TensorLoad, mutator: tvm_ffi.StructuralMutator):
+        node = mutator.default_mutate(node)
+        return tirx.BufferLoad(node.source, indices(node.indices))
+
+    def region(node: TensorRegion, mutator: tvm_ffi.StructuralMutator):
+        node = mutator.default_mutate(node)
+        mins = indices([r.min for r in node.region])
+        ranges = [Range.from_min_extent(m, r.extent) for m, r in zip(mins, node.region, strict=True)]
+        return tirx.BufferRegion(node.source, ranges)
+
+    done = tvm_ffi.structural_mutate(stmt, ((tirx.BufferStore, store), (TensorLoad, load), (TensorRegion, region)))
+    return done, found
+
+
+@dataclass
+class _TileClass:
+    """Tiles whose statements differ only in the constants of their accesses' indices."""
+
+    members: list[int]
+    template: tirx.Stmt
+    holes: list[tirx.Var]
+    values: list[list[int]]
+    """Per member, the constant at each hole."""
+
+
+def _fill(template: tirx.Stmt, holes: list[tirx.Var], values: list) -> tirx.Stmt:
+    mapping = dict(zip(holes, values, strict=True))
+    return tvm_ffi.structural_map(template, [(tvm.ir.Var, lambda var: mapping.get(var, var))])
+
+
+def _tile_classes(tiles: list[tirx.Stmt]) -> list[_TileClass]:
+    """The tiles grouped into classes (anti-unification of their statements): a tile joins the first class
+    whose template, its holes filled with the tile's own constants, is the tile's statement exactly."""
+    shared: dict[tuple[int, str], tirx.Var] = {}
+    classes: list[_TileClass] = []
+    for t, stmt in enumerate(tiles):
+        template, found = _holes(stmt, shared)
+        holes = [shared[(k, str(imm.ty))] for k, imm in enumerate(found)]
+        for cls in classes:
+            same_holes = len(cls.holes) == len(holes) and all(
+                a.same_as(b) for a, b in zip(cls.holes, holes, strict=True)
+            )
+            if same_holes and tvm_ffi.structural_equal(_fill(cls.template, holes, found), stmt):
+                cls.members.append(t)
+                cls.values.append([int(imm.value) for imm in found])
+                break
+        else:
+            classes.append(_TileClass([t], template, holes, [[int(imm.value) for imm in found]]))
+    return classes
+
+
+def _table(index: tirx.Expr, keys: list[int], values: list[int], dtype: str) -> tirx.Expr:
+    """``values[i]`` where ``index == keys[i]``: ``a + b * index`` where the values are affine in the
+    keys, else a chain of selects (outside the keys: the last value)."""
+    const = lambda v: tirx.IntImm(dtype, v)  # noqa: E731
+    if len(set(values)) == 1:
+        return const(values[0])
+    index = index if str(index.ty) == dtype else tirx.Cast(dtype, index)
+    (k0, v0), (k1, v1) = (keys[0], values[0]), (keys[1], values[1])
+    step, rest = divmod(v1 - v0, k1 - k0)
+    if not rest and all(v == v0 + step * (k - k0) for k, v in zip(keys, values, strict=True)):
+        return const(v0 - step * k0) + index * const(step)
+    expr = const(values[-1])
+    for k, v in zip(reversed(keys[:-1]), reversed(values[:-1]), strict=True):
+        expr = tirx.Select(tirx.EQ(index, tirx.IntImm(index.ty, k)), const(v), expr)
+    return expr
+
+
+def _one_of(index: tirx.Expr, members: list[int]) -> tirx.Expr:
+    """``index`` is one of ``members`` (ascending)."""
+    const = lambda v: tirx.IntImm(index.ty, v)  # noqa: E731
+    if len(members) == 1:
+        return tirx.EQ(index, const(members[0]))
+    step = members[1] - members[0]
+    if members == list(range(members[0], members[-1] + 1, step)):
+        inside = tirx.And(tirx.GE(index, const(members[0])), tirx.LE(index, const(members[-1])))
+        if step == 1:
+            return inside
+        return tirx.And(inside, tirx.EQ(tirx.floormod(index - const(members[0]), const(step)), const(0)))
+    condition = tirx.EQ(index, const(members[0]))
+    for m in members[1:]:
+        condition = tirx.Or(condition, tirx.EQ(index, const(m)))
+    return condition
+
+
+def _dispatch(index: tirx.Expr, classes: list[_TileClass]) -> tirx.Stmt:
+    """Tile ``index``'s statement: its class's template, the holes filled from ``index``."""
+    bodies = []
+    for cls in classes:
+        columns = list(zip(*cls.values, strict=True)) if cls.holes else []
+        filled = [_table(index, cls.members, list(col), str(h.ty)) for h, col in zip(cls.holes, columns, strict=True)]
+        bodies.append(_fill(cls.template, cls.holes, filled))
+    stmt = tirx.IfThenElse(_one_of(index, classes[-1].members), bodies[-1], None)
+    for cls, body in zip(reversed(classes[:-1]), reversed(bodies[:-1]), strict=True):
+        stmt = tirx.IfThenElse(_one_of(index, cls.members), body, stmt)
+    return stmt
+
+
+def _tile_loop(tiles: list[tirx.Stmt], runs: list[list[int]] | None, worker: tirx.Var, workers: int) -> tirx.Stmt:
+    """The tiles as one loop over the tile index, each class of alike tiles (:func:`_tile_classes`) one
+    body: ``for tile in range(T): that tile's stages`` (each stage's loops as scheduled), or with
+    ``runs`` (the tiles of each independent run, in order) ``for worker in parallel(workers): for each of
+    its tiles (a contiguous share of the runs, in order): that tile's stages``; a worker's tiles reuse its
+    scratch region."""
+    classes = _tile_classes(tiles)
     zero = tirx.IntImm("int64", 0)
-    inner = tirx.For(step, zero, tirx.IntImm("int64", share), tirx.ForKind.SERIAL, chosen)
+    if runs is None:
+        tile = tirx.Var("tile", "int64")
+        return tirx.For(tile, zero, tirx.IntImm("int64", len(tiles)), tirx.ForKind.SERIAL, _dispatch(tile, classes))
+    share = -(-len(runs) // workers)
+    owned = [[t for run in runs[w * share : (w + 1) * share] for t in run] for w in range(workers)]
+    starts, ends = [own[0] for own in owned], [own[-1] + 1 for own in owned]
+    step = tirx.Var("tile_step", "int64")
+    tile = _table(worker, list(range(workers)), starts, "int64") + step
+    longest = max(e - s for s, e in zip(starts, ends, strict=True))
+    body = _dispatch(tile, classes)
+    if any(e - s < longest for s, e in zip(starts, ends, strict=True)):
+        body = tirx.IfThenElse(tirx.LT(tile, _table(worker, list(range(workers)), ends, "int64")), body, None)
+    inner = tirx.For(step, zero, tirx.IntImm("int64", longest), tirx.ForKind.SERIAL, body)
     return tirx.For(worker, zero, tirx.IntImm("int64", workers), tirx.ForKind.PARALLEL, inner)
 
 
@@ -277,8 +431,20 @@ def merge_chain(
             mapping[param] = view
         body = _substitute(prim.body, mapping)
         bodies.append(tirx.SeqStmt([*views, _serial(body) if groups is not None else body]))
-    if groups is not None:
-        bodies = [_tile_loop(worker, regions, [tirx.SeqStmt([bodies[i] for i in g]) for g in groups])]
+    tiles = _tiles(kernels, inside)
+    if tiles is not None and (groups is None or all(any(t[0] == g[0] for t in tiles) for g in groups)):
+        stmts = [tirx.SeqStmt([bodies[i] for i in t]) if len(t) > 1 else bodies[t[0]] for t in tiles]
+        runs = [[j for j, t in enumerate(tiles) if g[0] <= t[0] <= g[-1]] for g in groups] if groups else None
+        bodies = [_tile_loop(stmts, runs, worker, regions)]
+    elif groups is not None:
+        bodies = [
+            _tile_loop(
+                [tirx.SeqStmt([bodies[i] for i in g]) for g in groups],
+                [[i] for i in range(len(groups))],
+                worker,
+                regions,
+            )
+        ]
     root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(bodies) if len(bodies) > 1 else bodies[0])
     merged = tirx.PrimFunc([*params, out, scratch], s_tir.SBlockRealize([], True, root))
     merged = merged.with_attrs({"tir.is_scheduled": True, "tirx.noalias": True})

@@ -24,7 +24,7 @@ from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
 from ..tile_writes import ROW_OFFSET_ATTR
 from .chains import row_axis
 from .operators import CHANNEL, CONV, DEQUANTIZE, POOLS, QUANTIZE, ROWS, channels, nchw, padding
-from .outline import marker, outline_marked
+from .outline import CARRIED_ROWS_ATTR, marker, outline_marked
 
 
 def _outside_row_axis(
@@ -368,6 +368,7 @@ class _SplitRewriter(PyExprMutator):
         shape[ROWS] = rows.held[1] - rows.held[0]
         ty = relax.TensorType(shape, str(kept.ty.dtype))
         placer = _row_writer(tuple(shape), nchw(kept)[ROWS], 0, str(kept.ty.dtype)).without_attr(ROW_OFFSET_ATTR)
+        placer = placer.with_attr(CARRIED_ROWS_ATTR, True)
         buffer = bb.emit(relax.call_tir(bb.add_func(placer, "place_rows"), [kept], out_ty=ty))
         return buffer if new is None else _write_rows(bb, new, buffer, lo - rows.held[0], ty)
 
