@@ -1,0 +1,221 @@
+"""A split model's row tiles kept in the blocked layout.
+
+The split rewriter (:mod:`~tvm_memplan.relax.split.rewrite`) works on the NCHW module; the blocked
+layout pass (:func:`~tvm_memplan.relax.layout.BlockedLayout`) then carries NCHW[x]c through the tiles'
+operators, their ``strided_slice`` of rows and ``concat`` of row tiles, as it does through the unsplit
+model's. Only the rewriter's row-copy kernels (``write_rows``, a line buffer's ``place_rows``: TIR
+that ``ConvertLayout`` cannot see into) would stay NCHW, each with a ``layout_transform`` of its tile
+and of the whole tensor it writes into. :func:`BlockedRowWrites` gives them NCHW[x]c versions: a
+blocked tile is copied into its rows of a blocked tensor (rows are axis 2 in both layouts), and the
+NCHW tensor is only made where something outside the tiles reads it.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+
+from .module import relax_functions, with_blocks
+from .split.rewrite import row_writer
+from .tile_writes import ROW_OFFSET_ATTR, ROW_WRITER_ATTR
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
+_LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
+_STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
+ROWS = 2
+
+
+def _shape(expr: relax.Expr) -> list[int] | None:
+    values = getattr(getattr(expr.ty, "shape", None), "values", None)
+    if values is None or not all(isinstance(d, tirx.IntImm) for d in values):
+        return None
+    return [int(d) for d in values]
+
+
+def _maps_to(index_map: tirx.IndexMap, point: list[int], expected: list[int]) -> bool:
+    values = index_map.map_indices([tirx.IntImm("int64", p) for p in point])  # constants fold as they map
+    return all(isinstance(v, tirx.IntImm) for v in values) and [int(v) for v in values] == expected
+
+
+def unblocking(call: relax.Expr) -> int | None:
+    """The block ``x`` where ``call`` is a ``layout_transform`` of a whole NCHW[x]c tensor to NCHW
+    (no padded channels), else None."""
+    if not (isinstance(call, relax.Call) and call.op.same_as(_LAYOUT_TRANSFORM)) or call.attrs.pad_value is not None:
+        return None
+    source, target = _shape(call.args[0]), _shape(call)
+    if source is None or target is None or len(source) != 5 or len(target) != 4:
+        return None
+    _, chunks, rows, columns, block = source
+    if target != [source[0], chunks * block, rows, columns]:
+        return None
+    return block if _maps_to(call.attrs.index_map, [0, 1, 2, 3, 4], [0, block + 4, 2, 3]) else None
+
+
+def blocking(call: relax.Expr) -> int | None:
+    """The block ``x`` where ``call`` is a ``layout_transform`` of NCHW to NCHW[x]c (no padding), else None."""
+    if not (isinstance(call, relax.Call) and call.op.same_as(_LAYOUT_TRANSFORM)) or call.attrs.pad_value is not None:
+        return None
+    source, target = _shape(call.args[0]), _shape(call)
+    if source is None or target is None or len(source) != 4 or len(target) != 5:
+        return None
+    block = target[4]
+    if target != [source[0], source[1] // block, source[2], source[3], block] or source[1] % block:
+        return None
+    channel = block + 1 if source[1] > block else block - 1
+    expected = [0, channel // block, 2, 3, channel % block]
+    return block if _maps_to(call.attrs.index_map, [0, channel, 2, 3], expected) else None
+
+
+def _unblocked(blocked: relax.Expr, block: int) -> relax.Expr:
+    return relax.op.layout_transform(blocked, index_map=lambda n, c, h, w, i: (n, c * block + i, h, w))
+
+
+def _ints(expr: relax.Expr) -> list[int] | None:
+    fields = getattr(expr, "fields", None) or getattr(expr, "values", None)
+    if fields is None:
+        return None
+    values = [getattr(f, "value", f) for f in fields]  # IntImm (or PrimValue of one) fields
+    values = [getattr(v, "value", v) for v in values]
+    return [int(v) for v in values] if all(isinstance(v, int) for v in values) else None
+
+
+def row_slice(call: relax.Expr) -> tuple[int, int] | None:
+    """The rows ``[begin, end)`` where ``call`` is a unit-stride ``strided_slice`` of rows (axis 2) alone."""
+    if not (isinstance(call, relax.Call) and call.op.same_as(_STRIDED_SLICE)):
+        return None
+    axes, begin, end = (_ints(a) for a in call.args[1:4])
+    strides = _ints(call.args[4]) if len(call.args) > 4 else [1]
+    if axes != [ROWS] or strides != [1] or begin is None or end is None:
+        return None
+    return begin[0], end[0]
+
+
+def _writer(call: relax.Expr, mod: tvm.IRModule) -> tirx.PrimFunc | None:
+    if not isinstance(call, relax.Call) or not (call.op.same_as(_CALL_TIR) or call.op.same_as(_CALL_TIR_INPLACE)):
+        return None
+    func = mod[call.args[0]]
+    if not isinstance(func, tirx.PrimFunc) or func.attrs is None or ROW_WRITER_ATTR not in func.attrs:
+        return None
+    return func
+
+
+class _Block:
+    """One binding block rewritten: NCHW tensors that the row writers now make in NCHW[x]c, their
+    NCHW bindings emitted only before their first reader that is not a row writer."""
+
+    def __init__(self, mod: tvm.IRModule, builder: relax.BlockBuilder) -> None:
+        self.mod, self.builder = mod, builder
+        self.blocked: dict[relax.Var, tuple[relax.Expr, int]] = {}
+        """NCHW variable → its NCHW[x]c value and x."""
+        self.unblocks: dict[relax.Var, tuple[relax.Expr, int]] = {}
+        """NCHW variable bound to a ``layout_transform`` of an NCHW[x]c tensor → that tensor and x."""
+        self.pending: set[relax.Var] = set()
+        """Blocked variables whose NCHW binding has not been emitted."""
+        self.out: list[relax.Binding] = []
+        self.changed = False
+
+    def source(self, var: relax.Expr) -> tuple[relax.Expr, int] | None:
+        if not isinstance(var, relax.Var):
+            return None
+        return self.blocked.get(var) or self.unblocks.get(var)
+
+    def materialize(self, var: relax.Var) -> None:
+        if var in self.pending:
+            self.pending.discard(var)
+            value, block = self.blocked[var]
+            self.out.append(relax.VarBinding(var, self.builder.normalize(_unblocked(value, block))))
+
+    def visit(self, binding: relax.Binding) -> None:
+        value = binding.value if isinstance(binding, relax.VarBinding) else None
+        if value is not None and self.rewrite(binding.var, value):
+            self.changed = True
+            return
+        if value is not None:
+            for var in relax.analysis.free_vars(value):
+                self.materialize(var)
+        if value is not None and unblocking(value) is not None and isinstance(value.args[0], relax.Var):
+            self.unblocks[binding.var] = (value.args[0], unblocking(value))
+        self.out.append(binding)
+
+    def rewrite(self, var: relax.Var, value: relax.Expr) -> bool:
+        """Emit ``var = value`` in NCHW[x]c when it is a row writer, a row slice or an alias of a blocked
+        tensor, or the blocking of one; False when ``value`` is none of these."""
+        if isinstance(value, relax.Var) and value in self.blocked:
+            self.blocked[var] = self.blocked[value]
+            self.pending.add(var)
+            return True
+        block = blocking(value)
+        if block is not None and value.args[0] in self.blocked and self.blocked[value.args[0]][1] == block:
+            self.out.append(relax.VarBinding(var, self.blocked[value.args[0]][0]))
+            return True
+        rows = row_slice(value)
+        if rows is not None and self.source(value.args[0]) is not None:
+            whole, block = self.source(value.args[0])
+            sliced = relax.op.strided_slice(whole, axes=[ROWS], begin=[rows[0]], end=[rows[1]])
+            self.bind(var, sliced, block)
+            return True
+        func = _writer(value, self.mod)
+        if func is None:
+            return False
+        tile, *full = value.args[1].fields
+        tile_source = self.source(tile)
+        full_source = [self.blocked.get(f) if isinstance(f, relax.Var) else None for f in full]
+        if tile_source is None or any(f is None or f[1] != tile_source[1] for f in full_source):
+            return False
+        blocked_tile, block = tile_source
+        shape, tile_shape = _shape(blocked_tile), _shape(tile)
+        out_shape = _shape(var)
+        if shape is None or tile_shape is None or out_shape is None:
+            return False
+        full_shape = (out_shape[0], out_shape[1] // block, out_shape[2], out_shape[3], block)
+        offset = int(func.attrs[ROW_WRITER_ATTR])
+        kernel = row_writer(full_shape, shape[ROWS], offset, str(var.ty.dtype), ROW_OFFSET_ATTR in func.attrs)
+        gvar = self.builder.add_func(kernel, "write_rows")
+        ty = relax.TensorType(full_shape, str(var.ty.dtype))
+        if full_source:
+            call = relax.call_tir_inplace(gvar, [blocked_tile, full_source[0][0]], [1], ty)
+        else:
+            call = relax.call_tir(gvar, [blocked_tile], out_ty=ty)
+        self.bind(var, call, block)
+        return True
+
+    def bind(self, var: relax.Var, value: relax.Expr, block: int) -> None:
+        value = self.builder.normalize(value)
+        new = relax.DataflowVar(f"{var.name}_blocked", value.ty)
+        self.out.append(relax.VarBinding(new, value))
+        self.blocked[var] = (new, block)
+        self.pending.add(var)
+
+    def finish(self, block: relax.BindingBlock) -> relax.BindingBlock:
+        for var in list(self.pending):
+            if not isinstance(var, relax.DataflowVar):  # read after the block
+                self.materialize(var)
+        kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
+        return kind(self.out)
+
+
+def BlockedRowWrites() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+    """The split rewriter's row-copy kernels in NCHW[x]c where their tiles are (see the module docstring).
+    Run after ``ConvertLayout``; unused transforms are left to dead-code elimination."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.BlockedRowWrites")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        builder = relax.BlockBuilder(mod)
+        updates = {}
+        for gvar, func in relax_functions(mod):
+            blocks = []
+            for block in func.body.blocks:
+                rewriter = _Block(mod, builder)
+                for binding in block.bindings:
+                    rewriter.visit(binding)
+                blocks.append(rewriter.finish(block) if rewriter.changed else block)
+            if any(new is not old for new, old in zip(blocks, func.body.blocks, strict=True)):
+                updates[gvar] = with_blocks(func, blocks)
+        if not updates:
+            return mod
+        functions = dict(builder.get().functions)
+        functions.update(updates)
+        return relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
+
+    return _pass
