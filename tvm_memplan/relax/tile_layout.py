@@ -12,12 +12,16 @@ NCHW tensor is only made where something outside the tiles reads it.
 
 from __future__ import annotations
 
-import tvm
-from tvm import relax, tirx
+from collections.abc import Callable
 
+import numpy as np
+import tvm
+from tvm import relax, te, tirx
+
+from .ir_utils import constant_value
 from .module import relax_functions, with_blocks
 from .split.rewrite import row_writer
-from .tile_writes import ROW_OFFSET_ATTR, ROW_WRITER_ATTR
+from .tile_writes import ACCUMULATE_ATTR, ROW_OFFSET_ATTR, ROW_WRITER_ATTR
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
@@ -91,40 +95,76 @@ def row_slice(call: relax.Expr) -> tuple[int, int] | None:
     return begin[0], end[0]
 
 
-def _writer(call: relax.Expr, mod: tvm.IRModule) -> tirx.PrimFunc | None:
+def _marked(call: relax.Expr, mod: tvm.IRModule, attr: str) -> tirx.PrimFunc | None:
+    """The kernel ``call`` calls where it carries ``attr``."""
     if not isinstance(call, relax.Call) or not (call.op.same_as(_CALL_TIR) or call.op.same_as(_CALL_TIR_INPLACE)):
         return None
     func = mod[call.args[0]]
-    if not isinstance(func, tirx.PrimFunc) or func.attrs is None or ROW_WRITER_ATTR not in func.attrs:
+    if not isinstance(func, tirx.PrimFunc) or func.attrs is None or attr not in func.attrs:
         return None
     return func
+
+
+def channel_slice(call: relax.Expr) -> tuple[int, int] | None:
+    """The channels ``[begin, end)`` where ``call`` is a unit-stride ``strided_slice`` of channels (axis 1) alone."""
+    if not (isinstance(call, relax.Call) and call.op.same_as(_STRIDED_SLICE)):
+        return None
+    axes, begin, end = (_ints(a) for a in call.args[1:4])
+    strides = _ints(call.args[4]) if len(call.args) > 4 else [1]
+    if axes != [1] or strides != [1] or begin is None or end is None:
+        return None
+    return begin[0], end[0]
+
+
+def packed_weights(weight: np.ndarray, block: int) -> np.ndarray:
+    """OIHW weights as OIHW[x]i[x]o, the layout :func:`~tvm_memplan.relax.layout.conv2d_nchwc` reads."""
+    out_channels, in_channels, kernel_h, kernel_w = weight.shape
+    blocks = weight.reshape(out_channels // block, block, in_channels // block, block, kernel_h, kernel_w)
+    return np.ascontiguousarray(blocks.transpose(0, 2, 4, 5, 3, 1))
 
 
 class _Block:
     """One binding block rewritten: NCHW tensors that the row writers now make in NCHW[x]c, their
     NCHW bindings emitted only before their first reader that is not a row writer."""
 
-    def __init__(self, mod: tvm.IRModule, builder: relax.BlockBuilder) -> None:
-        self.mod, self.builder = mod, builder
+    def __init__(self, mod: tvm.IRModule, builder: relax.BlockBuilder, conv: Callable) -> None:
+        self.mod, self.builder, self.conv = mod, builder, conv
         self.blocked: dict[relax.Var, tuple[relax.Expr, int]] = {}
         """NCHW variable → its NCHW[x]c value and x."""
         self.unblocks: dict[relax.Var, tuple[relax.Expr, int]] = {}
         """NCHW variable bound to a ``layout_transform`` of an NCHW[x]c tensor → that tensor and x."""
+        self.padded: dict[relax.Var, tuple[relax.Expr, int]] = {}
+        """NCHW variable bound to the first channels of an NCHW[x]c tensor whose last block is padded (a
+        ``strided_slice`` that :func:`~.channel_pad.PadChannels` left) → that tensor and x."""
+        self.channels: dict[relax.Var, int] = {}
+        """Blocked variables whose NCHW[x]c value holds padded channels → their channels."""
         self.pending: set[relax.Var] = set()
         """Blocked variables whose NCHW binding has not been emitted."""
         self.out: list[relax.Binding] = []
         self.changed = False
 
     def source(self, var: relax.Expr) -> tuple[relax.Expr, int] | None:
-        if not isinstance(var, relax.Var):
+        """The NCHW[x]c tensor (and x) that NCHW ``var`` unblocks, without padded channels."""
+        if not isinstance(var, relax.Var) or var in self.channels:
             return None
         return self.blocked.get(var) or self.unblocks.get(var)
+
+    def padded_source(self, var: relax.Expr) -> tuple[relax.Expr, int] | None:
+        """The NCHW[x]c tensor (and x) whose first channels NCHW ``var`` is, padded channels or not."""
+        if not isinstance(var, relax.Var):
+            return None
+        return self.blocked.get(var) or self.unblocks.get(var) or self.padded.get(var)
 
     def materialize(self, var: relax.Var) -> None:
         if var in self.pending:
             self.pending.discard(var)
             value, block = self.blocked[var]
-            self.out.append(relax.VarBinding(var, self.builder.normalize(_unblocked(value, block))))
+            whole = self.builder.normalize(_unblocked(value, block))
+            if var in self.channels:  # the padded channels cut off
+                unblocked = relax.DataflowVar(f"{var.name}_padded", whole.ty)
+                self.out.append(relax.VarBinding(unblocked, whole))
+                whole = relax.op.strided_slice(unblocked, axes=[1], begin=[0], end=[self.channels[var]])
+            self.out.append(relax.VarBinding(var, self.builder.normalize(whole)))
 
     def visit(self, binding: relax.Binding) -> None:
         value = binding.value if isinstance(binding, relax.VarBinding) else None
@@ -143,10 +183,18 @@ class _Block:
         tensor, or the blocking of one; False when ``value`` is none of these."""
         if isinstance(value, relax.Var) and value in self.blocked:
             self.blocked[var] = self.blocked[value]
+            if value in self.channels:
+                self.channels[var] = self.channels[value]
             self.pending.add(var)
             return True
         block = blocking(value)
-        if block is not None and value.args[0] in self.blocked and self.blocked[value.args[0]][1] == block:
+        source = value.args[0]
+        if (
+            block is not None
+            and source in self.blocked
+            and source not in self.channels
+            and self.blocked[source][1] == block
+        ):
             self.out.append(relax.VarBinding(var, self.blocked[value.args[0]][0]))
             return True
         rows = row_slice(value)
@@ -155,7 +203,21 @@ class _Block:
             sliced = relax.op.strided_slice(whole, axes=[ROWS], begin=[rows[0]], end=[rows[1]])
             self.bind(var, sliced, block)
             return True
-        func = _writer(value, self.mod)
+        channels = channel_slice(value)
+        if channels is not None and self.source(value.args[0]) is not None:
+            whole, block = self.source(value.args[0])
+            chunks = _shape(whole)[1]
+            if channels[0] == 0 and (chunks - 1) * block < channels[1] < chunks * block:
+                self.padded[var] = (whole, block)  # the channels PadChannels added, cut off
+                return False
+            if channels[0] % block or channels[1] % block:
+                return False
+            sliced = relax.op.strided_slice(whole, axes=[1], begin=[channels[0] // block], end=[channels[1] // block])
+            self.bind(var, sliced, block)
+            return True
+        if _marked(value, self.mod, ACCUMULATE_ATTR) is not None:
+            return self.accumulate(var, value)
+        func = _marked(value, self.mod, ROW_WRITER_ATTR)
         if func is None:
             return False
         tile, *full = value.args[1].fields
@@ -180,6 +242,40 @@ class _Block:
         self.bind(var, call, block)
         return True
 
+    def accumulate(self, var: relax.Var, value: relax.Call) -> bool:
+        """A channel tile's partial sum ``conv2d(data, weight) + running`` on NCHW[x]c tensors, weights
+        packed here with zeros for the channels that pad either tensor's last block (the running sum's
+        padded channels hold garbage, cut off where the NCHW tensor is made)."""
+        data, weight, running = value.args[1].fields
+        data_source, running_source = self.padded_source(data), self.padded_source(running)
+        if data_source is None or running_source is None or constant_value(weight) is None:
+            return False
+        (blocked_data, block), (blocked_running, running_block) = data_source, running_source
+        kernel = constant_value(weight)
+        if block != running_block:
+            return False
+        out_blocks, in_blocks = _shape(blocked_running)[1], _shape(blocked_data)[1]
+        kernel = np.pad(
+            kernel,
+            [(0, out_blocks * block - kernel.shape[0]), (0, in_blocks * block - kernel.shape[1]), (0, 0), (0, 0)],
+        )
+        attrs = self.mod[value.args[0]].attrs[ACCUMULATE_ATTR]
+        strides, padding, dilation = ([int(v) for v in attrs[key]] for key in ("strides", "padding", "dilation"))
+        dtype = str(var.ty.dtype)
+        packed = relax.const(packed_weights(kernel, block), dtype)
+        x, w, acc = (
+            te.placeholder([tirx.IntImm("int64", d) for d in _shape(v)], dtype)
+            for v in (blocked_data, packed, blocked_running)
+        )
+        conv = self.conv(x, w, strides, padding, dilation, dtype)
+        out = te.compute(conv.shape, lambda *i: conv(*i) + acc(*i), name="T_add")
+        func = te.create_prim_func([x, w, acc, out]).without_attr("global_symbol").with_attr("tirx.noalias", True)
+        gvar = self.builder.add_func(func, "conv2d_nchwc_accumulate")
+        self.bind(var, relax.call_tir(gvar, [blocked_data, packed, blocked_running], out_ty=blocked_running.ty), block)
+        if out_blocks * block != _shape(var)[1]:
+            self.channels[var] = _shape(var)[1]
+        return True
+
     def bind(self, var: relax.Var, value: relax.Expr, block: int) -> None:
         value = self.builder.normalize(value)
         new = relax.DataflowVar(f"{var.name}_blocked", value.ty)
@@ -195,18 +291,19 @@ class _Block:
         return kind(self.out)
 
 
-def BlockedRowWrites() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
-    """The split rewriter's row-copy kernels in NCHW[x]c where their tiles are (see the module docstring).
-    Run after ``ConvertLayout``; unused transforms are left to dead-code elimination."""
+def BlockedTiles(conv: Callable) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+    """The split rewriter's kernels in NCHW[x]c where their tiles are (see the module docstring); ``conv``
+    is the blocked convolution's compute (:func:`~tvm_memplan.relax.layout.conv2d_nchwc`). Run after
+    ``ConvertLayout``; the transforms no longer read are dropped."""
 
-    @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.BlockedRowWrites")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.BlockedTiles")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         builder = relax.BlockBuilder(mod)
         updates = {}
         for gvar, func in relax_functions(mod):
             blocks = []
             for block in func.body.blocks:
-                rewriter = _Block(mod, builder)
+                rewriter = _Block(mod, builder, conv)
                 for binding in block.bindings:
                     rewriter.visit(binding)
                 blocks.append(rewriter.finish(block) if rewriter.changed else block)

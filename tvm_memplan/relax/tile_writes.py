@@ -28,6 +28,10 @@ ROW_WRITER_ATTR = "tvm_memplan.row_writer"
 """Marks every kernel of the split rewriter that copies a tile into rows of a larger tensor (the
 ``write_rows`` copies and a line buffer's placed rows): the first row it writes."""
 
+ACCUMULATE_ATTR = "tvm_memplan.conv_accumulate"
+"""Marks the split rewriter's partial-sum kernel ``conv2d(data, weight) + running`` (a channel tile of
+a convolution): its strides, padding and dilation."""
+
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 

@@ -24,7 +24,7 @@ from ...errors import UserError
 from ...split.chain import Branch, Chain, ChannelChain, RowChain, SpatialChain, SplitChoice, disjoint, tile_ranges
 from ...split.spatial import RollingRows, Rows
 from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
-from ..tile_writes import ROW_OFFSET_ATTR, ROW_WRITER_ATTR
+from ..tile_writes import ACCUMULATE_ATTR, ROW_OFFSET_ATTR, ROW_WRITER_ATTR
 from .chains import row_axis
 from .operators import CHANNEL, CONV, DEQUANTIZE, POOLS, QUANTIZE, ROWS, channels, nchw, padding
 from .outline import marker, outline_marked
@@ -112,6 +112,7 @@ def _conv_accumulate(
     )
     out = topi.add(topi.nn.conv2d_nchw(x, w, strides, padding, dilation, out_dtype=dtype), acc)
     func = te.create_prim_func([x, w, acc, out]).without_attr("global_symbol").with_attr("tirx.noalias", True)
+    func = func.with_attr(ACCUMULATE_ATTR, {"strides": strides, "padding": padding, "dilation": dilation})
     gvar = bb.add_func(func, "conv2d_accumulate")
     return bb.emit(relax.call_tir(gvar, [data, kernel, running], out_ty=running.ty))
 
