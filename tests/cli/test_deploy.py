@@ -59,6 +59,11 @@ def test_measure_runs_the_blocked_layout_as_planned(capsys):
     assert launches["nchw"] <= launches["blocked"] <= launches["nchw"] + 2
 
 
-def test_split_refuses_the_blocked_layout_in_one_line(capsys):
-    code, _, err = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--layout", "blocked")
-    assert code != 0 and "--split acg does not support --layout blocked" in err and len(err.strip().splitlines()) == 1
+def test_split_plans_in_the_blocked_layout(capsys, tmp_path):
+    cache = str(tmp_path / "c.jsonl")
+    argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--layout", "blocked", "--split-cache", cache, "--memory-limit")
+    code, out, err = run_cli(capsys, *argv, "40K", "--search-seconds", "5", "--order-seconds", "1", "--verify", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["layout"].startswith("blocked (NCHW") and summary["split_subgraphs"]
+    assert summary["arena_bytes"] <= 40 * 1024 and summary["verified"]
