@@ -61,8 +61,9 @@ def test_measure_runs_the_blocked_layout_as_planned(capsys):
 
 def test_split_plans_in_the_blocked_layout(capsys, tmp_path):
     cache = str(tmp_path / "c.jsonl")
-    argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--layout", "blocked", "--split-cache", cache, "--memory-limit")
-    code, out, err = run_cli(capsys, *argv, "40K", "--search-seconds", "5", "--order-seconds", "1", "--verify", "--json")
+    argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--layout", "blocked", "--split-cache", cache)
+    limits = ("--memory-limit", "40K", "--search-seconds", "5", "--order-seconds", "1")
+    code, out, err = run_cli(capsys, *argv, *limits, "--verify", "--json")
     assert code == 0, err
     summary = json.loads(out)
     assert summary["layout"].startswith("blocked (NCHW") and summary["split_subgraphs"]

@@ -28,6 +28,12 @@ _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
 ROWS = 2
+ELEMENTWISE = frozenset(
+    f"relax.{name}"
+    for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "sigmoid", "nn.relu", "tanh")
+)
+"""Operators carried into NCHW[x]c after a chain's blocked result: a chain's partial sums end in a call
+that ``ConvertLayout`` did not see, so the bias and activation after it were left in NCHW."""
 
 
 def _shape(expr: relax.Expr) -> list[int] | None:
@@ -215,6 +221,8 @@ class _Block:
             sliced = relax.op.strided_slice(whole, axes=[1], begin=[channels[0] // block], end=[channels[1] // block])
             self.bind(var, sliced, block)
             return True
+        if isinstance(value, relax.Call) and getattr(value.op, "name", None) in ELEMENTWISE:
+            return self.elementwise(var, value)
         if _marked(value, self.mod, ACCUMULATE_ATTR) is not None:
             return self.accumulate(var, value)
         func = _marked(value, self.mod, ROW_WRITER_ATTR)
@@ -240,6 +248,30 @@ class _Block:
         else:
             call = relax.call_tir(gvar, [blocked_tile], out_ty=ty)
         self.bind(var, call, block)
+        return True
+
+    def elementwise(self, var: relax.Var, value: relax.Call) -> bool:
+        """An elementwise operator of blocked tensors (at least one of its operands), scalars and per-channel
+        constants (blocked here), in NCHW[x]c."""
+        blocked = [self.blocked[a] for a in value.args if isinstance(a, relax.Var) and a in self.blocked]
+        if not blocked or any(a in self.channels for a in value.args if isinstance(a, relax.Var)):
+            return False
+        block = blocked[0][1]
+        shape = _shape(var)
+        args = []
+        for arg in value.args:
+            source = self.source(arg)
+            data = constant_value(arg)
+            if source is not None and source[1] == block and _shape(arg) == shape:
+                args.append(source[0])
+            elif data is not None and data.ndim == 0:
+                args.append(arg)
+            elif data is not None and shape is not None and list(data.shape) == [1, shape[1], 1, 1]:
+                channels = data.reshape(1, shape[1] // block, block, 1, 1).transpose(0, 1, 3, 4, 2)
+                args.append(relax.const(np.ascontiguousarray(channels), str(data.dtype)))
+            else:
+                return False
+        self.bind(var, relax.Call(value.op, args, value.attrs, value.ty_args), block)
         return True
 
     def accumulate(self, var: relax.Var, value: relax.Call) -> bool:
@@ -268,7 +300,8 @@ class _Block:
             for v in (blocked_data, packed, blocked_running)
         )
         conv = self.conv(x, w, strides, padding, dilation, dtype)
-        out = te.compute(conv.shape, lambda *i: conv(*i) + acc(*i), name="T_add")
+        # int64 extents, as TVM's legalization writes them: FuseTIR maps buffers across fused kernels
+        out = te.compute(acc.shape, lambda *i: conv(*i) + acc(*i), name="T_add")
         func = te.create_prim_func([x, w, acc, out]).without_attr("global_symbol").with_attr("tirx.noalias", True)
         gvar = self.builder.add_func(func, "conv2d_nchwc_accumulate")
         self.bind(var, relax.call_tir(gvar, [blocked_data, packed, blocked_running], out_ty=blocked_running.ty), block)
