@@ -194,7 +194,7 @@ class _Block:
             self.pending.add(var)
             return True
         block = blocking(value)
-        source = value.args[0]
+        source = value.args[0] if block is not None else None
         if (
             block is not None
             and source in self.blocked
@@ -221,6 +221,10 @@ class _Block:
             sliced = relax.op.strided_slice(whole, axes=[1], begin=[channels[0] // block], end=[channels[1] // block])
             self.bind(var, sliced, block)
             return True
+        if self.padding(value) is not None:  # the channels PadChannels pads in: the blocked tensor has them
+            self.blocked[var] = self.blocked[value.args[0]]
+            self.pending.add(var)
+            return True
         if isinstance(value, relax.Call) and getattr(value.op, "name", None) in ELEMENTWISE:
             return self.elementwise(var, value)
         if _marked(value, self.mod, ACCUMULATE_ATTR) is not None:
@@ -229,16 +233,15 @@ class _Block:
         if func is None:
             return False
         tile, *full = value.args[1].fields
-        tile_source = self.source(tile)
+        tile_source = self.padded_source(tile)  # a padded tile fills the padded blocks of the whole tensor
         full_source = [self.blocked.get(f) if isinstance(f, relax.Var) else None for f in full]
         if tile_source is None or any(f is None or f[1] != tile_source[1] for f in full_source):
             return False
         blocked_tile, block = tile_source
-        shape, tile_shape = _shape(blocked_tile), _shape(tile)
-        out_shape = _shape(var)
-        if shape is None or tile_shape is None or out_shape is None:
+        shape, out_shape = _shape(blocked_tile), _shape(var)
+        if shape is None or out_shape is None or any(_shape(f[0])[1] != shape[1] for f in full_source):
             return False
-        full_shape = (out_shape[0], out_shape[1] // block, out_shape[2], out_shape[3], block)
+        full_shape = (out_shape[0], shape[1], out_shape[2], out_shape[3], block)
         offset = int(func.attrs[ROW_WRITER_ATTR])
         kernel = row_writer(full_shape, shape[ROWS], offset, str(var.ty.dtype), ROW_OFFSET_ATTR in func.attrs)
         gvar = self.builder.add_func(kernel, "write_rows")
@@ -248,7 +251,23 @@ class _Block:
         else:
             call = relax.call_tir(gvar, [blocked_tile], out_ty=ty)
         self.bind(var, call, block)
+        if shape[1] * block != out_shape[1]:
+            self.channels[var] = out_shape[1]
         return True
+
+    def padding(self, value: relax.Expr) -> relax.Var | None:
+        """The blocked variable with padded channels that ``value`` pads to whole blocks (``nn.pad`` of the
+        channel axis' end), else None. Its padded channels hold finite values, not zeros: every reader of
+        a padded tensor ignores them (:mod:`.channel_pad`)."""
+        if not (isinstance(value, relax.Call) and getattr(value.op, "name", None) == "relax.nn.pad"):
+            return None
+        data = value.args[0]
+        if not isinstance(data, relax.Var) or data not in self.channels:
+            return None
+        widths = [int(w) for w in value.attrs.pad_width]
+        chunks, block = _shape(self.blocked[data][0])[1], self.blocked[data][1]
+        expected = [0, 0, 0, chunks * block - self.channels[data]] + [0] * (len(widths) - 4)
+        return data if widths == expected else None
 
     def elementwise(self, var: relax.Var, value: relax.Call) -> bool:
         """An elementwise operator of blocked tensors (at least one of its operands), scalars and per-channel
