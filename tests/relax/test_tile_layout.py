@@ -8,7 +8,7 @@ from tvm import relax
 
 from tvm_memplan.relax.fold import FoldDataMovementConstants
 from tvm_memplan.relax.layout import BlockedLayout
-from tvm_memplan.relax.pipeline import pipeline
+from tvm_memplan.relax.pipeline import pipeline, stage_passes
 from tvm_memplan.relax.split import find_chains, normalize, split_chains
 from tvm_memplan.relax.tile_layout import packed_weights
 from tvm_memplan.split.chain import ChannelChain, SpatialChain, in_channel_blocks
@@ -104,6 +104,20 @@ def test_row_tiles_run_blocked_bit_identical_with_less_memory(net, parts):
     assert trace.storage_bytes[0] < unsplit.storage_bytes[0]
     # the tiles' slices, row copies and residual rows stay NCHW4c: transforms only at the edges, as unsplit
     assert _transforms(_blocked(split)) == _transforms(_blocked(net))
+    with TARGET:  # and each tile's last kernel writes its rows of the blocked tensor itself
+        fused = tvm.transform.Sequential(stage_passes(TARGET, layout="blocked").dataflow)(split)
+    assert not [gv for gv in fused.functions if gv.name_hint.startswith("write_rows")]
+
+
+@pytest.mark.parametrize("workers, rolling", [(1, False), (2, True)])
+def test_fused_row_tiles_run_blocked_bit_identical(net, workers, rolling):
+    """One kernel per chain (with a line buffer: rows carried from tile to tile) on NCHW4c tensors."""
+    x = np.random.default_rng(3).standard_normal(SHAPE).astype("float32")
+    (expected,), unsplit = _run(net, x)
+    split = split_chains(net, [SplitChoice(_spatial(net), 4, True, workers, rolling=rolling)], windows_in_place=False)
+    (got,), trace = _run(split, x)
+    np.testing.assert_array_equal(got, expected)
+    assert trace.storage_bytes[0] < unsplit.storage_bytes[0]
 
 
 def test_channel_tiles_accumulate_blocked(net):
