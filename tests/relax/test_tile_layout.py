@@ -136,14 +136,11 @@ def test_channel_tiles_accumulate_blocked(net):
 
 
 def test_channel_chains_not_in_whole_blocks_are_left_out(net):
+    """In blocks of 16, the 8-channel branches do not fill a block and the 16-channel expansion is one
+    block, no split: every channel chain is left out, the row chains stay as they were."""
     chains = find_chains(net)
-    kept = in_channel_blocks(chains, 16)  # 8 and 16 channels: only the 16-channel expansion has a block...
-    channel = [c for c in kept if isinstance(c, ChannelChain)]
-    assert all(b.channels % 16 == 0 and b.units >= 2 for c in channel for b in c.branches) or not channel
-    # ... and one block is no split: every channel chain is gone, row chains stay
-    assert not channel and [c for c in kept if not isinstance(c, ChannelChain)] == [
-        c for c in chains if not isinstance(c, ChannelChain)
-    ]
+    assert any(isinstance(c, ChannelChain) for c in chains)
+    assert in_channel_blocks(chains, 16) == [c for c in chains if not isinstance(c, ChannelChain)]
 
 
 def test_packed_weights_are_the_blocked_kernel_layout():
