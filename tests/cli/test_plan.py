@@ -110,7 +110,10 @@ def test_console_script_is_installed():
 
 def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path):
     cache = str(tmp_path / "latency.jsonl")
+    # NCHW: the 30K are below NCHW's coarse arena (NCHW16c pads 8 channels to 16; the blocked split has its
+    # own test in test_deploy.py)
     split_under_30k = ("plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "30K", "--split-cache", cache)
+    split_under_30k += ("--layout", "nchw")
     code, out, err = run_cli(capsys, *split_under_30k, "--verify", "--json", "--order-seconds", "1")
     assert code == 0, err
     summary = json.loads(out)
@@ -145,6 +148,8 @@ def test_plan_split_with_fused_tiles_verifies(capsys, tmp_path):
         "30K",
         "--fused-tiles",
         "on",
+        "--layout",
+        "nchw",  # the 30K are NCHW's (NCHW16c pads 8 channels to 16)
         "--split-cache",
         str(tmp_path / "latency.jsonl"),
         "--verify",
