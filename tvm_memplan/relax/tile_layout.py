@@ -1,13 +1,22 @@
-"""A split model's row tiles kept in the blocked layout.
+"""A split model's tiles kept in the blocked layout.
 
 The split rewriter (:mod:`~tvm_memplan.relax.split.rewrite`) works on the NCHW module; the blocked
 layout pass (:func:`~tvm_memplan.relax.layout.BlockedLayout`) then carries NCHW[x]c through the tiles'
 operators, their ``strided_slice`` of rows and ``concat`` of row tiles, as it does through the unsplit
-model's. Only the rewriter's row-copy kernels (``write_rows``, a line buffer's ``place_rows``: TIR
-that ``ConvertLayout`` cannot see into) would stay NCHW, each with a ``layout_transform`` of its tile
-and of the whole tensor it writes into. :func:`BlockedRowWrites` gives them NCHW[x]c versions: a
-blocked tile is copied into its rows of a blocked tensor (rows are axis 2 in both layouts), and the
-NCHW tensor is only made where something outside the tiles reads it.
+model's. The rewriter's own kernels are TIR that ``ConvertLayout`` cannot see into, so they would stay
+NCHW, each with a ``layout_transform`` of its tile and of the whole tensor it writes or accumulates into.
+:func:`BlockedTiles` gives them NCHW[x]c versions, after ``ConvertLayout``:
+
+- row copies (``write_rows``, a line buffer's ``place_rows``) copy a blocked tile into its rows of a
+  blocked tensor (rows are axis 2 in both layouts), padded channel blocks included;
+- a channel tile's partial sum ``conv2d(tile, weight) + running`` is a blocked convolution plus the
+  running sum, weights packed here with zeros for the channels that pad a block;
+- row slices, and channel slices of whole blocks, of a tensor that is blocked slice it blocked;
+- the elementwise operators after a chain's blocked result (bias, activations) follow it, and the
+  ``nn.pad`` of its padded channels and its re-blocking become the blocked tensor itself.
+
+The NCHW tensor is made only before a reader none of these covers, so a split model has no layout
+transform per tile.
 """
 
 from __future__ import annotations
