@@ -62,9 +62,10 @@ def test_measure_runs_the_blocked_layout_as_planned(capsys):
 def test_split_plans_in_the_blocked_layout(capsys, tmp_path):
     cache = str(tmp_path / "c.jsonl")
     argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--layout", "blocked", "--split-cache", cache)
-    limits = ("--memory-limit", "40K", "--search-seconds", "5", "--order-seconds", "1")
+    # 60K: below the blocked coarse arena (80K with its 8-channel tensors padded to blocks), above NCHW's (40K)
+    limits = ("--memory-limit", "60K", "--search-seconds", "10", "--order-seconds", "1")
     code, out, err = run_cli(capsys, *argv, *limits, "--verify", "--json")
     assert code == 0, err
     summary = json.loads(out)
     assert summary["layout"].startswith("blocked (NCHW") and summary["split_subgraphs"]
-    assert summary["arena_bytes"] <= 40 * 1024 and summary["verified"]
+    assert summary["arena_bytes"] <= 60 * 1024 and summary["verified"]
