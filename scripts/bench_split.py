@@ -59,9 +59,11 @@ from tvm_memplan.frontend import LoadedModel, load_model, to_relax
 from tvm_memplan.planner import plan_model
 from tvm_memplan.planning import DEFAULT_ALIGNMENT
 from tvm_memplan.relax.ir_utils import top_level_bindings
+from tvm_memplan.relax.layout import layout_block
 from tvm_memplan.relax.pipeline import stage_passes
 from tvm_memplan.relax.split import find_chains, in_order, normalize, program_of
-from tvm_memplan.split.chain import Chain, SplitChoice
+from tvm_memplan.relax.split.rewrite import windows_in_place
+from tvm_memplan.split.chain import Chain, SplitChoice, in_channel_blocks
 from tvm_memplan.split.search import Point, search_phased
 from tvm_memplan.split.simulate import Program, peak, split_program
 from tvm_memplan.verify import verify_plan
@@ -78,11 +80,12 @@ def _spread(samples: list[float]) -> tuple[float, float]:
 _KERNEL_CALLS = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_inplace"))
 
 
-def launches(mod: tvm.IRModule) -> int:
-    """Kernel calls of one inference: ``main``'s calls after TVM's fusion and the tile passes."""
-    target = tvm.target.Target("llvm")
+def launches(mod: tvm.IRModule, layout: str = "nchw", windows_in_place: bool = True) -> int:
+    """Kernel calls of one inference: ``main``'s calls after TVM's fusion and the tile passes, in ``layout``
+    on this machine's CPU (``mod`` split with the given ``windows_in_place``, as the planner splits it)."""
+    target = tvm.target.Target.from_device("cpu")
     with target:
-        fused = tvm.transform.Sequential(stage_passes(target, layout="nchw").dataflow)(mod)
+        fused = tvm.transform.Sequential(stage_passes(target, layout=layout).dataflow)(mod)
     calls = [b.value for b in top_level_bindings(fused["main"]) if isinstance(b.value, relax.Call)]
     return sum(any(call.op.same_as(op) for op in _KERNEL_CALLS) for call in calls)
 
@@ -130,7 +133,12 @@ def holding_chain(program: Program, floor: Point, kept_live: tuple[str, ...]) ->
 
 
 def floor_report(
-    model: LoadedModel, outcome: SplitOutcome, cache: Path, floor_seconds: float, measure: bool = True
+    model: LoadedModel,
+    outcome: SplitOutcome,
+    cache: Path,
+    floor_seconds: float,
+    measure: bool = True,
+    layout: str = "nchw",
 ) -> dict:
     """The simulator's floor and (with ``measure``: for a model with a target) the chain that holds the kept
     plan above it, with its measured cost: fused where its tiles can run as one kernel (whatever the row's
@@ -139,12 +147,14 @@ def floor_report(
     mod = in_order(mod, outcome.order) if outcome.order else mod
     program = program_of(mod, DEFAULT_ALIGNMENT)
     chains = find_chains(mod)
+    block = layout_block(tvm.target.Target.from_device("cpu"), layout)
+    chains = in_channel_blocks(chains, block) if block else chains
     floor = simulated_floor(program, chains, floor_seconds)
     report = {"floor": (peak(program).bytes, floor.peak_bytes), "held": None}
     held = holding_chain(program, floor, outcome.result.bottleneck.live) if measure else None
     if held is not None:
         fused = "on" if held.chain.fusable else "off"
-        measurer = ChainLatency(mod, get_target("host"), Device(), cache=cache, fused_tiles=fused)
+        measurer = ChainLatency(mod, get_target("host"), Device(), cache=cache, fused_tiles=fused, layout=layout)
         report["held"] = (held.chain.name, held.parts, fused == "on", measurer(held.chain, held.parts))
     return report
 
@@ -157,21 +167,29 @@ def bench(
     fused_tiles: str = "off",
     floor_seconds: float = 120.0,
     target: float | None = None,
+    layout: str = "auto",
 ) -> dict:
     model = load_model(spec)
+    options = {"layout": layout, "order_seconds": order_seconds}
     with tempfile.TemporaryDirectory() as scratch:
         cache = Path(scratch) / "latency.jsonl"
         started = time.perf_counter()
-        outcome = search_split(model, budget=budget, seconds=seconds, cache=cache, fused_tiles=fused_tiles)
+        outcome = search_split(
+            model, budget=budget, seconds=seconds, cache=cache, fused_tiles=fused_tiles, plan_options=options
+        )
         cold = time.perf_counter() - started
         started = time.perf_counter()
-        again = search_split(model, budget=budget, seconds=seconds, cache=cache, fused_tiles=fused_tiles)
+        again = search_split(
+            model, budget=budget, seconds=seconds, cache=cache, fused_tiles=fused_tiles, plan_options=options
+        )
         warm = time.perf_counter() - started
-        floor = floor_report(model, outcome, cache, floor_seconds, measure=target is not None)
-    # split plans are built in NCHW (``--split acg`` does not tile blocked tensors yet): so is the coarse one
-    coarse = plan_model(model, order_seconds=order_seconds, layout="nchw")
-    split = plan_model(model, prepare=outcome.prepare(), order_seconds=order_seconds, layout="nchw")
+        floor = floor_report(model, outcome, cache, floor_seconds, measure=target is not None, layout=layout)
+    coarse = plan_model(model, **options)
+    split = plan_model(model, prepare=outcome.prepare(), **options)
     verified = verify_plan(split)
+    in_place = layout_block(tvm.target.Target.from_device("cpu"), layout) is None
+    with windows_in_place(in_place):
+        split_model = outcome.prepare()(to_relax(model))
     threads = int(os.environ.get("TVM_NUM_THREADS", "1"))
     inputs = model.random_inputs(0)
     ort_ms, ort_spread = _spread(OnnxRuntime(spec, threads).time(inputs, 20))
@@ -182,7 +200,8 @@ def bench(
         "target": target,
         **floor,
         "fused_tiles": fused_tiles,
-        "launches": (launches(outcome.prepare()(to_relax(model))), launches(to_relax(model))),
+        "layout": _layout_name(layout),
+        "launches": (launches(split_model, layout, in_place), launches(to_relax(model), layout)),
         "coarse_arena": coarse.total("arena_bytes"),
         "split_arena": split.total("arena_bytes"),
         "before": _spread(outcome.samples_before_ms),
@@ -201,6 +220,12 @@ def bench(
         "bottleneck": "; ".join(outcome.bottleneck[:3]),
         "stopped": result.stopped,
     }
+
+
+def _layout_name(layout: str) -> str:
+    """The layout ``layout`` gives on this machine's CPU: ``NCHW`` or ``NCHW{x}c``."""
+    block = layout_block(tvm.target.Target.from_device("cpu"), layout)
+    return f"NCHW{block}c" if block else "NCHW"
 
 
 def missed(r: dict, budget: float) -> str:
@@ -240,11 +265,11 @@ def markdown(rows: list[dict], budget: float, command: str) -> str:
         "peak, split as the floor plan splits it (fused where it can be), and its measured cost (chain timed "
         "alone, split minus whole). Produced by `scripts/bench_split.py`.",
         "",
-        "| model | fused tiles | coarse arena KiB | split arena KiB | reduction | floor (simulated) "
+        "| model | layout | fused tiles | coarse arena KiB | split arena KiB | reduction | floor (simulated) "
         "| latency before ms | after ms | overhead median / fastest (search's estimate) "
         "| onnxruntime ms | chains found / split | launches unsplit / split "
         "| search s cold / warm | correct, VM = plan | smaller on the front | bottleneck now | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         before, after = r["before"], r["after"]
@@ -256,7 +281,8 @@ def markdown(rows: list[dict], budget: float, command: str) -> str:
         )
         coarse, floor = r["floor"]
         lines.append(
-            f"| {r['model']} | {r['fused_tiles']} | {r['coarse_arena'] / 1024:.1f} | {r['split_arena'] / 1024:.1f} | "
+            f"| {r['model']} | {r['layout']} | {r['fused_tiles']} | "
+            f"{r['coarse_arena'] / 1024:.1f} | {r['split_arena'] / 1024:.1f} | "
             f"{r['coarse_arena'] / r['split_arena']:.2f}x | {coarse / floor:.2f}x ({floor / 1024:.0f} KiB) | "
             f"{before[0]:.3f} ({before[1]:.3f}) | {after[0]:.3f} ({after[1]:.3f}) | "
             f"{after[0] / before[0] - 1:+.1%} / {r['fastest']:+.1%} ({r['estimate']:+.1%}) | "
@@ -301,6 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fused-tiles", nargs="+", choices=["off", "on", "auto"], default=["off"], help="one row per setting"
     )
+    parser.add_argument(
+        "--layout",
+        choices=["auto", "nchw", "blocked"],
+        default="auto",
+        help="activation layout of the search's timings, the coarse and the split plans (default auto)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results") / "bench_split.md")
     args = parser.parse_args(argv)
     targets = {**TARGETS, **dict(args.target)}
@@ -317,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                     fused_tiles,
                     args.floor_seconds,
                     targets.get(model_key(spec)),
+                    args.layout,
                 )
             )
     threads = os.environ.get("TVM_NUM_THREADS")

@@ -331,6 +331,7 @@ def test_bench_split_reports_the_floor_and_what_holds_a_missed_target(tmp_path):
     assert floor >= float(cells["reduction"].rstrip("x")) * 0.5 and floor > 1.0
     assert cells["target"].startswith("100x: missed; floor") and "held by" in cells["target"]
     assert "ms (" in cells["target"] and cells["correct, VM = plan"] == "yes"
+    assert cells["layout"].startswith("NCHW")  # the layout the plans are built and timed in
     split = cells["chains found / split"].split(" / ", 1)[1]
     assert split == "none" or all(c.endswith(("fused", "fused, line buffer", "per-kernel")) for c in split.split("; "))
     command = text.split("Command: `", 1)[1]  # (after TVM_NUM_THREADS=N where the caller set it)

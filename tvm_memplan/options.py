@@ -76,19 +76,6 @@ class MemplanOptions:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-def split_layout(layout: str) -> str:
-    """The activation layout a split module (``--split acg``) is planned and built in, given the
-    ``layout`` option: NCHW, the layout the split search finds, times and tiles its chains in (tiles of
-    blocked tensors are not supported yet), so ``auto`` falls back to it and ``blocked`` is refused."""
-    if layout == "blocked":
-        raise UserError("--split acg does not support --layout blocked yet: use --layout nchw")
-    return "nchw"
-
-
-SPLIT_LAYOUT_NOTE = "--split acg plans in NCHW: tiles of blocked tensors are not supported yet"
-"""Why a split plan runs in NCHW where ``layout="auto"`` would block (the plan report's layout row)."""
-
-
 _scope = threading.local()
 
 

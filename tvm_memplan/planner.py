@@ -9,12 +9,14 @@ from typing import Any
 import tvm
 
 from .frontend import LoadedModel, to_relax
-from .options import MemplanOptions, current_options, split_layout
+from .options import MemplanOptions, current_options
 from .relax.extract import extract_plan_input
+from .relax.layout import layout_block
 from .relax.module import relax_functions
 from .relax.passes import ArenaPlanBlockMemory, PlanReport
 from .relax.pipeline import order_passes, resolve_target, schedule_passes, stage_passes
 from .relax.reorder import OrderReport
+from .relax.split.rewrite import windows_in_place
 from .relax.stock import stock_planned_bytes
 
 
@@ -75,16 +77,16 @@ def plan_model(
 
     The dataflow stage is shared: the stock module continues from it in program order, the
     memplan module after reordering, so both builds use the very same kernels. ``prepare`` (a split
-    search's rewrite) plans in the layout :func:`~tvm_memplan.options.split_layout` gives.
+    search's rewrite) runs on the NCHW module; in a blocked layout its tiles read rows through slices
+    that the layout pass carries into NCHW[x]c (:func:`~tvm_memplan.relax.split.rewrite.windows_in_place`).
     """
     resolved_target = resolve_target(target)
     resolved = current_options().updated(**options)
-    if prepare is not None:
-        resolved = resolved.updated(layout=split_layout(resolved.layout))
     stages = stage_passes(resolved_target, resolved.schedule, resolved.layout)
     imported = to_relax(model)
     if prepare is not None:
-        imported = prepare(imported)
+        with windows_in_place(layout_block(resolved_target, resolved.layout) is None):
+            imported = prepare(imported)
     dataflow = _sequential(stages.dataflow, imported, resolved_target)
     stock_staged = _sequential(stages.lowering, dataflow, resolved_target)
 

@@ -59,6 +59,13 @@ def test_measure_runs_the_blocked_layout_as_planned(capsys):
     assert launches["nchw"] <= launches["blocked"] <= launches["nchw"] + 2
 
 
-def test_split_refuses_the_blocked_layout_in_one_line(capsys):
-    code, _, err = run_cli(capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--layout", "blocked")
-    assert code != 0 and "--split acg does not support --layout blocked" in err and len(err.strip().splitlines()) == 1
+def test_split_plans_in_the_blocked_layout(capsys, tmp_path):
+    cache = str(tmp_path / "c.jsonl")
+    argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--layout", "blocked", "--split-cache", cache)
+    # 60K: below the blocked coarse arena (80K with its 8-channel tensors padded to blocks), above NCHW's (40K)
+    limits = ("--memory-limit", "60K", "--search-seconds", "10", "--order-seconds", "1")
+    code, out, err = run_cli(capsys, *argv, *limits, "--verify", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["layout"].startswith("blocked (NCHW") and summary["split_subgraphs"]
+    assert summary["arena_bytes"] <= 60 * 1024 and summary["verified"]

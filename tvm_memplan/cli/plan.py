@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..options import LAYOUTS, SCHEDULES, SPLIT_LAYOUT_NOTE, split_layout
+from ..options import LAYOUTS, SCHEDULES
 from ..planning import ProblemFormatError, plan_memory, read_minimalloc_csv, write_offsets_csv
 from ..split.chain import FUSED_TILES
 from .format import console, human_bytes, key_value_table, memory_profile, print_json, split_search_progress
@@ -162,7 +162,6 @@ def model_planner_options(parser: argparse.ArgumentParser, groups: bool = True) 
 
 
 def model_planner_kwargs(args: argparse.Namespace) -> dict:
-    layout = split_layout(args.layout) if getattr(args, "split", None) == "acg" else args.layout
     return {
         "alignment": args.alignment,
         "time_budget": args.time_budget,
@@ -170,7 +169,7 @@ def model_planner_kwargs(args: argparse.Namespace) -> dict:
         "order": args.order,
         "order_seconds": args.order_seconds,
         "schedule": args.schedule,
-        "layout": layout,
+        "layout": args.layout,
         "groups": getattr(args, "groups", None),
     }
 
@@ -271,7 +270,7 @@ def run_plan(args: argparse.Namespace) -> int:
         "dynamic_inputs": {name: [str(d) for d in shape] for name, shape in dynamic},
         "input_shapes_hint": ",".join(example_binding(name, shape) for name, shape in dynamic),
         "verified": verified,
-        "layout": _layout_used(plan, args),
+        "layout": _layout_used(plan),
     }
     if plan.options.groups is not None:
         summary.update(_groups_summary(plan))
@@ -453,16 +452,12 @@ def _latency(value: float, unit: str) -> float | int:
     return round(value, 4) if unit == "ms" else int(round(value))
 
 
-def _layout_used(plan, args: argparse.Namespace) -> str:
-    """The activation layout the plan runs in, and why NCHW where ``--layout auto`` would block."""
+def _layout_used(plan) -> str:
+    """The activation layout the plan runs in (a split plan's too: its tiles are blocked like the rest)."""
     from ..relax.layout import layout_block
 
     block = layout_block(plan.target, plan.options.layout)
-    if block is not None:
-        return f"blocked (NCHW{block}c)"
-    if getattr(args, "split", None) == "acg" and layout_block(plan.target, args.layout) is not None:
-        return f"nchw ({SPLIT_LAYOUT_NOTE})"
-    return "nchw"
+    return f"blocked (NCHW{block}c)" if block is not None else "nchw"
 
 
 def _print_plan_report(summary: dict, layouts) -> None:

@@ -3,8 +3,9 @@
 A chain is compiled alone (its outside tensors as inputs) with the same pipeline and default
 schedules as the whole model, run here or on an RPC device, and timed with the VM's
 ``time_evaluator``. Measurements are keyed by what the latency depends on: the chain's
-operators, attributes and shapes (not its weights or names), the number of parts, the target
-and the device. Identical blocks of a network (and a second search of the same model) reuse
+operators, attributes and shapes (not its weights or names), the number of parts, the target,
+the device and the activation layout (a chain times as the model is built: in NCHW[x]c where the
+target's layout is blocked). Identical blocks of a network (and a second search of the same model) reuse
 them; the cache is an append-only JSON-lines log that a crash cannot corrupt.
 
 On an emulated microcontroller (:class:`DeviceInstructions`, ``--device qemu-cortex-m7``) the cost is
@@ -29,6 +30,7 @@ from tvm import relax
 
 from ..errors import UserError
 from ..paths import cache_dir
+from ..relax.layout import layout_block
 from ..relax.split import chain_module, chain_signature, split_chains
 from ..schedule.cpu import cpu_spec
 from ..split.chain import FUSED_TILES, Chain, SpatialChain, SplitChoice
@@ -70,6 +72,7 @@ class ChainLatency:
         fused_tiles: str = "off",
         refresh_confirmations: bool = False,
         stale_ratio: float = STALE_RATIO,
+        layout: str = "nchw",
     ) -> None:
         if fused_tiles not in FUSED_TILES:
             raise UserError(f"unknown fused tiles setting {fused_tiles!r}; choose one of {', '.join(FUSED_TILES)}")
@@ -77,6 +80,10 @@ class ChainLatency:
         self.chosen: dict[tuple[Chain, int], SplitChoice] = {}
         """(chain, parts) → the fastest way its tiles ran when ``self(chain, parts)`` measured them."""
         self.mod, self.target, self.device = mod, target, device
+        self.layout = layout
+        """The activation layout chains and models are built and timed in (the ``layout`` option)."""
+        self.windows_in_place = layout_block(target.tvm_target(), layout) is None
+        """How split tiles read rows from outside their chain (:func:`~tvm_memplan.relax.split.split_chains`)."""
         self.workers = self._workers()
         """Threads the fused tiles of a spatial chain run on (the target's cores)."""
         self.repeat, self.min_repeat_ms, self.schedule = repeat, min_repeat_ms, schedule
@@ -112,7 +119,7 @@ class ChainLatency:
         MobileNetV2-0.35's chain deltas between -0.42 and +1.46 ms at load 3 to 4 on 2 cores, against a 5 %
         budget of about 0.1 ms."""
         alone = chain_module(self.mod, choice.chain)
-        split = split_chains(alone, [choice])
+        split = split_chains(alone, [choice], self.windows_in_place)
 
         def side_by_side() -> float:
             whole, tiled = self.compare(alone, split)
@@ -177,7 +184,7 @@ class ChainLatency:
         search with the same cache confirms (and keeps) the same plan, unless the cached samples are
         stale (:meth:`is_stale`: their unsplit model's fastest run against today's). Cached samples of fewer
         rounds are timed on to ``rounds`` and cached with the new ones."""
-        split = split_chains(mod, choices)
+        split = split_chains(mod, choices, self.windows_in_place)
         key = self._key(mod, chain_signature(split), "confirm")
         cached = self.compared.get(key)
         if cached is not None and self.is_stale(min(cached[0]), mod):
@@ -197,7 +204,8 @@ class ChainLatency:
         return before, after
 
     def _key(self, mod: tvm.IRModule, *parts: str) -> str:
-        return "|".join((chain_signature(mod), *parts, self.target.name, self.device.name, self.schedule))
+        layout = () if self.layout == "nchw" else (self.layout,)  # NCHW keys as they were before layouts
+        return "|".join((chain_signature(mod), *parts, self.target.name, self.device.name, self.schedule, *layout))
 
     def time_ms(self, mod: tvm.IRModule, variant: str) -> float:
         return self._cached(self._key(mod, variant), lambda: self._measure(mod))
@@ -243,9 +251,8 @@ class ChainLatency:
 
         target = self.target.tvm_target()
         with target:
-            executable = tvm.compile(
-                mod, target, relax_pipeline=pipeline(target, order="program", schedule=self.schedule, layout="nchw")
-            )
+            passes = pipeline(target, order="program", schedule=self.schedule, layout=self.layout)
+            executable = tvm.compile(mod, target, relax_pipeline=passes)
         session = self.device.session
         with tempfile.TemporaryDirectory() as scratch:
             path = Path(scratch) / "chain.so"

@@ -14,12 +14,13 @@ import tvm
 
 from ..errors import UserError
 from ..frontend import LoadedModel, to_relax
-from ..options import split_layout
 from ..planner import plan_model
 from ..planning import DEFAULT_ALIGNMENT
 from ..relax.ir_utils import top_level_bindings
+from ..relax.layout import layout_block
+from ..relax.pipeline import resolve_target
 from ..relax.split import describe_tensors, find_chains, in_order, memory_order, normalize, program_of, split_chains
-from ..split.chain import Chain, SplitChoice
+from ..split.chain import Chain, SplitChoice, in_channel_blocks
 from ..split.search import SearchOptions, SearchResult, search_phased
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, STALE_RATIO, ChainLatency, DeviceInstructions
@@ -128,6 +129,11 @@ def search_split(
         order = tuple(b.var.name for b in top_level_bindings(mod["main"]))
     mod = in_order(mod, order)
     chains = find_chains(mod)
+    planning_target = target if target == "host" else deploy_target.tvm_target()
+    layout = options.get("layout") or "auto"
+    block = layout_block(resolve_target(planning_target), layout) if mcu_device is None else None
+    if block is not None:  # a blocked layout cuts channels in whole blocks
+        chains = in_channel_blocks(chains, block)
     if mcu_device is not None:
         if spec is None:
             raise ValueError("measuring on an emulated core needs the model's spec")
@@ -152,6 +158,7 @@ def search_split(
             fused_tiles=fused_tiles,
             refresh_confirmations=refresh_confirmations,
             stale_ratio=stale_ratio,
+            layout=layout if block is not None else "nchw",
         )
     before = measurer.model_cost(mod)
     program = program_of(mod, alignment, inputs_in_arena=io_in_arena)
@@ -164,7 +171,6 @@ def search_split(
             f"{min(p.peak_bytes for p in result.front):,} bytes ({at_peak} live at its peak)"
         )
     before, after, result = _confirm(mod, result, measurer, budget if memory_limit is None else None)
-    planning_target = target if target == "host" else deploy_target.tvm_target()
     coarse, arena, result = _planned(model, planning_target, options, order, result)
     if not result.best.choices:
         after = before
@@ -193,9 +199,8 @@ def _planned(
 ) -> tuple[int, int, SearchResult]:
     """The planner's arenas for the unsplit model and for the kept plan, and the search's result with
     the kept plan replaced by the unsplit one when its arena is not below the unsplit model's (the
-    simulator's estimate, checked by the planner that produces the real plan). Both in NCHW, the layout
-    the chains are found and tiled in."""
-    options = {**options, "layout": split_layout(options.get("layout", "auto"))}
+    simulator's estimate, checked by the planner that produces the real plan). Both in the ``layout``
+    option's layout, as the model is built."""
     coarse = plan_model(model, target, **options).total("arena_bytes")
     if not result.best.choices:
         return coarse, coarse, result

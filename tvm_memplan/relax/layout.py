@@ -32,6 +32,7 @@ from ..schedule.cpu.blocked_conv import BLOCKED_CONV
 from .channel_pad import PadChannels
 from .fold import FoldDataMovementConstants
 from .ir_utils import fold_inference_batch_norms
+from .tile_layout import BlockedTiles
 
 _BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
 _DEPTHWISE_KERNEL = re.compile(r"OIHW(\d+)o")
@@ -304,6 +305,7 @@ def BlockedLayout(block: int) -> tvm.transform.Pass:  # noqa: N802 - named like 
             PadChannels(block),
             relax.transform.ConvertLayout({}, _desired_layouts(block)),
             FoldDataMovementConstants(),
+            BlockedTiles(conv2d_nchwc),
             _rewrite(_UnitBlocksAsReshape, "tvm_memplan.UnitBlocksAsReshape"),
             _rewrite(_LowerBlockedConv, "tvm_memplan.LowerBlockedConv"),
         ],

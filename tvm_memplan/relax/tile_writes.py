@@ -24,12 +24,20 @@ from .module import relax_functions, with_blocks
 ROW_OFFSET_ATTR = "tvm_memplan.row_offset"
 """Marks a ``write_rows`` copy kernel: the first row of the full tensor the tile is copied to."""
 
+ROW_WRITER_ATTR = "tvm_memplan.row_writer"
+"""Marks every kernel of the split rewriter that copies a tile into rows of a larger tensor (the
+``write_rows`` copies and a line buffer's placed rows): the first row it writes."""
+
+ACCUMULATE_ATTR = "tvm_memplan.conv_accumulate"
+"""Marks the split rewriter's partial-sum kernel ``conv2d(data, weight) + running`` (a channel tile of
+a convolution): its strides, padding and dilation."""
+
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 
 
 def written_into_rows(func: tirx.PrimFunc, full_shape: tuple[int, ...], offset: int) -> tirx.PrimFunc | None:
-    """``func`` (whose last parameter is its ``(1, C, rows, W)`` output) writing rows
+    """``func`` (whose last parameter is its ``(1, C, rows, W)`` or ``(1, C/x, rows, W, x)`` output) writing rows
     ``[offset, offset + rows)`` of a ``full_shape`` tensor passed in its place (every access of the
     output moved down by ``offset`` rows), or None when its output is not such a tile."""
     *_, out = func.params
@@ -37,11 +45,10 @@ def written_into_rows(func: tirx.PrimFunc, full_shape: tuple[int, ...], offset: 
     shape = [int(d) for d in ty.shape] if all(isinstance(d, tirx.IntImm) for d in ty.shape) else None
     if (
         shape is None
-        or len(shape) != 4
-        or len(full_shape) != 4
+        or len(shape) not in (4, 5)  # NCHW or NCHW[x]c: rows are axis 2 of both
+        or len(full_shape) != len(shape)
         or shape[0] != 1
-        or shape[1] != full_shape[1]
-        or shape[3] != full_shape[3]
+        or any(shape[axis] != full_shape[axis] for axis in range(1, len(shape)) if axis != 2)
         or offset + shape[2] > full_shape[2]
         or ty.strides
     ):

@@ -15,7 +15,8 @@ still builds the matching kind from the flat fields of the older single class.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from .spatial import RollingRows, RowOp, Rows, rolling_rows, tile_rows
 
@@ -302,3 +303,22 @@ never, always, or where that measured faster than the per-kernel tiles."""
 def disjoint(chains: list[Chain]) -> bool:
     names = [n for c in chains for n in c.bindings]
     return len(names) == len(set(names))
+
+
+def in_channel_blocks(chains: list[Chain], block: int) -> list[Chain]:
+    """``chains`` as a blocked channel layout (NCHW[x]c, ``block`` channels a block) tiles them: a channel
+    chain's tiles are whole blocks (each branch's units coarsened to the greatest number that divides both
+    its units and its blocks), and a channel chain with a branch whose channels do not fill whole blocks,
+    or that no longer has two units, is left out. Row and spatial chains cut rows, axis 2 in both layouts:
+    unchanged."""
+    kept: list[Chain] = []
+    for chain in chains:
+        if not isinstance(chain, ChannelChain):
+            kept.append(chain)
+            continue
+        if any(b.channels % block for b in chain.branches):
+            continue
+        branches = tuple(replace(b, units=math.gcd(b.units, b.channels // block)) for b in chain.branches)
+        if min(b.units for b in branches) >= 2:
+            kept.append(replace(chain, branches=branches))
+    return kept

@@ -9,7 +9,10 @@ chain are written into their rows of the last tensor by a kernel that
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Iterator
 
 import numpy as np
 import tvm
@@ -21,7 +24,7 @@ from ...errors import UserError
 from ...split.chain import Branch, Chain, ChannelChain, RowChain, SpatialChain, SplitChoice, disjoint, tile_ranges
 from ...split.spatial import RollingRows, Rows
 from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
-from ..tile_writes import ROW_OFFSET_ATTR
+from ..tile_writes import ACCUMULATE_ATTR, ROW_OFFSET_ATTR, ROW_WRITER_ATTR
 from .chains import row_axis
 from .operators import CHANNEL, CONV, DEQUANTIZE, POOLS, QUANTIZE, ROWS, channels, nchw, padding
 from .outline import CARRIED_ROWS_ATTR, marker, outline_marked
@@ -109,6 +112,7 @@ def _conv_accumulate(
     )
     out = topi.add(topi.nn.conv2d_nchw(x, w, strides, padding, dilation, out_dtype=dtype), acc)
     func = te.create_prim_func([x, w, acc, out]).without_attr("global_symbol").with_attr("tirx.noalias", True)
+    func = func.with_attr(ACCUMULATE_ATTR, {"strides": strides, "padding": padding, "dilation": dilation})
     gvar = bb.add_func(func, "conv2d_accumulate")
     return bb.emit(relax.call_tir(gvar, [data, kernel, running], out_ty=running.ty))
 
@@ -120,8 +124,9 @@ class _SplitRewriter(PyExprMutator):
     tensor) carries over from branch to branch and is bound to the chain's result after the
     last one."""
 
-    def __init__(self, mod: tvm.IRModule, choices: list[SplitChoice]) -> None:
+    def __init__(self, mod: tvm.IRModule, choices: list[SplitChoice], windows_in_place: bool = True) -> None:
         super().__init__(mod)
+        self.windows_in_place = windows_in_place
         self.table = {b.var.name: b for b in top_level_bindings(mod["main"])}
         self.branch_at = {b.head: (c, i) for c in choices for i, b in enumerate(c.chain.branches)}
         self.skip = {name for c in choices for name in c.chain.bindings} - set(self.branch_at)
@@ -357,7 +362,12 @@ class _SplitRewriter(PyExprMutator):
             else:
                 in_rows, top, bottom = op.window.input_rows((lo, hi))
                 data = value.args[0]
-                if op.outside and in_rows != (0, op.window.rows_in) and not self._dequantized(data):
+                if (
+                    self.windows_in_place
+                    and op.outside
+                    and in_rows != (0, op.window.rows_in)
+                    and not self._dequantized(data)
+                ):
                     # rows of an outside tensor, in place
                     new = _emit_windowed_rows(bb, value, self.visit_expr(data), in_rows, top, bottom)
                 else:
@@ -367,7 +377,7 @@ class _SplitRewriter(PyExprMutator):
         shape = list(nchw(kept))
         shape[ROWS] = rows.held[1] - rows.held[0]
         ty = relax.TensorType(shape, str(kept.ty.dtype))
-        placer = _row_writer(tuple(shape), nchw(kept)[ROWS], 0, str(kept.ty.dtype)).without_attr(ROW_OFFSET_ATTR)
+        placer = row_writer(tuple(shape), nchw(kept)[ROWS], 0, str(kept.ty.dtype), foldable=False)
         placer = placer.with_attr(CARRIED_ROWS_ATTR, True)
         buffer = bb.emit(relax.call_tir(bb.add_func(placer, "place_rows"), [kept], out_ty=ty))
         return buffer if new is None else _write_rows(bb, new, buffer, lo - rows.held[0], ty)
@@ -508,19 +518,43 @@ def _emit_windowed_rows(
 @functools.cache  # TVMScript parsing costs tens of ms a call (its inspect.stack); asked again and again
 def _row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str) -> tvm.tirx.PrimFunc:
     """A kernel copying a ``rows``-row tile into rows ``[offset, offset + rows)`` of a tensor of
-    ``shape``: called out of place for the first tile (a new tensor), in place for the others.
-    Opaque to fusion (FuseTIR cannot fuse an in-place call with the tile's producer); after fusion,
-    :func:`~tvm_memplan.relax.tile_writes.WriteTilesInPlace` makes the producer write the rows itself."""
-    _, channels, _, columns = shape
+    ``shape`` (NCHW, or NCHW[x]c: rows are axis 2 of both): called out of place for the first tile (a
+    new tensor), in place for the others. Opaque to fusion (FuseTIR cannot fuse an in-place call with
+    the tile's producer); after fusion, :func:`~tvm_memplan.relax.tile_writes.WriteTilesInPlace` makes
+    the producer write the rows itself."""
+    if len(shape) == 4:
+        _, channels, _, columns = shape
 
-    @T.prim_func(private=True, s_tir=True)
-    def write_rows(tile: T.Buffer((1, channels, rows, columns), dtype), full: T.Buffer(shape, dtype)):
-        for c, h, w in T.grid(channels, rows, columns):
-            with T.sblock("write"):
-                vc, vh, vw = T.axis.remap("SSS", [c, h, w])
-                full[0, vc, vh + offset, vw] = tile[0, vc, vh, vw]
+        @T.prim_func(private=True, s_tir=True)
+        def write_rows(tile: T.Buffer((1, channels, rows, columns), dtype), full: T.Buffer(shape, dtype)):
+            for c, h, w in T.grid(channels, rows, columns):
+                with T.sblock("write"):
+                    vc, vh, vw = T.axis.remap("SSS", [c, h, w])
+                    full[0, vc, vh + offset, vw] = tile[0, vc, vh, vw]
 
-    return write_rows.with_attr("op_pattern", 8).with_attr("tirx.noalias", True).with_attr(ROW_OFFSET_ATTR, offset)
+    else:
+        _, chunks, _, columns, lanes = shape
+
+        @T.prim_func(private=True, s_tir=True)
+        def write_rows(tile: T.Buffer((1, chunks, rows, columns, lanes), dtype), full: T.Buffer(shape, dtype)):
+            for c, h, w, i in T.grid(chunks, rows, columns, lanes):
+                with T.sblock("write"):
+                    vc, vh, vw, vi = T.axis.remap("SSSS", [c, h, w, i])
+                    full[0, vc, vh + offset, vw, vi] = tile[0, vc, vh, vw, vi]
+
+    return (
+        write_rows.with_attr("op_pattern", 8)
+        .with_attr("tirx.noalias", True)
+        .with_attr(ROW_OFFSET_ATTR, offset)
+        .with_attr(ROW_WRITER_ATTR, offset)
+    )
+
+
+def row_writer(shape: tuple[int, ...], rows: int, offset: int, dtype: str, foldable: bool = True) -> tvm.tirx.PrimFunc:
+    """:func:`_row_writer`; without its :data:`ROW_OFFSET_ATTR` when not ``foldable`` (a line buffer's
+    placed rows, which no producer writes in place)."""
+    writer = _row_writer(tuple(shape), rows, offset, dtype)
+    return writer if foldable else writer.without_attr(ROW_OFFSET_ATTR)
 
 
 def _write_rows(
@@ -534,8 +568,27 @@ def _write_rows(
     return bb.emit(relax.call_tir_inplace(gvar, [tile, full], [1], ty))
 
 
-def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
-    """A copy of the normalized ``mod`` with every chosen chain split into its parts."""
+_WINDOWS_IN_PLACE = contextvars.ContextVar("tvm_memplan_windows_in_place", default=True)
+
+
+@contextlib.contextmanager
+def windows_in_place(value: bool) -> Iterator[None]:
+    """:func:`split_chains` called without ``windows_in_place`` inside the ``with`` block takes ``value``
+    (the planner sets it from the layout it plans in: a rewrite hook does not know it)."""
+    token = _WINDOWS_IN_PLACE.set(value)
+    try:
+        yield
+    finally:
+        _WINDOWS_IN_PLACE.reset(token)
+
+
+def split_chains(mod: tvm.IRModule, choices: list[SplitChoice], windows_in_place: bool | None = None) -> tvm.IRModule:
+    """A copy of the normalized ``mod`` with every chosen chain split into its parts.
+
+    ``windows_in_place``: a convolution or pool of a spatial chain reads its rows of a tensor from
+    outside the chain in place (one NCHW kernel); without, through a ``strided_slice`` of the rows,
+    which the blocked layout pass (:func:`~tvm_memplan.relax.layout.BlockedLayout`) carries into
+    NCHW[x]c as it does the operator. None: as :func:`windows_in_place` says (by default, in place)."""
     if not choices:
         return mod
     if not disjoint([c.chain for c in choices]):
@@ -543,7 +596,8 @@ def split_chains(mod: tvm.IRModule, choices: list[SplitChoice]) -> tvm.IRModule:
     if any(c.fused and not c.chain.fusable for c in choices):
         raise ValueError("a chain chosen to run as one kernel cannot (see Chain.fusable)")
     mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    rewriter = _SplitRewriter(mod, choices)
+    in_place = _WINDOWS_IN_PLACE.get() if windows_in_place is None else windows_in_place
+    rewriter = _SplitRewriter(mod, choices, in_place)
     func = rewriter.visit_expr(mod["main"])
     func = outline_marked(func, rewriter.markers, rewriter.builder_)
     rewriter.builder_.update_func(mod.get_global_var("main"), func)
