@@ -205,11 +205,12 @@ def _linked_runs(kernels: list[_Kernel], inside: list[relax.Var], cut_carries: b
     return runs if len(runs) == len({find(i) for i in range(len(kernels))}) else None
 
 
-def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var], tiles: int) -> list[list[int]] | None:
-    """The kernels of each independent run of tiles: as many groups as ``tiles`` (tile-major); else None.
-    Runs share only the chain's inputs and output, so they may run at once (each writes its own rows)."""
+def _tile_groups(kernels: list[_Kernel], inside: list[relax.Var]) -> list[list[int]] | None:
+    """The kernels of each independent run of tiles (tile-major): one per tile, or with a line buffer a
+    run per chain of tiles that carry rows to the next; None where there are not two or more. Runs share
+    only the chain's inputs and output, so they may run at once (each writes its own rows)."""
     runs = _linked_runs(kernels, inside, cut_carries=False)
-    return runs if runs is not None and len(runs) == tiles else None
+    return runs if runs is not None and len(runs) > 1 else None
 
 
 def _tiles(kernels: list[_Kernel], inside: list[relax.Var]) -> list[list[int]] | None:
@@ -360,6 +361,8 @@ def _tile_loop(tiles: list[tirx.Stmt], runs: list[list[int]] | None, worker: tir
         return tirx.For(tile, zero, tirx.IntImm("int64", len(tiles)), tirx.ForKind.SERIAL, _dispatch(tile, classes))
     share = -(-len(runs) // workers)
     owned = [[t for run in runs[w * share : (w + 1) * share] for t in run] for w in range(workers)]
+    owned = [own for own in owned if own]  # fewer runs than workers (or shares rounded up): the rest idle
+    workers = len(owned)
     starts, ends = [own[0] for own in owned], [own[-1] + 1 for own in owned]
     step = tirx.Var("tile_step", "int64")
     tile = _table(worker, list(range(workers)), starts, "int64") + step
@@ -398,7 +401,7 @@ def merge_chain(
         return None
     offsets, in_output, elements, dtype = planned
     workers = int(func.attrs[WORKERS_ATTR]) if threads and WORKERS_ATTR in func.attrs else 1
-    groups = _tile_groups(kernels, inside, int(func.attrs[TILES_ATTR])) if workers > 1 and spec is not None else None
+    groups = _tile_groups(kernels, inside) if workers > 1 and spec is not None else None
     worker = tirx.Var("worker", "int64")
     regions = min(workers, len(groups)) if groups is not None else 1
     params = [_param(f"input{i}", static_shape(t.ty), str(t.ty.dtype)) for i, t in enumerate(inputs)]
