@@ -172,6 +172,13 @@ def row_band(x: te.Tensor, begin: int, end: int) -> te.Tensor:
     return _extern((n, c, end - begin, w), [x], ROW_COPY_KERNEL, args, str(x.dtype))
 
 
+def _constants(values: relax.Expr) -> list[int] | None:
+    """The integers of a tuple of constants (None for anything else)."""
+    fields = values.fields if isinstance(values, relax.Tuple) else None
+    ok = fields is not None and all(isinstance(v, tirx.IntImm) for v in fields)
+    return [int(v.value) for v in fields] if ok else None
+
+
 def legalize_row_slice(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """``LegalizeOps``' lowering of ``strided_slice`` on a Cortex-M with the DSP extension: a slice of rows
     (axis 2, step 1) of a batch-1 NCHW int8 tensor is :func:`row_band`, anything else TVM's lowering."""
@@ -181,8 +188,8 @@ def legalize_row_slice(builder: relax.BlockBuilder, call: relax.Call) -> relax.E
         [int(d) for d in ty.shape] if all(isinstance(d, tirx.IntImm) for d in getattr(ty, "shape", None) or ()) else []
     )
     strides = call.args[4] if len(call.args) > 4 else None
-    values = [[int(v.value) for v in t.fields] if isinstance(t, relax.Tuple) else None for t in (axes, begin, end)]
-    unit = strides is None or (isinstance(strides, relax.Tuple) and all(int(v.value) == 1 for v in strides.fields))
+    values = [_constants(t) for t in (axes, begin, end)]
+    unit = strides is None or set(_constants(strides) or [0]) == {1}
     if (
         len(shape) == 4
         and shape[0] == 1
@@ -192,8 +199,8 @@ def legalize_row_slice(builder: relax.BlockBuilder, call: relax.Call) -> relax.E
         and values[1] is not None
         and values[2] is not None
     ):
-        first, last = max(values[1][0], 0), min(values[2][0], shape[2])
-        if 0 <= first < last:
+        first, last = values[1][0], values[2][0]
+        if 0 <= first < last <= shape[2]:  # (negative or clipped bounds: TVM's lowering)
             return builder.call_te(row_band, x, first, last, primfunc_name_hint="row_band")
     return tvm.ir.Op.get("relax.strided_slice").get_attr("FLegalize")(builder, call)
 
