@@ -21,8 +21,9 @@ for NCHW tensors:
 On the DSP the pointwise kernel's inner steps are inline-asm blocks: GCC's scheduler otherwise hoists
 later steps' loads and spills the accumulators on some layer shapes; the asm fixes the registers (at
 most 12) and the instruction order. Where four words move together (the 2x2 step's two pixels, the unpacked
-weights of a channel pair, the stem's two pairs of taps, the depthwise ring's rows) one ``LDM``/``STM`` moves
-them, its four registers named (the list must ascend): one instruction where ``LDRD`` takes two.
+weights of a channel pair, the stem's two pairs of taps, the depthwise ring's and whole-plane cache's rows, a split
+row tile's input rows: ``tvm_memplan_copy_rows``, :data:`~tvm_memplan.quant.mcu_kernels.ROW_COPY_KERNEL`) one
+``LDM``/``STM`` moves them, its four registers named (the list must ascend): one instruction where ``LDRD`` takes two.
 
 They requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
 channel's bias and multiplier loaded once; built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize
