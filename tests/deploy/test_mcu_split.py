@@ -14,7 +14,7 @@ import tvm
 
 from tvm_memplan.deploy.emit_c import emit_c
 from tvm_memplan.deploy.standalone import measure_c
-from tvm_memplan.quant.mcu_kernels import C_KERNELS, POINTWISE_KERNEL
+from tvm_memplan.quant.mcu_kernels import C_KERNELS, POINTWISE_KERNEL, ROW_COPY_KERNEL
 from tvm_memplan.relax.ir_utils import top_level_bindings
 from tvm_memplan.relax.split import find_chains, normalize, split_chains
 from tvm_memplan.split.simulate import SplitChoice
@@ -65,4 +65,25 @@ def test_row_tiles_of_c_kernels_write_into_their_rows(int8_model, tmp_path):
     assert not any("write_rows" in kernel for kernel in emitted.model.kernel_names)
     assert _distinct_weights(directory)
     result = measure_c(directory, "host")
+    assert result.correct and result.arena_bytes == result.planned_arena_bytes, result
+
+
+@needs_arm
+def test_row_tiles_read_their_int8_input_rows_by_word_copies_on_the_emulated_m7(int8_model, tmp_path):
+    """With int8 inputs (``--int8-io``) the stem's three row tiles take their input rows (with the halo) through
+    :data:`ROW_COPY_KERNEL` (whole rows by LDM/STM) instead of TVM's sliced copy; the emulated M7 gives
+    onnxruntime's codes."""
+
+    def prepare(mod: tvm.IRModule) -> tvm.IRModule:
+        mod = normalize(mod)
+        order = {b.var.name: i for i, b in enumerate(top_level_bindings(mod["main"]))}
+        chains = [c for c in find_chains(mod) if not c.gathered and sum(op.window is not None for op in c.ops) == 3]
+        return split_chains(mod, [SplitChoice(min(chains, key=lambda c: order[c.ops[0].name]), 3)])
+
+    directory = tmp_path / "c"
+    emit_c(str(int8_model), directory, "cortex-m7", prepare=prepare, order="program", int8_io=True)
+    kernels = (directory / "kernels.c").read_text()
+    assert len(re.findall(rf"\b{ROW_COPY_KERNEL}\(", kernels)) == 1 + 3  # its definition, one call per tile
+    assert "strided_slice" not in kernels
+    result = measure_c(directory, "qemu-cortex-m7")
     assert result.correct and result.arena_bytes == result.planned_arena_bytes, result

@@ -25,7 +25,7 @@ import tvm
 
 from ..errors import UserError
 from ..frontend import LoadedModel, load_model
-from ..quant.mcu_kernels import is_layer_call
+from ..quant.mcu_kernels import is_layer_call, is_row_band
 from ..relax.io_tensors import with_io_tensors
 from .build import compile_plan, plan_for
 from .mcu import ModelC, emit_model_c
@@ -312,7 +312,11 @@ def emit_c(
     functions = {gv.name_hint: f for gv, f in plan.planned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
     signatures = {name: _params(functions[name]) if name in functions else None for name in kernels}
     # (not a whole-layer C kernel's call: TVM's LLVM, which computes the example's output, cannot run it)
-    runnable = [n for n, p in signatures.items() if p and len(p) >= 2 and not is_layer_call(functions[n])]
+    runnable = [
+        n
+        for n, p in signatures.items()
+        if p and len(p) >= 2 and not is_layer_call(functions[n]) and not is_row_band(functions[n])
+    ]
     if not runnable:
         raise UserError(f"{model.name}: no kernel with static tensor parameters to run in the example")
     # The smallest kernel that computes something from weights (3+ tensors), not a plain copy.

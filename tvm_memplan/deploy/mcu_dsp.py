@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from ..quant.mcu_kernels import C_KERNELS
+from ..quant.mcu_kernels import C_KERNELS, ROW_COPY_KERNEL
 from ..schedule.cpu.int8_smlad import SMLAD_MICRO_KERNELS
 from .mcu_layers_c import LAYER_KERNELS
 
@@ -91,7 +91,7 @@ static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNELS[2]}(
 }}
 """
 
-_EXTERNAL = (*SMLAD_MICRO_KERNELS.values(), *C_KERNELS)
+_EXTERNAL = (*SMLAD_MICRO_KERNELS.values(), *C_KERNELS, ROW_COPY_KERNEL)
 _DECLARATION = re.compile(
     r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t ' + f"(?:{'|'.join(_EXTERNAL)})" + r"\([^)]*\);\n"
 )
@@ -113,7 +113,10 @@ def with_micro_kernels(source: str, requantize: str = "exact") -> str:
         raise ValueError(f"requantize must be one of {', '.join(REQUANTIZATIONS)}, not {requantize!r}")
     definitions = "".join(
         text
-        for names, text in ((SMLAD_MICRO_KERNELS.values(), MICRO_KERNELS), (C_KERNELS, LAYER_KERNELS))
+        for names, text in (
+            (SMLAD_MICRO_KERNELS.values(), MICRO_KERNELS),
+            ((*C_KERNELS, ROW_COPY_KERNEL), LAYER_KERNELS),
+        )
         if any(name in source for name in names)
     )
     if not definitions:

@@ -21,8 +21,9 @@ for NCHW tensors:
 On the DSP the pointwise kernel's inner steps are inline-asm blocks: GCC's scheduler otherwise hoists
 later steps' loads and spills the accumulators on some layer shapes; the asm fixes the registers (at
 most 12) and the instruction order. Where four words move together (the 2x2 step's two pixels, the unpacked
-weights of a channel pair, the stem's two pairs of taps, the depthwise ring's rows) one ``LDM``/``STM`` moves
-them, its four registers named (the list must ascend): one instruction where ``LDRD`` takes two.
+weights of a channel pair, the stem's two pairs of taps, the depthwise ring's and whole-plane cache's rows, a split
+row tile's input rows: ``tvm_memplan_copy_rows``, :data:`~tvm_memplan.quant.mcu_kernels.ROW_COPY_KERNEL`) one
+``LDM``/``STM`` moves them, its four registers named (the list must ascend): one instruction where ``LDRD`` takes two.
 
 They requantize each output as MLAS does (float32 multiply, clamp, round half to even), with the
 channel's bias and multiplier loaded once; built with ``TVM_MEMPLAN_FIXED_POINT`` (``build --requantize
@@ -272,6 +273,44 @@ static inline __attribute__((always_inline)) void tvm_memplan_copy_row_twice(
   }
   for (; i < n; ++i) to[i] = to[other + i] = from[i];
 }
+/* n bytes from `from` to `to`, as tvm_memplan_copy_row_twice moves them (16 bytes by LDM/STM where both are
+ * word-aligned, then words, then bytes) but to one destination: a row of the depthwise whole-plane cache, a split
+ * row tile's input rows */
+static inline __attribute__((always_inline)) void tvm_memplan_copy_row(int8_t* to, const int8_t* from, int32_t n) {
+  int32_t i = 0;
+#if defined(__ARM_FEATURE_DSP)
+  if ((((uintptr_t)to | (uintptr_t)from) & 3) == 0) {
+    const int8_t* at = from;
+    int8_t* first = to;
+#pragma GCC unroll 4
+    for (; i + 15 < n; i += 16) {
+      register uint32_t w0_ __asm__("r0"), w1_ __asm__("r1"), w2_ __asm__("r2"), w3_ __asm__("r3");
+      __asm__ volatile(  /* (it stores) */
+          "ldm %[at]!, {%[w0], %[w1], %[w2], %[w3]}\n\t"
+          "stm %[first]!, {%[w0], %[w1], %[w2], %[w3]}"
+          : [at] "+r"(at), [first] "+r"(first), [w0] "=&r"(w0_), [w1] "=&r"(w1_), [w2] "=&r"(w2_), [w3] "=&r"(w3_)
+          :
+          : "memory");
+    }
+  }
+#endif
+#pragma GCC unroll 4
+  for (; i + 3 < n; i += 4) {
+    uint32_t word = tvm_memplan_word(from + i);
+    __asm__("" : "+r"(word));
+    memcpy(to + i, &word, 4);
+  }
+  for (; i < n; ++i) to[i] = from[i];
+}
+/* tvm_memplan_copy_rows (mcu_kernels.ROW_COPY_KERNEL): n bytes of each of `planes` planes, x_plane bytes apart
+ * from x + offset, packed in y */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_copy_rows(
+    void* x_, void* y_, int32_t planes, int32_t n, int32_t x_plane, int32_t offset) {
+  const int8_t* x = (const int8_t*)x_ + offset;
+  int8_t* y = (int8_t*)y_;
+  for (int32_t p = 0; p < planes; ++p, x += x_plane, y += n) tvm_memplan_copy_row(y, x, n);
+  return 0;
+}
 /* a float rounded half to even (the FPSCR's default mode) to int32, saturating: VCVTR on a Cortex-M FPU */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_round(float value) {
 #if defined(__ARM_FP) && (__ARM_FP & 4)
@@ -380,7 +419,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       outer2 = tvm_memplan_pair(tap[6], tap[8]), middle01 = tvm_memplan_pair(tap[1], tap[4]), middle2 = tap[7];
     }
     for (int32_t r = 0; whole && r < h && r + top < span; ++r) {
-      memcpy(cache + (r + top) * stride + left, src + r * w, w);
+      tvm_memplan_copy_row(cache + (r + top) * stride + left, src + r * w, w);
     }
     for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
       const int32_t first = oy * sh - top;

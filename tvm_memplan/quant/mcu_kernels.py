@@ -41,6 +41,10 @@ high, quantize, x_scale, fixed_point, y_plane)``: NCHW int8 convolution of few i
 windows of two pixels, with the requantization fused (``quantize``: ``x`` is float32, quantized
 with ``x_scale`` and ``x_zp`` as it enters the row cache)."""
 C_KERNELS = (DEPTHWISE_KERNEL, POINTWISE_KERNEL, WINDOW_KERNEL)
+ROW_COPY_KERNEL = "tvm_memplan_copy_rows"
+"""``(x, y, planes, n, x_plane, offset)``: ``n`` bytes of each of ``planes`` planes, from ``x + offset + p * x_plane``
+to ``y + p * n``: a row band of an NCHW tensor (a split row tile's input) copied as whole rows, a word or
+four (``LDM``/``STM``) at a time, where TVM's sliced copy moves a byte per loop step."""
 MAX_WINDOW = 8
 """The largest window height the row caches hold."""
 MAX_ROWS = 32
@@ -161,6 +165,46 @@ DOT_CONVOLUTIONS = (dot_kernels.conv2d_dot, pointwise_conv2d)
 """The kernels here that take ``min_max`` (passed on where they fall back to TVM's)."""
 
 
+def row_band(x: te.Tensor, begin: int, end: int) -> te.Tensor:
+    """Rows ``[begin, end)`` of a batch-1 NCHW tensor of bytes as one call of :data:`ROW_COPY_KERNEL`."""
+    n, c, h, w = (int(d) for d in x.shape)
+    args = (n * c, (end - begin) * w, h * w, begin * w)
+    return _extern((n, c, end - begin, w), [x], ROW_COPY_KERNEL, args, str(x.dtype))
+
+
+def _constants(values: relax.Expr) -> list[int] | None:
+    """The integers of a tuple of constants (None for anything else)."""
+    fields = values.fields if isinstance(values, relax.Tuple) else None
+    ok = fields is not None and all(isinstance(v, tirx.IntImm) for v in fields)
+    return [int(v.value) for v in fields] if ok else None
+
+
+def legalize_row_slice(builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``LegalizeOps``' lowering of ``strided_slice`` on a Cortex-M with the DSP extension: a slice of rows
+    (axis 2, step 1) of a batch-1 NCHW int8 tensor is :func:`row_band`, anything else TVM's lowering."""
+    x, axes, begin, end = call.args[:4]
+    ty = x.ty
+    shape = (
+        [int(d) for d in ty.shape] if all(isinstance(d, tirx.IntImm) for d in getattr(ty, "shape", None) or ()) else []
+    )
+    strides = call.args[4] if len(call.args) > 4 else None
+    values = [_constants(t) for t in (axes, begin, end)]
+    unit = strides is None or set(_constants(strides) or [0]) == {1}
+    if (
+        len(shape) == 4
+        and shape[0] == 1
+        and str(ty.dtype) in ("int8", "uint8")
+        and unit
+        and values[0] == [2]
+        and values[1] is not None
+        and values[2] is not None
+    ):
+        first, last = values[1][0], values[2][0]
+        if 0 <= first < last <= shape[2]:  # (negative or clipped bounds: TVM's lowering)
+            return builder.call_te(row_band, x, first, last, primfunc_name_hint="row_band")
+    return tvm.ir.Op.get("relax.strided_slice").get_attr("FLegalize")(builder, call)
+
+
 def opaque_to_fusion(builder: relax.BlockBuilder, call: relax.Call) -> relax.Call:
     """``call``, with its PrimFunc marked opaque (``op_pattern`` 8) where it is one of these C kernels'
     calls: FuseOps must not fuse an epilogue into an external call."""
@@ -205,6 +249,13 @@ def layer_written_into_rows(func: tirx.PrimFunc, full: tirx.Buffer, offset: int)
     )
     params = [full if p.same_as(out) else p for p in func.params]
     return tirx.PrimFunc(params, body, func.ret_type, func.attrs)
+
+
+def is_row_band(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is :func:`row_band`'s call of :data:`ROW_COPY_KERNEL`."""
+    block = getattr(func.body, "block", None)
+    call = getattr(getattr(block, "body", None), "value", None)
+    return isinstance(call, tvm.ir.Call) and getattr(call.args[0], "value", None) == ROW_COPY_KERNEL
 
 
 def is_layer_call(func: tirx.PrimFunc) -> bool:

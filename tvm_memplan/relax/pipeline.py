@@ -14,7 +14,9 @@ from ..backends.vulkan.glsl import scalar_slots
 from ..errors import UserError
 from ..options import MemplanOptions, current_options
 from ..quant.lower import LowerQDQ
+from ..quant.mcu_kernels import legalize_row_slice
 from ..schedule import DefaultCPUSchedule
+from ..schedule.cpu.spec import cpu_spec
 from .fold import FoldDataMovementConstants
 from .fusion import FuseGroupKernels
 from .grouping import LayerOrder
@@ -92,6 +94,13 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: s
     if target.kind.name == "llvm":
         legalize = [
             tvm.relax.transform.LegalizeOps(VECTOR_MATH_LEGALIZE) if p.info.name == "LegalizeOps" else p
+            for p in legalize
+        ]
+    if target.kind.name == "c" and cpu_spec(target).int8_dot == "dsp-smlad":  # split row tiles' input rows
+        legalize = [
+            tvm.relax.transform.LegalizeOps({"relax.strided_slice": legalize_row_slice})
+            if p.info.name == "LegalizeOps"
+            else p
             for p in legalize
         ]
     quantized = [LowerQDQ(target=target)] if target.kind.name in ("llvm", "c") else []
