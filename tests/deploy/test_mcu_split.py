@@ -44,19 +44,20 @@ def test_split_int8_model_runs_on_the_emulated_m7_within_the_memory_limit(capsys
     assert measured["arena_bytes"] == measured["planned_arena_bytes"] == built["arena_bytes"]
 
 
+def _stem_in_three_row_tiles(mod: tvm.IRModule) -> tvm.IRModule:
+    """The first chain of three window kernels (the stem's), split into three row tiles."""
+    mod = normalize(mod)
+    order = {b.var.name: i for i, b in enumerate(top_level_bindings(mod["main"]))}
+    chains = [c for c in find_chains(mod) if not c.gathered and sum(op.window is not None for op in c.ops) == 3]
+    return split_chains(mod, [SplitChoice(min(chains, key=lambda c: order[c.ops[0].name]), 3)])
+
+
 @needs_cc
 def test_row_tiles_of_c_kernels_write_into_their_rows(int8_model, tmp_path):
     """The stem's chain (window kernel, depthwise, 1x1 projection) in three row tiles: each tile's
     projection writes its rows of the full tensor, with no copy, and the C keeps onnxruntime's codes."""
-
-    def prepare(mod: tvm.IRModule) -> tvm.IRModule:
-        mod = normalize(mod)
-        order = {b.var.name: i for i, b in enumerate(top_level_bindings(mod["main"]))}
-        chains = [c for c in find_chains(mod) if not c.gathered and sum(op.window is not None for op in c.ops) == 3]
-        return split_chains(mod, [SplitChoice(min(chains, key=lambda c: order[c.ops[0].name]), 3)])
-
     directory = tmp_path / "c"
-    emitted = emit_c(str(int8_model), directory, "cortex-m7", prepare=prepare, order="program")
+    emitted = emit_c(str(int8_model), directory, "cortex-m7", prepare=_stem_in_three_row_tiles, order="program")
     calls = re.findall(rf"({'|'.join(C_KERNELS)})\((.*)\);", (directory / "kernels.c").read_text())
     into_rows = [args for name, args in calls if name == POINTWISE_KERNEL and "&(root[" in args]
     # three tiles of 4 rows of the 8x12x12 projection, their planes 12 x 12 apart
@@ -73,15 +74,8 @@ def test_row_tiles_read_their_int8_input_rows_by_word_copies_on_the_emulated_m7(
     """With int8 inputs (``--int8-io``) the stem's three row tiles take their input rows (with the halo) through
     :data:`ROW_COPY_KERNEL` (whole rows by LDM/STM) instead of TVM's sliced copy; the emulated M7 gives
     onnxruntime's codes."""
-
-    def prepare(mod: tvm.IRModule) -> tvm.IRModule:
-        mod = normalize(mod)
-        order = {b.var.name: i for i, b in enumerate(top_level_bindings(mod["main"]))}
-        chains = [c for c in find_chains(mod) if not c.gathered and sum(op.window is not None for op in c.ops) == 3]
-        return split_chains(mod, [SplitChoice(min(chains, key=lambda c: order[c.ops[0].name]), 3)])
-
     directory = tmp_path / "c"
-    emit_c(str(int8_model), directory, "cortex-m7", prepare=prepare, order="program", int8_io=True)
+    emit_c(str(int8_model), directory, "cortex-m7", prepare=_stem_in_three_row_tiles, order="program", int8_io=True)
     kernels = (directory / "kernels.c").read_text()
     assert len(re.findall(rf"\b{ROW_COPY_KERNEL}\(", kernels)) == 1 + 3  # its definition, one call per tile
     assert "strided_slice" not in kernels
