@@ -62,10 +62,11 @@ def _ops(path: Path) -> str:
     return ", ".join(f"{op} {n}" for op, n in counts.most_common(6))
 
 
-def row(path: Path, budget: float, seconds: float, cache: Path, timeout: int) -> str:
+def row(path: Path, budget: float, seconds: float, cache: Path, timeout: int, layout: str) -> str:
     start = time.perf_counter()
     name = path.name.removesuffix(".onnx")
-    kept, error = _plan(path, ["--latency-budget", str(budget), "--search-seconds", str(seconds)], cache, timeout)
+    run = ["--layout", layout, "--latency-budget", str(budget), "--search-seconds", str(seconds)]
+    kept, error = _plan(path, run, cache, timeout)
     if kept is None:
         return f"| {name} | {_ops(path)} | failed: {error} | | | | | | |"
     coarse = kept["peak_before_bytes"]
@@ -76,6 +77,8 @@ def row(path: Path, budget: float, seconds: float, cache: Path, timeout: int) ->
         else _plan(
             path,
             [
+                "--layout",
+                layout,
                 "--memory-limit",
                 str(smallest["peak_bytes"]),
                 "--search-seconds",
@@ -108,13 +111,13 @@ def row(path: Path, budget: float, seconds: float, cache: Path, timeout: int) ->
     )
 
 
-def header(budget: float, seconds: float) -> list[str]:
+def header(budget: float, seconds: float, layout: str) -> list[str]:
     return [
         "# Third-party ONNX exports: planned, split and verified (`scripts/check_exports.py`)",
         "",
         f"Files from `scripts/export_torch.py` (torchvision, timm and transformers networks with random weights; "
         f"`torchscript` = `torch.onnx.export(dynamo=False)`, `dynamo` = the `torch.export` exporter). "
-        f"Host CPU, latency budget {budget:.0%}, search {seconds:g} s. Coarse = the arena "
+        f"Host CPU, `--layout {layout}`, latency budget {budget:.0%}, search {seconds:g} s. Coarse = the arena "
         f"without splitting (order search, in-place, concat elimination); kept = the plan the search keeps within "
         f"the budget (latency measured on this machine, whole model both ways); smallest = the most-split point of "
         f"the Pareto front with its estimated latency; checked = that plan built with `--memory-limit` and "
@@ -135,10 +138,18 @@ def main() -> None:
     parser.add_argument("--search-seconds", type=float, default=30)
     parser.add_argument("--cache", type=Path, default=Path("exports_split_cache.jsonl"))
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per plan run")
+    parser.add_argument(
+        "--layout",
+        choices=("nchw", "auto", "blocked"),
+        default="nchw",
+        help="activation layout of both runs (default nchw: the front's peaks are the simulator's NCHW bytes, which "
+        "run 2 asks for as a planned arena; blocked tensors pad channels to whole blocks, so there a front point can "
+        "miss its own peak)",
+    )
     args = parser.parse_args()
-    lines = header(args.latency_budget, args.search_seconds)
+    lines = header(args.latency_budget, args.search_seconds, args.layout)
     for path in args.files:
-        lines.append(row(path, args.latency_budget, args.search_seconds, args.cache, args.timeout))
+        lines.append(row(path, args.latency_budget, args.search_seconds, args.cache, args.timeout, args.layout))
         print(lines[-1], flush=True)
     if args.out:
         write_atomically(args.out, "\n".join(lines) + "\n")
