@@ -97,8 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--append", action="store_true", help="add the rows to the table in --out")
     args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p.strip()]
+    if not parts or not all(p.strip().isdigit() and int(p) >= 2 for p in parts):
+        print(f"error: --parts takes tile counts of at least 2, comma-separated (got {args.parts!r})", file=sys.stderr)
+        return 2
     try:
-        found = rows(args.model, args.chain, [int(p) for p in args.parts.split(",")], args.rounds, args.label)
+        found = rows(args.model, args.chain, [int(p) for p in parts], args.rounds, args.label)
     except (UserError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -73,6 +73,12 @@ def test_time_fused_chain_compiles_and_times_the_fused_tiles(tmp_path):
     rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert {r[1].strip() for r in rows} == {"a", "b"} and {int(r[2]) for r in rows} == {2, 4}
     assert all(float(r[4]) > 0 and r[5].strip() == "yes" and "(" in r[7] for r in rows)
+    bad_parts = run_script(
+        "time_fused_chain.py", "zoo:mcu_cnn", "--chain", "lv..lv4 (rows)", "--parts", "1,x", returncode=2
+    )
+    no_chain = run_script("time_fused_chain.py", "zoo:mcu_cnn", "--chain", "lv9..lv1", returncode=1)
+    assert bad_parts.stderr.count("\n") == 1 and "--parts" in bad_parts.stderr
+    assert no_chain.stderr.strip().splitlines()[-1].startswith("error: no chain 'lv9..lv1'")
 
 
 def test_published_memory_tables_match_what_the_script_plans_now():
