@@ -27,8 +27,9 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx
 
-from .ir_utils import constant_value
+from .ir_utils import constant_value, static_shape
 from .module import relax_functions, with_blocks
+from .split.operators import CHANNEL, ROWS
 from .split.rewrite import row_writer
 from .tile_writes import ACCUMULATE_ATTR, ROW_OFFSET_ATTR, ROW_WRITER_ATTR
 
@@ -36,7 +37,6 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
-ROWS = 2
 ELEMENTWISE = frozenset(
     f"relax.{name}"
     for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "sigmoid", "nn.relu", "tanh")
@@ -46,10 +46,8 @@ that ``ConvertLayout`` did not see, so the bias and activation after it were lef
 
 
 def _shape(expr: relax.Expr) -> list[int] | None:
-    values = getattr(getattr(expr.ty, "shape", None), "values", None)
-    if values is None or not all(isinstance(d, tirx.IntImm) for d in values):
-        return None
-    return [int(d) for d in values]
+    shape = static_shape(expr.ty)
+    return None if shape is None else list(shape)
 
 
 def _maps_to(index_map: tirx.IndexMap, point: list[int], expected: list[int]) -> bool:
@@ -99,13 +97,14 @@ def _ints(expr: relax.Expr) -> list[int] | None:
     return [int(v) for v in values] if all(isinstance(v, int) for v in values) else None
 
 
-def row_slice(call: relax.Expr) -> tuple[int, int] | None:
-    """The rows ``[begin, end)`` where ``call`` is a unit-stride ``strided_slice`` of rows (axis 2) alone."""
+def axis_slice(call: relax.Expr, axis: int) -> tuple[int, int] | None:
+    """``[begin, end)`` where ``call`` is a unit-stride ``strided_slice`` of ``axis`` alone (rows: axis 2,
+    channels: axis 1)."""
     if not (isinstance(call, relax.Call) and call.op.same_as(_STRIDED_SLICE)):
         return None
     axes, begin, end = (_ints(a) for a in call.args[1:4])
     strides = _ints(call.args[4]) if len(call.args) > 4 else [1]
-    if axes != [ROWS] or strides != [1] or begin is None or end is None:
+    if axes != [axis] or strides != [1] or begin is None or end is None:
         return None
     return begin[0], end[0]
 
@@ -118,17 +117,6 @@ def _marked(call: relax.Expr, mod: tvm.IRModule, attr: str) -> tirx.PrimFunc | N
     if not isinstance(func, tirx.PrimFunc) or func.attrs is None or attr not in func.attrs:
         return None
     return func
-
-
-def channel_slice(call: relax.Expr) -> tuple[int, int] | None:
-    """The channels ``[begin, end)`` where ``call`` is a unit-stride ``strided_slice`` of channels (axis 1) alone."""
-    if not (isinstance(call, relax.Call) and call.op.same_as(_STRIDED_SLICE)):
-        return None
-    axes, begin, end = (_ints(a) for a in call.args[1:4])
-    strides = _ints(call.args[4]) if len(call.args) > 4 else [1]
-    if axes != [1] or strides != [1] or begin is None or end is None:
-        return None
-    return begin[0], end[0]
 
 
 def packed_weights(weight: np.ndarray, block: int) -> np.ndarray:
@@ -212,13 +200,13 @@ class _Block:
         ):
             self.out.append(relax.VarBinding(var, self.blocked[value.args[0]][0]))
             return True
-        rows = row_slice(value)
+        rows = axis_slice(value, ROWS)
         if rows is not None and self.source(value.args[0]) is not None:
             whole, block = self.source(value.args[0])
             sliced = relax.op.strided_slice(whole, axes=[ROWS], begin=[rows[0]], end=[rows[1]])
             self.bind(var, sliced, block)
             return True
-        channels = channel_slice(value)
+        channels = axis_slice(value, CHANNEL)
         if channels is not None and self.source(value.args[0]) is not None:
             whole, block = self.source(value.args[0])
             chunks = _shape(whole)[1]
