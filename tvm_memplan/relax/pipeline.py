@@ -88,20 +88,18 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: s
     target whose vectors hold a channel block (:func:`~.layout.channel_block`), convolutions run in
     blocked channel layouts (:func:`~.layout.BlockedLayout`).
     On ``llvm`` targets float32 ``exp``, ``sigmoid``, SiLU and ``erf`` are legalized as arithmetic that vectorizes
-    (:mod:`.vector_math`)."""
+    (:mod:`.vector_math`); on a Cortex-M with the DSP extension, int8 row slices as whole-row copies
+    (:func:`~tvm_memplan.quant.mcu_kernels.legalize_row_slice`)."""
     backend = _backend_module(target)
     legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
+    own_legalizations = {}
     if target.kind.name == "llvm":
-        legalize = [
-            tvm.relax.transform.LegalizeOps(VECTOR_MATH_LEGALIZE) if p.info.name == "LegalizeOps" else p
-            for p in legalize
-        ]
+        own_legalizations.update(VECTOR_MATH_LEGALIZE)
     if target.kind.name == "c" and cpu_spec(target).int8_dot == "dsp-smlad":  # split row tiles' input rows
+        own_legalizations["relax.strided_slice"] = legalize_row_slice
+    if own_legalizations:
         legalize = [
-            tvm.relax.transform.LegalizeOps({"relax.strided_slice": legalize_row_slice})
-            if p.info.name == "LegalizeOps"
-            else p
-            for p in legalize
+            tvm.relax.transform.LegalizeOps(own_legalizations) if p.info.name == "LegalizeOps" else p for p in legalize
         ]
     quantized = [LowerQDQ(target=target)] if target.kind.name in ("llvm", "c") else []
     block = layout_block(target, layout)
