@@ -69,3 +69,14 @@ def test_split_plans_in_the_blocked_layout(capsys, tmp_path):
     summary = json.loads(out)
     assert summary["layout"].startswith("blocked (NCHW") and summary["split_subgraphs"]
     assert summary["arena_bytes"] <= 60 * 1024 and summary["verified"]
+
+
+def test_build_says_why_its_split_search_kept_the_plan_unsplit(capsys, monkeypatch, tmp_path):
+    """``build --split acg`` prints the split search's advice (as ``plan``) when every split missed the budget."""
+    from tvm_memplan.deploy.chain_latency import ChainLatency
+
+    monkeypatch.setattr(ChainLatency, "split_delta", lambda self, choice: 0.2 * self.unsplit_today(self.mod))
+    split = ("--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), "--order-seconds", "1")
+    code, out, err = run_cli(capsys, "build", "zoo:mcu_cnn", "-o", str(tmp_path / "mcu_cnn.so"), *split)
+    assert code == 0, err
+    assert "kept unsplit: the smallest plan found" in " ".join(out.split())

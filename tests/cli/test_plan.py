@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -185,6 +186,33 @@ def test_plan_split_bad_requests_give_one_line_and_exit_2(capsys, tmp_path, argv
         capsys, "plan", "zoo:mcu_cnn", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), *argv
     )
     assert code == 2 and message in err and err.count("\n") == 1
+    if "--memory-limit" in argv:  # the smallest plan found, its cost, and what may reach the limit
+        assert "the smallest found peaks at" in err and "latency (estimated); try" in err
+        blocked = channel_block(tvm.target.Target.from_device("cpu")) is not None
+        assert ("--layout nchw" in err) == blocked and "a larger --memory-limit" in err
+
+
+def test_a_split_search_that_keeps_the_plan_unsplit_says_why_and_what_to_try(capsys, monkeypatch, tmp_path):
+    """Every split over the latency budget (each chain's tiles timed at +20 % of the model, as a blocked
+    MobileNetV2-0.35's missed 5 %): the report names the smallest plan found, its cost, and the options
+    that would take a smaller plan; NCHW where the search ran blocked."""
+    from tvm_memplan.deploy.chain_latency import ChainLatency
+
+    monkeypatch.setattr(ChainLatency, "split_delta", lambda self, choice: 0.2 * self.unsplit_today(self.mod))
+    argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), "--order-seconds", "1")
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["split_subgraphs"] == [] and summary["peak_after_bytes"] == summary["peak_before_bytes"]
+    smallest, unsplit = summary["pareto_front"][0], summary["pareto_front"][-1]
+    assert smallest["peak_bytes"] < unsplit["peak_bytes"] and unsplit["parts"] == {}
+    advice = summary["split_advice"]
+    assert advice.startswith("kept unsplit: the smallest plan found peaks at") and "+20.0% (estimated)" in advice
+    cost = smallest["latency_ms"] / unsplit["latency_ms"] - 1
+    assert float(re.search(r"--latency-budget ([0-9.]+)", advice)[1]) > cost  # a budget that admits it
+    assert ("--layout nchw" in advice) == summary["layout"].startswith("blocked")
+    code, out, _ = run_cli(capsys, *argv)  # the text report: the same line in the split rows
+    assert code == 0 and "smaller plan" in out and "kept unsplit: the smallest plan found" in " ".join(out.split())
 
 
 def test_plan_split_of_a_model_without_chains_keeps_the_plan(capsys, tmp_path):

@@ -272,6 +272,8 @@ def run_build(args: argparse.Namespace) -> int:
             ("kernel scratch", human_bytes(model_c.workspace_bytes)),
             ("weights (const)", human_bytes(model_c.weight_bytes)),
         ]
+    if split is not None and summary["split_search"]["split_advice"]:
+        rows.append(("split search", summary["split_search"]["split_advice"]))
     rows.append(("build time", f"{summary['seconds']:.1f} s"))
     console().print(key_value_table("tvm-memplan build", rows))
     if emitted is not None and emitted.model.steps:

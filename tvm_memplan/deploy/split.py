@@ -55,6 +55,10 @@ class SplitOutcome:
     remeasured: int = 0
     """Cached whole-model times (the unsplit cost, confirmations) timed again: stale against the unsplit
     model timed today, or refreshed on request (``refresh_confirmations``)."""
+    budget: float | None = None
+    """The latency budget the kept plan was held to (None under a memory limit, which ignores it)."""
+    block: int | None = None
+    """The blocked layout's channels per block the search split in (None: NCHW)."""
 
     @property
     def choices(self) -> list[SplitChoice]:
@@ -166,9 +170,12 @@ def search_split(
     result = search_phased(program, chains, before, measurer, **limits)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
+        smallest = min(result.front, key=lambda p: (p.peak_bytes, p.latency_ms))
         raise UserError(
             f"{model.name}: no split plan fits in {memory_limit:,} bytes: the smallest found peaks at "
-            f"{min(p.peak_bytes for p in result.front):,} bytes ({at_peak} live at its peak)"
+            f"{smallest.peak_bytes:,} bytes ({at_peak} live at its peak) for "
+            f"{smallest.latency_ms / result.original.latency_ms - 1:+.1%} latency (estimated); "
+            + unmet_limit_hint(result, block)
         )
     before, after, result = _confirm(mod, result, measurer, budget if memory_limit is None else None)
     coarse, arena, result = _planned(model, planning_target, options, order, result)
@@ -191,7 +198,21 @@ def search_split(
         arena,
         "ms" if mcu_device is None else "instructions",
         measurer.stale,
+        budget if memory_limit is None else None,
+        block,
     )
+
+
+def unmet_limit_hint(result: SearchResult, block: int | None) -> str:
+    """What may reach a memory limit the search missed: NCHW (channel tiles are whole blocks of a
+    blocked layout, and its channels are padded to blocks), more search time when it ran out."""
+    hints = []
+    if block is not None:
+        hints.append(f"--layout nchw (channels split finer than blocks of {block}, none padded)")
+    if "search time limit" in result.stopped:
+        hints.append("a larger --search-seconds (the search stopped at its time limit)")
+    hints.append("a larger --memory-limit")
+    return "try " + ", or ".join(hints)
 
 
 def _planned(
