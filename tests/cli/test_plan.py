@@ -208,8 +208,7 @@ def test_a_split_search_that_keeps_the_plan_unsplit_says_why_and_what_to_try(cap
     assert smallest["peak_bytes"] < unsplit["peak_bytes"] and unsplit["parts"] == {}
     advice = summary["split_advice"]
     assert advice.startswith("kept unsplit: the smallest plan found peaks at") and "+20.0% (estimated)" in advice
-    cost = smallest["latency_ms"] / unsplit["latency_ms"] - 1
-    assert float(re.search(r"--latency-budget ([0-9.]+)", advice)[1]) > cost  # a budget that admits it
+    assert re.search(r"--latency-budget 0\.21\b", advice)  # the next hundredth over +20 %: a budget that admits it
     assert ("--layout nchw" in advice) == summary["layout"].startswith("blocked")
     code, out, _ = run_cli(capsys, *argv)  # the text report: the same line in the split rows
     assert code == 0 and "smaller plan" in out and "kept unsplit: the smallest plan found" in " ".join(out.split())

@@ -471,7 +471,8 @@ def smaller_plan_advice(split) -> str | None:
     )
     # not --memory-limit: it bounds the planned arena, which can exceed the simulated peak (NCHW16c's mcu_cnn:
     # 80 KiB planned against 40 KiB simulated), so the smallest point's peak is no limit that takes it
-    takes = [f"--latency-budget {math.floor(cost * 100) / 100 + 0.01:.2f}"] if cost > split.budget else []
+    # the next hundredth above the cost (0.115 -> 0.12; a cost of 0.2 less a rounding error -> 0.21, not 0.20)
+    takes = [f"--latency-budget {math.floor(cost * 100 + 1e-6) / 100 + 0.01:.2f}"] if cost > split.budget else []
     if split.block is not None:
         takes.append(f"--layout nchw (slower kernels, cheaper tiles than NCHW{split.block}c)")
     if "search time limit" in result.stopped:
