@@ -289,6 +289,14 @@ def test_a_planned_arena_over_the_memory_limit_searches_again_then_fails_in_one_
         plan_cli._fit_planned_arena(args, model, Plan(1250), Split())
     assert limits == [800, 727]
 
+    def nothing_fits(args, model, limit):
+        raise UserError(f"m: no split plan fits in {limit:,} bytes")
+
+    monkeypatch.setattr(plan_cli, "_search_split", nothing_fits)  # the lowered limit is explained
+    explained = r"fits in 800 bytes \(searched under 800 bytes: .* planned an arena of 1,250\)"
+    with pytest.raises(UserError, match=explained):
+        plan_cli._fit_planned_arena(args, model, Plan(1250), Split())
+
 
 @pytest.mark.parametrize("target", ["opencl", "vulkan"])
 def test_plan_verify_runs_on_the_targets_device(capsys, target):

@@ -325,7 +325,13 @@ def _fit_planned_arena(args: argparse.Namespace, model, plan, split, attempts: i
         if arena <= args.memory_limit:
             return plan, split
         limit = int(limit * args.memory_limit / arena)
-        split = _search_split(args, model, limit)
+        try:
+            split = _search_split(args, model, limit)
+        except UserError as exc:  # say why the limit it names is below the one asked for
+            raise UserError(
+                f"{exc} (searched under {limit:,} bytes: the plan that fit {args.memory_limit:,} bytes as simulated "
+                f"planned an arena of {arena:,})"
+            ) from None
         plan = plan_model(model, _target_arg(args.target), prepare=split.prepare(), **model_planner_kwargs(args))
     arena = plan.total("arena_bytes")
     if arena > args.memory_limit:
