@@ -35,6 +35,9 @@ def _run(func: tirx.PrimFunc) -> np.ndarray:
         (conv_body(64, 3, padding=1), (1, 64, 4, 4)),  # weights outweigh inputs: channel tiles first
         (conv_body(32, 3, padding=1, groups=2), (1, 32, 6, 6)),  # 16 channels a group
         (conv_body(32, 3, padding=1), (1, 16, 13, 13)),  # 13 columns: a narrower last tile at 8 lanes
+        (conv_body(64, 1), (1, 64, 7, 7)),  # 1x1 at 7x7: tiles across rows at 8 lanes, a narrower last tile
+        (conv_body(64, 1), (1, 64, 6, 6)),  # 1x1 at 6x6: tiles across rows that divide the 36 positions
+        (conv_body(64, 1), (1, 64, 10, 9)),
     ],
 )
 @pytest.mark.parametrize("spec", [AVX512, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)])
@@ -129,6 +132,24 @@ def test_a_tail_is_taken_where_the_reduction_is_long_enough_to_pay_for_it(
 ) -> None:
     assert register_tile(channels, columns, 1, spec, tails=True, reduction=reduction) == tile
     assert columns % register_tile(channels, columns, 1, spec, tails=False, reduction=reduction)[1] == 0
+
+
+@pytest.mark.parametrize(
+    "body, shape, positions, flattens",
+    [
+        (conv_body(64, 1), (1, 64, 7, 7), 49, True),  # 2 x 4 and 2 x 3 a row; 2 x 6 tiles across the 49 positions
+        (conv_body(64, 1, stride=2), (1, 64, 14, 14), 49, False),  # reads every other position
+        (conv_body(64, 3, padding=1), (1, 64, 7, 7), 49, False),  # reads its neighbours
+        (conv_body(64, 1), (1, 64, 56, 56), 3136, False),  # 2 x 6 fits a row; the run's accumulators would not fit L1
+    ],
+)
+def test_a_pointwise_convolution_with_narrow_rows_tiles_its_positions_across_rows(
+    body, shape, positions, flattens
+) -> None:
+    (func,) = (f for name, f in kernels_of(body, shape, AVX2, "blocked").items() if "conv2d_nchwc" in name)
+    new_func, rule = schedule_function(func, AVX2_SPEC)
+    assert rule == "blocked_conv"
+    assert (f"T.int64({positions})" in new_func.script()) == flattens
 
 
 @pytest.mark.parametrize(("kernel", "lanes"), [(3, 16), (5, 16), (5, 8)])

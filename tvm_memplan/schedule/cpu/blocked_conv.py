@@ -77,11 +77,21 @@ class BlockedConv(CPUScheduleRule):
                 sch.compute_inline(producer)
         epilogue = inline_into_epilogue(sch, main, blocks[position + 1 :], "global")
         vectors = -(-lanes // spec.lanes)
-        batch, oc, oh, ow, o, *reduce_loops = iterator_loops(sch, main, extents)
         # with a tail of columns the columns are partitioned below the tasks, which must then be enough
         tails = extents[0] * rows * -(-channels // MAX_CHANNEL_TILE) >= 4 * spec.threads
         reduction = math.prod(extents[5:])
         channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails, reduction=reduction)
+        if not padding and _pointwise(block, extents) and iter_extents(sch.get(epilogue)) == extents[:5]:
+            flat = register_tile(channels, rows * columns, vectors, spec, tails=True, reduction=reduction)
+            if _flattens(channels, rows, columns, (channel_tile, column_tile), flat, vectors, reduction, spec):
+                _flatten_positions(sch, main, epilogue, columns)
+                rows, columns = 1, rows * columns
+                extents = extents[:2] + [columns] + extents[4:]
+                channel_tile, column_tile = flat
+        loops = iterator_loops(sch, main, extents)
+        if len(loops) == 8:
+            loops.insert(2, None)
+        batch, oc, oh, ow, o, *reduce_loops = loops
         oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
         column_parts = [columns - columns % column_tile] + ([columns % column_tile] if columns % column_tile else [])
         weights_first = _weights_first(block, rows)
@@ -92,9 +102,11 @@ class BlockedConv(CPUScheduleRule):
             # 64 to 256 channels at 56x56 with a residual add, one thread, Zen 4, 0.94x the time at AVX-512,
             # 0.88x at AVX2; 3x3 ones unchanged)
             task_loops = [batch, oc_outer, oh, ow_outer] if weights_first else [batch, oh, oc_outer, ow_outer]
+            task_loops = [loop for loop in task_loops if loop is not None]
             sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
         else:
             task_loops = [batch, oc_outer, oh] if weights_first else [batch, oh, oc_outer]
+            task_loops = [loop for loop in task_loops if loop is not None]
             sch.reorder(*task_loops, ow, *reduce_loops, oc_inner, o)
         work = 1
         for extent in extents:
@@ -218,11 +230,53 @@ def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, 
     return channels // channel_tile * per_channel_tile
 
 
+ROW_BUFFER_BYTES = 16 * 1024
+"""The most bytes of accumulators a channel tile may keep across a whole run of tiles (the buffer of a run with
+a narrower last tile, which the epilogue reloads): half an x86 core's 32 KiB L1 data cache."""
+
+
+def _pointwise(block: s_tir.SBlock, extents: list[int]) -> bool:
+    """Whether the convolution is 1x1 at stride 1 without padding: its input has the output's rows and columns."""
+    data = next(r.source for r in block.reads if len(r.source.shape) == 5)
+    return extents[6] == extents[7] == 1 and [constant(d) for d in data.shape[2:4]] == extents[2:4]
+
+
 def _row_cycles(channels: int, columns: int, tile: tuple[int, int], vectors: int, reduction: int) -> float:
     """Cycles of one row of ``columns`` under ``tile``: its reduction's steps and, with a narrower last tile,
     what that costs per output vector (:data:`TAIL_VECTOR_CYCLES`)."""
     cycles = reduction * row_steps(channels, columns, *tile, vectors)
     return cycles + (TAIL_VECTOR_CYCLES * channels * vectors * columns if columns % tile[1] else 0.0)
+
+
+def _flatten_positions(sch: s_tir.Schedule, main, epilogue, width: int) -> None:
+    """A 1x1 convolution at stride 1 reads the same positions it writes: its rows and columns become one run of
+    positions ``p = oh * width + ow``, tiled across the rows (``(p // W) * W + p % W`` simplifies to ``p``). The
+    accumulators and the epilogue take the same run, so that the epilogue computed at a tile of positions covers
+    exactly that tile (over rows and columns it covered the whole rows the tile crossed, and read accumulators that
+    other tiles held)."""
+    sch.transform_block_layout(main, lambda b, oc, oh, ow, o, ic, kh, kw, i: (b, oc, oh * width + ow, o, ic, kh, kw, i))
+    sch.transform_layout(main, ("write", 0), lambda b, oc, oh, ow, o: (b, oc, oh * width + ow, o))
+    sch.transform_block_layout(epilogue, lambda b, oc, oh, ow, o: (b, oc, oh * width + ow, o))
+
+
+def _flattens(
+    channels: int,
+    rows: int,
+    columns: int,
+    row_tile: tuple[int, int],
+    flat_tile: tuple[int, int],
+    vectors: int,
+    reduction: int,
+    spec: CpuSpec,
+) -> bool:
+    """Whether a pointwise convolution should tile its positions across rows: where a row is too narrow for a
+    tile that covers the multiply-add's latency (7 columns at AVX2: 2 x 4 and 2 x 3), the whole map is one run
+    (49 positions: eight 2 x 6 tiles and one column), if its accumulators fit :data:`ROW_BUFFER_BYTES`."""
+    positions = rows * columns
+    if rows == 1 or flat_tile[0] * vectors * spec.lanes * 4 * positions > ROW_BUFFER_BYTES:
+        return False
+    flat = _row_cycles(channels, positions, flat_tile, vectors, reduction)
+    return flat < rows * _row_cycles(channels, columns, row_tile, vectors, reduction)
 
 
 def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
