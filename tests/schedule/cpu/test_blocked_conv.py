@@ -38,6 +38,8 @@ def _run(func: tirx.PrimFunc) -> np.ndarray:
         (conv_body(64, 1), (1, 64, 7, 7)),  # 1x1 at 7x7: tiles across rows at 8 lanes, a narrower last tile
         (conv_body(64, 1), (1, 64, 6, 6)),  # 1x1 at 6x6: tiles across rows that divide the 36 positions
         (conv_body(64, 1), (1, 64, 10, 9)),
+        (conv_body(64, 3, padding=1), (1, 64, 7, 7)),  # 3x3 at 7x7: padded rows read across the run
+        (conv_body(64, 3, stride=2, padding=1, activation="relu6"), (1, 64, 14, 13)),  # stride 2 to 7x7
     ],
 )
 @pytest.mark.parametrize("spec", [AVX512, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)])
@@ -138,14 +140,12 @@ def test_a_tail_is_taken_where_the_reduction_is_long_enough_to_pay_for_it(
     "body, shape, positions, flattens",
     [
         (conv_body(64, 1), (1, 64, 7, 7), 49, True),  # 2 x 4 and 2 x 3 a row; 2 x 6 tiles across the 49 positions
-        (conv_body(64, 1, stride=2), (1, 64, 14, 14), 49, False),  # reads every other position
-        (conv_body(64, 3, padding=1), (1, 64, 7, 7), 49, False),  # reads its neighbours
+        (conv_body(64, 1, stride=2), (1, 64, 14, 14), 49, True),  # every other position
+        (conv_body(64, 3, padding=1), (1, 64, 7, 7), 49, True),  # its neighbours
         (conv_body(64, 1), (1, 64, 56, 56), 3136, False),  # 2 x 6 fits a row; the run's accumulators would not fit L1
     ],
 )
-def test_a_pointwise_convolution_with_narrow_rows_tiles_its_positions_across_rows(
-    body, shape, positions, flattens
-) -> None:
+def test_a_convolution_with_narrow_rows_tiles_its_positions_across_rows(body, shape, positions, flattens) -> None:
     (func,) = (f for name, f in kernels_of(body, shape, AVX2, "blocked").items() if "conv2d_nchwc" in name)
     new_func, rule = schedule_function(func, AVX2_SPEC)
     assert rule == "blocked_conv"

@@ -81,7 +81,7 @@ class BlockedConv(CPUScheduleRule):
         tails = extents[0] * rows * -(-channels // MAX_CHANNEL_TILE) >= 4 * spec.threads
         reduction = math.prod(extents[5:])
         channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails, reduction=reduction)
-        if not padding and _pointwise(block, extents) and iter_extents(sch.get(epilogue)) == extents[:5]:
+        if iter_extents(sch.get(epilogue)) == extents[:5]:
             flat = register_tile(channels, rows * columns, vectors, spec, tails=True, reduction=reduction)
             if _flattens(channels, rows, columns, (channel_tile, column_tile), flat, vectors, reduction, spec):
                 _flatten_positions(sch, main, epilogue, columns)
@@ -235,12 +235,6 @@ ROW_BUFFER_BYTES = 16 * 1024
 a narrower last tile, which the epilogue reloads): half an x86 core's 32 KiB L1 data cache."""
 
 
-def _pointwise(block: s_tir.SBlock, extents: list[int]) -> bool:
-    """Whether the convolution is 1x1 at stride 1 without padding: its input has the output's rows and columns."""
-    data = next(r.source for r in block.reads if len(r.source.shape) == 5)
-    return extents[6] == extents[7] == 1 and [constant(d) for d in data.shape[2:4]] == extents[2:4]
-
-
 def _row_cycles(channels: int, columns: int, tile: tuple[int, int], vectors: int, reduction: int) -> float:
     """Cycles of one row of ``columns`` under ``tile``: its reduction's steps and, with a narrower last tile,
     what that costs per output vector (:data:`TAIL_VECTOR_CYCLES`)."""
@@ -249,11 +243,12 @@ def _row_cycles(channels: int, columns: int, tile: tuple[int, int], vectors: int
 
 
 def _flatten_positions(sch: s_tir.Schedule, main, epilogue, width: int) -> None:
-    """A 1x1 convolution at stride 1 reads the same positions it writes: its rows and columns become one run of
-    positions ``p = oh * width + ow``, tiled across the rows (``(p // W) * W + p % W`` simplifies to ``p``). The
-    accumulators and the epilogue take the same run, so that the epilogue computed at a tile of positions covers
-    exactly that tile (over rows and columns it covered the whole rows the tile crossed, and read accumulators that
-    other tiles held)."""
+    """The output's rows and columns become one run of positions ``p = oh * width + ow``, tiled across the rows.
+    A tile's input addresses (row ``p // W`` times the stride plus the kernel's row, column ``p % W`` likewise) do
+    not change along the reduction, so they are computed once per tile (at 1x1 and stride 1,
+    ``(p // W) * W + p % W`` simplifies to ``p``). The accumulators and the epilogue take the same run, so that the
+    epilogue computed at a tile of positions covers exactly that tile (over rows and columns it covered the whole
+    rows the tile crossed, and read accumulators that other tiles held)."""
     sch.transform_block_layout(main, lambda b, oc, oh, ow, o, ic, kh, kw, i: (b, oc, oh * width + ow, o, ic, kh, kw, i))
     sch.transform_layout(main, ("write", 0), lambda b, oc, oh, ow, o: (b, oc, oh * width + ow, o))
     sch.transform_block_layout(epilogue, lambda b, oc, oh, ow, o: (b, oc, oh * width + ow, o))
@@ -269,11 +264,18 @@ def _flattens(
     reduction: int,
     spec: CpuSpec,
 ) -> bool:
-    """Whether a pointwise convolution should tile its positions across rows: where a row is too narrow for a
+    """Whether a convolution should tile its positions across rows: where a row is too narrow for a
     tile that covers the multiply-add's latency (7 columns at AVX2: 2 x 4 and 2 x 3), the whole map is one run
-    (49 positions: eight 2 x 6 tiles and one column), if its accumulators fit :data:`ROW_BUFFER_BYTES`."""
+    (49 positions: eight 2 x 6 tiles and one column), if its accumulators fit :data:`ROW_BUFFER_BYTES` and its
+    channel tile holds more than one weight vector. With one (29 or 5 channel blocks, or 125: no wider tile divides
+    them) a broadcast per multiply-add bounds the tile either way, and the run's tiles ran 1 to 12 % slower (one
+    thread, AVX2: ShuffleNetV2's 1x1 convolutions at 14x14 and 7x7, MobileNetV3-small's at 14x14)."""
     positions = rows * columns
-    if rows == 1 or flat_tile[0] * vectors * spec.lanes * 4 * positions > ROW_BUFFER_BYTES:
+    if (
+        rows == 1
+        or flat_tile[0] * vectors == 1
+        or flat_tile[0] * vectors * spec.lanes * 4 * positions > ROW_BUFFER_BYTES
+    ):
         return False
     flat = _row_cycles(channels, positions, flat_tile, vectors, reduction)
     return flat < rows * _row_cycles(channels, columns, row_tile, vectors, reduction)
