@@ -3,13 +3,15 @@ what they compute, and its register tile fits the register file."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
 from tvm import tirx
 
 from tvm_memplan.schedule import CpuSpec, schedule_function
-from tvm_memplan.schedule.cpu.blocked_conv import register_tile
+from tvm_memplan.schedule.cpu.blocked_conv import balanced, register_tile
 
 from ...kernels import conv_body, kernels_of
 
@@ -174,3 +176,22 @@ def test_a_rows_task_runs_its_channel_tiles_outside_its_column_tiles() -> None:
     )
     script = schedule_function(func, AVX512)[0].script()
     assert "for oc_0, ow_0 in T.grid" in script  # tasks: rows (parallel); in a row, channel tiles, then columns
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 13, 13), (1, 256, 7, 7), (1, 32, 27, 27)])
+def test_the_threads_get_tasks_alike(shape) -> None:
+    """A parallel loop is split statically: an odd number of tasks under 64 (13 rows) leaves a thread idle for
+    one task's time, so more loops join the tasks."""
+    spec = CpuSpec(lanes=8, registers=16, threads=2, vector_codegen=True)
+    (func,) = (f for name, f in kernels_of(conv_body(64, 1), shape, AVX2, "blocked").items() if "conv2d_nchwc" in name)
+    new_func, rule = schedule_function(func, spec)
+    assert rule == "blocked_conv"
+    tasks = [int(n) for n in re.findall(r"T\.parallel\(T\.int64\((\d+)\)\)", new_func.script())]
+    assert tasks and all(balanced(n, 2) for n in tasks), tasks
+    np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("tasks", "expected"), [(13, False), (14, True), (6, False), (65, True), (63, False)])
+def test_balanced_tasks(tasks, expected) -> None:
+    assert balanced(tasks, 2) == expected
+    assert balanced(tasks, 1) == (tasks >= 4)
