@@ -1,14 +1,14 @@
 """The CPU rule for convolutions in blocked channel layouts (NCHW[x]c, :mod:`tvm_memplan.relax.layout`).
 
-The micro-kernel of onnxruntime's MLAS NCHWc convolutions and of NeoCPU: a tile of ``oc`` channel
-blocks by ``ow`` output columns stays in vector registers (one register per block and column, its
-lanes the block's channels) for the whole reduction; each step loads one weight vector per channel
-block and broadcasts one input value per column, so every broadcast serves ``oc`` multiply-adds and
-every weight vector ``ow`` (on AVX-512 the broadcast folds into the FMA's memory operand). Tasks are
-output rows, or channel tiles where the weights outweigh the inputs (whichever rereads fewer bytes,
-as in :mod:`.tiled_reduction`); a row whose width no good tile divides ends in a narrower tile,
-a loop nest of its own; padding is its own vectorized pass and the epilogue (bias, activation, residual
-add) runs on the tile before it is stored.
+The micro-kernel of onnxruntime's MLAS NCHWc convolutions and of NeoCPU: a tile of ``oc`` channel blocks by
+``ow`` output columns stays in vector registers (one register per block and column, its lanes the block's
+channels) for the whole reduction; each step loads one weight vector per channel block and broadcasts one
+input value per column, so every broadcast serves ``oc`` multiply-adds and every weight vector ``ow`` (on
+AVX-512 the broadcast folds into the FMA's memory operand). Tasks are output rows, or channel tiles where the
+weights outweigh the inputs (whichever rereads fewer bytes, as in :mod:`.tiled_reduction`); a row whose width
+no good tile divides ends in a narrower tile, a loop nest of its own, and rows too narrow for a good tile run
+as one run of positions across rows; padding is its own vectorized pass and the epilogue (bias, activation,
+residual add) runs on the tile before it is stored.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def _flattens(
 ) -> bool:
     """Whether a convolution should tile its positions across rows: where a row is too narrow for a
     tile that covers the multiply-add's latency (7 columns at AVX2: 2 x 4 and 2 x 3), the whole map is one run
-    (49 positions: eight 2 x 6 tiles and one column), if its accumulators fit :data:`ROW_BUFFER_BYTES` and its
+    (49 positions: nine 2 x 5 tiles and a 2 x 4), if its accumulators fit :data:`ROW_BUFFER_BYTES` and its
     channel tile holds more than one weight vector. With one (29 or 5 channel blocks, or 125: no wider tile divides
     them) a broadcast per multiply-add bounds the tile either way, and the run's tiles ran 1 to 12 % slower (one
     thread, AVX2: ShuffleNetV2's 1x1 convolutions at 14x14 and 7x7, MobileNetV3-small's at 14x14)."""
