@@ -3,13 +3,15 @@ what they compute, and its register tile fits the register file."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
 from tvm import tirx
 
 from tvm_memplan.schedule import CpuSpec, schedule_function
-from tvm_memplan.schedule.cpu.blocked_conv import register_tile
+from tvm_memplan.schedule.cpu.blocked_conv import balanced, register_tile
 
 from ...kernels import conv_body, kernels_of
 
@@ -35,6 +37,11 @@ def _run(func: tirx.PrimFunc) -> np.ndarray:
         (conv_body(64, 3, padding=1), (1, 64, 4, 4)),  # weights outweigh inputs: channel tiles first
         (conv_body(32, 3, padding=1, groups=2), (1, 32, 6, 6)),  # 16 channels a group
         (conv_body(32, 3, padding=1), (1, 16, 13, 13)),  # 13 columns: a narrower last tile at 8 lanes
+        (conv_body(64, 1), (1, 64, 7, 7)),  # 1x1 at 7x7: tiles across rows at 8 lanes, a narrower last tile
+        (conv_body(64, 1), (1, 64, 6, 6)),  # 1x1 at 6x6: tiles across rows that divide the 36 positions
+        (conv_body(64, 1), (1, 64, 10, 9)),
+        (conv_body(64, 3, padding=1), (1, 64, 7, 7)),  # 3x3 at 7x7: padded rows read across the run
+        (conv_body(64, 3, stride=2, padding=1, activation="relu6"), (1, 64, 14, 13)),  # stride 2 to 7x7
     ],
 )
 @pytest.mark.parametrize("spec", [AVX512, CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)])
@@ -131,6 +138,22 @@ def test_a_tail_is_taken_where_the_reduction_is_long_enough_to_pay_for_it(
     assert columns % register_tile(channels, columns, 1, spec, tails=False, reduction=reduction)[1] == 0
 
 
+@pytest.mark.parametrize(
+    "body, shape, positions, flattens",
+    [
+        (conv_body(64, 1), (1, 64, 7, 7), 49, True),  # 2 x 4 and 2 x 3 a row; 2 x 6 tiles across the 49 positions
+        (conv_body(64, 1, stride=2), (1, 64, 14, 14), 49, True),  # every other position
+        (conv_body(64, 3, padding=1), (1, 64, 7, 7), 49, True),  # its neighbours
+        (conv_body(64, 1), (1, 64, 56, 56), 3136, False),  # 2 x 6 fits a row; the run's accumulators would not fit L1
+    ],
+)
+def test_a_convolution_with_narrow_rows_tiles_its_positions_across_rows(body, shape, positions, flattens) -> None:
+    (func,) = (f for name, f in kernels_of(body, shape, AVX2, "blocked").items() if "conv2d_nchwc" in name)
+    new_func, rule = schedule_function(func, AVX2_SPEC)
+    assert rule == "blocked_conv"
+    assert (f"T.int64({positions})" in new_func.script()) == flattens
+
+
 @pytest.mark.parametrize(("kernel", "lanes"), [(3, 16), (5, 16), (5, 8)])
 def test_a_blocked_depthwise_input_is_read_in_place_by_whole_vectors_with_a_narrower_tile(kernel, lanes) -> None:
     """The padded input is read in place (a bounds check per channel vector: no staged copy, no zero fill), and
@@ -153,3 +176,22 @@ def test_a_rows_task_runs_its_channel_tiles_outside_its_column_tiles() -> None:
     )
     script = schedule_function(func, AVX512)[0].script()
     assert "for oc_0, ow_0 in T.grid" in script  # tasks: rows (parallel); in a row, channel tiles, then columns
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 13, 13), (1, 256, 7, 7), (1, 32, 27, 27)])
+def test_the_threads_get_tasks_alike(shape) -> None:
+    """A parallel loop is split statically: an odd number of tasks under 16 (13 rows) leaves a thread idle for
+    one task's time, so more loops join the tasks."""
+    spec = CpuSpec(lanes=8, registers=16, threads=2, vector_codegen=True)
+    (func,) = (f for name, f in kernels_of(conv_body(64, 1), shape, AVX2, "blocked").items() if "conv2d_nchwc" in name)
+    new_func, rule = schedule_function(func, spec)
+    assert rule == "blocked_conv"
+    tasks = [int(n) for n in re.findall(r"T\.parallel\(T\.int64\((\d+)\)\)", new_func.script())]
+    assert tasks and all(balanced(n, 2) for n in tasks), tasks
+    np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("tasks", "expected"), [(13, False), (14, True), (6, False), (17, True), (15, False)])
+def test_balanced_tasks(tasks, expected) -> None:
+    assert balanced(tasks, 2) == expected
+    assert balanced(tasks, 1) == (tasks >= 4)

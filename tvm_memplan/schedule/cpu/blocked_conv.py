@@ -1,14 +1,14 @@
 """The CPU rule for convolutions in blocked channel layouts (NCHW[x]c, :mod:`tvm_memplan.relax.layout`).
 
-The micro-kernel of onnxruntime's MLAS NCHWc convolutions and of NeoCPU: a tile of ``oc`` channel
-blocks by ``ow`` output columns stays in vector registers (one register per block and column, its
-lanes the block's channels) for the whole reduction; each step loads one weight vector per channel
-block and broadcasts one input value per column, so every broadcast serves ``oc`` multiply-adds and
-every weight vector ``ow`` (on AVX-512 the broadcast folds into the FMA's memory operand). Tasks are
-output rows, or channel tiles where the weights outweigh the inputs (whichever rereads fewer bytes,
-as in :mod:`.tiled_reduction`); a row whose width no good tile divides ends in a narrower tile,
-a loop nest of its own; padding is its own vectorized pass and the epilogue (bias, activation, residual
-add) runs on the tile before it is stored.
+The micro-kernel of onnxruntime's MLAS NCHWc convolutions and of NeoCPU: a tile of ``oc`` channel blocks by
+``ow`` output columns stays in vector registers (one register per block and column, its lanes the block's
+channels) for the whole reduction; each step loads one weight vector per channel block and broadcasts one
+input value per column, so every broadcast serves ``oc`` multiply-adds and every weight vector ``ow`` (on
+AVX-512 the broadcast folds into the FMA's memory operand). Tasks are output rows, or channel tiles where the
+weights outweigh the inputs (whichever rereads fewer bytes, as in :mod:`.tiled_reduction`); a row whose width
+no good tile divides ends in a narrower tile, a loop nest of its own, and rows too narrow for a good tile run
+as one run of positions across rows; padding is its own vectorized pass and the epilogue (bias, activation,
+residual add) runs on the tile before it is stored.
 """
 
 from __future__ import annotations
@@ -77,11 +77,24 @@ class BlockedConv(CPUScheduleRule):
                 sch.compute_inline(producer)
         epilogue = inline_into_epilogue(sch, main, blocks[position + 1 :], "global")
         vectors = -(-lanes // spec.lanes)
-        batch, oc, oh, ow, o, *reduce_loops = iterator_loops(sch, main, extents)
         # with a tail of columns the columns are partitioned below the tasks, which must then be enough
         tails = extents[0] * rows * -(-channels // MAX_CHANNEL_TILE) >= 4 * spec.threads
         reduction = math.prod(extents[5:])
         channel_tile, column_tile = register_tile(channels, columns, vectors, spec, tails=tails, reduction=reduction)
+        if iter_extents(sch.get(epilogue)) == extents[:5]:
+            flat = register_tile(channels, rows * columns, vectors, spec, tails=True, reduction=reduction)
+            tasks = extents[0] * (channels // flat[0])  # with a tail, only channel tiles are tasks
+            if (rows * columns % flat[1] == 0 or balanced(tasks, spec.threads)) and _flattens(
+                channels, rows, columns, (channel_tile, column_tile), flat, vectors, reduction, spec
+            ):
+                _flatten_positions(sch, main, epilogue, columns)
+                rows, columns = 1, rows * columns
+                extents = extents[:2] + [columns] + extents[4:]
+                channel_tile, column_tile = flat
+        loops = iterator_loops(sch, main, extents)
+        if len(loops) == 8:
+            loops.insert(2, None)
+        batch, oc, oh, ow, o, *reduce_loops = loops
         oc_outer, oc_inner = sch.split(oc, [None, channel_tile])
         column_parts = [columns - columns % column_tile] + ([columns % column_tile] if columns % column_tile else [])
         weights_first = _weights_first(block, rows)
@@ -92,15 +105,17 @@ class BlockedConv(CPUScheduleRule):
             # 64 to 256 channels at 56x56 with a residual add, one thread, Zen 4, 0.94x the time at AVX-512,
             # 0.88x at AVX2; 3x3 ones unchanged)
             task_loops = [batch, oc_outer, oh, ow_outer] if weights_first else [batch, oh, oc_outer, ow_outer]
+            task_loops = [loop for loop in task_loops if loop is not None]
             sch.reorder(*task_loops, *reduce_loops, ow_inner, oc_inner, o)
         else:
             task_loops = [batch, oc_outer, oh] if weights_first else [batch, oh, oc_outer]
+            task_loops = [loop for loop in task_loops if loop is not None]
             sch.reorder(*task_loops, ow, *reduce_loops, oc_inner, o)
         work = 1
         for extent in extents:
             work *= extent
         parallel = 1
-        while parallel < len(task_loops) and product(sch, task_loops[:parallel]) < 4 * spec.threads:
+        while parallel < len(task_loops) and not balanced(product(sch, task_loops[:parallel]), spec.threads):
             parallel += 1
         task = fuse_parallel(sch, task_loops[:parallel], work, spec)
         tile_loop = task_loops[-1] if parallel < len(task_loops) else task
@@ -116,6 +131,19 @@ class BlockedConv(CPUScheduleRule):
             _column_tiles(sch, ow, column_parts, column_tile, len(reduce_loops))
         for pad in padding:
             _schedule_padding(sch, pad, spec)
+
+
+BALANCED_TASKS = 8
+"""Tasks per thread from which an uneven share (a thread with one task more) is left as it is (at most 1/16 of
+the time idle at 2 threads): joining the next loop into the tasks cost 3 to 4 % of a kernel's time at one thread
+(AVX2: SqueezeNet's 1x1 convolutions at 27x27 and 13x13), more than 27 or 35 rows leave idle (4 or 3 %)."""
+
+
+def balanced(tasks: int, threads: int) -> bool:
+    """Whether ``tasks`` keep ``threads`` busy alike. A parallel loop is split statically, each thread a run of
+    ``ceil(tasks / threads)``: 13 rows on 2 threads give one 7 and the other 6, 8 % of the kernel's time idle. So
+    at least 4 tasks each, and as many for each or so many that one more is little."""
+    return tasks >= 4 * threads and (tasks % threads == 0 or tasks >= BALANCED_TASKS * threads)
 
 
 def _schedule_padding(sch: s_tir.Schedule, pad, spec: CpuSpec) -> None:
@@ -218,11 +246,55 @@ def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, 
     return channels // channel_tile * per_channel_tile
 
 
+ROW_BUFFER_BYTES = 16 * 1024
+"""The most bytes of accumulators a channel tile may keep across a whole run of tiles (the buffer of a run with
+a narrower last tile, which the epilogue reloads): half an x86 core's 32 KiB L1 data cache."""
+
+
 def _row_cycles(channels: int, columns: int, tile: tuple[int, int], vectors: int, reduction: int) -> float:
     """Cycles of one row of ``columns`` under ``tile``: its reduction's steps and, with a narrower last tile,
     what that costs per output vector (:data:`TAIL_VECTOR_CYCLES`)."""
     cycles = reduction * row_steps(channels, columns, *tile, vectors)
     return cycles + (TAIL_VECTOR_CYCLES * channels * vectors * columns if columns % tile[1] else 0.0)
+
+
+def _flatten_positions(sch: s_tir.Schedule, main, epilogue, width: int) -> None:
+    """The output's rows and columns become one run of positions ``p = oh * width + ow``, tiled across the rows.
+    A tile's input addresses (row ``p // W`` times the stride plus the kernel's row, column ``p % W`` likewise) do
+    not change along the reduction, so they are computed once per tile (at 1x1 and stride 1,
+    ``(p // W) * W + p % W`` simplifies to ``p``). The accumulators and the epilogue take the same run, so that the
+    epilogue computed at a tile of positions covers exactly that tile (over rows and columns it covered the whole
+    rows the tile crossed, and read accumulators that other tiles held)."""
+    sch.transform_block_layout(main, lambda b, oc, oh, ow, o, ic, kh, kw, i: (b, oc, oh * width + ow, o, ic, kh, kw, i))
+    sch.transform_layout(main, ("write", 0), lambda b, oc, oh, ow, o: (b, oc, oh * width + ow, o))
+    sch.transform_block_layout(epilogue, lambda b, oc, oh, ow, o: (b, oc, oh * width + ow, o))
+
+
+def _flattens(
+    channels: int,
+    rows: int,
+    columns: int,
+    row_tile: tuple[int, int],
+    flat_tile: tuple[int, int],
+    vectors: int,
+    reduction: int,
+    spec: CpuSpec,
+) -> bool:
+    """Whether a convolution should tile its positions across rows: where a row is too narrow for a
+    tile that covers the multiply-add's latency (7 columns at AVX2: 2 x 4 and 2 x 3), the whole map is one run
+    (49 positions: nine 2 x 5 tiles and a 2 x 4), if its accumulators fit :data:`ROW_BUFFER_BYTES` and its
+    channel tile holds more than one weight vector. With one (29 or 5 channel blocks, or 125: no wider tile divides
+    them) a broadcast per multiply-add bounds the tile either way, and the run's tiles ran 1 to 12 % slower (one
+    thread, AVX2: ShuffleNetV2's 1x1 convolutions at 14x14 and 7x7, MobileNetV3-small's at 14x14)."""
+    positions = rows * columns
+    if (
+        rows == 1
+        or flat_tile[0] * vectors == 1
+        or flat_tile[0] * vectors * spec.lanes * 4 * positions > ROW_BUFFER_BYTES
+    ):
+        return False
+    flat = _row_cycles(channels, positions, flat_tile, vectors, reduction)
+    return flat < rows * _row_cycles(channels, columns, row_tile, vectors, reduction)
 
 
 def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
