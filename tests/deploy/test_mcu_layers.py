@@ -332,9 +332,9 @@ def expand_stride_project(channels: int = 8, hidden: int = 24, out: int = 16, si
 def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emulated_m7(tmp_path, requantize):
     """The kernels' inline-asm blocks (DSP only, so the host tests above do not run them): 8 pixels of 5-8 input
     channels to stored codes (fixed point) or 4 to accumulators, a step of the 2x2 pointwise block (one LDM of two
-    pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the stem's two pairs of taps (one
-    LDM of both channels' weights), against onnxruntime's run of the same QDQ file (exact: its codes; fixed: within
-    its own spread)."""
+    pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the packing of a tile's pixels (PKH,
+    SXTB16, one STM a pixel pair), the stem's two pairs of taps (one LDM of both channels' weights), against
+    onnxruntime's run of the same QDQ file (exact: its codes; fixed: within its own spread)."""
     model = models.quantize_qdq(expand_stride_project())
     path = tmp_path / "net.onnx"
     onnx.save(model, str(path))
@@ -356,6 +356,9 @@ def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emul
     # the 2x2 step's pixels, the stem's weights (LDM), the unpacked weights (STM after four SXTB16)
     assert len(re.findall(r"ldmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}\n[^\n]*ldrd", disassembly)) >= 2
     assert re.search(r"sxtb16\s+r3, \w+, ror #8\n[^\n]*stmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}", disassembly)
+    # the pointwise tile's 4x4 byte transpose: PKHTB, and four SXTB16 to one STM per pixel pair
+    assert re.search(r"pkhtb\s+\w+, \w+, \w+, asr #16", disassembly)
+    assert re.search(r"sxtb16\s+r3, \w+, ror #8\n[^\n]*stmia(?:\.w)?\s+\w+, \{r0, r1, r2, r3\}", disassembly)
 
 
 @needs_arm

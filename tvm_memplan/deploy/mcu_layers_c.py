@@ -527,6 +527,39 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int8_t* c0 = x + 4 * s * pixels + p0;
       const int32_t there = cin - 4 * s; /* channels of this step that exist */
       int32_t p = 0;
+#if defined(__ARM_FEATURE_DSP)
+      /* the transpose below in one asm block: PKHBT/PKHTB in place (GCC wrote each as two to four shifts and ORs),
+       * then each pixel pair's four words stored by one STM (the list must ascend, so the registers are named) */
+      const int8_t* from = c0;
+      uint32_t *to = (uint32_t*)(packed + 2 * s), *next = to + 4 * steps;
+      for (const int8_t* const from_end = c0 + (there >= 4 ? n & ~3 : 0); from != from_end; from += 4) {
+        uint32_t w0 = tvm_memplan_word(from), w1 = tvm_memplan_word(from + pixels);
+        uint32_t w2 = tvm_memplan_word(from + 2 * pixels), w3 = tvm_memplan_word(from + 3 * pixels), t_;
+        register uint32_t e02_ __asm__("r0"), e13_ __asm__("r1"), o02_ __asm__("r2"), o13_ __asm__("r3");
+        __asm__ volatile( /* (it stores) */
+            "pkhbt %[t], %[w0], %[w2], lsl #16\n\t"
+            "pkhtb %[w2], %[w2], %[w0], asr #16\n\t"
+            "pkhbt %[w0], %[w1], %[w3], lsl #16\n\t"
+            "pkhtb %[w3], %[w3], %[w1], asr #16\n\t"
+            "sxtb16 %[e02], %[t]\n\t"
+            "sxtb16 %[e13], %[w0]\n\t"
+            "sxtb16 %[o02], %[t], ror #8\n\t"
+            "sxtb16 %[o13], %[w0], ror #8\n\t"
+            "stm %[to], {%[e02], %[e13], %[o02], %[o13]}\n\t"
+            "sxtb16 %[e02], %[w2]\n\t"
+            "sxtb16 %[e13], %[w3]\n\t"
+            "sxtb16 %[o02], %[w2], ror #8\n\t"
+            "sxtb16 %[o13], %[w3], ror #8\n\t"
+            "stm %[next], {%[e02], %[e13], %[o02], %[o13]}\n\t"
+            "add %[to], %[to], %[advance]\n\t"
+            "add %[next], %[next], %[advance]"
+            : [w0] "+r"(w0), [w1] "+r"(w1), [w2] "+r"(w2), [w3] "+r"(w3), [t] "=&r"(t_), [e02] "=&r"(e02_),
+              [e13] "=&r"(e13_), [o02] "=&r"(o02_), [o13] "=&r"(o13_), [to] "+r"(to), [next] "+r"(next)
+            : [advance] "rI"(32 * steps)
+            : "memory");
+      }
+      p = (int32_t)(from - c0);
+#endif
       for (; there >= 4 && p + 3 < n; p += 4) { /* 4 pixels from a word of each channel: a 4x4 byte transpose */
         const uint32_t w0 = tvm_memplan_word(c0 + p), w1 = tvm_memplan_word(c0 + pixels + p);
         const uint32_t w2 = tvm_memplan_word(c0 + 2 * pixels + p), w3 = tvm_memplan_word(c0 + 3 * pixels + p);
