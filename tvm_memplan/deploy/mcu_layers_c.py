@@ -853,23 +853,29 @@ _Pragma("GCC unroll 4")                                                         
   /* two pixels' windows (im2col) as int16 pairs, interleaved: pair i of pixel 0, then of pixel 1 (one LDRD); a fixed
    * size, so that their addresses are offsets from the stack pointer */
   uint64_t columns[TVM_MEMPLAN_MAX_ROWS * TVM_MEMPLAN_MAX_WINDOW / 2];
-  /* each pair of output channels' weights in the same order, interleaved (channel o's pair i, then o + 1's; zeros
-   * past cout), and their requantization scales, computed once */
-  uint64_t packed[((cout + 1) >> 1) * pairs];
+  /* per pair of output channels, one record that one pointer walks: the accumulators' starts {ba, ba, bb, bb} (two
+   * LDRD), the weights in the columns' order, interleaved (channel o's pair i, then o + 1's; zeros past cout), the
+   * fixed-point multipliers {qa, qb} (one LDRD); and the requantization scales, computed once */
+  const int32_t record = pairs + 3;
+  uint64_t packed[((cout + 1) >> 1) * record];
   tvm_memplan_scale scales[cout + 1];
   const int8_t* rows[TVM_MEMPLAN_MAX_ROWS];
   const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
-  for (int32_t o = 0; o < cout + 1; o += 2) {
-    for (int32_t i = 0; i < pairs && o < cout; ++i) {
+  for (int32_t o = 0; o <= cout; ++o) scales[o] = tvm_memplan_scale_of(o < cout ? multiplier[o] : 0.0f, fixed);
+  for (int32_t o = 0; o < cout; o += 2) {
+    uint64_t* at = packed + (o >> 1) * record;
+    const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
+    const int32_t starts[4] = {ba, ba, bb, bb}, q[2] = {scales[o].q, scales[o + 1].q};
+    memcpy(at, starts, 16), memcpy(at + 2 + pairs, q, 8);
+    for (int32_t i = 0; i < pairs; ++i) {
       int16_t lanes[4];
       for (int32_t k = 0; k < 4; ++k) {
-        const int32_t channel = o + (k >> 1), at = 2 * i + (k & 1);
-        lanes[k] = channel < cout && at < depth ? weights[channel * depth + at] : 0;
+        const int32_t channel = o + (k >> 1), tap = 2 * i + (k & 1);
+        lanes[k] = channel < cout && tap < depth ? weights[channel * depth + tap] : 0;
       }
-      memcpy(packed + (o >> 1) * pairs + i, lanes, 8);
+      memcpy(at + 2 + i, lanes, 8);
     }
   }
-  for (int32_t o = 0; o <= cout; ++o) scales[o] = tvm_memplan_scale_of(o < cout ? multiplier[o] : 0.0f, fixed);
   memset(columns, 0, 8 * pairs);
   int32_t next = -top;
   for (int32_t oy = 0; oy < oh; ++oy) {
@@ -906,10 +912,13 @@ _Pragma("GCC unroll 4")                                                         
       }
       /* (the second pixel's window and channel o + 1's weights are read even where there is none, and not stored) */
       int8_t* out = y + oy * ow + ox;
-      for (int32_t o = 0; o < cout; o += 2) {
+      const uint64_t* u = packed;
+      for (int32_t o = 0; o < cout; o += 2, out += 2 * y_plane) {
         const int32_t second = o + 1 < cout;
-        const uint64_t* u = packed + (o >> 1) * pairs;
-        int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
+        int32_t a0, a1, b0, b1;
+        TVM_MEMPLAN_LDRD_M(u, a0, a1);
+        TVM_MEMPLAN_LDRD_M(u + 1, b0, b1);
+        u += 2;
         tvm_memplan_scale ma = scales[o], mb = scales[o + 1];
         ma.fixed = mb.fixed = fixed; /* a constant, which drops the other path */
         int32_t i = 0;
@@ -935,21 +944,22 @@ _Pragma("GCC unroll 4")                                                         
                     [wv] "=&r"(wv_), [wu1] "=&r"(wu1_), [wv1] "=&r"(wv1_), [xa] "=&r"(xa_), [xb] "=&r"(xb_)
                   : [c0] "Uv"(columns[i]), [c1] "Uv"(columns[i + 1]), "m"(*(const uint64_t(*)[2])u));
         }
-        u -= i;
 #endif
 #pragma GCC unroll 16
-        for (; i < pairs; ++i) { /* two LDRD, four SMLAD */
+        for (; i < pairs; ++i, ++u) { /* two LDRD, four SMLAD */
           uint32_t wu, wv, xa, xb;
-          TVM_MEMPLAN_LDRD_M(u + i, wu, wv);
+          TVM_MEMPLAN_LDRD_M(u, wu, wv);
           TVM_MEMPLAN_LDRD_M(columns + i, xa, xb);
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
           b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
         }
-        out[o * y_plane] = (int8_t)tvm_memplan_requantize(a0, ma, y_zp, low, high);
-        if (two) out[o * y_plane + 1] = (int8_t)tvm_memplan_requantize(a1, ma, y_zp, low, high);
+        if (fixed) TVM_MEMPLAN_LDRD_M(u, ma.q, mb.q); /* (one LDRD, not two LDR) */
+        ++u;
+        out[0] = (int8_t)tvm_memplan_requantize(a0, ma, y_zp, low, high);
+        if (two) out[1] = (int8_t)tvm_memplan_requantize(a1, ma, y_zp, low, high);
         if (second) {
-          out[(o + 1) * y_plane] = (int8_t)tvm_memplan_requantize(b0, mb, y_zp, low, high);
-          if (two) out[(o + 1) * y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, mb, y_zp, low, high);
+          out[y_plane] = (int8_t)tvm_memplan_requantize(b0, mb, y_zp, low, high);
+          if (two) out[y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, mb, y_zp, low, high);
         }
       }
     }
