@@ -83,6 +83,29 @@ POINTWISE_HEAD = r"""
 one output code (with the residual add): one text for the SMLAD kernel here and the Helium one in :mod:`.mcu_mve`."""
 
 
+DEPTHWISE_PARAMETERS = """
+    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
+    int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
+    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t fixed_point, int32_t y_plane)"""
+"""The depthwise kernel's parameters (its body's after the cache's pointer)."""
+
+DEPTHWISE_BUFFER = r"""
+/* the depthwise cache's geometry: its rows' stride, whether the plane goes whole, its bytes */
+#define TVM_MEMPLAN_DEPTHWISE_GEOMETRY                                                                       \
+  const int32_t cols = (ow - 1) * sw + kw, filled = left + w;                                                \
+  /* 4 bytes of slack for word reads */                                                                      \
+  const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3;                                         \
+  /* a small plane goes whole into the cache, padded, each row copied once; a large one through a ring of the \
+   * window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */            \
+  const int32_t span = (oh - 1) * sh + kh, whole = span * stride <= TVM_MEMPLAN_MAX_PLANE;                   \
+  /* each row's input columns start on a word (its first byte at left + shift), so that the row copies are   \
+   * word-aligned */                                                                                         \
+  const int32_t cache_shift = (4 - (left & 3)) & 3, bytes = (whole ? span * stride : 2 * kh * stride) + 3;
+"""
+"""``TVM_MEMPLAN_DEPTHWISE_GEOMETRY``: the depthwise cache's geometry, which its body and the wrapper that
+places the cache both compute."""
+
+
 LAYER_KERNELS = (
     r"""
 /* tvm-memplan's whole-layer int8 kernels (NCHW, requantization fused; see tvm_memplan.quant.mcu_kernels) */
@@ -389,26 +412,18 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n#define TVM_MEMPLAN_MAX_ROWS {MAX_ROWS}\n"
     + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n#define TVM_MEMPLAN_PACKED_BYTES {PACKED_BYTES}\n"
     + f"#define TVM_MEMPLAN_UNPACK_TILE {UNPACK_TILE}\n"
-    + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
-    + r"""
-    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
-    int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
-    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t fixed_point, int32_t y_plane) {
+    + DEPTHWISE_BUFFER
+    + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}_in(int8_t* padded, "
+    + DEPTHWISE_PARAMETERS
+    + r""" {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_;
   const int32_t* bias = (const int32_t*)bias_;
   const float* multiplier = (const float*)multiplier_;
   int8_t* y = (int8_t*)y_;
-  const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
-  const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3; /* 4 bytes of slack for word reads */
-  /* a small plane goes whole into the cache, padded, each row copied once; a large one through a ring of the
-   * window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
-  const int32_t span = (oh - 1) * sh + kh, whole = span * stride <= TVM_MEMPLAN_MAX_PLANE;
-  /* each row's input columns start on a word (its first byte at left + shift), so that the row copies are
-   * word-aligned memcpys (newlib copies an unaligned destination byte by byte) */
-  int8_t padded[(whole ? span * stride : 2 * kh * stride) + 3];
-  memset(padded, x_zp, sizeof(padded)); /* the padding stays */
-  int8_t* cache = padded + ((4 - (left & 3)) & 3);
+  TVM_MEMPLAN_DEPTHWISE_GEOMETRY
+  memset(padded, x_zp, bytes); /* the padding stays */
+  int8_t* cache = padded + cache_shift;
 """
     + DEPTHWISE_PLANE
     + r"""    int32_t next = -top; /* the first input row not yet in the ring */
@@ -508,6 +523,25 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     }
   }
   return 0;
+}
+"""
+    + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
+    + DEPTHWISE_PARAMETERS
+    + r""" {
+  TVM_MEMPLAN_DEPTHWISE_GEOMETRY
+  /* the cache in a fixed-size array where it fits one (the call's arguments are constants, so only one branch
+   * stays): a variable-length array costs the frame pointer (r7), a register the 3x3 rows then lack */
+#define TVM_MEMPLAN_IN(size)                                                                                     \
+  do {                                                                                                         \
+    int8_t buffer[size];                                                                                       \
+    return tvm_memplan_depthwise_s8_in(buffer, x_, w_, bias_, multiplier_, y_, planes, channels, h, w, oh, ow, \
+                                       kh, kw, sh, sw, top, left, x_zp, y_zp, low, high, fixed_point, y_plane); \
+  } while (0)
+  (void)cache_shift;
+  if (bytes <= 512) TVM_MEMPLAN_IN(512);
+  if (bytes <= TVM_MEMPLAN_MAX_PLANE + 3) TVM_MEMPLAN_IN(TVM_MEMPLAN_MAX_PLANE + 3);
+  TVM_MEMPLAN_IN(bytes);
+#undef TVM_MEMPLAN_IN
 }
 """
     + f"static inline __attribute__((always_inline)) int32_t {POINTWISE_KERNEL}("
