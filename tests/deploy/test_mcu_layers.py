@@ -363,6 +363,28 @@ def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emul
 
 @needs_arm
 @pytest.mark.slow
+@pytest.mark.parametrize("hidden", [48, 56])
+def test_the_2x2_blocks_steps_run_as_one_ldm_loop_on_the_emulated_m7(tmp_path, hidden):
+    """A projection of 48 or 56 channels (12 steps: 4 an iteration; 14: 2) runs its 2x2 blocks' steps in one asm loop
+    (one LDM of the unpacked weights, one of the packed pixels, eight SMLAD a step), ended by the sentinel after the
+    unpacked weights; the network gives onnxruntime's codes within its own spread (fixed point)."""
+    model = models.quantize_qdq(expand_stride_project(hidden=hidden))
+    path = tmp_path / "net.onnx"
+    onnx.save(model, str(path))
+    directory = tmp_path / "c"
+    emit_c(str(path), directory, "cortex-m7", requantize="fixed", order_seconds=1)
+    result = measure_c(directory, "qemu-cortex-m7")
+    assert result.correct and result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
+    disassembly = subprocess.run(
+        ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
+    ).stdout
+    steps = len(re.findall(r"ldmia(?:\.w)?\s+\w+!, \{r8, r9, sl, fp\}", disassembly))
+    assert steps >= (4 if hidden == 48 else 2), steps
+    assert re.search(r"cmp(?:\.w)?\s+r0, #1073758208", disassembly)  # the sentinel 0x40004000
+
+
+@needs_arm
+@pytest.mark.slow
 def test_the_depthwise_ring_copies_16_bytes_by_ldm_and_stm_on_the_emulated_m7(tmp_path):
     """A 48x48 plane goes through the depthwise kernel's ring of window rows (larger than ``MAX_PLANE``): its rows
     of 48 bytes, word-aligned, are copied by one LDM and two STM per 16 bytes; the network gives onnxruntime's codes

@@ -57,10 +57,15 @@ DEPTHWISE_PLANE = """\
 """The head of a depthwise kernel's loop over planes: the plane's input, taps, output, bias and scale (one text for
 the SMLAD kernel here and the Helium one in :mod:`.mcu_mve`)."""
 
-POINTWISE_HEAD = r"""
+POINTWISE_PARAMETERS = """
     void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
     int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
-    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane) {
+    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane)"""
+"""A pointwise kernel's parameters (its SMLAD body's after the tile buffers' pointers)."""
+
+POINTWISE_HEAD = (
+    POINTWISE_PARAMETERS
+    + r""" {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
   const int32_t* bias = (const int32_t*)bias_;
@@ -79,6 +84,7 @@ POINTWISE_HEAD = r"""
     y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
   } while (0)
 """
+)
 """The parameters of a pointwise kernel, its operands' pointers and ``TVM_MEMPLAN_STORE``, the requantizing store of
 one output code (with the residual add): one text for the SMLAD kernel here and the Helium one in :mod:`.mcu_mve`."""
 
@@ -255,6 +261,60 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
     a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));                                           \
     b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));                                           \
     b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                                           \
+  } while (0)
+#endif
+/* all steps of the pointwise 2x2 block over unpacked weights in one asm loop, k steps an iteration (k = 4 or 2,
+ * whichever divides the steps; fewer than 12 or 14 steps, or an odd count, keep TVM_MEMPLAN_STEP_2X2): per step one
+ * LDM of the channel pair's four unpacked words, one LDM of the two pixels' four packed words, eight SMLAD (10
+ * instructions for 16 MACs, where TVM_MEMPLAN_STEP_2X2 takes 11). 14 registers, all named: GCC's regional allocator
+ * found none for them otherwise. The loop ends where the next word of the unpacked weights is TVM_MEMPLAN_SENTINEL,
+ * which no SXTB16 pair is (0x4000 is no sign-extended byte): no counter register */
+#define TVM_MEMPLAN_SENTINEL 0x40004000u
+#if defined(__ARM_FEATURE_DSP) && !defined(__ARM_ARCH_8M_MAIN__)
+#define TVM_MEMPLAN_STEP_LDM                         \
+  "ldm %[v]!, {%[u0], %[u1], %[t0], %[t1]}\n\t"      \
+  "ldm %[q]!, {%[x0], %[x1], %[y0], %[y1]}\n\t"      \
+  "smlad %[a0], %[u0], %[x0], %[a0]\n\t"             \
+  "smlad %[a0], %[u1], %[x1], %[a0]\n\t"             \
+  "smlad %[a1], %[u0], %[y0], %[a1]\n\t"             \
+  "smlad %[a1], %[u1], %[y1], %[a1]\n\t"             \
+  "smlad %[b0], %[t0], %[x0], %[b0]\n\t"             \
+  "smlad %[b0], %[t1], %[x1], %[b0]\n\t"             \
+  "smlad %[b1], %[t0], %[y0], %[b1]\n\t"             \
+  "smlad %[b1], %[t1], %[y1], %[b1]\n\t"
+#define TVM_MEMPLAN_STEPS_LOOP(body, v, q, a0, a1, b0, b1)                                                      \
+  do {                                                                                                         \
+    register uint32_t x0_ __asm__("r0"), x1_ __asm__("r1"), y0_ __asm__("r2"), y1_ __asm__("r3");          \
+    register uint32_t u0_ __asm__("r8"), u1_ __asm__("r9"), t0_ __asm__("r10"), t1_ __asm__("r11");        \
+    register int32_t a0_ __asm__("r4") = (a0), a1_ __asm__("r5") = (a1), b0_ __asm__("r6") = (b0);         \
+    register int32_t b1_ __asm__("r7") = (b1);                                                                 \
+    register const uint64_t* v_ __asm__("r12") = (v);                                                          \
+    register const uint64_t* q_ __asm__("lr") = (q);                                                           \
+    __asm__("1:\n\t" body "ldr %[x0], [%[v]]\n\t"                                                              \
+            "cmp %[x0], %[sentinel]\n\t"                                                                       \
+            "bne 1b"                                                                                           \
+            : [a0] "+r"(a0_), [a1] "+r"(a1_), [b0] "+r"(b0_), [b1] "+r"(b1_), [v] "+r"(v_), [q] "+r"(q_),      \
+              [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_), [u0] "=&r"(u0_),             \
+              [u1] "=&r"(u1_), [t0] "=&r"(t0_), [t1] "=&r"(t1_)                                                \
+            : [sentinel] "I"(TVM_MEMPLAN_SENTINEL)                                                             \
+            : "cc", "memory");                                                                                 \
+    (a0) = a0_, (a1) = a1_, (b0) = b0_, (b1) = b1_, (v) = v_, (q) = q_;                                        \
+  } while (0)
+#define TVM_MEMPLAN_STEPS_2X2(steps, v, q, a0, a1, b0, b1)                                                      \
+  do {                                                                                                         \
+    if ((steps) % 4 == 0 && (steps) >= 12) {                                                                   \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM, \
+                             v, q, a0, a1, b0, b1);                                                            \
+    } else if ((steps) % 2 == 0 && (steps) >= 14) {                                                            \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM, v, q, a0, a1, b0, b1);                 \
+    } else { /* few steps: GCC's unrolled TVM_MEMPLAN_STEP_2X2, no moves into the named registers */           \
+      _Pragma("GCC unroll 4") for (int32_t s_ = 0; s_ < (steps); ++s_) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1); \
+    }                                                                                                          \
+  } while (0)
+#else
+#define TVM_MEMPLAN_STEPS_2X2(steps, v, q, a0, a1, b0, b1)                                                      \
+  do {                                                                                                         \
+    _Pragma("GCC unroll 4") for (int32_t s_ = 0; s_ < (steps); ++s_) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1); \
   } while (0)
 #endif
 static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
@@ -544,17 +604,29 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 #undef TVM_MEMPLAN_IN
 }
 """
-    + f"static inline __attribute__((always_inline)) int32_t {POINTWISE_KERNEL}("
-    + POINTWISE_HEAD
-    + r"""  const int32_t steps = (cin + 3) >> 2;
-  int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;
-  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;
-  /* enough pixels a tile to unpack each channel pair's weights once */
+    + r"""
+/* a pointwise kernel's tile: its pixels, (steps of 4 channels) x tile within TVM_MEMPLAN_PACKED_BYTES (at least
+ * 2 pixels), and whether enough pixels a tile to unpack each channel pair's weights once */
+#define TVM_MEMPLAN_POINTWISE_TILE                                        \
+  const int32_t steps = (cin + 3) >> 2;                                   \
+  int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;           \
+  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;                          \
   const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
-  /* per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word), read
-   * by one LDRD; the two pixels' steps interleave so that one pointer walks both */
-  uint64_t packed[steps * tile];
-  uint64_t unpacked[unpack ? 2 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
+/* the most unpacked words: 2 per step (steps * TVM_MEMPLAN_UNPACK_TILE * 8 <= TVM_MEMPLAN_PACKED_BYTES), then the
+ * sentinel */
+#define TVM_MEMPLAN_MAX_UNPACKED (2 * (TVM_MEMPLAN_PACKED_BYTES / (8 * TVM_MEMPLAN_UNPACK_TILE)) + 1)
+"""
+    + "static inline __attribute__((always_inline)) int32_t "
+    + f"{POINTWISE_KERNEL}_in(uint64_t* packed, uint64_t* unpacked, "
+    + POINTWISE_HEAD
+    + r"""  TVM_MEMPLAN_POINTWISE_TILE
+  /* packed: per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word),
+   * read by one LDRD; the two pixels' steps interleave so that one pointer walks both; unpacked: per step, channel
+   * o's even and odd pair, then o + 1's, then the sentinel that ends the steps' loop */
+  if (unpack) {
+    const uint32_t sentinel = TVM_MEMPLAN_SENTINEL;
+    memcpy(unpacked + 2 * steps, &sentinel, 4);
+  }
   for (int32_t p0 = 0; p0 < pixels; p0 += tile) {
     const int32_t n = pixels - p0 < tile ? pixels - p0 : tile;
     for (int32_t s = 0; s < steps; ++s) {
@@ -828,10 +900,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     int32_t a0, a1, b0, b1;                                                                    \
     TVM_MEMPLAN_LDRD_M(starts, a0, a1);                                                        \
     TVM_MEMPLAN_LDRD_M(starts + 2, b0, b1);                                                    \
-    if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */               \
+    if (unpack) { /* per step the unpacked weights and the packed inputs, eight SMLAD */       \
       const uint64_t* v = unpacked;                                                            \
-_Pragma("GCC unroll 4")                                                                        \
-      for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1);          \
+      TVM_MEMPLAN_STEPS_2X2(steps, v, q, a0, a1, b0, b1);                                      \
     } else {                                                                                   \
       const int8_t* v = wa;                                                                    \
 _Pragma("GCC unroll 4")                                                                        \
@@ -869,6 +940,27 @@ _Pragma("GCC unroll 4")                                                         
   }
 #undef TVM_MEMPLAN_STORE
   return 0;
+}
+"""
+    + f"static inline __attribute__((always_inline)) int32_t {POINTWISE_KERNEL}("
+    + POINTWISE_PARAMETERS
+    + r""" {
+  TVM_MEMPLAN_POINTWISE_TILE
+  /* the tile's buffers in fixed-size arrays where they fit (the call's arguments are constants, so only one branch
+   * stays): variable-length arrays cost the frame pointer (r7), a register the 2x2 step needs */
+#define TVM_MEMPLAN_IN(packed_words, unpacked_words)                                                           \
+  do {                                                                                                         \
+    uint64_t packed[packed_words], unpacked[unpacked_words];                                                   \
+    return tvm_memplan_pointwise_s8_in(packed, unpacked, x_, w_, bias_, multiplier_, residual_, y_, cin, cout, \
+                                       pixels, y_zp, low, high, add, code_first, ratio_a, ratio_b, constant,   \
+                                       add_low, add_high, fixed_point, y_plane);                               \
+  } while (0)
+  if (steps * tile <= TVM_MEMPLAN_PACKED_BYTES / 8) {
+    if (unpack) TVM_MEMPLAN_IN(TVM_MEMPLAN_PACKED_BYTES / 8, TVM_MEMPLAN_MAX_UNPACKED);
+    TVM_MEMPLAN_IN(TVM_MEMPLAN_PACKED_BYTES / 8, 1);
+  }
+  TVM_MEMPLAN_IN(steps * tile, unpack ? 2 * steps + 1 : 1);
+#undef TVM_MEMPLAN_IN
 }
 """
     + f"static inline __attribute__((always_inline)) int32_t {WINDOW_KERNEL}("
