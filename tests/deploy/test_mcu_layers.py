@@ -331,10 +331,11 @@ def expand_stride_project(channels: int = 8, hidden: int = 24, out: int = 16, si
 @pytest.mark.parametrize("requantize", ["exact", "fixed"])
 def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emulated_m7(tmp_path, requantize):
     """The kernels' inline-asm blocks (DSP only, so the host tests above do not run them): 8 pixels of 5-8 input
-    channels to stored codes (fixed point) or 4 to accumulators, a step of the 2x2 pointwise block (one LDM of two
-    pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the packing of a tile's pixels (PKH,
-    SXTB16, one STM a pixel pair), the stem's two pairs of taps (one LDM of both channels' weights), against
-    onnxruntime's run of the same QDQ file (exact: its codes; fixed: within its own spread)."""
+    channels to stored codes a loop step (fixed point: one LDM a pixel) or 4 to accumulators, a step of the 2x2
+    pointwise block (one LDM of two pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the
+    packing of a tile's pixels (PKH, SXTB16, one STM a pixel pair, or one STRD a pixel for 5-8 channels), the stem's
+    two pairs of taps (one LDM of both channels' weights), against onnxruntime's run of the same QDQ file (exact: its
+    codes; fixed: within its own spread)."""
     model = models.quantize_qdq(expand_stride_project())
     path = tmp_path / "net.onnx"
     onnx.save(model, str(path))
@@ -350,7 +351,10 @@ def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emul
         ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
     ).stdout
     fixed = requantize == "fixed"
-    assert bool(re.search(r"ldrd\s+\w+, \w+, \[\w+\], #128", disassembly)) == fixed  # the 8-pixel block
+    # the 8-pixel loop: per pixel one LDM of its four packed words, the code stored post-indexed
+    assert (
+        bool(re.search(r"ssat\s+r0, #8, r0\n[^\n]*strb(?:\.w)?\s+r0, \[\w+\], #1\n[^\n]*ldmia", disassembly)) == fixed
+    )
     assert bool(re.search(r"ldrd\s+\w+, \w+, \[\w+\], #64", disassembly))  # the 4-pixel block
     assert ("smmlar" in disassembly) == fixed
     # the 2x2 step's pixels, the stem's weights (LDM), the unpacked weights (STM after four SXTB16)

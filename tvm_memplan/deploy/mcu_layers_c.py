@@ -622,7 +622,10 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + r"""  TVM_MEMPLAN_POINTWISE_TILE
   /* packed: per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word),
    * read by one LDRD; the two pixels' steps interleave so that one pointer walks both; unpacked: per step, channel
-   * o's even and odd pair, then o + 1's, then the sentinel that ends the steps' loop */
+   * o's even and odd pair, then o + 1's, then the sentinel that ends the steps' loop. With 5-8 channels (two steps)
+   * and more than one pixel, a pixel's two steps instead follow each other (its four words: one LDM) */
+  const int32_t by_pixel = steps == 2 && pixels > 1;
+#define TVM_MEMPLAN_PACKED_AT(p, s) (by_pixel ? 2 * (p) + (s) : 2 * (((p) >> 1) * steps + (s)) + ((p) & 1))
   if (unpack) {
     const uint32_t sentinel = TVM_MEMPLAN_SENTINEL;
     memcpy(unpacked + 2 * steps, &sentinel, 4);
@@ -637,8 +640,36 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       /* the transpose below in one asm block: PKHBT/PKHTB in place (GCC wrote each as two to four shifts and ORs),
        * then each pixel pair's four words stored by one STM (the list must ascend, so the registers are named) */
       const int8_t* from = c0;
-      uint32_t *to = (uint32_t*)(packed + 2 * s), *next = to + 4 * steps;
-      for (const int8_t* const from_end = c0 + (there >= 4 ? n & ~3 : 0); from != from_end; from += 4) {
+      uint32_t *to = (uint32_t*)(packed + (by_pixel ? s : 2 * s)), *next = to + 4 * steps;
+      for (const int8_t* const from_end = c0 + (there >= 4 && by_pixel ? n & ~3 : 0); from != from_end; from += 4) {
+        /* by pixel: each pixel's pair by one STRD, 16 bytes apart */
+        uint32_t w0 = tvm_memplan_word(from), w1 = tvm_memplan_word(from + pixels);
+        uint32_t w2 = tvm_memplan_word(from + 2 * pixels), w3 = tvm_memplan_word(from + 3 * pixels), t_;
+        uint32_t e02_, e13_, o02_, o13_;
+        __asm__ volatile( /* (it stores) */
+            "pkhbt %[t], %[w0], %[w2], lsl #16\n\t"
+            "pkhtb %[w2], %[w2], %[w0], asr #16\n\t"
+            "pkhbt %[w0], %[w1], %[w3], lsl #16\n\t"
+            "pkhtb %[w3], %[w3], %[w1], asr #16\n\t"
+            "sxtb16 %[e02], %[t]\n\t"
+            "sxtb16 %[e13], %[w0]\n\t"
+            "strd %[e02], %[e13], [%[to]]\n\t"
+            "sxtb16 %[o02], %[t], ror #8\n\t"
+            "sxtb16 %[o13], %[w0], ror #8\n\t"
+            "strd %[o02], %[o13], [%[to], #16]\n\t"
+            "sxtb16 %[e02], %[w2]\n\t"
+            "sxtb16 %[e13], %[w3]\n\t"
+            "strd %[e02], %[e13], [%[to], #32]\n\t"
+            "sxtb16 %[o02], %[w2], ror #8\n\t"
+            "sxtb16 %[o13], %[w3], ror #8\n\t"
+            "strd %[o02], %[o13], [%[to], #48]\n\t"
+            "add %[to], %[to], #64"
+            : [w0] "+r"(w0), [w1] "+r"(w1), [w2] "+r"(w2), [w3] "+r"(w3), [t] "=&r"(t_), [e02] "=&r"(e02_),
+              [e13] "=&r"(e13_), [o02] "=&r"(o02_), [o13] "=&r"(o13_), [to] "+r"(to)
+            :
+            : "memory");
+      }
+      for (const int8_t* const from_end = there >= 4 && !by_pixel ? c0 + (n & ~3) : from; from != from_end; from += 4) {
         uint32_t w0 = tvm_memplan_word(from), w1 = tvm_memplan_word(from + pixels);
         uint32_t w2 = tvm_memplan_word(from + 2 * pixels), w3 = tvm_memplan_word(from + 3 * pixels), t_;
         register uint32_t e02_ __asm__("r0"), e13_ __asm__("r1"), o02_ __asm__("r2"), o13_ __asm__("r3");
@@ -674,15 +705,13 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
          * pairs: 4 PKH and 8 SXTB16 */
         const uint32_t low02 = (w0 & 0xffffu) | w2 << 16, high02 = (w0 >> 16) | (w2 & 0xffff0000u);
         const uint32_t low13 = (w1 & 0xffffu) | w3 << 16, high13 = (w1 >> 16) | (w3 & 0xffff0000u);
-        uint32_t* to = (uint32_t*)(packed + 2 * ((p >> 1) * steps + s));
-        to[0] = tvm_memplan_even(low02), to[1] = tvm_memplan_even(low13);
-        to[2] = tvm_memplan_odd(low02), to[3] = tvm_memplan_odd(low13);
-        to += 4 * steps;
-        to[0] = tvm_memplan_even(high02), to[1] = tvm_memplan_even(high13);
-        to[2] = tvm_memplan_odd(high02), to[3] = tvm_memplan_odd(high13);
+        packed[TVM_MEMPLAN_PACKED_AT(p, s)] = tvm_memplan_even(low02) | (uint64_t)tvm_memplan_even(low13) << 32;
+        packed[TVM_MEMPLAN_PACKED_AT(p + 1, s)] = tvm_memplan_odd(low02) | (uint64_t)tvm_memplan_odd(low13) << 32;
+        packed[TVM_MEMPLAN_PACKED_AT(p + 2, s)] = tvm_memplan_even(high02) | (uint64_t)tvm_memplan_even(high13) << 32;
+        packed[TVM_MEMPLAN_PACKED_AT(p + 3, s)] = tvm_memplan_odd(high02) | (uint64_t)tvm_memplan_odd(high13) << 32;
       }
       for (; p < n; ++p) {
-        uint64_t* to = packed + 2 * ((p >> 1) * steps + s) + (p & 1);
+        uint64_t* to = packed + TVM_MEMPLAN_PACKED_AT(p, s);
         uint32_t word = (uint8_t)c0[p];
         if (there > 1) word |= (uint32_t)(uint8_t)c0[pixels + p] << 8;
         if (there > 2) word |= (uint32_t)(uint8_t)c0[2 * pixels + p] << 16;
@@ -744,40 +773,44 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int32_t at = p0;
       int32_t p = 0;
 #if defined(__ARM_FEATURE_DSP)
-      /* 4 pixels (the packed pairs of two pixel pairs) in one asm block: two LDRD and four SMLAD a pixel, the
-       * accumulators in registers (12 in all) */
       const uint64_t* q = packed;
       int8_t* yo = y + o * y_plane + p0;
-      /* with the fixed-point requantization to the int8 range and no residual: 8 pixels to their stored codes in
-       * one asm block (12 registers), SMMLAR, SSAT and STRB after each pixel's four SMLAD */
-      /* (the loop ends on q, 16 words a block: no pixel count to keep) */
+      /* with the fixed-point requantization to the int8 range and no residual: 8 pixels a loop step to their stored
+       * codes, per pixel one LDM of its four packed words, four SMLAD, SMMLAR, SSAT and STRB (post-indexed); the
+       * loop ends on q. 14 registers, all named (GCC's regional allocator found none for them otherwise) */
+#if !defined(__ARM_ARCH_8M_MAIN__) /* (Armv8.1-M keeps LR for its low-overhead loops: the 4-pixel blocks) */
       const uint64_t* const end8 = packed + ((fixed && !add && low == -128 && high == 127) ? 2 * (n & ~7) : 0);
-      for (; q != end8;) {
-        int32_t acc_;
-        uint32_t y_, z_;
-#define TVM_MEMPLAN_CODE(step0, step1, store)   \
-  "ldrd %[acc], %[y], " step0 "\n\t"            \
-  "smlad %[acc], %[ue], %[acc], %[b]\n\t"       \
-  "smlad %[acc], %[uo], %[y], %[acc]\n\t"       \
-  "ldrd %[y], %[z], " step1 "\n\t"              \
-  "smlad %[acc], %[te], %[y], %[acc]\n\t"       \
-  "smlad %[acc], %[to], %[z], %[acc]\n\t"       \
-  "smmlar %[acc], %[acc], %[mq], %[zp]\n\t"     \
-  "ssat %[acc], #8, %[acc]\n\t"                 \
-  "strb %[acc], " store "\n\t"
-        __asm__ volatile(TVM_MEMPLAN_CODE("[%[q]], #128", "[%[q], #-112]", "[%[out]], #8") /* (it stores) */
-                    TVM_MEMPLAN_CODE("[%[q], #-120]", "[%[q], #-104]", "[%[out], #-7]")
-                        TVM_MEMPLAN_CODE("[%[q], #-96]", "[%[q], #-80]", "[%[out], #-6]")
-                            TVM_MEMPLAN_CODE("[%[q], #-88]", "[%[q], #-72]", "[%[out], #-5]")
-                                TVM_MEMPLAN_CODE("[%[q], #-64]", "[%[q], #-48]", "[%[out], #-4]")
-                                    TVM_MEMPLAN_CODE("[%[q], #-56]", "[%[q], #-40]", "[%[out], #-3]")
-                                        TVM_MEMPLAN_CODE("[%[q], #-32]", "[%[q], #-16]", "[%[out], #-2]")
-                                            TVM_MEMPLAN_CODE("[%[q], #-24]", "[%[q], #-8]", "[%[out], #-1]")
-                : [acc] "=&r"(acc_), [y] "=&r"(y_), [z] "=&r"(z_), [q] "+r"(q), [out] "+r"(yo)
-                : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo), [mq] "r"(mo.q), [zp] "r"(y_zp)
-                : "memory");
+      if (q != end8) {
+        register uint32_t x0_ __asm__("r0"), x1_ __asm__("r1"), x2_ __asm__("r2"), x3_ __asm__("r3");
+        register uint32_t ue_ __asm__("r4") = ue, uo_ __asm__("r5") = uo, te_ __asm__("r6") = te;
+        register uint32_t to_ __asm__("r7") = to;
+        register int32_t b_ __asm__("r8") = bo, mq_ __asm__("r9") = mo.q, zp_ __asm__("r10") = y_zp;
+        register const uint64_t* q_ __asm__("r11") = q;
+        register int8_t* out_ __asm__("r12") = yo;
+        register const uint64_t* end_ __asm__("lr") = end8;
+#define TVM_MEMPLAN_CODE                               \
+  "ldm %[q]!, {%[x0], %[x1], %[x2], %[x3]}\n\t"         \
+  "smlad %[x0], %[ue], %[x0], %[b]\n\t"                 \
+  "smlad %[x0], %[uo], %[x1], %[x0]\n\t"                \
+  "smlad %[x0], %[te], %[x2], %[x0]\n\t"                \
+  "smlad %[x0], %[to], %[x3], %[x0]\n\t"                \
+  "smmlar %[x0], %[x0], %[mq], %[zp]\n\t"               \
+  "ssat %[x0], #8, %[x0]\n\t"                           \
+  "strb %[x0], [%[out]], #1\n\t"
+        __asm__ volatile("1:\n\t" /* (it stores) */
+                         TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE
+                             TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE
+                         "cmp %[q], %[end]\n\t"
+                         "bne 1b"
+                         : [x0] "=&r"(x0_), [x1] "=&r"(x1_), [x2] "=&r"(x2_), [x3] "=&r"(x3_), [q] "+r"(q_),
+                           [out] "+r"(out_)
+                         : [ue] "r"(ue_), [uo] "r"(uo_), [te] "r"(te_), [to] "r"(to_), [b] "r"(b_), [mq] "r"(mq_),
+                           [zp] "r"(zp_), [end] "r"(end_)
+                         : "cc", "memory");
 #undef TVM_MEMPLAN_CODE
+        q = q_, yo = out_;
       }
+#endif
       p = (int32_t)(q - packed) >> 1;
       /* (the loop ends on q, 8 words a block, and stores by yo) */
       for (const uint64_t* const end4 = add ? q : q + 8 * ((n - p) >> 2); q != end4; yo += 4) {
@@ -790,9 +823,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   "ldrd %[y], %[z], " step1 "\n\t"                           \
   "smlad %[" #acc "], %[te], %[y], %[" #acc "]\n\t"          \
   "smlad %[" #acc "], %[to], %[z], %[" #acc "]\n\t"
-        __asm__(TVM_MEMPLAN_DOT8(a0, "[%[q]], #64", "[%[q], #-48]") TVM_MEMPLAN_DOT8(a1, "[%[q], #-56]", "[%[q], #-40]")
-                    TVM_MEMPLAN_DOT8(a2, "[%[q], #-32]", "[%[q], #-16]")
-                        TVM_MEMPLAN_DOT8(a3, "[%[q], #-24]", "[%[q], #-8]")
+        __asm__(TVM_MEMPLAN_DOT8(a0, "[%[q]], #64", "[%[q], #-56]") TVM_MEMPLAN_DOT8(a1, "[%[q], #-48]", "[%[q], #-40]")
+                    TVM_MEMPLAN_DOT8(a2, "[%[q], #-32]", "[%[q], #-24]")
+                        TVM_MEMPLAN_DOT8(a3, "[%[q], #-16]", "[%[q], #-8]")
                 : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [y] "=&r"(y_), [z] "=&r"(z_),
                   [q] "+r"(q)
                 : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo)
@@ -806,7 +839,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       p = (int32_t)(q - packed) >> 1;
 #endif
       for (; p + 1 < n; p += 2) { /* 2 pixels at fixed offsets: two LDRD a pixel */
-        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1) */
+        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p, 1), (p + 1, 0), (p + 1, 1) */
 #define TVM_MEMPLAN_DOT8(step0, step1, acc)                                                                 \
   do {                                                                                                      \
     uint32_t xe, xo, ye, yo;                                                                                \
@@ -816,8 +849,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     acc = tvm_memplan_smlad(to, yo, tvm_memplan_smlad(te, ye, acc));                                        \
   } while (0)
         int32_t a0, a1;
-        TVM_MEMPLAN_DOT8(0, 16, a0);
-        TVM_MEMPLAN_DOT8(8, 24, a1);
+        TVM_MEMPLAN_DOT8(0, 8, a0);
+        TVM_MEMPLAN_DOT8(16, 24, a1);
 #undef TVM_MEMPLAN_DOT8
         TVM_MEMPLAN_STORE(o, at + p, a0, mo);
         TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
@@ -825,12 +858,12 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       for (; p < n; p += 4) {
         const uint64_t* q = packed + 2 * p;
         const int32_t more = n - p;
-        const uint64_t* q1 = more > 1 ? q + 1 : q;
+        const uint64_t* q1 = more > 1 ? q + 2 : q;
         const uint64_t* q2 = more > 2 ? q + 4 : q;
-        const uint64_t* q3 = more > 3 ? q + 5 : q;
+        const uint64_t* q3 = more > 3 ? q + 6 : q;
 #define TVM_MEMPLAN_DOT8(x)                                                                                 \
-  tvm_memplan_smlad(to, (uint32_t)((x)[2] >> 32),                                                           \
-                    tvm_memplan_smlad(te, (uint32_t)(x)[2],                                                 \
+  tvm_memplan_smlad(to, (uint32_t)((x)[1] >> 32),                                                           \
+                    tvm_memplan_smlad(te, (uint32_t)(x)[1],                                                 \
                                       tvm_memplan_smlad(uo, (uint32_t)((x)[0] >> 32),                       \
                                                         tvm_memplan_smlad(ue, (uint32_t)(x)[0], bo))))
         const int32_t a0 = TVM_MEMPLAN_DOT8(q), a1 = TVM_MEMPLAN_DOT8(q1), a2 = TVM_MEMPLAN_DOT8(q2);
