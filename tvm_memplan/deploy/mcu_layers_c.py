@@ -610,6 +610,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 #define TVM_MEMPLAN_POINTWISE_TILE                                        \
   const int32_t steps = (cin + 3) >> 2;                                   \
   int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;           \
+  /* a multiple of 4 (no pixels left to pack one by one) where it still unpacks */ \
+  if ((tile & ~3) >= TVM_MEMPLAN_UNPACK_TILE) tile &= ~3;                 \
   tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;                          \
   const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
 /* the most unpacked words: 2 per step (steps * TVM_MEMPLAN_UNPACK_TILE * 8 <= TVM_MEMPLAN_PACKED_BYTES), then the
