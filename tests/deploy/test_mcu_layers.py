@@ -89,8 +89,8 @@ def _operands(rng, cout: int, depth: int, x_shape: tuple[int, ...], zx: int):
 @pytest.mark.parametrize(
     "channels, size, kernel, stride, pad, low",
     [
-        (3, 8, 3, 1, 1, -128),  # two outputs per word
-        (2, 7, 3, 1, 1, -128),  # an odd width: the last output alone
+        (3, 8, 3, 1, 1, -128),  # two outputs per word, two rows at once
+        (2, 7, 3, 1, 1, -128),  # an odd width and height: the last output and the last row alone
         (3, 9, 3, 2, 1, -100),  # stride 2, a narrowed clamp (a folded Relu)
         (2, 6, 5, 1, 2, -128),  # the generic window
         (2, 5, 3, 2, 0, -128),  # no padding, an odd input

@@ -508,7 +508,40 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
         }
       }
       const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % kh) + kh) % kh) * stride;
-      if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
+      if (kh == 3 && kw == 3 && sw == 1 && sh == 1 && whole && oy + 1 < oh && ow <= 72) {
+        /* two output rows at once over the whole-plane cache: their middle input rows are loaded and split once
+         * (4 rows of words for 4 outputs, where one row at a time reads 6) */
+#define TVM_MEMPLAN_PAIR2(at, out, ox)                                                               \
+  do {                                                                                                \
+    uint32_t e = tvm_memplan_word(at), o = tvm_memplan_odd(e);                                        \
+    e = tvm_memplan_even(e);                                                                          \
+    int32_t a0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));                    \
+    int32_t a1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));                    \
+    e = tvm_memplan_word((at) + stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);             \
+    a0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, a0));                           \
+    a1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, a1));                           \
+    int32_t c0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));                    \
+    int32_t c1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));                    \
+    e = tvm_memplan_word((at) + 2 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);         \
+    a0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, a0));                            \
+    a1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, a1));                            \
+    c0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, c0));                           \
+    c1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, c1));                           \
+    e = tvm_memplan_word((at) + 3 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);         \
+    c0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, c0));                            \
+    c1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, c1));                            \
+    (out)[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);                                \
+    (out)[ow] = (int8_t)tvm_memplan_requantize(c0, m, y_zp, low, high);                               \
+    if ((ox) + 1 < ow) {                                                                              \
+      (out)[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);                              \
+      (out)[ow + 1] = (int8_t)tvm_memplan_requantize(c1, m, y_zp, low, high);                         \
+    }                                                                                                 \
+  } while (0)
+#pragma GCC unroll 36
+        for (int32_t ox = 0; ox < ow; ox += 2) TVM_MEMPLAN_PAIR2(r0 + ox, dst + ox, ox);
+#undef TVM_MEMPLAN_PAIR2
+        ++oy, dst += ow; /* (the loop's step moves past the second row) */
+      } else if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
 #define TVM_MEMPLAN_PAIR(at, out, ox)                                                                \
   do {                                                                                                \
     uint32_t e = tvm_memplan_word(at), o = tvm_memplan_odd(e);                                        \
