@@ -102,11 +102,15 @@ DEPTHWISE_BUFFER = r"""
   /* 4 bytes of slack for word reads */                                                                      \
   const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3;                                         \
   /* a small plane goes whole into the cache, padded, each row copied once; a large one through a ring of the \
-   * window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */            \
+   * window's rows, each held twice (at slot and slot + ring): any window is kh consecutive rows */          \
   const int32_t span = (oh - 1) * sh + kh, whole = span * stride <= TVM_MEMPLAN_MAX_PLANE;                   \
   /* each row's input columns start on a word (its first byte at left + shift), so that the row copies are   \
    * word-aligned */                                                                                         \
-  const int32_t cache_shift = (4 - (left & 3)) & 3, bytes = (whole ? span * stride : 2 * kh * stride) + 3;
+  /* a 3x3 ring at stride 1 holds kh + 1 rows where they fit MAX_PLANE (twice): two output rows' windows */     \
+  const int32_t ring = kh == 3 && kw == 3 && sw == 1 && sh == 1 && 2 * (kh + 1) * stride <= TVM_MEMPLAN_MAX_PLANE \
+                           ? kh + 1                                                                        \
+                           : kh;                                                                           \
+  const int32_t cache_shift = (4 - (left & 3)) & 3, bytes = (whole ? span * stride : 2 * ring * stride) + 3;
 """
 """``TVM_MEMPLAN_DEPTHWISE_GEOMETRY``: the depthwise cache's geometry, which its body and the wrapper that
 places the cache both compute."""
@@ -498,19 +502,22 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     }
     for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
       const int32_t first = oy * sh - top;
+      /* two output rows at once (3x3 at stride 1, the whole plane or a ring of kh + 1 rows, rows of up to 72
+       * outputs; at stride 2, where the rows would share one input row of three, GCC spilled: +7 %) */
+      const int32_t two = kh == 3 && kw == 3 && sw == 1 && sh == 1 && (whole || ring > kh) && oy + 1 < oh && ow <= 72;
       if (next < first) next = first;
-      for (; !whole && next < first + kh; ++next) { /* the columns between the (constant) padding, twice */
-        int8_t* row = cache + (((next % kh) + kh) % kh) * stride + left;
+      for (; !whole && next < first + kh + (two ? sh : 0); ++next) { /* the columns between the padding, twice */
+        int8_t* row = cache + (((next % ring) + ring) % ring) * stride + left;
         if (next < 0 || next >= h) {
-          memset(row, x_zp, w), memset(row + kh * stride, x_zp, w);
+          memset(row, x_zp, w), memset(row + ring * stride, x_zp, w);
         } else {
-          tvm_memplan_copy_row_twice(row, kh * stride, src + next * w, w);
+          tvm_memplan_copy_row_twice(row, ring * stride, src + next * w, w);
         }
       }
-      const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % kh) + kh) % kh) * stride;
-      if (kh == 3 && kw == 3 && sw == 1 && sh == 1 && whole && oy + 1 < oh && ow <= 72) {
-        /* two output rows at once over the whole-plane cache: their middle input rows are loaded and split once
-         * (4 rows of words for 4 outputs, where one row at a time reads 6) */
+      const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % ring) + ring) % ring) * stride;
+      if (two) {
+        /* two output rows at once (the whole-plane cache, or the ring of 4 rows): their middle input rows are
+         * loaded and split once (4 rows of words for 4 outputs, where one row at a time reads 6) */
 #define TVM_MEMPLAN_PAIR2(at, out, ox)                                                               \
   do {                                                                                                \
     uint32_t e = tvm_memplan_word(at), o = tvm_memplan_odd(e);                                        \
