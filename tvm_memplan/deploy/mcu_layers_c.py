@@ -767,7 +767,51 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       int32_t a[4];
       for (int32_t k = 0; k < 4; ++k) a[k] = o + k < cout ? bias[o + k] : 0;
       int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
-#if defined(__ARM_FEATURE_DSP)
+#if defined(__ARM_FEATURE_DSP) && !defined(__ARM_ARCH_8M_MAIN__)
+      /* the steps in one asm loop, k an iteration (k = 4, 2 or 1, whichever divides them): per step one LDRD of the
+       * input pairs, one LDM of the 4 channels' weight words (word-aligned constants), eight SXTB16 and eight
+       * SMLAD (18 instructions for 16 MACs); the loop ends on the weights' pointer, its end read from the stack
+       * into the temporary. 13 registers, all named (GCC's regional allocator found none for them otherwise; the
+       * LDM's list must ascend), r7 left to the frame pointer of the larger tile buffers */
+      {
+        register uint32_t w0_ __asm__("r0"), w1_ __asm__("r1"), w2_ __asm__("r2"), w3_ __asm__("r3");
+        register int32_t a0_ __asm__("r4") = a0, a1_ __asm__("r5") = a1, a2_ __asm__("r6") = a2;
+        register int32_t a3_ __asm__("r8") = a3;
+        register uint32_t xe_ __asm__("r9"), xo_ __asm__("r10"), t_ __asm__("r11");
+        register const uint64_t* q_ __asm__("r12") = q;
+        register const int8_t* v_ __asm__("lr") = v;
+        const int8_t* const end = v + 16 * steps;
+#define TVM_MEMPLAN_LANE(acc, w)                 \
+  "sxtb16 %[t], %[" #w "]\n\t"                   \
+  "sxtb16 %[" #w "], %[" #w "], ror #8\n\t"      \
+  "smlad %[" #acc "], %[t], %[xe], %[" #acc "]\n\t" \
+  "smlad %[" #acc "], %[" #w "], %[xo], %[" #acc "]\n\t"
+#define TVM_MEMPLAN_STEP                                \
+  "ldrd %[xe], %[xo], [%[q]], #16\n\t"                  \
+  "ldm %[v]!, {%[w0], %[w1], %[w2], %[w3]}\n\t"         \
+  TVM_MEMPLAN_LANE(a0, w0) TVM_MEMPLAN_LANE(a1, w1) TVM_MEMPLAN_LANE(a2, w2) TVM_MEMPLAN_LANE(a3, w3)
+#define TVM_MEMPLAN_LOOP(body)                                                                                 \
+  __asm__("1:\n\t" body "ldr %[t], %[end]\n\t"                                                                  \
+          "cmp %[v], %[t]\n\t"                                                                                    \
+          "bne 1b"                                                                                             \
+          : [a0] "+r"(a0_), [a1] "+r"(a1_), [a2] "+r"(a2_), [a3] "+r"(a3_), [q] "+r"(q_), [v] "+r"(v_),        \
+            [xe] "=&r"(xe_), [xo] "=&r"(xo_), [w0] "=&r"(w0_), [w1] "=&r"(w1_), [w2] "=&r"(w2_), [w3] "=&r"(w3_), \
+            [t] "=&r"(t_)                                                                                      \
+          : [end] "m"(end)                                                                                     \
+          : "cc", "memory")
+        if (steps % 4 == 0) {
+          TVM_MEMPLAN_LOOP(TVM_MEMPLAN_STEP TVM_MEMPLAN_STEP TVM_MEMPLAN_STEP TVM_MEMPLAN_STEP);
+        } else if (steps % 2 == 0) {
+          TVM_MEMPLAN_LOOP(TVM_MEMPLAN_STEP TVM_MEMPLAN_STEP);
+        } else {
+          TVM_MEMPLAN_LOOP(TVM_MEMPLAN_STEP);
+        }
+#undef TVM_MEMPLAN_LOOP
+#undef TVM_MEMPLAN_STEP
+#undef TVM_MEMPLAN_LANE
+        a0 = a0_, a1 = a1_, a2 = a2_, a3 = a3_;
+      }
+#elif defined(__ARM_FEATURE_DSP) /* (Armv8.1-M keeps LR for its low-overhead loops) */
       /* a step in one asm block (11 registers; the compiler's schedule hoisted loads and spilled): one LDRD of
        * the input pairs, two of the 4 channels' weight words (the weights are word-aligned constants), eight
        * SXTB16 and eight SMLAD */
