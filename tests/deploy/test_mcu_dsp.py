@@ -163,7 +163,8 @@ def test_cores_with_the_dsp_extension_lower_convolutions_for_smlad(mcpu, instruc
 @needs_arm
 @pytest.mark.slow
 def test_dense_of_one_row_runs_as_a_one_pixel_convolution_on_smlad(tmp_path):
-    """A dense of 21 inputs (not a multiple of 4) to 10 outputs (not a multiple of the 4 lanes)."""
+    """A dense of 21 inputs (not a multiple of 4) to 10 outputs (not a multiple of the 4 lanes); its steps read the 4
+    channels' weight words by one LDM."""
     model = models.quantize_qdq(models.gemm(m=1, k=21, n=10))
     path = tmp_path / "gemm.onnx"
     onnx.save(model, str(path))
@@ -173,3 +174,7 @@ def test_dense_of_one_row_runs_as_a_one_pixel_convolution_on_smlad(tmp_path):
     result = measure_c(directory, "qemu-cortex-m7")
     y_scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "y_scale")))
     assert result.correct and result.max_abs_diff < 0.5 * y_scale, result  # onnxruntime's codes
+    disassembly = subprocess.run(
+        ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
+    ).stdout
+    assert re.search(r"ldmia(?:\.w)?\s+lr!, \{r0, r1, r2, r3\}", disassembly)  # a step's 4 weight words: one LDM

@@ -89,8 +89,8 @@ def _operands(rng, cout: int, depth: int, x_shape: tuple[int, ...], zx: int):
 @pytest.mark.parametrize(
     "channels, size, kernel, stride, pad, low",
     [
-        (3, 8, 3, 1, 1, -128),  # two outputs per word
-        (2, 7, 3, 1, 1, -128),  # an odd width: the last output alone
+        (3, 8, 3, 1, 1, -128),  # two outputs per word, two rows at once
+        (2, 7, 3, 1, 1, -128),  # an odd width and height: the last output and the last row alone
         (3, 9, 3, 2, 1, -100),  # stride 2, a narrowed clamp (a folded Relu)
         (2, 6, 5, 1, 2, -128),  # the generic window
         (2, 5, 3, 2, 0, -128),  # no padding, an odd input
@@ -331,10 +331,11 @@ def expand_stride_project(channels: int = 8, hidden: int = 24, out: int = 16, si
 @pytest.mark.parametrize("requantize", ["exact", "fixed"])
 def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emulated_m7(tmp_path, requantize):
     """The kernels' inline-asm blocks (DSP only, so the host tests above do not run them): 8 pixels of 5-8 input
-    channels to stored codes (fixed point) or 4 to accumulators, a step of the 2x2 pointwise block (one LDM of two
-    pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the stem's two pairs of taps (one
-    LDM of both channels' weights), against onnxruntime's run of the same QDQ file (exact: its codes; fixed: within
-    its own spread)."""
+    channels to stored codes a loop step (fixed point: one LDM a pixel) or 4 to accumulators, a step of the 2x2
+    pointwise block (one LDM of two pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the
+    packing of a tile's pixels (PKH, SXTB16, one STM a pixel pair, or one STRD a pixel for 5-8 channels), the stem's
+    two pairs of taps (one LDM of both channels' weights), against onnxruntime's run of the same QDQ file (exact: its
+    codes; fixed: within its own spread)."""
     model = models.quantize_qdq(expand_stride_project())
     path = tmp_path / "net.onnx"
     onnx.save(model, str(path))
@@ -350,12 +351,40 @@ def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emul
         ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
     ).stdout
     fixed = requantize == "fixed"
-    assert bool(re.search(r"ldrd\s+\w+, \w+, \[\w+\], #128", disassembly)) == fixed  # the 8-pixel block
+    # the 8-pixel loop: per pixel one LDM of its four packed words, the code stored post-indexed
+    assert (
+        bool(re.search(r"ssat\s+r0, #8, r0\n[^\n]*strb(?:\.w)?\s+r0, \[\w+\], #1\n[^\n]*ldmia", disassembly)) == fixed
+    )
     assert bool(re.search(r"ldrd\s+\w+, \w+, \[\w+\], #64", disassembly))  # the 4-pixel block
     assert ("smmlar" in disassembly) == fixed
     # the 2x2 step's pixels, the stem's weights (LDM), the unpacked weights (STM after four SXTB16)
     assert len(re.findall(r"ldmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}\n[^\n]*ldrd", disassembly)) >= 2
     assert re.search(r"sxtb16\s+r3, \w+, ror #8\n[^\n]*stmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}", disassembly)
+    # the pointwise tile's 4x4 byte transpose: PKHTB, and four SXTB16 to one STM per pixel pair
+    assert re.search(r"pkhtb\s+\w+, \w+, \w+, asr #16", disassembly)
+    assert re.search(r"sxtb16\s+r3, \w+, ror #8\n[^\n]*stmia(?:\.w)?\s+\w+, \{r0, r1, r2, r3\}", disassembly)
+
+
+@needs_arm
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden", [48, 56])
+def test_the_2x2_blocks_steps_run_as_one_ldm_loop_on_the_emulated_m7(tmp_path, hidden):
+    """A projection of 48 or 56 channels (12 steps: 4 an iteration; 14: 2) runs its 2x2 blocks' steps in one asm loop
+    (one LDM of the unpacked weights, one of the packed pixels, eight SMLAD a step), ended by the sentinel after the
+    unpacked weights; the network gives onnxruntime's codes within its own spread (fixed point)."""
+    model = models.quantize_qdq(expand_stride_project(hidden=hidden))
+    path = tmp_path / "net.onnx"
+    onnx.save(model, str(path))
+    directory = tmp_path / "c"
+    emit_c(str(path), directory, "cortex-m7", requantize="fixed", order_seconds=1)
+    result = measure_c(directory, "qemu-cortex-m7")
+    assert result.correct and result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
+    disassembly = subprocess.run(
+        ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
+    ).stdout
+    steps = len(re.findall(r"ldmia(?:\.w)?\s+\w+!, \{r8, r9, sl, fp\}", disassembly))
+    assert steps >= (4 if hidden == 48 else 2), steps
+    assert re.search(r"cmp(?:\.w)?\s+r0, #1073758208", disassembly)  # the sentinel 0x40004000
 
 
 @needs_arm

@@ -57,10 +57,15 @@ DEPTHWISE_PLANE = """\
 """The head of a depthwise kernel's loop over planes: the plane's input, taps, output, bias and scale (one text for
 the SMLAD kernel here and the Helium one in :mod:`.mcu_mve`)."""
 
-POINTWISE_HEAD = r"""
+POINTWISE_PARAMETERS = """
     void* x_, void* w_, void* bias_, void* multiplier_, void* residual_, void* y_, int32_t cin, int32_t cout,
     int32_t pixels, int32_t y_zp, int32_t low, int32_t high, int32_t add, int32_t code_first, float ratio_a,
-    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane) {
+    float ratio_b, float constant, int32_t add_low, int32_t add_high, int32_t fixed_point, int32_t y_plane)"""
+"""A pointwise kernel's parameters (its SMLAD body's after the tile buffers' pointers)."""
+
+POINTWISE_HEAD = (
+    POINTWISE_PARAMETERS
+    + r""" {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_; /* (cout / 4, steps, 4 lanes, 4 channels) */
   const int32_t* bias = (const int32_t*)bias_;
@@ -79,8 +84,36 @@ POINTWISE_HEAD = r"""
     y[(o) * y_plane + (p)] = (int8_t)code;                                                              \
   } while (0)
 """
+)
 """The parameters of a pointwise kernel, its operands' pointers and ``TVM_MEMPLAN_STORE``, the requantizing store of
 one output code (with the residual add): one text for the SMLAD kernel here and the Helium one in :mod:`.mcu_mve`."""
+
+
+DEPTHWISE_PARAMETERS = """
+    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
+    int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
+    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t fixed_point, int32_t y_plane)"""
+"""The depthwise kernel's parameters (its body's after the cache's pointer)."""
+
+DEPTHWISE_BUFFER = r"""
+/* the depthwise cache's geometry: its rows' stride, whether the plane goes whole, its bytes */
+#define TVM_MEMPLAN_DEPTHWISE_GEOMETRY                                                                       \
+  const int32_t cols = (ow - 1) * sw + kw, filled = left + w;                                                \
+  /* 4 bytes of slack for word reads */                                                                      \
+  const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3;                                         \
+  /* a small plane goes whole into the cache, padded, each row copied once; a large one through a ring of the \
+   * window's rows, each held twice (at slot and slot + ring): any window is kh consecutive rows */          \
+  const int32_t span = (oh - 1) * sh + kh, whole = span * stride <= TVM_MEMPLAN_MAX_PLANE;                   \
+  /* each row's input columns start on a word (its first byte at left + shift), so that the row copies are   \
+   * word-aligned */                                                                                         \
+  /* a 3x3 ring at stride 1 holds kh + 1 rows where they fit MAX_PLANE (twice): two output rows' windows */     \
+  const int32_t ring = kh == 3 && kw == 3 && sw == 1 && sh == 1 && 2 * (kh + 1) * stride <= TVM_MEMPLAN_MAX_PLANE \
+                           ? kh + 1                                                                        \
+                           : kh;                                                                           \
+  const int32_t cache_shift = (4 - (left & 3)) & 3, bytes = (whole ? span * stride : 2 * ring * stride) + 3;
+"""
+"""``TVM_MEMPLAN_DEPTHWISE_GEOMETRY``: the depthwise cache's geometry, which its body and the wrapper that
+places the cache both compute."""
 
 
 LAYER_KERNELS = (
@@ -232,6 +265,60 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
     a1 = tvm_memplan_smlad(uo, x1o, tvm_memplan_smlad(ue, x1e, a1));                                           \
     b0 = tvm_memplan_smlad(to, x0o, tvm_memplan_smlad(te, x0e, b0));                                           \
     b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                                           \
+  } while (0)
+#endif
+/* all steps of the pointwise 2x2 block over unpacked weights in one asm loop, k steps an iteration (k = 4 or 2,
+ * whichever divides the steps; fewer than 12 or 14 steps, or an odd count, keep TVM_MEMPLAN_STEP_2X2): per step one
+ * LDM of the channel pair's four unpacked words, one LDM of the two pixels' four packed words, eight SMLAD (10
+ * instructions for 16 MACs, where TVM_MEMPLAN_STEP_2X2 takes 11). 14 registers, all named: GCC's regional allocator
+ * found none for them otherwise. The loop ends where the next word of the unpacked weights is TVM_MEMPLAN_SENTINEL,
+ * which no SXTB16 pair is (0x4000 is no sign-extended byte): no counter register */
+#define TVM_MEMPLAN_SENTINEL 0x40004000u
+#if defined(__ARM_FEATURE_DSP) && !defined(__ARM_ARCH_8M_MAIN__)
+#define TVM_MEMPLAN_STEP_LDM                         \
+  "ldm %[v]!, {%[u0], %[u1], %[t0], %[t1]}\n\t"      \
+  "ldm %[q]!, {%[x0], %[x1], %[y0], %[y1]}\n\t"      \
+  "smlad %[a0], %[u0], %[x0], %[a0]\n\t"             \
+  "smlad %[a0], %[u1], %[x1], %[a0]\n\t"             \
+  "smlad %[a1], %[u0], %[y0], %[a1]\n\t"             \
+  "smlad %[a1], %[u1], %[y1], %[a1]\n\t"             \
+  "smlad %[b0], %[t0], %[x0], %[b0]\n\t"             \
+  "smlad %[b0], %[t1], %[x1], %[b0]\n\t"             \
+  "smlad %[b1], %[t0], %[y0], %[b1]\n\t"             \
+  "smlad %[b1], %[t1], %[y1], %[b1]\n\t"
+#define TVM_MEMPLAN_STEPS_LOOP(body, v, q, a0, a1, b0, b1)                                                      \
+  do {                                                                                                         \
+    register uint32_t x0_ __asm__("r0"), x1_ __asm__("r1"), y0_ __asm__("r2"), y1_ __asm__("r3");          \
+    register uint32_t u0_ __asm__("r8"), u1_ __asm__("r9"), t0_ __asm__("r10"), t1_ __asm__("r11");        \
+    register int32_t a0_ __asm__("r4") = (a0), a1_ __asm__("r5") = (a1), b0_ __asm__("r6") = (b0);         \
+    register int32_t b1_ __asm__("r7") = (b1);                                                                 \
+    register const uint64_t* v_ __asm__("r12") = (v);                                                          \
+    register const uint64_t* q_ __asm__("lr") = (q);                                                           \
+    __asm__("1:\n\t" body "ldr %[x0], [%[v]]\n\t"                                                              \
+            "cmp %[x0], %[sentinel]\n\t"                                                                       \
+            "bne 1b"                                                                                           \
+            : [a0] "+r"(a0_), [a1] "+r"(a1_), [b0] "+r"(b0_), [b1] "+r"(b1_), [v] "+r"(v_), [q] "+r"(q_),      \
+              [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_), [u0] "=&r"(u0_),             \
+              [u1] "=&r"(u1_), [t0] "=&r"(t0_), [t1] "=&r"(t1_)                                                \
+            : [sentinel] "I"(TVM_MEMPLAN_SENTINEL)                                                             \
+            : "cc", "memory");                                                                                 \
+    (a0) = a0_, (a1) = a1_, (b0) = b0_, (b1) = b1_, (v) = v_, (q) = q_;                                        \
+  } while (0)
+#define TVM_MEMPLAN_STEPS_2X2(steps, v, q, a0, a1, b0, b1)                                                      \
+  do {                                                                                                         \
+    if ((steps) % 4 == 0 && (steps) >= 12) {                                                                   \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM, \
+                             v, q, a0, a1, b0, b1);                                                            \
+    } else if ((steps) % 2 == 0 && (steps) >= 14) {                                                            \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM, v, q, a0, a1, b0, b1);                 \
+    } else { /* few steps: GCC's unrolled TVM_MEMPLAN_STEP_2X2, no moves into the named registers */           \
+      _Pragma("GCC unroll 4") for (int32_t s_ = 0; s_ < (steps); ++s_) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1); \
+    }                                                                                                          \
+  } while (0)
+#else
+#define TVM_MEMPLAN_STEPS_2X2(steps, v, q, a0, a1, b0, b1)                                                      \
+  do {                                                                                                         \
+    _Pragma("GCC unroll 4") for (int32_t s_ = 0; s_ < (steps); ++s_) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1); \
   } while (0)
 #endif
 static inline __attribute__((always_inline)) uint32_t tvm_memplan_word(const int8_t* p) {
@@ -389,26 +476,18 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n#define TVM_MEMPLAN_MAX_ROWS {MAX_ROWS}\n"
     + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n#define TVM_MEMPLAN_PACKED_BYTES {PACKED_BYTES}\n"
     + f"#define TVM_MEMPLAN_UNPACK_TILE {UNPACK_TILE}\n"
-    + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
-    + r"""
-    void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t planes, int32_t channels, int32_t h,
-    int32_t w, int32_t oh, int32_t ow, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t top, int32_t left,
-    int32_t x_zp, int32_t y_zp, int32_t low, int32_t high, int32_t fixed_point, int32_t y_plane) {
+    + DEPTHWISE_BUFFER
+    + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}_in(int8_t* padded, "
+    + DEPTHWISE_PARAMETERS
+    + r""" {
   const int8_t* x = (const int8_t*)x_;
   const int8_t* weights = (const int8_t*)w_;
   const int32_t* bias = (const int32_t*)bias_;
   const float* multiplier = (const float*)multiplier_;
   int8_t* y = (int8_t*)y_;
-  const int32_t cols = (ow - 1) * sw + kw, filled = left + w;
-  const int32_t stride = ((cols > filled ? cols : filled) + 7) & ~3; /* 4 bytes of slack for word reads */
-  /* a small plane goes whole into the cache, padded, each row copied once; a large one through a ring of the
-   * window's rows, each held twice (at slot and slot + kh): any window is kh consecutive rows */
-  const int32_t span = (oh - 1) * sh + kh, whole = span * stride <= TVM_MEMPLAN_MAX_PLANE;
-  /* each row's input columns start on a word (its first byte at left + shift), so that the row copies are
-   * word-aligned memcpys (newlib copies an unaligned destination byte by byte) */
-  int8_t padded[(whole ? span * stride : 2 * kh * stride) + 3];
-  memset(padded, x_zp, sizeof(padded)); /* the padding stays */
-  int8_t* cache = padded + ((4 - (left & 3)) & 3);
+  TVM_MEMPLAN_DEPTHWISE_GEOMETRY
+  memset(padded, x_zp, bytes); /* the padding stays */
+  int8_t* cache = padded + cache_shift;
 """
     + DEPTHWISE_PLANE
     + r"""    int32_t next = -top; /* the first input row not yet in the ring */
@@ -423,17 +502,53 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     }
     for (int32_t oy = 0; oy < oh; ++oy, dst += ow) {
       const int32_t first = oy * sh - top;
+      /* two output rows at once (3x3 at stride 1, the whole plane or a ring of kh + 1 rows, rows of up to 72
+       * outputs; at stride 2, where the rows would share one input row of three, GCC spilled: +7 %) */
+      const int32_t two = kh == 3 && kw == 3 && sw == 1 && sh == 1 && (whole || ring > kh) && oy + 1 < oh && ow <= 72;
       if (next < first) next = first;
-      for (; !whole && next < first + kh; ++next) { /* the columns between the (constant) padding, twice */
-        int8_t* row = cache + (((next % kh) + kh) % kh) * stride + left;
+      for (; !whole && next < first + kh + (two ? sh : 0); ++next) { /* the columns between the padding, twice */
+        int8_t* row = cache + (((next % ring) + ring) % ring) * stride + left;
         if (next < 0 || next >= h) {
-          memset(row, x_zp, w), memset(row + kh * stride, x_zp, w);
+          memset(row, x_zp, w), memset(row + ring * stride, x_zp, w);
         } else {
-          tvm_memplan_copy_row_twice(row, kh * stride, src + next * w, w);
+          tvm_memplan_copy_row_twice(row, ring * stride, src + next * w, w);
         }
       }
-      const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % kh) + kh) % kh) * stride;
-      if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
+      const int8_t* r0 = whole ? cache + oy * sh * stride : cache + (((first % ring) + ring) % ring) * stride;
+      if (two) {
+        /* two output rows at once (the whole-plane cache, or the ring of 4 rows): their middle input rows are
+         * loaded and split once (4 rows of words for 4 outputs, where one row at a time reads 6) */
+#define TVM_MEMPLAN_PAIR2(at, out, ox)                                                               \
+  do {                                                                                                \
+    uint32_t e = tvm_memplan_word(at), o = tvm_memplan_odd(e);                                        \
+    e = tvm_memplan_even(e);                                                                          \
+    int32_t a0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));                    \
+    int32_t a1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));                    \
+    e = tvm_memplan_word((at) + stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);             \
+    a0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, a0));                           \
+    a1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, a1));                           \
+    int32_t c0 = tvm_memplan_smlabb(o, middle01, tvm_memplan_smlad(e, outer0, b));                    \
+    int32_t c1 = tvm_memplan_smlatb(e, middle01, tvm_memplan_smlad(o, outer0, b));                    \
+    e = tvm_memplan_word((at) + 2 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);         \
+    a0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, a0));                            \
+    a1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, a1));                            \
+    c0 = tvm_memplan_smlabt(o, middle01, tvm_memplan_smlad(e, outer1, c0));                           \
+    c1 = tvm_memplan_smlatt(e, middle01, tvm_memplan_smlad(o, outer1, c1));                           \
+    e = tvm_memplan_word((at) + 3 * stride), o = tvm_memplan_odd(e), e = tvm_memplan_even(e);         \
+    c0 = tvm_memplan_smlabb(o, middle2, tvm_memplan_smlad(e, outer2, c0));                            \
+    c1 = tvm_memplan_smlatb(e, middle2, tvm_memplan_smlad(o, outer2, c1));                            \
+    (out)[0] = (int8_t)tvm_memplan_requantize(a0, m, y_zp, low, high);                                \
+    (out)[ow] = (int8_t)tvm_memplan_requantize(c0, m, y_zp, low, high);                               \
+    if ((ox) + 1 < ow) {                                                                              \
+      (out)[1] = (int8_t)tvm_memplan_requantize(a1, m, y_zp, low, high);                              \
+      (out)[ow + 1] = (int8_t)tvm_memplan_requantize(c1, m, y_zp, low, high);                         \
+    }                                                                                                 \
+  } while (0)
+#pragma GCC unroll 36
+        for (int32_t ox = 0; ox < ow; ox += 2) TVM_MEMPLAN_PAIR2(r0 + ox, dst + ox, ox);
+#undef TVM_MEMPLAN_PAIR2
+        ++oy, dst += ow; /* (the loop's step moves past the second row) */
+      } else if (kh == 3 && kw == 3 && sw == 1) { /* two outputs per word: taps 0 and 2 on SMLAD, tap 1 on SMLAxB */
 #define TVM_MEMPLAN_PAIR(at, out, ox)                                                                \
   do {                                                                                                \
     uint32_t e = tvm_memplan_word(at), o = tvm_memplan_odd(e);                                        \
@@ -510,23 +625,120 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   return 0;
 }
 """
-    + f"static inline __attribute__((always_inline)) int32_t {POINTWISE_KERNEL}("
-    + POINTWISE_HEAD
-    + r"""  const int32_t steps = (cin + 3) >> 2;
-  int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;
-  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;
-  /* enough pixels a tile to unpack each channel pair's weights once */
+    + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}("
+    + DEPTHWISE_PARAMETERS
+    + r""" {
+  TVM_MEMPLAN_DEPTHWISE_GEOMETRY
+  /* the cache in a fixed-size array where it fits one (the call's arguments are constants, so only one branch
+   * stays): a variable-length array costs the frame pointer (r7), a register the 3x3 rows then lack */
+#define TVM_MEMPLAN_IN(size)                                                                                     \
+  do {                                                                                                         \
+    int8_t buffer[size];                                                                                       \
+    return tvm_memplan_depthwise_s8_in(buffer, x_, w_, bias_, multiplier_, y_, planes, channels, h, w, oh, ow, \
+                                       kh, kw, sh, sw, top, left, x_zp, y_zp, low, high, fixed_point, y_plane); \
+  } while (0)
+  (void)cache_shift;
+  if (bytes <= 512) TVM_MEMPLAN_IN(512);
+  if (bytes <= TVM_MEMPLAN_MAX_PLANE + 3) TVM_MEMPLAN_IN(TVM_MEMPLAN_MAX_PLANE + 3);
+  TVM_MEMPLAN_IN(bytes);
+#undef TVM_MEMPLAN_IN
+}
+"""
+    + r"""
+/* a pointwise kernel's tile: its pixels, (steps of 4 channels) x tile within TVM_MEMPLAN_PACKED_BYTES (at least
+ * 2 pixels), and whether enough pixels a tile to unpack each channel pair's weights once */
+#define TVM_MEMPLAN_POINTWISE_TILE                                        \
+  const int32_t steps = (cin + 3) >> 2;                                   \
+  int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;           \
+  /* a multiple of 4 (no pixels left to pack one by one) where it still unpacks */ \
+  if ((tile & ~3) >= TVM_MEMPLAN_UNPACK_TILE) tile &= ~3;                 \
+  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;                          \
   const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
-  /* per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word), read
-   * by one LDRD; the two pixels' steps interleave so that one pointer walks both */
-  uint64_t packed[steps * tile];
-  uint64_t unpacked[unpack ? 2 * steps : 1]; /* per step: channel o's even and odd pair, then o + 1's */
+/* the most unpacked words: 2 per step (steps * TVM_MEMPLAN_UNPACK_TILE * 8 <= TVM_MEMPLAN_PACKED_BYTES), then the
+ * sentinel */
+#define TVM_MEMPLAN_MAX_UNPACKED (2 * (TVM_MEMPLAN_PACKED_BYTES / (8 * TVM_MEMPLAN_UNPACK_TILE)) + 1)
+"""
+    + "static inline __attribute__((always_inline)) int32_t "
+    + f"{POINTWISE_KERNEL}_in(uint64_t* packed, uint64_t* unpacked, "
+    + POINTWISE_HEAD
+    + r"""  TVM_MEMPLAN_POINTWISE_TILE
+  /* packed: per two pixels, per step of 4 channels, per pixel: the even pair (low word) and the odd pair (high word),
+   * read by one LDRD; the two pixels' steps interleave so that one pointer walks both; unpacked: per step, channel
+   * o's even and odd pair, then o + 1's, then the sentinel that ends the steps' loop. With 5-8 channels (two steps)
+   * and more than one pixel, a pixel's two steps instead follow each other (its four words: one LDM) */
+  const int32_t by_pixel = steps == 2 && pixels > 1;
+#define TVM_MEMPLAN_PACKED_AT(p, s) (by_pixel ? 2 * (p) + (s) : 2 * (((p) >> 1) * steps + (s)) + ((p) & 1))
+  if (unpack) {
+    const uint32_t sentinel = TVM_MEMPLAN_SENTINEL;
+    memcpy(unpacked + 2 * steps, &sentinel, 4);
+  }
   for (int32_t p0 = 0; p0 < pixels; p0 += tile) {
     const int32_t n = pixels - p0 < tile ? pixels - p0 : tile;
     for (int32_t s = 0; s < steps; ++s) {
       const int8_t* c0 = x + 4 * s * pixels + p0;
       const int32_t there = cin - 4 * s; /* channels of this step that exist */
       int32_t p = 0;
+#if defined(__ARM_FEATURE_DSP)
+      /* the transpose below in one asm block: PKHBT/PKHTB in place (GCC wrote each as two to four shifts and ORs),
+       * then each pixel pair's four words stored by one STM (the list must ascend, so the registers are named) */
+      const int8_t* from = c0;
+      uint32_t *to = (uint32_t*)(packed + (by_pixel ? s : 2 * s)), *next = to + 4 * steps;
+      for (const int8_t* const from_end = c0 + (there >= 4 && by_pixel ? n & ~3 : 0); from != from_end; from += 4) {
+        /* by pixel: each pixel's pair by one STRD, 16 bytes apart */
+        uint32_t w0 = tvm_memplan_word(from), w1 = tvm_memplan_word(from + pixels);
+        uint32_t w2 = tvm_memplan_word(from + 2 * pixels), w3 = tvm_memplan_word(from + 3 * pixels), t_;
+        uint32_t e02_, e13_, o02_, o13_;
+        __asm__ volatile( /* (it stores) */
+            "pkhbt %[t], %[w0], %[w2], lsl #16\n\t"
+            "pkhtb %[w2], %[w2], %[w0], asr #16\n\t"
+            "pkhbt %[w0], %[w1], %[w3], lsl #16\n\t"
+            "pkhtb %[w3], %[w3], %[w1], asr #16\n\t"
+            "sxtb16 %[e02], %[t]\n\t"
+            "sxtb16 %[e13], %[w0]\n\t"
+            "strd %[e02], %[e13], [%[to]]\n\t"
+            "sxtb16 %[o02], %[t], ror #8\n\t"
+            "sxtb16 %[o13], %[w0], ror #8\n\t"
+            "strd %[o02], %[o13], [%[to], #16]\n\t"
+            "sxtb16 %[e02], %[w2]\n\t"
+            "sxtb16 %[e13], %[w3]\n\t"
+            "strd %[e02], %[e13], [%[to], #32]\n\t"
+            "sxtb16 %[o02], %[w2], ror #8\n\t"
+            "sxtb16 %[o13], %[w3], ror #8\n\t"
+            "strd %[o02], %[o13], [%[to], #48]\n\t"
+            "add %[to], %[to], #64"
+            : [w0] "+r"(w0), [w1] "+r"(w1), [w2] "+r"(w2), [w3] "+r"(w3), [t] "=&r"(t_), [e02] "=&r"(e02_),
+              [e13] "=&r"(e13_), [o02] "=&r"(o02_), [o13] "=&r"(o13_), [to] "+r"(to)
+            :
+            : "memory");
+      }
+      for (const int8_t* const from_end = there >= 4 && !by_pixel ? c0 + (n & ~3) : from; from != from_end; from += 4) {
+        uint32_t w0 = tvm_memplan_word(from), w1 = tvm_memplan_word(from + pixels);
+        uint32_t w2 = tvm_memplan_word(from + 2 * pixels), w3 = tvm_memplan_word(from + 3 * pixels), t_;
+        register uint32_t e02_ __asm__("r0"), e13_ __asm__("r1"), o02_ __asm__("r2"), o13_ __asm__("r3");
+        __asm__ volatile( /* (it stores) */
+            "pkhbt %[t], %[w0], %[w2], lsl #16\n\t"
+            "pkhtb %[w2], %[w2], %[w0], asr #16\n\t"
+            "pkhbt %[w0], %[w1], %[w3], lsl #16\n\t"
+            "pkhtb %[w3], %[w3], %[w1], asr #16\n\t"
+            "sxtb16 %[e02], %[t]\n\t"
+            "sxtb16 %[e13], %[w0]\n\t"
+            "sxtb16 %[o02], %[t], ror #8\n\t"
+            "sxtb16 %[o13], %[w0], ror #8\n\t"
+            "stm %[to], {%[e02], %[e13], %[o02], %[o13]}\n\t"
+            "sxtb16 %[e02], %[w2]\n\t"
+            "sxtb16 %[e13], %[w3]\n\t"
+            "sxtb16 %[o02], %[w2], ror #8\n\t"
+            "sxtb16 %[o13], %[w3], ror #8\n\t"
+            "stm %[next], {%[e02], %[e13], %[o02], %[o13]}\n\t"
+            "add %[to], %[to], %[advance]\n\t"
+            "add %[next], %[next], %[advance]"
+            : [w0] "+r"(w0), [w1] "+r"(w1), [w2] "+r"(w2), [w3] "+r"(w3), [t] "=&r"(t_), [e02] "=&r"(e02_),
+              [e13] "=&r"(e13_), [o02] "=&r"(o02_), [o13] "=&r"(o13_), [to] "+r"(to), [next] "+r"(next)
+            : [advance] "rI"(32 * steps)
+            : "memory");
+      }
+      p = (int32_t)(from - c0);
+#endif
       for (; there >= 4 && p + 3 < n; p += 4) { /* 4 pixels from a word of each channel: a 4x4 byte transpose */
         const uint32_t w0 = tvm_memplan_word(c0 + p), w1 = tvm_memplan_word(c0 + pixels + p);
         const uint32_t w2 = tvm_memplan_word(c0 + 2 * pixels + p), w3 = tvm_memplan_word(c0 + 3 * pixels + p);
@@ -535,15 +747,13 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
          * pairs: 4 PKH and 8 SXTB16 */
         const uint32_t low02 = (w0 & 0xffffu) | w2 << 16, high02 = (w0 >> 16) | (w2 & 0xffff0000u);
         const uint32_t low13 = (w1 & 0xffffu) | w3 << 16, high13 = (w1 >> 16) | (w3 & 0xffff0000u);
-        uint32_t* to = (uint32_t*)(packed + 2 * ((p >> 1) * steps + s));
-        to[0] = tvm_memplan_even(low02), to[1] = tvm_memplan_even(low13);
-        to[2] = tvm_memplan_odd(low02), to[3] = tvm_memplan_odd(low13);
-        to += 4 * steps;
-        to[0] = tvm_memplan_even(high02), to[1] = tvm_memplan_even(high13);
-        to[2] = tvm_memplan_odd(high02), to[3] = tvm_memplan_odd(high13);
+        packed[TVM_MEMPLAN_PACKED_AT(p, s)] = tvm_memplan_even(low02) | (uint64_t)tvm_memplan_even(low13) << 32;
+        packed[TVM_MEMPLAN_PACKED_AT(p + 1, s)] = tvm_memplan_odd(low02) | (uint64_t)tvm_memplan_odd(low13) << 32;
+        packed[TVM_MEMPLAN_PACKED_AT(p + 2, s)] = tvm_memplan_even(high02) | (uint64_t)tvm_memplan_even(high13) << 32;
+        packed[TVM_MEMPLAN_PACKED_AT(p + 3, s)] = tvm_memplan_odd(high02) | (uint64_t)tvm_memplan_odd(high13) << 32;
       }
       for (; p < n; ++p) {
-        uint64_t* to = packed + 2 * ((p >> 1) * steps + s) + (p & 1);
+        uint64_t* to = packed + TVM_MEMPLAN_PACKED_AT(p, s);
         uint32_t word = (uint8_t)c0[p];
         if (there > 1) word |= (uint32_t)(uint8_t)c0[pixels + p] << 8;
         if (there > 2) word |= (uint32_t)(uint8_t)c0[2 * pixels + p] << 16;
@@ -557,7 +767,51 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       int32_t a[4];
       for (int32_t k = 0; k < 4; ++k) a[k] = o + k < cout ? bias[o + k] : 0;
       int32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
-#if defined(__ARM_FEATURE_DSP)
+#if defined(__ARM_FEATURE_DSP) && !defined(__ARM_ARCH_8M_MAIN__)
+      /* the steps in one asm loop, k an iteration (k = 4, 2 or 1, whichever divides them): per step one LDRD of the
+       * input pairs, one LDM of the 4 channels' weight words (word-aligned constants), eight SXTB16 and eight
+       * SMLAD (18 instructions for 16 MACs); the loop ends on the weights' pointer, its end read from the stack
+       * into the temporary. 13 registers, all named (GCC's regional allocator found none for them otherwise; the
+       * LDM's list must ascend), r7 left to the frame pointer of the larger tile buffers */
+      {
+        register uint32_t w0_ __asm__("r0"), w1_ __asm__("r1"), w2_ __asm__("r2"), w3_ __asm__("r3");
+        register int32_t a0_ __asm__("r4") = a0, a1_ __asm__("r5") = a1, a2_ __asm__("r6") = a2;
+        register int32_t a3_ __asm__("r8") = a3;
+        register uint32_t xe_ __asm__("r9"), xo_ __asm__("r10"), t_ __asm__("r11");
+        register const uint64_t* q_ __asm__("r12") = q;
+        register const int8_t* v_ __asm__("lr") = v;
+        const int8_t* const end = v + 16 * steps;
+#define TVM_MEMPLAN_LANE(acc, w)                 \
+  "sxtb16 %[t], %[" #w "]\n\t"                   \
+  "sxtb16 %[" #w "], %[" #w "], ror #8\n\t"      \
+  "smlad %[" #acc "], %[t], %[xe], %[" #acc "]\n\t" \
+  "smlad %[" #acc "], %[" #w "], %[xo], %[" #acc "]\n\t"
+#define TVM_MEMPLAN_STEP                                \
+  "ldrd %[xe], %[xo], [%[q]], #16\n\t"                  \
+  "ldm %[v]!, {%[w0], %[w1], %[w2], %[w3]}\n\t"         \
+  TVM_MEMPLAN_LANE(a0, w0) TVM_MEMPLAN_LANE(a1, w1) TVM_MEMPLAN_LANE(a2, w2) TVM_MEMPLAN_LANE(a3, w3)
+#define TVM_MEMPLAN_LOOP(body)                                                                                 \
+  __asm__("1:\n\t" body "ldr %[t], %[end]\n\t"                                                                  \
+          "cmp %[v], %[t]\n\t"                                                                                    \
+          "bne 1b"                                                                                             \
+          : [a0] "+r"(a0_), [a1] "+r"(a1_), [a2] "+r"(a2_), [a3] "+r"(a3_), [q] "+r"(q_), [v] "+r"(v_),        \
+            [xe] "=&r"(xe_), [xo] "=&r"(xo_), [w0] "=&r"(w0_), [w1] "=&r"(w1_), [w2] "=&r"(w2_), [w3] "=&r"(w3_), \
+            [t] "=&r"(t_)                                                                                      \
+          : [end] "m"(end)                                                                                     \
+          : "cc", "memory")
+        if (steps % 4 == 0) {
+          TVM_MEMPLAN_LOOP(TVM_MEMPLAN_STEP TVM_MEMPLAN_STEP TVM_MEMPLAN_STEP TVM_MEMPLAN_STEP);
+        } else if (steps % 2 == 0) {
+          TVM_MEMPLAN_LOOP(TVM_MEMPLAN_STEP TVM_MEMPLAN_STEP);
+        } else {
+          TVM_MEMPLAN_LOOP(TVM_MEMPLAN_STEP);
+        }
+#undef TVM_MEMPLAN_LOOP
+#undef TVM_MEMPLAN_STEP
+#undef TVM_MEMPLAN_LANE
+        a0 = a0_, a1 = a1_, a2 = a2_, a3 = a3_;
+      }
+#elif defined(__ARM_FEATURE_DSP) /* (Armv8.1-M keeps LR for its low-overhead loops) */
       /* a step in one asm block (11 registers; the compiler's schedule hoisted loads and spilled): one LDRD of
        * the input pairs, two of the 4 channels' weight words (the weights are word-aligned constants), eight
        * SXTB16 and eight SMLAD */
@@ -605,40 +859,44 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int32_t at = p0;
       int32_t p = 0;
 #if defined(__ARM_FEATURE_DSP)
-      /* 4 pixels (the packed pairs of two pixel pairs) in one asm block: two LDRD and four SMLAD a pixel, the
-       * accumulators in registers (12 in all) */
       const uint64_t* q = packed;
       int8_t* yo = y + o * y_plane + p0;
-      /* with the fixed-point requantization to the int8 range and no residual: 8 pixels to their stored codes in
-       * one asm block (12 registers), SMMLAR, SSAT and STRB after each pixel's four SMLAD */
-      /* (the loop ends on q, 16 words a block: no pixel count to keep) */
+      /* with the fixed-point requantization to the int8 range and no residual: 8 pixels a loop step to their stored
+       * codes, per pixel one LDM of its four packed words, four SMLAD, SMMLAR, SSAT and STRB (post-indexed); the
+       * loop ends on q. 14 registers, all named (GCC's regional allocator found none for them otherwise) */
+#if !defined(__ARM_ARCH_8M_MAIN__) /* (Armv8.1-M keeps LR for its low-overhead loops: the 4-pixel blocks) */
       const uint64_t* const end8 = packed + ((fixed && !add && low == -128 && high == 127) ? 2 * (n & ~7) : 0);
-      for (; q != end8;) {
-        int32_t acc_;
-        uint32_t y_, z_;
-#define TVM_MEMPLAN_CODE(step0, step1, store)   \
-  "ldrd %[acc], %[y], " step0 "\n\t"            \
-  "smlad %[acc], %[ue], %[acc], %[b]\n\t"       \
-  "smlad %[acc], %[uo], %[y], %[acc]\n\t"       \
-  "ldrd %[y], %[z], " step1 "\n\t"              \
-  "smlad %[acc], %[te], %[y], %[acc]\n\t"       \
-  "smlad %[acc], %[to], %[z], %[acc]\n\t"       \
-  "smmlar %[acc], %[acc], %[mq], %[zp]\n\t"     \
-  "ssat %[acc], #8, %[acc]\n\t"                 \
-  "strb %[acc], " store "\n\t"
-        __asm__ volatile(TVM_MEMPLAN_CODE("[%[q]], #128", "[%[q], #-112]", "[%[out]], #8") /* (it stores) */
-                    TVM_MEMPLAN_CODE("[%[q], #-120]", "[%[q], #-104]", "[%[out], #-7]")
-                        TVM_MEMPLAN_CODE("[%[q], #-96]", "[%[q], #-80]", "[%[out], #-6]")
-                            TVM_MEMPLAN_CODE("[%[q], #-88]", "[%[q], #-72]", "[%[out], #-5]")
-                                TVM_MEMPLAN_CODE("[%[q], #-64]", "[%[q], #-48]", "[%[out], #-4]")
-                                    TVM_MEMPLAN_CODE("[%[q], #-56]", "[%[q], #-40]", "[%[out], #-3]")
-                                        TVM_MEMPLAN_CODE("[%[q], #-32]", "[%[q], #-16]", "[%[out], #-2]")
-                                            TVM_MEMPLAN_CODE("[%[q], #-24]", "[%[q], #-8]", "[%[out], #-1]")
-                : [acc] "=&r"(acc_), [y] "=&r"(y_), [z] "=&r"(z_), [q] "+r"(q), [out] "+r"(yo)
-                : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo), [mq] "r"(mo.q), [zp] "r"(y_zp)
-                : "memory");
+      if (q != end8) {
+        register uint32_t x0_ __asm__("r0"), x1_ __asm__("r1"), x2_ __asm__("r2"), x3_ __asm__("r3");
+        register uint32_t ue_ __asm__("r4") = ue, uo_ __asm__("r5") = uo, te_ __asm__("r6") = te;
+        register uint32_t to_ __asm__("r7") = to;
+        register int32_t b_ __asm__("r8") = bo, mq_ __asm__("r9") = mo.q, zp_ __asm__("r10") = y_zp;
+        register const uint64_t* q_ __asm__("r11") = q;
+        register int8_t* out_ __asm__("r12") = yo;
+        register const uint64_t* end_ __asm__("lr") = end8;
+#define TVM_MEMPLAN_CODE                               \
+  "ldm %[q]!, {%[x0], %[x1], %[x2], %[x3]}\n\t"         \
+  "smlad %[x0], %[ue], %[x0], %[b]\n\t"                 \
+  "smlad %[x0], %[uo], %[x1], %[x0]\n\t"                \
+  "smlad %[x0], %[te], %[x2], %[x0]\n\t"                \
+  "smlad %[x0], %[to], %[x3], %[x0]\n\t"                \
+  "smmlar %[x0], %[x0], %[mq], %[zp]\n\t"               \
+  "ssat %[x0], #8, %[x0]\n\t"                           \
+  "strb %[x0], [%[out]], #1\n\t"
+        __asm__ volatile("1:\n\t" /* (it stores) */
+                         TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE
+                             TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE TVM_MEMPLAN_CODE
+                         "cmp %[q], %[end]\n\t"
+                         "bne 1b"
+                         : [x0] "=&r"(x0_), [x1] "=&r"(x1_), [x2] "=&r"(x2_), [x3] "=&r"(x3_), [q] "+r"(q_),
+                           [out] "+r"(out_)
+                         : [ue] "r"(ue_), [uo] "r"(uo_), [te] "r"(te_), [to] "r"(to_), [b] "r"(b_), [mq] "r"(mq_),
+                           [zp] "r"(zp_), [end] "r"(end_)
+                         : "cc", "memory");
 #undef TVM_MEMPLAN_CODE
+        q = q_, yo = out_;
       }
+#endif
       p = (int32_t)(q - packed) >> 1;
       /* (the loop ends on q, 8 words a block, and stores by yo) */
       for (const uint64_t* const end4 = add ? q : q + 8 * ((n - p) >> 2); q != end4; yo += 4) {
@@ -651,9 +909,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
   "ldrd %[y], %[z], " step1 "\n\t"                           \
   "smlad %[" #acc "], %[te], %[y], %[" #acc "]\n\t"          \
   "smlad %[" #acc "], %[to], %[z], %[" #acc "]\n\t"
-        __asm__(TVM_MEMPLAN_DOT8(a0, "[%[q]], #64", "[%[q], #-48]") TVM_MEMPLAN_DOT8(a1, "[%[q], #-56]", "[%[q], #-40]")
-                    TVM_MEMPLAN_DOT8(a2, "[%[q], #-32]", "[%[q], #-16]")
-                        TVM_MEMPLAN_DOT8(a3, "[%[q], #-24]", "[%[q], #-8]")
+        __asm__(TVM_MEMPLAN_DOT8(a0, "[%[q]], #64", "[%[q], #-56]") TVM_MEMPLAN_DOT8(a1, "[%[q], #-48]", "[%[q], #-40]")
+                    TVM_MEMPLAN_DOT8(a2, "[%[q], #-32]", "[%[q], #-24]")
+                        TVM_MEMPLAN_DOT8(a3, "[%[q], #-16]", "[%[q], #-8]")
                 : [a0] "=&r"(a0), [a1] "=&r"(a1), [a2] "=&r"(a2), [a3] "=&r"(a3), [y] "=&r"(y_), [z] "=&r"(z_),
                   [q] "+r"(q)
                 : [ue] "r"(ue), [uo] "r"(uo), [te] "r"(te), [to] "r"(to), [b] "r"(bo)
@@ -667,7 +925,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       p = (int32_t)(q - packed) >> 1;
 #endif
       for (; p + 1 < n; p += 2) { /* 2 pixels at fixed offsets: two LDRD a pixel */
-        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p + 1, 0), (p, 1), (p + 1, 1) */
+        const uint64_t* q = packed + 2 * p; /* (pixel p, step 0), (p, 1), (p + 1, 0), (p + 1, 1) */
 #define TVM_MEMPLAN_DOT8(step0, step1, acc)                                                                 \
   do {                                                                                                      \
     uint32_t xe, xo, ye, yo;                                                                                \
@@ -677,8 +935,8 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     acc = tvm_memplan_smlad(to, yo, tvm_memplan_smlad(te, ye, acc));                                        \
   } while (0)
         int32_t a0, a1;
-        TVM_MEMPLAN_DOT8(0, 16, a0);
-        TVM_MEMPLAN_DOT8(8, 24, a1);
+        TVM_MEMPLAN_DOT8(0, 8, a0);
+        TVM_MEMPLAN_DOT8(16, 24, a1);
 #undef TVM_MEMPLAN_DOT8
         TVM_MEMPLAN_STORE(o, at + p, a0, mo);
         TVM_MEMPLAN_STORE(o, at + p + 1, a1, mo);
@@ -686,12 +944,12 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       for (; p < n; p += 4) {
         const uint64_t* q = packed + 2 * p;
         const int32_t more = n - p;
-        const uint64_t* q1 = more > 1 ? q + 1 : q;
+        const uint64_t* q1 = more > 1 ? q + 2 : q;
         const uint64_t* q2 = more > 2 ? q + 4 : q;
-        const uint64_t* q3 = more > 3 ? q + 5 : q;
+        const uint64_t* q3 = more > 3 ? q + 6 : q;
 #define TVM_MEMPLAN_DOT8(x)                                                                                 \
-  tvm_memplan_smlad(to, (uint32_t)((x)[2] >> 32),                                                           \
-                    tvm_memplan_smlad(te, (uint32_t)(x)[2],                                                 \
+  tvm_memplan_smlad(to, (uint32_t)((x)[1] >> 32),                                                           \
+                    tvm_memplan_smlad(te, (uint32_t)(x)[1],                                                 \
                                       tvm_memplan_smlad(uo, (uint32_t)((x)[0] >> 32),                       \
                                                         tvm_memplan_smlad(ue, (uint32_t)(x)[0], bo))))
         const int32_t a0 = TVM_MEMPLAN_DOT8(q), a1 = TVM_MEMPLAN_DOT8(q1), a2 = TVM_MEMPLAN_DOT8(q2);
@@ -761,10 +1019,9 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     int32_t a0, a1, b0, b1;                                                                    \
     TVM_MEMPLAN_LDRD_M(starts, a0, a1);                                                        \
     TVM_MEMPLAN_LDRD_M(starts + 2, b0, b1);                                                    \
-    if (unpack) { /* per step two LDRD of weights, two of inputs, eight SMLAD */               \
+    if (unpack) { /* per step the unpacked weights and the packed inputs, eight SMLAD */       \
       const uint64_t* v = unpacked;                                                            \
-_Pragma("GCC unroll 4")                                                                        \
-      for (int32_t s = 0; s < steps; ++s) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1);          \
+      TVM_MEMPLAN_STEPS_2X2(steps, v, q, a0, a1, b0, b1);                                      \
     } else {                                                                                   \
       const int8_t* v = wa;                                                                    \
 _Pragma("GCC unroll 4")                                                                        \
@@ -804,6 +1061,27 @@ _Pragma("GCC unroll 4")                                                         
   return 0;
 }
 """
+    + f"static inline __attribute__((always_inline)) int32_t {POINTWISE_KERNEL}("
+    + POINTWISE_PARAMETERS
+    + r""" {
+  TVM_MEMPLAN_POINTWISE_TILE
+  /* the tile's buffers in fixed-size arrays where they fit (the call's arguments are constants, so only one branch
+   * stays): variable-length arrays cost the frame pointer (r7), a register the 2x2 step needs */
+#define TVM_MEMPLAN_IN(packed_words, unpacked_words)                                                           \
+  do {                                                                                                         \
+    uint64_t packed[packed_words], unpacked[unpacked_words];                                                   \
+    return tvm_memplan_pointwise_s8_in(packed, unpacked, x_, w_, bias_, multiplier_, residual_, y_, cin, cout, \
+                                       pixels, y_zp, low, high, add, code_first, ratio_a, ratio_b, constant,   \
+                                       add_low, add_high, fixed_point, y_plane);                               \
+  } while (0)
+  if (steps * tile <= TVM_MEMPLAN_PACKED_BYTES / 8) {
+    if (unpack) TVM_MEMPLAN_IN(TVM_MEMPLAN_PACKED_BYTES / 8, TVM_MEMPLAN_MAX_UNPACKED);
+    TVM_MEMPLAN_IN(TVM_MEMPLAN_PACKED_BYTES / 8, 1);
+  }
+  TVM_MEMPLAN_IN(steps * tile, unpack ? 2 * steps + 1 : 1);
+#undef TVM_MEMPLAN_IN
+}
+"""
     + f"static inline __attribute__((always_inline)) int32_t {WINDOW_KERNEL}("
     + r"""
     void* x_, void* w_, void* bias_, void* multiplier_, void* y_, int32_t cin, int32_t h, int32_t w, int32_t cout,
@@ -820,23 +1098,29 @@ _Pragma("GCC unroll 4")                                                         
   /* two pixels' windows (im2col) as int16 pairs, interleaved: pair i of pixel 0, then of pixel 1 (one LDRD); a fixed
    * size, so that their addresses are offsets from the stack pointer */
   uint64_t columns[TVM_MEMPLAN_MAX_ROWS * TVM_MEMPLAN_MAX_WINDOW / 2];
-  /* each pair of output channels' weights in the same order, interleaved (channel o's pair i, then o + 1's; zeros
-   * past cout), and their requantization scales, computed once */
-  uint64_t packed[((cout + 1) >> 1) * pairs];
+  /* per pair of output channels, one record that one pointer walks: the accumulators' starts {ba, ba, bb, bb} (two
+   * LDRD), the weights in the columns' order, interleaved (channel o's pair i, then o + 1's; zeros past cout), the
+   * fixed-point multipliers {qa, qb} (one LDRD); and the requantization scales, computed once */
+  const int32_t record = pairs + 3;
+  uint64_t packed[((cout + 1) >> 1) * record];
   tvm_memplan_scale scales[cout + 1];
   const int8_t* rows[TVM_MEMPLAN_MAX_ROWS];
   const int32_t fixed = TVM_MEMPLAN_FIXED_POINT && fixed_point;
-  for (int32_t o = 0; o < cout + 1; o += 2) {
-    for (int32_t i = 0; i < pairs && o < cout; ++i) {
+  for (int32_t o = 0; o <= cout; ++o) scales[o] = tvm_memplan_scale_of(o < cout ? multiplier[o] : 0.0f, fixed);
+  for (int32_t o = 0; o < cout; o += 2) {
+    uint64_t* at = packed + (o >> 1) * record;
+    const int32_t ba = bias[o], bb = o + 1 < cout ? bias[o + 1] : 0;
+    const int32_t starts[4] = {ba, ba, bb, bb}, q[2] = {scales[o].q, scales[o + 1].q};
+    memcpy(at, starts, 16), memcpy(at + 2 + pairs, q, 8);
+    for (int32_t i = 0; i < pairs; ++i) {
       int16_t lanes[4];
       for (int32_t k = 0; k < 4; ++k) {
-        const int32_t channel = o + (k >> 1), at = 2 * i + (k & 1);
-        lanes[k] = channel < cout && at < depth ? weights[channel * depth + at] : 0;
+        const int32_t channel = o + (k >> 1), tap = 2 * i + (k & 1);
+        lanes[k] = channel < cout && tap < depth ? weights[channel * depth + tap] : 0;
       }
-      memcpy(packed + (o >> 1) * pairs + i, lanes, 8);
+      memcpy(at + 2 + i, lanes, 8);
     }
   }
-  for (int32_t o = 0; o <= cout; ++o) scales[o] = tvm_memplan_scale_of(o < cout ? multiplier[o] : 0.0f, fixed);
   memset(columns, 0, 8 * pairs);
   int32_t next = -top;
   for (int32_t oy = 0; oy < oh; ++oy) {
@@ -873,10 +1157,13 @@ _Pragma("GCC unroll 4")                                                         
       }
       /* (the second pixel's window and channel o + 1's weights are read even where there is none, and not stored) */
       int8_t* out = y + oy * ow + ox;
-      for (int32_t o = 0; o < cout; o += 2) {
+      const uint64_t* u = packed;
+      for (int32_t o = 0; o < cout; o += 2, out += 2 * y_plane) {
         const int32_t second = o + 1 < cout;
-        const uint64_t* u = packed + (o >> 1) * pairs;
-        int32_t a0 = bias[o], a1 = a0, b0 = second ? bias[o + 1] : 0, b1 = b0;
+        int32_t a0, a1, b0, b1;
+        TVM_MEMPLAN_LDRD_M(u, a0, a1);
+        TVM_MEMPLAN_LDRD_M(u + 1, b0, b1);
+        u += 2;
         tvm_memplan_scale ma = scales[o], mb = scales[o + 1];
         ma.fixed = mb.fixed = fixed; /* a constant, which drops the other path */
         int32_t i = 0;
@@ -902,21 +1189,22 @@ _Pragma("GCC unroll 4")                                                         
                     [wv] "=&r"(wv_), [wu1] "=&r"(wu1_), [wv1] "=&r"(wv1_), [xa] "=&r"(xa_), [xb] "=&r"(xb_)
                   : [c0] "Uv"(columns[i]), [c1] "Uv"(columns[i + 1]), "m"(*(const uint64_t(*)[2])u));
         }
-        u -= i;
 #endif
 #pragma GCC unroll 16
-        for (; i < pairs; ++i) { /* two LDRD, four SMLAD */
+        for (; i < pairs; ++i, ++u) { /* two LDRD, four SMLAD */
           uint32_t wu, wv, xa, xb;
-          TVM_MEMPLAN_LDRD_M(u + i, wu, wv);
+          TVM_MEMPLAN_LDRD_M(u, wu, wv);
           TVM_MEMPLAN_LDRD_M(columns + i, xa, xb);
           a0 = tvm_memplan_smlad(wu, xa, a0), a1 = tvm_memplan_smlad(wu, xb, a1);
           b0 = tvm_memplan_smlad(wv, xa, b0), b1 = tvm_memplan_smlad(wv, xb, b1);
         }
-        out[o * y_plane] = (int8_t)tvm_memplan_requantize(a0, ma, y_zp, low, high);
-        if (two) out[o * y_plane + 1] = (int8_t)tvm_memplan_requantize(a1, ma, y_zp, low, high);
+        if (fixed) TVM_MEMPLAN_LDRD_M(u, ma.q, mb.q); /* (one LDRD, not two LDR) */
+        ++u;
+        out[0] = (int8_t)tvm_memplan_requantize(a0, ma, y_zp, low, high);
+        if (two) out[1] = (int8_t)tvm_memplan_requantize(a1, ma, y_zp, low, high);
         if (second) {
-          out[(o + 1) * y_plane] = (int8_t)tvm_memplan_requantize(b0, mb, y_zp, low, high);
-          if (two) out[(o + 1) * y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, mb, y_zp, low, high);
+          out[y_plane] = (int8_t)tvm_memplan_requantize(b0, mb, y_zp, low, high);
+          if (two) out[y_plane + 1] = (int8_t)tvm_memplan_requantize(b1, mb, y_zp, low, high);
         }
       }
     }

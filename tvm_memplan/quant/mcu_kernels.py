@@ -90,7 +90,7 @@ def conv2d(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, multiplier: te.Tens
     row = w + 2 * kw + 8  # a row cache's row (the padding and word-read slack at most)
     depthwise = plain and groups == c == o and quantize_input is None and 2 * kh * row <= STACK_BYTES
     pairs = (per_group * kh * kw + 1) // 2
-    scratch = c * kh * row + (o + 3) * pairs * 4  # (the row cache, the unpacked weights and two windows)
+    scratch = c * kh * row + (o + 3) * (pairs + 3) * 4  # (the row cache, the weights with their records, two windows)
     window = plain and groups == 1 and n == 1 and c * kh <= MAX_ROWS and scratch <= STACK_BYTES
     if not (depthwise or window):
         return kernels.conv2d(x, weight, bias, multiplier, **options)
