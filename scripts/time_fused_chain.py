@@ -76,7 +76,9 @@ def rows(model: str, name: str, parts: list[int], rounds: int, label: str, layou
             choice = SplitChoice(chain, count, True, workers, rolling=rolling)
             if rolling and not chain.has_halo(count, choice.concurrent_tiles):
                 continue
-            vm, seconds = _build(split_chains(alone, [choice]), target, layout)
+            # in a blocked layout row slices, which it carries into NCHW[x]c, as the split search does
+            in_place = layout_block(target, layout) is None
+            vm, seconds = _build(split_chains(alone, [choice], in_place), target, layout)
             same = np.array_equal(vm["main"](*inputs).numpy(), expected)
             timer = vm.time_evaluator("main", dev, number=1, repeat=25)
             before: list[float] = []
