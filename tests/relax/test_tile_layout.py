@@ -4,7 +4,8 @@ unsplit blocked model computes, with no layout transform per tile, and keep the 
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+import tvm_ffi
+from tvm import relax, s_tir
 
 from tvm_memplan.relax.fold import FoldDataMovementConstants
 from tvm_memplan.relax.layout import BlockedLayout
@@ -143,6 +144,14 @@ def test_a_fused_chain_takes_and_gives_blocked_tensors(net):
     assert chain.endswith("_blocked")
     assert counts[chain] == 4  # one per tile, of the input's rows
     assert counts["main"] < _all_transforms(_blocked(net))["main"]
+    with TARGET:  # the tiles read their rows of the input in place: no copy of them in the tile loop
+        fused = tvm.transform.Sequential(stage_passes(TARGET, layout="blocked").dataflow)(split)
+    (kernel,) = [f for gv, f in fused.functions.items() if gv.name_hint.endswith("_fused")]
+    blocks: list[str] = []
+    tvm_ffi.structural_walk(
+        kernel.body, lambda n: blocks.append(n.name_hint) if isinstance(n, s_tir.SBlock) else None, order="pre"
+    )
+    assert blocks and not [name for name in blocks if "strided_slice" in name]
 
 
 def _padded_net() -> tvm.IRModule:
