@@ -16,8 +16,10 @@ longer grows with them (the stages of one tile, or each stage's own parallel loo
 
 The chain's inputs and its output are that PrimFunc's parameters; every tensor that lives only inside
 the chain (tile buffers) becomes a view into one scratch parameter, at offsets planned by the arena
-allocators over the kernels' sequence. The scratch is a second output of the call, so the arena planner
-places it like any tensor and the VM allocates exactly the plan (no ``TVMBackendAllocWorkspace``).
+allocators over the kernels' sequence; a tensor a kernel only copies out of a chain input (a tile's
+rows of it, :func:`_copy_view`) is no buffer at all: the kernels reading it read the input in place,
+through a strided view at the tile's offset. The scratch is a second output of the call, so the arena
+planner places it like any tensor and the VM allocates exactly the plan (no ``TVMBackendAllocWorkspace``).
 Halo rows are recomputed, as the per-kernel tiles do, or kept in a rolling line buffer
 (:attr:`~tvm_memplan.split.chain.SplitChoice.rolling`): the rewriter then links each worker's tiles by
 the rows they carry over, so a worker runs its run of tiles in order (:func:`_tile_groups` finds the

@@ -12,8 +12,13 @@ NCHW, each with a ``layout_transform`` of its tile and of the whole tensor it wr
 - a channel tile's partial sum ``conv2d(tile, weight) + running`` is a blocked convolution plus the
   running sum, weights packed here with zeros for the channels that pad a block;
 - row slices, and channel slices of whole blocks, of a tensor that is blocked slice it blocked;
-- the elementwise operators after a chain's blocked result (bias, activations) follow it, and the
-  ``nn.pad`` of its padded channels and its re-blocking become the blocked tensor itself.
+- the elementwise operators after a chain's blocked result (bias, activations, a residual add, padded
+  blocks included) follow it, and the ``nn.pad`` of its padded channels and its re-blocking become the
+  blocked tensor itself;
+- a fused chain, outlined into a function of its own that ``ConvertLayout`` converts apart from its
+  caller, takes the tensors its caller holds blocked and returns its result blocked
+  (:func:`carried_chain`), so neither side changes layout at the call (a result whose last block is
+  padded then occupies whole blocks in the arena, as the unsplit model's tensors do).
 
 The NCHW tensor is made only before a reader none of these covers, so a split model has no layout
 transform per tile.
