@@ -5,10 +5,11 @@
 
 For each number of tiles and each way of handling halos (recomputed, or kept in a line buffer): the seconds
 ``tvm.compile`` takes for the chain compiled alone with its tiles fused into one kernel (the project's
-pipeline, NCHW, as the split search compiles it), whether its output equals the unsplit chain's bit for
-bit, and the chain unsplit and split timed side by side in interleaved rounds (fastest runs). ``--label``
-names the code being measured, so that rows from two checkouts (run with each on ``PYTHONPATH``) can
-stand in one table; ``--append`` adds rows to an existing table.
+pipeline in ``--layout``, as the split search compiles it: ``auto``, the default, is the blocked NCHW[x]c
+layout where the CPU's vectors hold a channel block, ``nchw`` the plain one), whether its output equals the
+unsplit chain's bit for bit, and the chain unsplit and split timed side by side in interleaved rounds
+(fastest runs). ``--label`` names the code being measured, so that rows from two checkouts (run with each
+on ``PYTHONPATH``) can stand in one table; ``--append`` adds rows to an existing table.
 """
 
 from __future__ import annotations
@@ -26,25 +27,32 @@ from tvm_memplan.deploy.results import write_atomically
 from tvm_memplan.deploy.targets import get_target
 from tvm_memplan.errors import UserError
 from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.relax.layout import layout_block
 from tvm_memplan.relax.pipeline import pipeline
 from tvm_memplan.relax.split import chain_module, find_chains, normalize, split_chains
 from tvm_memplan.schedule.cpu import cpu_spec
 from tvm_memplan.split.chain import SplitChoice
 
 HEADER = (
-    "| code | tiles | halo rows | compile s | bit-identical | unsplit ms | split ms (added µs) |\n"
-    "|---|---|---|---|---|---|---|\n"
+    "| code | layout | tiles | halo rows | compile s | bit-identical | unsplit ms | split ms (added µs) |\n"
+    "|---|---|---|---|---|---|---|---|\n"
 )
 
 
-def _build(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[relax.VirtualMachine, float]:
+def _build(mod: tvm.IRModule, target: tvm.target.Target, layout: str) -> tuple[relax.VirtualMachine, float]:
     started = time.perf_counter()
     with target:
-        executable = tvm.compile(mod, target, relax_pipeline=pipeline(target, order="program", layout="nchw"))
+        executable = tvm.compile(mod, target, relax_pipeline=pipeline(target, order="program", layout=layout))
     return relax.VirtualMachine(executable, tvm.cpu()), time.perf_counter() - started
 
 
-def rows(model: str, name: str, parts: list[int], rounds: int, label: str) -> list[str]:
+def layout_name(target: tvm.target.Target, layout: str) -> str:
+    """``NCHW`` or ``NCHW{x}c``: the layout ``layout`` gives on ``target``."""
+    block = layout_block(target, layout)
+    return f"NCHW{block}c" if block else "NCHW"
+
+
+def rows(model: str, name: str, parts: list[int], rounds: int, label: str, layout: str = "auto") -> list[str]:
     mod = normalize(to_relax(load_model(model)))
     chains = {c.name: c for c in find_chains(mod)}
     if name not in chains:
@@ -59,7 +67,7 @@ def rows(model: str, name: str, parts: list[int], rounds: int, label: str) -> li
         tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype)), dev)
         for p in alone["main"].params
     ]
-    whole, _ = _build(alone, target)
+    whole, _ = _build(alone, target, layout)
     expected = whole["main"](*inputs).numpy()
     whole_timer = whole.time_evaluator("main", dev, number=1, repeat=25)
     out = []
@@ -68,7 +76,9 @@ def rows(model: str, name: str, parts: list[int], rounds: int, label: str) -> li
             choice = SplitChoice(chain, count, True, workers, rolling=rolling)
             if rolling and not chain.has_halo(count, choice.concurrent_tiles):
                 continue
-            vm, seconds = _build(split_chains(alone, [choice]), target)
+            # in a blocked layout row slices, which it carries into NCHW[x]c, as the split search does
+            in_place = layout_block(target, layout) is None
+            vm, seconds = _build(split_chains(alone, [choice], in_place), target, layout)
             same = np.array_equal(vm["main"](*inputs).numpy(), expected)
             timer = vm.time_evaluator("main", dev, number=1, repeat=25)
             before: list[float] = []
@@ -79,7 +89,8 @@ def rows(model: str, name: str, parts: list[int], rounds: int, label: str) -> li
             unsplit, split = min(before) * 1e3, min(after) * 1e3
             halo = "line buffer" if rolling else "recomputed"
             row = (
-                f"| {label} | {count} | {halo} | {seconds:.1f} | {'yes' if same else 'NO'} | {unsplit:.3f} | "
+                f"| {label} | {layout_name(target, layout)} | {count} | {halo} | {seconds:.1f} | "
+                f"{'yes' if same else 'NO'} | {unsplit:.3f} | "
                 f"{split:.3f} ({(split - unsplit) * 1e3:+.0f}) |"
             )
             print(row, flush=True)
@@ -94,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="8,16,32")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--label", default="this checkout")
+    parser.add_argument(
+        "--layout", choices=("auto", "nchw"), default="auto", help="activation layout (default auto: blocked)"
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--append", action="store_true", help="add the rows to the table in --out")
     args = parser.parse_args(argv)
@@ -102,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --parts takes tile counts of at least 2, comma-separated (got {args.parts!r})", file=sys.stderr)
         return 2
     try:
-        found = rows(args.model, args.chain, [int(p) for p in parts], args.rounds, args.label)
+        found = rows(args.model, args.chain, [int(p) for p in parts], args.rounds, args.label, args.layout)
     except (UserError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

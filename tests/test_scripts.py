@@ -63,16 +63,18 @@ def test_profile_split_reports_a_chain_unsplit_and_in_tiles(tmp_path):
 
 def test_time_fused_chain_compiles_and_times_the_fused_tiles(tmp_path):
     """mcu_cnn's stem chain in 2 and 4 fused tiles: compiled, bit-identical to the unsplit chain, timed
-    beside it; a second run under another label adds its rows to the same table."""
+    beside it; a second run under another label (and in NCHW) adds its rows to the same table."""
     out = tmp_path / "fused.md"
-    for label, extra in (("a", []), ("b", ["--append"])):
+    for label, extra in (("a", []), ("b", ["--append", "--layout", "nchw"])):
         run_script(
             "time_fused_chain.py", "zoo:mcu_cnn", "--chain", "lv..lv4 (rows)", "--parts", "2,4", "--rounds", "1",
             "--label", label, "--out", str(out), *extra,
         )  # fmt: skip
     rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert {r[1].strip() for r in rows} == {"a", "b"} and {int(r[2]) for r in rows} == {2, 4}
-    assert all(float(r[4]) > 0 and r[5].strip() == "yes" and "(" in r[7] for r in rows)
+    assert {r[1].strip() for r in rows} == {"a", "b"} and {int(r[3]) for r in rows} == {2, 4}
+    assert {r[2].strip() for r in rows if r[1].strip() == "b"} == {"NCHW"}
+    assert all(r[2].strip().startswith("NCHW") for r in rows)  # "auto": NCHW[x]c where vectors hold a block
+    assert all(float(r[5]) > 0 and r[6].strip() == "yes" and "(" in r[8] for r in rows)
     bad_parts = run_script(
         "time_fused_chain.py", "zoo:mcu_cnn", "--chain", "lv..lv4 (rows)", "--parts", "1,x", returncode=2
     )

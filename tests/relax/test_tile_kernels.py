@@ -16,7 +16,7 @@ from tvm_memplan.relax.pipeline import pipeline, stage_passes
 from tvm_memplan.relax.split import find_chains as find_chains_of
 from tvm_memplan.relax.split import split_chains
 from tvm_memplan.relax.split.outline import TILES_ATTR
-from tvm_memplan.relax.tile_kernels import MergeTileKernels, _one_of, _table
+from tvm_memplan.relax.tile_kernels import MergeTileKernels, _copy_view, _one_of, _table
 from tvm_memplan.split.simulate import SplitChoice
 from tvm_memplan.verify.run import run_vm
 
@@ -319,3 +319,26 @@ def test_a_c_target_runs_the_tile_loop_serially_bit_identical(tmp_path):
         outputs.append(vm["main"](tvm.runtime.tensor(x)).numpy())
     for got in outputs[1:]:
         np.testing.assert_array_equal(got, outputs[0])
+
+
+def _kernel(compute, *shapes) -> tvm.tirx.PrimFunc:
+    args = [tvm.te.placeholder(shape, "float32", name=f"x{i}") for i, shape in enumerate(shapes)]
+    return tvm.te.create_prim_func([*args, compute(*args)])
+
+
+def test_a_copy_of_an_inputs_rows_is_a_strided_view_of_it():
+    """A row slice, with the reshape of a stem's NCHW input to NCHW1c after it, reads the input's
+    elements at an offset and strides: the tile can read them in place."""
+    rows = _kernel(lambda x: tvm.topi.strided_slice(x, [0, 0, 5, 0], [1, 3, 12, 16]), (1, 3, 20, 16))
+    offset, strides = _copy_view(rows)
+    assert offset == 5 * 16 and strides[1:] == [20 * 16, 16, 1]  # (the batch of one: any stride)
+    reshaped = _kernel(
+        lambda x: tvm.topi.reshape(tvm.topi.strided_slice(x, [0, 0, 5, 0], [1, 3, 12, 16]), (1, 3, 7, 16, 1)),
+        (1, 3, 20, 16),
+    )
+    offset, strides = _copy_view(reshaped)
+    assert offset == 5 * 16 and strides[1:4] == [20 * 16, 16, 1]
+    # not a copy: arithmetic on the values, or a transpose of the rows
+    assert _copy_view(_kernel(lambda x: tvm.topi.add(x, 1.0), (1, 3, 20, 16))) is None
+    transposed = _kernel(lambda x: tvm.topi.transpose(x, [0, 1, 3, 2]), (1, 3, 20, 16))
+    assert _copy_view(transposed)[1][1:] == [20 * 16, 1, 16]  # a strided view too, read in place

@@ -4,7 +4,8 @@ unsplit blocked model computes, with no layout transform per tile, and keep the 
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+import tvm_ffi
+from tvm import relax, s_tir
 
 from tvm_memplan.relax.fold import FoldDataMovementConstants
 from tvm_memplan.relax.layout import BlockedLayout
@@ -83,6 +84,19 @@ def _transforms(mod: tvm.IRModule) -> int:
     )
 
 
+def _all_transforms(mod: tvm.IRModule) -> dict[str, int]:
+    """``layout_transform`` bindings per Relax function."""
+    return {
+        gvar.name_hint: sum(
+            isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.layout_transform"
+            for block in func.body.blocks
+            for b in block.bindings
+        )
+        for gvar, func in mod.functions.items()
+        if isinstance(func, relax.Function)
+    }
+
+
 def _spatial(mod: tvm.IRModule) -> SpatialChain:
     return max(
         (c for c in find_chains(mod) if isinstance(c, SpatialChain) and not c.gathered), key=lambda c: len(c.spatial)
@@ -118,6 +132,65 @@ def test_fused_row_tiles_run_blocked_bit_identical(net, workers, rolling):
     (got,), trace = _run(split, x)
     np.testing.assert_array_equal(got, expected)
     assert trace.storage_bytes[0] < unsplit.storage_bytes[0]
+
+
+def test_a_fused_chain_takes_and_gives_blocked_tensors(net):
+    """The outlined chain reads the residual tensor that ``main`` holds in NCHW4c, and returns its result
+    in NCHW4c: no transform inside the chain save of the NCHW input's rows (which stays NCHW: a blocked
+    copy would live on through the chain), and no more in ``main`` than unsplit."""
+    split = split_chains(net, [SplitChoice(_spatial(net), 4, True, 1)], windows_in_place=False)
+    counts = _all_transforms(_blocked(split))
+    (chain,) = [name for name in counts if name.startswith("chain_tiles")]
+    assert chain.endswith("_blocked")
+    assert counts[chain] == 4  # one per tile, of the input's rows
+    assert counts["main"] < _all_transforms(_blocked(net))["main"]
+    with TARGET:  # the tiles read their rows of the input in place: no copy of them in the tile loop
+        fused = tvm.transform.Sequential(stage_passes(TARGET, layout="blocked").dataflow)(split)
+    (kernel,) = [f for gv, f in fused.functions.items() if gv.name_hint.endswith("_fused")]
+    blocks: list[str] = []
+    tvm_ffi.structural_walk(
+        kernel.body, lambda n: blocks.append(n.name_hint) if isinstance(n, s_tir.SBlock) else None, order="pre"
+    )
+    assert blocks and not [name for name in blocks if "strided_slice" in name]
+
+
+def _padded_net() -> tvm.IRModule:
+    """Six channels, padded to two blocks of 4: a residual tensor from before the chain that the chain
+    adds in, and a convolution after it."""
+    rng = np.random.default_rng(0)
+
+    def const(*shape):
+        return relax.const(rng.standard_normal(shape).astype("float32") * 0.3)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(PADDED_SHAPE, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.conv2d(x, const(6, 6, 3, 3), padding=1))
+            a = bb.emit(relax.op.clip(bb.emit(relax.op.add(a, const(1, 6, 1, 1))), 0.0, 6.0))
+            y = bb.emit(relax.op.clip(bb.emit(relax.op.nn.conv2d(a, const(6, 1, 3, 3), padding=1, groups=6)), 0.0, 6.0))
+            y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(y, const(6, 6, 1, 1))), a))
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(y, const(6, 6, 3, 3), padding=1)))
+        bb.emit_func_output(out)
+    return normalize(bb.get())
+
+
+PADDED_SHAPE = (1, 6, 16, 12)
+
+
+def test_a_fused_chain_of_padded_blocks_stays_blocked_bit_identical():
+    """Tensors whose last block is padded cross the chain's edges blocked, padded blocks included (row
+    slices and the residual add carry them), and the output is the unsplit blocked model's."""
+    net = _padded_net()
+    chain = next(c for c in find_chains(net) if c.name == "lv3..lv6 (rows)")  # after the stem, before the last conv
+    split = split_chains(net, [SplitChoice(chain, 4, True, 1)], windows_in_place=False)
+    counts = _all_transforms(_blocked(split))
+    assert [counts[name] for name in counts if name.startswith("chain_tiles")] == [0]
+    assert counts["main"] == _all_transforms(_blocked(net))["main"]
+    x = np.random.default_rng(4).standard_normal(PADDED_SHAPE).astype("float32")
+    (expected,), _ = _run(net, x)
+    (got,), _ = _run(split, x)
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_channel_tiles_accumulate_blocked(net):

@@ -16,8 +16,10 @@ longer grows with them (the stages of one tile, or each stage's own parallel loo
 
 The chain's inputs and its output are that PrimFunc's parameters; every tensor that lives only inside
 the chain (tile buffers) becomes a view into one scratch parameter, at offsets planned by the arena
-allocators over the kernels' sequence. The scratch is a second output of the call, so the arena planner
-places it like any tensor and the VM allocates exactly the plan (no ``TVMBackendAllocWorkspace``).
+allocators over the kernels' sequence; a tensor a kernel only copies out of a chain input (a tile's
+rows of it, :func:`_copy_view`) is no buffer at all: the kernels reading it read the input in place,
+through a strided view at the tile's offset. The scratch is a second output of the call, so the arena
+planner places it like any tensor and the VM allocates exactly the plan (no ``TVMBackendAllocWorkspace``).
 Halo rows are recomputed, as the per-kernel tiles do, or kept in a rolling line buffer
 (:attr:`~tvm_memplan.split.chain.SplitChoice.rolling`): the rewriter then links each worker's tiles by
 the rows they carry over, so a worker runs its run of tiles in order (:func:`_tile_groups` finds the
@@ -49,6 +51,7 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.ir import Range
 from tvm.ir.expr import TensorLoad, TensorRegion
+from tvm.sym import Analyzer, detect_linear_equation
 
 from ..planning import Buffer, Problem, align_up, plan_aliased
 from ..schedule.cpu import CpuSpec, cpu_spec
@@ -62,6 +65,8 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 _ALIGNMENT = 64
 """Byte alignment of every view in the scratch buffer (what the arena gives every tensor)."""
+_VIEW_OFFSET = "input_view_offset"
+"""Names the variable holding where a tile's view of a chain input starts (a hole of its tile class)."""
 
 
 @dataclass
@@ -114,6 +119,89 @@ def _kernels(func: relax.Function, mod: tvm.IRModule) -> tuple[list[_Kernel], re
         if len(kernels[-1].tensors) != len(prim.params):
             return None
     return kernels, resolve(func.body.body)
+
+
+@dataclass
+class _InputView:
+    """A tensor that a copy kernel cuts out of a chain input, read in place instead: the input's elements
+    ``offset + sum(strides[k] * index[k])``."""
+
+    source: relax.Var
+    offset: int
+    strides: list[int]
+
+
+def _copy_view(func: tirx.PrimFunc, within: _InputView | None = None) -> tuple[int, list[int]] | None:
+    """``(offset, strides)`` where the kernel ``func(input, output)`` only copies elements of its input to
+    its output, each output element the input's flat element ``offset + sum(strides[k] * index[k])``
+    (a row slice, a reshape or a blocking after it: a tile's rows of an input), else None; ``within``:
+    the input is itself a view, the offset and strides are then of its source. Its stages are inlined
+    into the last, whose value must then be a load of the input at indices affine in the output's."""
+    if len(func.params) != 2:
+        return None
+    names: list[str] = []
+    tvm_ffi.structural_walk(
+        func.body, lambda n: names.append(n.name_hint) if isinstance(n, s_tir.SBlock) else None, order="pre"
+    )
+    names = [n for n in names if n != "root"]
+    if not names:
+        return None
+    schedule = s_tir.Schedule(tvm.IRModule({"main": func}))
+    try:
+        for name in names[:-1]:
+            schedule.compute_inline(schedule.get_sblock(name))
+    except Exception:  # noqa: BLE001 - any stage that does not inline: not a plain copy
+        return None
+    blocks: list[s_tir.SBlock] = []
+    tvm_ffi.structural_walk(
+        schedule.mod["main"].body,
+        lambda n: blocks.append(n) if isinstance(n, s_tir.SBlock) and n.name_hint != "root" else None,
+        order="pre",
+    )
+    data, out = func.params
+    if len(blocks) != 1 or blocks[0].init is not None:
+        return None
+    (block,) = blocks
+    store, variables = block.body, [iv.var for iv in block.iter_vars]
+    if not (isinstance(store, tirx.BufferStore) and isinstance(store.value, TensorLoad)):
+        return None
+    if not (store.buffer.same_as(out) and store.value.source.same_as(data)):
+        return None
+    if len(store.indices) != len(variables) or not all(
+        i.same_as(v) for i, v in zip(store.indices, variables, strict=True)
+    ):
+        return None
+    analyzer = Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    index_type = variables[0].ty
+    flat, stride = tirx.IntImm(index_type, within.offset if within else 0), 1
+    strides = [tirx.IntImm(index_type, s) for s in within.strides] if within else []
+    for k, (index, extent) in reversed(list(enumerate(zip(store.value.indices, data.ty.shape, strict=True)))):
+        flat, stride = flat + index * (strides[k] if within else stride), stride * extent
+    coefficients = detect_linear_equation(analyzer.simplify(flat), variables)
+    if len(coefficients) != len(variables) + 1 or not all(isinstance(c, tirx.IntImm) for c in coefficients):
+        return None
+    *strides, offset = (int(c) for c in coefficients)
+    return offset, strides
+
+
+def _input_views(kernels: list[_Kernel], params: list[relax.Var]) -> dict[relax.Var, _InputView]:
+    """The tensors that kernels of the chain copy out of its inputs (a tile's rows of an input: a row slice,
+    the blocked layout's reshape of a stem's NCHW input to NCHW1c) that nothing writes afterwards: the
+    kernels reading them can read the input in place, in the rows the tile needs, with no copy."""
+    views: dict[relax.Var, _InputView] = {}
+    for kernel in kernels:
+        data, out = kernel.tensors if len(kernel.tensors) == 2 else (None, None)
+        if not kernel.writes_new or not isinstance(data, relax.Var):
+            continue
+        if not (data in views or any(data.same_as(p) for p in params)) or str(data.ty.dtype) != str(out.ty.dtype):
+            continue
+        written = any(not k.writes_new and any(t.same_as(out) for t in k.tensors) for k in kernels)
+        found = None if written else _copy_view(kernel.func, views.get(data))
+        if found is not None:
+            views[out] = _InputView(views[data].source if data in views else data, *found)
+    return views
 
 
 def _in_place_sources(kernels: list[_Kernel], inside: list[relax.Var]) -> dict[relax.Var, relax.Var]:
@@ -260,7 +348,15 @@ def _holes(stmt: tirx.Stmt, holes: dict[tuple[int, str], tirx.Var]) -> tuple[tir
         ranges = [Range.from_min_extent(m, r.extent) for m, r in zip(mins, node.region, strict=True)]
         return tirx.BufferRegion(node.source, ranges)
 
-    done = tvm_ffi.structural_mutate(stmt, ((tirx.BufferStore, store), (TensorLoad, load), (TensorRegion, region)))
+    def let(node: tirx.LetStmt, mutator: tvm_ffi.StructuralMutator):
+        node = mutator.default_mutate(node)
+        if node.var.name == _VIEW_OFFSET and isinstance(node.value, tirx.IntImm):  # where an input view starts
+            return tirx.LetStmt(node.var, hole(node.value))
+        return node
+
+    done = tvm_ffi.structural_mutate(
+        stmt, ((tirx.BufferStore, store), (TensorLoad, load), (TensorRegion, region), (tirx.LetStmt, let))
+    )
     return done, found
 
 
@@ -386,10 +482,16 @@ def merge_chain(
     kernels, output = found
     if not isinstance(output, relax.Var) or any(output.same_as(p) for p in func.params):
         return None
+    input_views = _input_views(kernels, list(func.params))
+    kernels = [k for k in kernels if not (k.writes_new and k.tensors[-1] in input_views)]
+    if len(kernels) < 2:
+        return None
     inputs: list[relax.Expr] = []
     inside: list[relax.Var] = []
     for kernel in kernels:
         for tensor in kernel.tensors:
+            if tensor in input_views:
+                tensor = input_views[tensor].source
             outside = isinstance(tensor, tvm.ir.GenericConst) or any(tensor.same_as(p) for p in func.params)
             group = inputs if outside else inside
             if not tensor.same_as(output) and not any(tensor.same_as(t) for t in group):
@@ -419,6 +521,21 @@ def merge_chain(
         for param, tensor in zip(prim.params, kernel.tensors, strict=True):
             ty = param.ty
             index_type = ty.shape[0].ty if len(ty.shape) else "int64"
+            if tensor in input_views:  # the tile's rows of an input, read in place
+                view = input_views[tensor]
+                offset = tirx.Var(_VIEW_OFFSET, index_type)
+                target = params[next(i for i, t in enumerate(inputs) if t.same_as(view.source))]
+                strided = tirx.decl_buffer(
+                    list(ty.shape),
+                    ty.dtype,
+                    param.name,
+                    strides=[tirx.IntImm(index_type, s) for s in view.strides],
+                    elem_offset=offset,
+                )
+                views.append(tirx.LetStmt(offset, tirx.IntImm(index_type, view.offset)))
+                views.append(tirx.DeclBuffer(strided, data=tirx.buffer_data(target)))
+                mapping[param] = strided
+                continue
             if tensor.same_as(output) or tensor in in_output:
                 target, offset = out, tirx.IntImm(index_type, 0)
             elif any(tensor.same_as(t) for t in inside):

@@ -12,8 +12,13 @@ NCHW, each with a ``layout_transform`` of its tile and of the whole tensor it wr
 - a channel tile's partial sum ``conv2d(tile, weight) + running`` is a blocked convolution plus the
   running sum, weights packed here with zeros for the channels that pad a block;
 - row slices, and channel slices of whole blocks, of a tensor that is blocked slice it blocked;
-- the elementwise operators after a chain's blocked result (bias, activations) follow it, and the
-  ``nn.pad`` of its padded channels and its re-blocking become the blocked tensor itself.
+- the elementwise operators after a chain's blocked result (bias, activations, a residual add, padded
+  blocks included) follow it, and the ``nn.pad`` of its padded channels and its re-blocking become the
+  blocked tensor itself;
+- a fused chain, outlined into a function of its own that ``ConvertLayout`` converts apart from its
+  caller, takes the tensors its caller holds blocked and returns its result blocked
+  (:func:`carried_chain`), so neither side changes layout at the call (a result whose last block is
+  padded then occupies whole blocks in the arena, as the unsplit model's tensors do).
 
 The NCHW tensor is made only before a reader none of these covers, so a split model has no layout
 transform per tile.
@@ -25,11 +30,13 @@ from collections.abc import Callable
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, te, tirx
 
 from .ir_utils import constant_value, static_shape
 from .module import relax_functions, with_blocks
 from .split.operators import CHANNEL, ROWS
+from .split.outline import TILES_ATTR
 from .split.rewrite import row_writer
 from .tile_writes import ACCUMULATE_ATTR, ROW_OFFSET_ATTR, ROW_WRITER_ATTR
 
@@ -130,8 +137,20 @@ class _Block:
     """One binding block rewritten: NCHW tensors that the row writers now make in NCHW[x]c, their
     NCHW bindings emitted only before their first reader that is not a row writer."""
 
-    def __init__(self, mod: tvm.IRModule, builder: relax.BlockBuilder, conv: Callable) -> None:
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        builder: relax.BlockBuilder,
+        conv: Callable,
+        chains: dict[tvm.ir.GlobalVar, relax.Function] | None = None,
+    ) -> None:
         self.mod, self.builder, self.conv = mod, builder, conv
+        self.chains = chains or {}
+        """Outlined split chains (:data:`~.split.outline.TILES_ATTR`) this block may call with blocked tensors."""
+        self.carried: dict[tvm.ir.GlobalVar, tvm.ir.GlobalVar] = {}
+        """Chain function → its NCHW[x]c version, which this block calls instead."""
+        self.params: set[relax.Var] = set()
+        """Parameters of a chain function given to it blocked (seeded in ``blocked``)."""
         self.blocked: dict[relax.Var, tuple[relax.Expr, int]] = {}
         """NCHW variable → its NCHW[x]c value and x."""
         self.unblocks: dict[relax.Var, tuple[relax.Expr, int]] = {}
@@ -183,7 +202,9 @@ class _Block:
 
     def rewrite(self, var: relax.Var, value: relax.Expr) -> bool:
         """Emit ``var = value`` in NCHW[x]c when it is a row writer, a row slice or an alias of a blocked
-        tensor, or the blocking of one; False when ``value`` is none of these."""
+        tensor, or the blocking of one, or a call of a split chain; False when ``value`` is none of these."""
+        if isinstance(value, relax.Call) and any(value.op.same_as(g) for g in self.chains):
+            return self.chain_call(var, value)
         if isinstance(value, relax.Var) and value in self.blocked:
             self.blocked[var] = self.blocked[value]
             if value in self.channels:
@@ -201,10 +222,12 @@ class _Block:
             self.out.append(relax.VarBinding(var, self.blocked[value.args[0]][0]))
             return True
         rows = axis_slice(value, ROWS)
-        if rows is not None and self.source(value.args[0]) is not None:
-            whole, block = self.source(value.args[0])
+        if rows is not None and self.padded_source(value.args[0]) is not None:
+            whole, block = self.padded_source(value.args[0])
             sliced = relax.op.strided_slice(whole, axes=[ROWS], begin=[rows[0]], end=[rows[1]])
             self.bind(var, sliced, block)
+            if _shape(whole)[1] * block != _shape(var)[1]:
+                self.channels[var] = _shape(var)[1]
             return True
         channels = axis_slice(value, CHANNEL)
         if channels is not None and self.source(value.args[0]) is not None:
@@ -268,26 +291,38 @@ class _Block:
 
     def elementwise(self, var: relax.Var, value: relax.Call) -> bool:
         """An elementwise operator of blocked tensors (at least one of its operands), scalars and per-channel
-        constants (blocked here), in NCHW[x]c."""
-        blocked = [self.blocked[a] for a in value.args if isinstance(a, relax.Var) and a in self.blocked]
-        if not blocked or any(a in self.channels for a in value.args if isinstance(a, relax.Var)):
+        constants (blocked here), in NCHW[x]c. Tensors whose last block is padded (all alike) give a
+        padded result: every operator here but ``divide`` is finite on finite inputs, so its padded
+        channels stay finite, as :mod:`.channel_pad` requires; padded constants are zeros there."""
+        if not any(isinstance(a, relax.Var) and a in self.blocked for a in value.args):
             return False
-        block = blocked[0][1]
         shape = _shape(var)
+        sources = [self.padded_source(a) if shape is not None and _shape(a) == shape else None for a in value.args]
+        found = [s for s in sources if s is not None]
+        if not found:
+            return False
+        block, chunks = found[0][1], _shape(found[0][0])[1]
+        if any(b != block or _shape(t)[1] != chunks for t, b in found):
+            return False
+        padded = chunks * block != shape[1]
+        if padded and value.op.name == "relax.divide":
+            return False
         args = []
-        for arg in value.args:
-            source = self.source(arg)
+        for arg, source in zip(value.args, sources, strict=True):
             data = constant_value(arg)
-            if source is not None and source[1] == block and _shape(arg) == shape:
+            if source is not None:
                 args.append(source[0])
             elif data is not None and data.ndim == 0:
                 args.append(arg)
-            elif data is not None and shape is not None and list(data.shape) == [1, shape[1], 1, 1]:
-                channels = data.reshape(1, shape[1] // block, block, 1, 1).transpose(0, 1, 3, 4, 2)
+            elif data is not None and list(data.shape) == [1, shape[1], 1, 1]:
+                data = np.pad(data, [(0, 0), (0, chunks * block - shape[1]), (0, 0), (0, 0)])
+                channels = data.reshape(1, chunks, block, 1, 1).transpose(0, 1, 3, 4, 2)
                 args.append(relax.const(np.ascontiguousarray(channels), str(data.dtype)))
             else:
                 return False
         self.bind(var, relax.Call(value.op, args, value.attrs, value.ty_args), block)
+        if padded:
+            self.channels[var] = shape[1]
         return True
 
     def accumulate(self, var: relax.Var, value: relax.Call) -> bool:
@@ -325,6 +360,33 @@ class _Block:
             self.channels[var] = _shape(var)[1]
         return True
 
+    def chain_call(self, var: relax.Var, call: relax.Call) -> bool:
+        """A split chain's call with NCHW[x]c tensors across its edges: the arguments this block holds
+        blocked are passed blocked (:func:`carried_chain` gives the chain their NCHW[x]c; an NCHW tensor
+        blocked here, such as the model's input, stays NCHW: its blocked copy would live on through the
+        chain), and its result stays blocked when the chain makes it so; False when neither."""
+        gvar = next(g for g in self.chains if call.op.same_as(g))
+        sources = []
+        for arg in call.args:
+            source = self.padded_source(arg) if isinstance(arg, relax.Var) else None
+            sources.append(source if source is not None and _shape(source[0]) is not None else None)
+        carried = carried_chain(self.chains[gvar], sources, self.mod, self.builder, self.conv)
+        if carried is None:
+            return False
+        func, out_block = carried
+        new_gvar = self.builder.add_func(func, f"{gvar.name_hint}_blocked")
+        self.carried[gvar] = new_gvar
+        args = [arg if source is None else source[0] for arg, source in zip(call.args, sources, strict=True)]
+        value = relax.Call(new_gvar, args)
+        if out_block is None:
+            self.out.append(relax.VarBinding(var, self.builder.normalize(value)))
+            return True
+        self.bind(var, value, out_block)
+        chunks = static_shape(func.ret_ty)[1]
+        if chunks * out_block != _shape(var)[1]:
+            self.channels[var] = _shape(var)[1]
+        return True
+
     def bind(self, var: relax.Var, value: relax.Expr, block: int) -> None:
         value = self.builder.normalize(value)
         new = relax.DataflowVar(f"{var.name}_blocked", value.ty)
@@ -332,12 +394,82 @@ class _Block:
         self.blocked[var] = (new, block)
         self.pending.add(var)
 
-    def finish(self, block: relax.BindingBlock) -> relax.BindingBlock:
+    def finish(self, block: relax.BindingBlock, keep: relax.Var | None = None) -> relax.BindingBlock:
+        """The rewritten block; blocked variables read after it made NCHW, save ``keep`` and the
+        parameters given blocked."""
         for var in list(self.pending):
-            if not isinstance(var, relax.DataflowVar):  # read after the block
+            if not isinstance(var, relax.DataflowVar) and var not in self.params and not var.same_as(keep):
                 self.materialize(var)
         kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
         return kind(self.out)
+
+
+def carried_chain(
+    func: relax.Function,
+    sources: list[tuple[relax.Expr, int] | None],
+    mod: tvm.IRModule,
+    builder: relax.BlockBuilder,
+    conv: Callable,
+) -> tuple[relax.Function, int | None] | None:
+    """The outlined chain ``func`` in NCHW[x]c across its edges: each parameter whose argument the
+    caller holds blocked (``sources``: its NCHW[x]c tensor and x, or None) takes that tensor, which the
+    chain's row slices and operators read blocked (:class:`_Block`, seeded with it); the chain returns
+    its last tensor blocked where its body made it so (x, else None: NCHW, as before). Without this,
+    ``ConvertLayout``, which sees one function at a time, unblocks each blocked tensor the chain reads
+    in the caller and blocks every tile of it again, and unblocks the chain's result for a caller that
+    blocks it again. None where nothing is carried (or the chain is not one binding block)."""
+    if len(func.body.blocks) != 1 or not isinstance(func.body.body, relax.Var):
+        return None
+    (block,) = func.body.blocks
+    rewriter = _Block(mod, builder, conv)
+    params = []
+    for param, source in zip(func.params, sources, strict=True):
+        if source is None:
+            params.append(param)
+            continue
+        blocked, x = source
+        new = relax.Var(f"{param.name}_blocked", blocked.ty)
+        params.append(new)
+        rewriter.blocked[param] = (new, x)
+        rewriter.params.add(param)
+        rewriter.pending.add(param)
+        if _shape(blocked)[1] * x != _shape(param)[1]:
+            rewriter.channels[param] = _shape(param)[1]
+    for binding in block.bindings:
+        rewriter.visit(binding)
+    result = func.body.body
+    out = rewriter.padded_source(result)
+    if out is not None and _shape(out[0]) is None:
+        out = None
+    if out is None and not rewriter.params:
+        return None
+    new_block = rewriter.finish(block, keep=result if out is not None else None)
+    if out is None:
+        body = relax.SeqExpr([new_block], result)
+    else:
+        returned = relax.Var(f"{result.name}_blocked", out[0].ty)
+        kind = type(new_block)
+        new_block = kind([*new_block.bindings, relax.VarBinding(returned, out[0])])
+        body = relax.SeqExpr([new_block], returned)
+    carried = relax.Function(params, body, body.body.ty, func.is_pure, func.attrs, func.span)
+    carried = builder.normalize(carried)
+    return carried, None if out is None else out[1]
+
+
+def _called_once_chains(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, relax.Function]:
+    """The outlined split chains that one call in the module calls (each chain's tiles are one call)."""
+    chains = {g: f for g, f in relax_functions(mod) if f.attrs is not None and TILES_ATTR in f.attrs}
+    calls: dict[tvm.ir.GlobalVar, int] = dict.fromkeys(chains, 0)
+
+    def count(node: object) -> None:
+        if isinstance(node, relax.Call):
+            for gvar in chains:
+                if node.op.same_as(gvar):
+                    calls[gvar] += 1
+
+    for _, func in relax_functions(mod):
+        tvm_ffi.structural_walk(func, count, order="pre")
+    return {g: f for g, f in chains.items() if calls[g] == 1}
 
 
 def BlockedTiles(conv: Callable) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
@@ -349,18 +481,24 @@ def BlockedTiles(conv: Callable) -> tvm.transform.Pass:  # noqa: N802 - named li
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         builder = relax.BlockBuilder(mod)
         updates = {}
-        for gvar, func in relax_functions(mod):
+        chains = _called_once_chains(mod)
+        carried: set[tvm.ir.GlobalVar] = set()
+        callers = [(g, f) for g, f in relax_functions(mod) if g not in chains]
+        for gvar, func in [*callers, *((g, f) for g, f in chains.items())]:
+            if gvar in carried:
+                continue
             blocks = []
             for block in func.body.blocks:
-                rewriter = _Block(mod, builder, conv)
+                rewriter = _Block(mod, builder, conv, chains if gvar not in chains else None)
                 for binding in block.bindings:
                     rewriter.visit(binding)
+                carried.update(rewriter.carried)
                 blocks.append(rewriter.finish(block) if rewriter.changed else block)
             if any(new is not old for new, old in zip(blocks, func.body.blocks, strict=True)):
                 updates[gvar] = with_blocks(func, blocks)
         if not updates:
             return mod
-        functions = dict(builder.get().functions)
+        functions = {g: f for g, f in builder.get().functions.items() if g not in carried}
         functions.update(updates)
         return relax.transform.DeadCodeElimination()(tvm.IRModule(functions, attrs=mod.attrs))
 
