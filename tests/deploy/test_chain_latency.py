@@ -137,3 +137,38 @@ def test_a_confirmation_clear_of_the_budget_is_judged_at_once():
 
     _, _, result = split_module._confirm("model", _one_point_result(), Clear(), budget=0.05)
     assert Clear.asked == [3] and not result.best.choices
+
+
+class Drifting(Stubbed):
+    """Each side-by-side timing of a chain reads 0.1 ms more than the one before (``timed`` counts them)."""
+
+    def compare(self, *modules, rounds: int = 3):
+        self.timed.append(rounds)
+        n = rounds * self.repeat
+        return [1.0] * n, [1.0 + 0.1 * len(self.timed)] * n
+
+
+def test_a_split_timed_again_is_a_new_timing_cached_per_attempt(mcu_mod, tmp_path):
+    """The search takes the median of a decisive split's timings: each attempt is timed anew once, and a
+    second search with the same cache reads the same ones without timing."""
+    cache = tmp_path / "latency.jsonl"
+    (choice,) = _split(mcu_mod)
+    first = Drifting(mcu_mod, cache, today=1.0)
+    timings = [first.split_delta(choice), first.retime(choice, 1), first.retime(choice, 2)]
+    assert timings == pytest.approx([0.1, 0.2, 0.3]) and len(first.timed) == 3
+    assert first.retime(choice, 1) == timings[1] and len(first.timed) == 3
+    again = Drifting(mcu_mod, cache, today=1.0)
+    assert [again.split_delta(choice), again.retime(choice, 1), again.retime(choice, 2)] == timings
+    assert again.timed == []
+
+
+def test_the_unsplit_model_is_timed_in_rounds_and_its_fastest_taken(mcu_mod, tmp_path):
+    """One round caught in a load spike does not widen the search's budget."""
+    rounds = iter([[9.0, 8.0], [2.0, 2.5], [7.0, 3.0]])
+
+    class Spiky(Stubbed):
+        def timer(self, mod):
+            return lambda: next(rounds)
+
+    measurer = Spiky(mcu_mod, None, today=0.0)
+    assert measurer.unsplit_today(mcu_mod) == 2.0 and next(rounds, None) is None

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tvm_memplan.split.search import Point, _fewer_tiles, pareto, search
-from tvm_memplan.split.simulate import SplitChoice, peak, split_program
+from tvm_memplan.split.simulate import Branch, Chain, Program, SplitChoice, Step, peak, split_program
 
 from .programs import inverted_residual
 
@@ -219,3 +219,89 @@ def test_the_time_limit_stops_timing_a_moves_variants(monkeypatch):
     # the first move (4 parts, the lowest peak): its fewest tiles (2) probed, then one variant, then the limit
     assert [(c.parts, c.variant) for c in timed] == [(2, "per-kernel"), (4, "per-kernel")]
     assert result.stopped == "search time limit" and result.best.choices == (timed[-1],)
+
+
+class _Noisy:
+    """A plain measurer (per-kernel tiles) whose splits add ``true`` ms, but whose first timing of some
+    (``first``: chain head and parts → ms) was disturbed by load; every timing again (``retime``) reads the
+    true cost. Records the attempts it timed."""
+
+    def __init__(self, true, first=None):
+        self.true, self.first, self.timed = true, first or {}, []
+
+    def splits(self, chain, parts):
+        return [SplitChoice(chain, parts)]
+
+    def split_delta(self, choice):
+        self.timed.append((choice.chain.head, choice.parts, 0))
+        return self.first.get((choice.chain.head, choice.parts), self.true(choice))
+
+    def retime(self, choice, attempt):
+        self.timed.append((choice.chain.head, choice.parts, attempt))
+        return self.true(choice)
+
+
+def test_a_decisive_timing_is_the_median_of_three_and_a_small_one_is_charged_as_timed():
+    from tvm_memplan.split.search import robust_delta
+
+    again = iter([0.01, 0.02])
+    assert robust_delta(0.3, lambda attempt: next(again), decisive=0.005) == (0.02, 2)  # the outlier outvoted
+    assert robust_delta(-0.3, lambda attempt: 0.01, decisive=0.005) == (0.01, 2)
+    assert robust_delta(0.004, lambda attempt: pytest.fail("timed again"), decisive=0.005) == (0.004, 0)
+    assert robust_delta(0.3, None, decisive=0.005) == (0.3, 0)  # a measurer that cannot time again
+
+
+def test_a_cheap_split_whose_first_timing_was_an_outlier_is_still_taken():
+    """Its fewest tiles timed dear once (a load spike) would have turned the whole chain away (more tiles
+    are never timed after fewer missed): timed again, its true cost is charged."""
+    program, chain = inverted_residual()
+    measurer = _Noisy(lambda c: 0.01, first={("h", 2): 0.3})
+    result = search(program, [chain], 1.0, measurer, budget=0.05)
+    assert result.best.choices and result.best.latency_ms == pytest.approx(1.01)
+    assert ("h", 2, 1) in measurer.timed and result.retimed >= 1
+
+
+def test_a_dear_split_timed_cheap_once_does_not_get_in():
+    program, chain = inverted_residual()
+    measurer = _Noisy(lambda c: 0.5, first={("h", n): -0.3 for n in chain.parts_ladder()})
+    result = search(program, [chain], 1.0, measurer, budget=0.05)
+    assert not result.best.choices and result.best == result.original
+
+
+def _two_blocks():
+    """Two inverted residuals one after the other, the second larger: the search splits it first, then the first."""
+    a_rows, b_rows = 1000, 2000
+    sizes = {"x": 8 * a_rows, "h1": 48 * a_rows, "d1": 48 * a_rows, "y1": 8 * a_rows}
+    sizes |= {"h2": 48 * b_rows, "d2": 48 * b_rows, "y2": 8 * b_rows}
+    names = ["x", "h1", "d1", "y1", "h2", "d2", "y2"]
+    steps = [Step(n, n, (p,) if p else ()) for p, n in zip([None, *names], names, strict=False)]
+    steps.append(Step("out", "out", ("y2",)))
+    first = Chain((Branch("h1", ("d1",), 48, 48),), None, (), "y1", sizes["h1"] + sizes["d1"])
+    second = Chain((Branch("h2", ("d2",), 48, 48),), None, (), "y2", sizes["h2"] + sizes["d2"])
+    return Program(steps, sizes), first, second
+
+
+def test_a_split_timed_dear_once_does_not_use_up_the_budget_of_the_next():
+    """The second block's split costs 0.005 ms but was timed at 0.04 once: charged as timed, it would leave
+    too little of the 0.05 ms budget for the first block's split (0.02 ms)."""
+    program, first, second = _two_blocks()
+    measurer = _Noisy(lambda c: 0.005 if c.chain == second else 0.02, first={("h2", n): 0.04 for n in (2, 4, 8)})
+    result = search(program, [first, second], 1.0, measurer, budget=0.05)
+    assert {c.chain for c in result.best.choices} == {first, second}
+    assert result.best.latency_ms <= 1.05
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-0.1, 0.3), min_size=15, max_size=15), st.floats(0.0, 0.2))
+def test_two_searches_that_read_the_same_retimings_return_the_same_plan(firsts, budget):
+    """Timings again are cached per attempt: a second search with the same cache charges the same medians."""
+    program, first, second = _two_blocks()
+    ladder = [(h, n) for h in ("h1", "h2") for n in (2, 4, 8, 16, 32)][:15]
+    disturbed = dict(zip(ladder, firsts, strict=False))
+
+    def runs():
+        measurer = _Noisy(lambda c: 0.01 * c.parts / 8, first=disturbed)
+        return search(program, [first, second], 1.0, measurer, budget=budget)
+
+    one, two = runs(), runs()
+    assert one.best == two.best and one.front == two.front and one.retimed == two.retimed

@@ -60,6 +60,10 @@ class ChainLatency:
     """``ChainLatency(mod, target, device)(chain, parts)`` → measured ms added by the split (with
     ``fused_tiles``: of the fused tiles, or of the faster of fused and per-kernel tiles)."""
 
+    TODAY_ROUNDS = 3
+    """Rounds of ``repeat`` runs the unsplit model is timed in (:meth:`unsplit_today`): one round caught
+    in a load spike would widen the budget of the whole search."""
+
     def __init__(
         self,
         mod: tvm.IRModule,
@@ -118,6 +122,15 @@ class ChainLatency:
         only ever adds time; medians timed minutes apart (the whole chain's was timed once per chain) put
         MobileNetV2-0.35's chain deltas between -0.42 and +1.46 ms at load 3 to 4 on 2 cores, against a 5 %
         budget of about 0.1 ms."""
+        return self._side_by_side(choice, 0)
+
+    def retime(self, choice: SplitChoice, attempt: int) -> float:
+        """An independent timing of :meth:`split_delta` (its rounds timed anew), cached as the ``attempt``-th:
+        the search takes the median of a decisive split's timings (:func:`~tvm_memplan.split.search.robust_delta`),
+        and a second search with the same cache reads the same ones."""
+        return self._side_by_side(choice, attempt)
+
+    def _side_by_side(self, choice: SplitChoice, attempt: int) -> float:
         alone = chain_module(self.mod, choice.chain)
         split = split_chains(alone, [choice], self.windows_in_place)
 
@@ -125,7 +138,8 @@ class ChainLatency:
             whole, tiled = self.compare(alone, split)
             return min(tiled) - min(whole)
 
-        return self._cached(self._key(split, f"beside-whole{choice.parts}"), side_by_side)
+        again = (f"again{attempt}",) if attempt else ()  # the first timing keeps the key it always had
+        return self._cached(self._key(split, f"beside-whole{choice.parts}", *again), side_by_side)
 
     def choice(self, chain: Chain, parts: int) -> SplitChoice:
         """The split of ``chain`` into ``parts`` as measured by ``self(chain, parts)``: the faster variant."""
@@ -160,11 +174,13 @@ class ChainLatency:
         return self._cached(key, lambda: self.unsplit_today(mod))
 
     def unsplit_today(self, mod: tvm.IRModule) -> float:
-        """The unsplit model ``mod`` timed now (fastest of ``repeat`` runs, as the chains' deltas are read;
+        """The unsplit model ``mod`` timed now (fastest of :attr:`TODAY_ROUNDS` rounds of ``repeat`` runs, as the
+        chains' deltas are read; the search's budget in ms is a share of it;
         once per measurer, never cached on disk): the search's base and the reference that cached
         whole-model times are checked against."""
         if self.today is None:
-            self.today = min(self.timer(mod)())
+            timer = self.timer(mod)
+            self.today = min(min(timer()) for _ in range(self.TODAY_ROUNDS))
         return self.today
 
     def is_stale(self, then_ms: float, mod: tvm.IRModule) -> bool:
@@ -325,6 +341,10 @@ class DeviceInstructions(ChainLatency):
         alone = chain_module(self.mod, choice.chain)
         key = "|".join((chain_signature(split_chains(alone, [choice])), f"delta{choice.parts}", self.context))
         return self._cached(key, lambda: self._program([choice]) - self._program([]))
+
+    def retime(self, choice: SplitChoice, attempt: int) -> float:
+        """Instruction counts are exact: timing again would count the same."""
+        return self.split_delta(choice)
 
     def model_cost(self, mod: tvm.IRModule) -> float:
         return self._program([])

@@ -6,12 +6,16 @@ measured slowdown keeps the whole model within the budget. A move is a chain, a 
 a way to run the tiles (the measurer's variants: per-kernel tiles, fused tiles with halos recomputed
 or kept in a line buffer), each simulated as it runs before anything is timed: a variant whose peak
 does not beat the current plan's is never timed, and of a move's variants with the same peak the
-fastest as measured is kept. Every measured plan is a point of the Pareto front (peak bytes against
+fastest as measured is kept. A timing that decides the budget (a tenth of it or more, either way) is
+the median of three independent ones (:data:`RETIMES`): one timing disturbed by load would otherwise
+charge the budget with a cost the chain does not have, or turn a cheap move away, and two searches
+with fresh caches would part there. Every measured plan is a point of the Pareto front (peak bytes against
 latency); the search stops when no move helps, the memory limit is met, or the time is up.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -26,10 +30,19 @@ if TYPE_CHECKING:
 ChainDelta = Callable[[Chain, int], float]
 """``chain_delta_ms(chain, parts)``: the measured latency change of splitting ``chain`` into ``parts``.
 A measurer with variants also answers ``splits(chain, parts)`` (the :class:`SplitChoice` it can time,
-without timing them) and ``split_delta(choice)`` (the latency change of one of them)."""
+without timing them) and ``split_delta(choice)`` (the latency change of one of them); one that can time a split
+again answers ``retime(choice, attempt)`` (an independent timing, the same for the same attempt: cached)."""
 
 SEARCH_SECONDS = 60.0
 """The default time limit of a search."""
+
+RETIMES = 2
+"""Further independent timings of a split whose first timing is decisive (:data:`DECISIVE_SHARE`); the
+search charges the median of all of them."""
+
+DECISIVE_SHARE = 0.1
+"""A split's timing is decisive when it adds or saves this share of the latency budget (in ms) or more:
+smaller ones cannot mislead the search much, and timing again costs runs, not compiles."""
 
 
 class SearchOptions(TypedDict, total=False):
@@ -67,6 +80,8 @@ class SearchResult:
     """The peak of the kept plan: what limits it now."""
     pruned: int = 0
     """Variants not timed because a cheaper split of their chain, run the same way, missed the budget."""
+    retimed: int = 0
+    """Splits timed again because their first timing was decisive (:data:`DECISIVE_SHARE`)."""
     fallback: Point | None = None
     """A plan to confirm when the front's points miss the budget as a whole model: the channel
     phase's (:func:`search_phased`), which the spatial phase's points may dominate by estimate."""
@@ -104,6 +119,18 @@ def _variants(
     return splits, split_delta
 
 
+def robust_delta(
+    first: float, retime: Callable[[int], float] | None, decisive: float, retimes: int = RETIMES
+) -> tuple[float, int]:
+    """The latency change to charge for a split timed ``first``, and how many more timings it took: a
+    decisive timing (``abs(first) >= decisive``) is timed ``retimes`` times more (``retime(attempt)``)
+    and the median of all is charged, so that one timing disturbed by load, dear or cheap, is outvoted."""
+    if retime is None or abs(first) < decisive:
+        return first, 0
+    samples = [first, *(retime(attempt) for attempt in range(1, retimes + 1))]
+    return statistics.median(samples), retimes
+
+
 def search(
     program: Program,
     chains: list[Chain],
@@ -129,15 +156,19 @@ def search(
     start = time.monotonic()
     allowed = base_latency_ms * (1 + budget)
     splits_of, split_delta = _variants(chain_delta_ms)
+    retime = getattr(chain_delta_ms, "retime", None)
+    decisive = DECISIVE_SHARE * budget * base_latency_ms
     state: dict[Chain, SplitChoice] = {c.chain: c for c in start_from}
     deltas: dict[SplitChoice, float] = {}
-    evaluated = measured = pruned = 0
+    evaluated = measured = pruned = retimed = 0
 
     def delta(choice: SplitChoice) -> float:
-        nonlocal measured
+        nonlocal measured, retimed
         if choice not in deltas:
-            deltas[choice] = split_delta(choice)
+            again = (lambda attempt: retime(choice, attempt)) if retime is not None else None
+            deltas[choice], more = robust_delta(split_delta(choice), again, decisive)
             measured += 1
+            retimed += more > 0
             report()
         return deltas[choice]
 
@@ -251,6 +282,7 @@ def search(
         stopped,
         peak(split_program(program, list(final.choices))),
         pruned=pruned,
+        retimed=retimed,
     )
 
 
@@ -330,5 +362,6 @@ def search_phased(
         else f"{second.stopped} (channel phase: search time limit)",
         peak(split_program(program, list(best.choices))),
         first.pruned + second.pruned,
+        first.retimed + second.retimed,
         first.best,
     )
