@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -28,6 +30,28 @@ def op_calls(mod: tvm.IRModule, op: str) -> list[relax.Call]:
         for b in block.bindings
         if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op) and b.value.op.name == op
     ]
+
+
+def random_weights(seed: int = 0) -> Callable[..., relax.Constant]:
+    """``const(*shape)``: float32 constants drawn one after another from one generator (standard normal
+    x 0.3, small enough that a few layers stay finite), so a test net's weights depend only on ``seed``."""
+    rng = np.random.default_rng(seed)
+
+    def const(*shape: int) -> relax.Constant:
+        return relax.const(rng.standard_normal(shape).astype("float32") * 0.3)
+
+    return const
+
+
+def compile_and_run(mod: tvm.IRModule, target: tvm.target.Target, x: np.ndarray, **options):
+    """``mod`` compiled with ``tvm_memplan.pipeline(target, order="program", **options)`` and run on ``x``
+    (:func:`~tvm_memplan.verify.run.run_vm`'s outputs and VM requests)."""
+    from tvm_memplan.relax.pipeline import pipeline
+    from tvm_memplan.verify.run import run_vm
+
+    with target:
+        executable = tvm.compile(mod, target, relax_pipeline=pipeline(target, order="program", **options))
+    return run_vm(executable, [x])
 
 
 def tensor(shape, dtype="float32") -> relax.TensorType:

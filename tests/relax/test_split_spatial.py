@@ -7,10 +7,10 @@ import tvm
 from tvm import relax
 
 from tvm_memplan.planner import plan_model
-from tvm_memplan.relax.pipeline import pipeline
 from tvm_memplan.relax.split import find_chains, normalize, program_of, split_chains
 from tvm_memplan.split.simulate import SplitChoice, peak, split_program
-from tvm_memplan.verify.run import run_vm
+
+from .modules import compile_and_run, random_weights
 
 TARGET = tvm.target.Target({"kind": "llvm"})
 SHAPE = (1, 3, 33, 30)
@@ -19,10 +19,7 @@ SHAPE = (1, 3, 33, 30)
 def _stem_module() -> tvm.IRModule:
     """A strided stem with odd sizes, a depthwise conv, a max pool in ceil mode, a 1x1 projection
     with a residual add of a tensor from before the chain, a SiLU diamond, and a consumer."""
-    rng = np.random.default_rng(0)
-
-    def const(*shape):
-        return relax.const(rng.standard_normal(shape).astype("float32") * 0.3)
+    const = random_weights(0)
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
@@ -43,9 +40,7 @@ def _stem_module() -> tvm.IRModule:
 
 
 def _run(mod: tvm.IRModule, x: np.ndarray):
-    with TARGET:
-        executable = tvm.compile(mod, TARGET, relax_pipeline=pipeline(TARGET, order="program"))
-    return run_vm(executable, [x])
+    return compile_and_run(mod, TARGET, x)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from tvm_memplan.relax.tile_kernels import MergeTileKernels, _copy_view, _one_of
 from tvm_memplan.split.simulate import SplitChoice
 from tvm_memplan.verify.run import run_vm
 
+from .modules import random_weights
 from .test_split_spatial import SHAPE, TARGET, _longest, _stem_module
 
 _KERNEL_CALLS = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_inplace"))
@@ -171,10 +172,7 @@ _STAGES = ("conv", "depthwise", "clip", "pool", "pointwise")
 
 
 def _random_chain_module(height: int, width: int, stages: list[str], seed: int) -> tvm.IRModule:
-    rng = np.random.default_rng(seed)
-
-    def const(*shape):
-        return relax.const(rng.standard_normal(shape).astype("float32") * 0.3)
+    const = random_weights(seed)
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 3, height, width), "float32"))

@@ -9,12 +9,13 @@ from tvm import relax, s_tir
 
 from tvm_memplan.relax.fold import FoldDataMovementConstants
 from tvm_memplan.relax.layout import BlockedLayout
-from tvm_memplan.relax.pipeline import pipeline, stage_passes
+from tvm_memplan.relax.pipeline import stage_passes
 from tvm_memplan.relax.split import find_chains, normalize, split_chains
 from tvm_memplan.relax.tile_layout import packed_weights
 from tvm_memplan.split.chain import ChannelChain, SpatialChain, in_channel_blocks
 from tvm_memplan.split.simulate import SplitChoice
-from tvm_memplan.verify.run import run_vm
+
+from .modules import compile_and_run, random_weights
 
 BLOCK = 4
 TARGET = tvm.target.Target({"kind": "llvm"})  # layout="blocked": NCHW4c (SSE's 4 lanes)
@@ -24,10 +25,7 @@ SHAPE = (1, 8, 20, 18)
 def _net() -> tvm.IRModule:
     """Channels in whole blocks of 4: a stem, a depthwise conv with its epilogue, a max pool, a 1x1
     projection with a residual add of a tensor from before the chain, an expansion and a reducing 1x1."""
-    rng = np.random.default_rng(0)
-
-    def const(*shape):
-        return relax.const(rng.standard_normal(shape).astype("float32") * 0.3)
+    const = random_weights(0)
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(SHAPE, "float32"))
@@ -53,9 +51,7 @@ def net():
 
 
 def _run(mod: tvm.IRModule, x: np.ndarray):
-    with TARGET:
-        executable = tvm.compile(mod, TARGET, relax_pipeline=pipeline(TARGET, order="program", layout="blocked"))
-    return run_vm(executable, [x])
+    return compile_and_run(mod, TARGET, x, layout="blocked")
 
 
 def _blocked(mod: tvm.IRModule) -> tvm.IRModule:
@@ -157,10 +153,7 @@ def test_a_fused_chain_takes_and_gives_blocked_tensors(net):
 def _padded_net() -> tvm.IRModule:
     """Six channels, padded to two blocks of 4: a residual tensor from before the chain that the chain
     adds in, and a convolution after it."""
-    rng = np.random.default_rng(0)
-
-    def const(*shape):
-        return relax.const(rng.standard_normal(shape).astype("float32") * 0.3)
+    const = random_weights(0)
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(PADDED_SHAPE, "float32"))
