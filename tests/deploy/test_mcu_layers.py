@@ -142,7 +142,8 @@ def test_depthwise_kernel_equals_integer_arithmetic(tmp_path, channels, size, ke
         (24, 10, 70, True, 0),
         (24, 10, 70, True, 30),
         (200, 4, 3, False, 0),
-        (300, 6, 9, True, 0),  # tiles of 6 pixels, the weights unpacked per tile
+        (300, 6, 9, True, 0),  # one tile, the weights unpacked; the odd pixel's steps alone
+        (300, 6, 23, True, 0),  # tiles of 10 pixels (8 KiB with the unpacked weights), unpacked per tile
         (42, 10, 1, False, 0),
     ],
 )
@@ -367,11 +368,11 @@ def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emul
 
 @needs_arm
 @pytest.mark.slow
-@pytest.mark.parametrize("hidden", [48, 56])
+@pytest.mark.parametrize("hidden", [48, 56, 64])
 def test_the_2x2_blocks_steps_run_as_one_ldm_loop_on_the_emulated_m7(tmp_path, hidden):
-    """A projection of 48 or 56 channels (12 steps: 4 an iteration; 14: 2) runs its 2x2 blocks' steps in one asm loop
-    (one LDM of the unpacked weights, one of the packed pixels, eight SMLAD a step), ended by the sentinel after the
-    unpacked weights; the network gives onnxruntime's codes within its own spread (fixed point)."""
+    """A projection of 48, 56 or 64 channels (12 steps: 6 an iteration; 14: 7; 16: 8) runs its 2x2 blocks' steps in one
+    asm loop (one LDM of the unpacked weights, one of the packed pixels, eight SMLAD a step), ended by the sentinel
+    after the unpacked weights; the network gives onnxruntime's codes within its own spread (fixed point)."""
     model = models.quantize_qdq(expand_stride_project(hidden=hidden))
     path = tmp_path / "net.onnx"
     onnx.save(model, str(path))
@@ -383,7 +384,7 @@ def test_the_2x2_blocks_steps_run_as_one_ldm_loop_on_the_emulated_m7(tmp_path, h
         ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
     ).stdout
     steps = len(re.findall(r"ldmia(?:\.w)?\s+\w+!, \{r8, r9, sl, fp\}", disassembly))
-    assert steps >= (4 if hidden == 48 else 2), steps
+    assert steps >= {48: 6, 56: 7, 64: 8}[hidden], steps
     assert re.search(r"cmp(?:\.w)?\s+r0, #1073758208", disassembly)  # the sentinel 0x40004000
 
 

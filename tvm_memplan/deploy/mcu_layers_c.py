@@ -39,8 +39,8 @@ from ..quant.mcu_kernels import (
     MAX_PLANE,
     MAX_ROWS,
     MAX_WINDOW,
-    PACKED_BYTES,
     POINTWISE_KERNEL,
+    STACK_BYTES,
     UNPACK_TILE,
     WINDOW_KERNEL,
 )
@@ -179,6 +179,18 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
   return p + 1;
 #endif
 }
+/* the low and high words at p, then p past them and the next pair (one pixel's steps in a tile of two pixels'): one
+ * LDRD, post-indexed */
+static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd_skip(
+    const uint64_t* p, uint32_t* low, uint32_t* high) {
+#if defined(__ARM_FEATURE_DSP)
+  __asm__("ldrd %0, %1, [%2], #16" : "=r"(*low), "=r"(*high), "+r"(p) : "m"(*p));
+  return p;
+#else
+  *low = (uint32_t)*p, *high = (uint32_t)(*p >> 32);
+  return p + 2;
+#endif
+}
 /* the low and high words at p: one LDRD, its address a base register plus a constant the compiler picks. "Uv" (a VFP
  * load's address: a register and a multiple of 4 within +-1020) is LDRD's immediate range too, where "m" would allow
  * LDR's 4095 */
@@ -267,8 +279,9 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
     b1 = tvm_memplan_smlad(to, x1o, tvm_memplan_smlad(te, x1e, b1));                                           \
   } while (0)
 #endif
-/* all steps of the pointwise 2x2 block over unpacked weights in one asm loop, k steps an iteration (k = 4 or 2,
- * whichever divides the steps; fewer than 12 or 14 steps, or an odd count, keep TVM_MEMPLAN_STEP_2X2): per step one
+/* all steps of the pointwise 2x2 block over unpacked weights in one asm loop, k steps an iteration (the largest k of
+ * 8, 7, 6, 5, 4 or 2 that divides the steps: the loop's end test, 3 instructions, once per k steps; fewer than 12 or
+ * 14 steps, or a count none divides, keep TVM_MEMPLAN_STEP_2X2): per step one
  * LDM of the channel pair's four unpacked words, one LDM of the two pixels' four packed words, eight SMLAD (10
  * instructions for 16 MACs, where TVM_MEMPLAN_STEP_2X2 takes 11). 14 registers, all named: GCC's regional allocator
  * found none for them otherwise. The loop ends where the next word of the unpacked weights is TVM_MEMPLAN_SENTINEL,
@@ -304,13 +317,22 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd(
             : "cc", "memory");                                                                                 \
     (a0) = a0_, (a1) = a1_, (b0) = b0_, (b1) = b1_, (v) = v_, (q) = q_;                                        \
   } while (0)
+#define TVM_MEMPLAN_LDM2 TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM
+#define TVM_MEMPLAN_LDM4 TVM_MEMPLAN_LDM2 TVM_MEMPLAN_LDM2
 #define TVM_MEMPLAN_STEPS_2X2(steps, v, q, a0, a1, b0, b1)                                                      \
   do {                                                                                                         \
-    if ((steps) % 4 == 0 && (steps) >= 12) {                                                                   \
-      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM, \
-                             v, q, a0, a1, b0, b1);                                                            \
+    if ((steps) % 8 == 0 && (steps) >= 16) {                                                                   \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_LDM4 TVM_MEMPLAN_LDM4, v, q, a0, a1, b0, b1);                         \
+    } else if ((steps) % 7 == 0 && (steps) >= 14) {                                                            \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_LDM4 TVM_MEMPLAN_LDM2 TVM_MEMPLAN_STEP_LDM, v, q, a0, a1, b0, b1);    \
+    } else if ((steps) % 6 == 0 && (steps) >= 12) {                                                            \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_LDM4 TVM_MEMPLAN_LDM2, v, q, a0, a1, b0, b1);                         \
+    } else if ((steps) % 5 == 0 && (steps) >= 15) {                                                            \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_LDM4 TVM_MEMPLAN_STEP_LDM, v, q, a0, a1, b0, b1);                     \
+    } else if ((steps) % 4 == 0 && (steps) >= 12) {                                                            \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_LDM4, v, q, a0, a1, b0, b1);                                          \
     } else if ((steps) % 2 == 0 && (steps) >= 14) {                                                            \
-      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_STEP_LDM TVM_MEMPLAN_STEP_LDM, v, q, a0, a1, b0, b1);                 \
+      TVM_MEMPLAN_STEPS_LOOP(TVM_MEMPLAN_LDM2, v, q, a0, a1, b0, b1);                                          \
     } else { /* few steps: GCC's unrolled TVM_MEMPLAN_STEP_2X2, no moves into the named registers */           \
       _Pragma("GCC unroll 4") for (int32_t s_ = 0; s_ < (steps); ++s_) TVM_MEMPLAN_STEP_2X2(v, q, a0, a1, b0, b1); \
     }                                                                                                          \
@@ -474,7 +496,7 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 }
 """
     + f"#define TVM_MEMPLAN_MAX_WINDOW {MAX_WINDOW}\n#define TVM_MEMPLAN_MAX_ROWS {MAX_ROWS}\n"
-    + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n#define TVM_MEMPLAN_PACKED_BYTES {PACKED_BYTES}\n"
+    + f"#define TVM_MEMPLAN_MAX_PLANE {MAX_PLANE}\n#define TVM_MEMPLAN_STACK_BYTES {STACK_BYTES}\n"
     + f"#define TVM_MEMPLAN_UNPACK_TILE {UNPACK_TILE}\n"
     + DEPTHWISE_BUFFER
     + f"static inline __attribute__((always_inline)) int32_t {DEPTHWISE_KERNEL}_in(int8_t* padded, "
@@ -645,18 +667,20 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 }
 """
     + r"""
-/* a pointwise kernel's tile: its pixels, (steps of 4 channels) x tile within TVM_MEMPLAN_PACKED_BYTES (at least
- * 2 pixels), and whether enough pixels a tile to unpack each channel pair's weights once */
-#define TVM_MEMPLAN_POINTWISE_TILE                                        \
-  const int32_t steps = (cin + 3) >> 2;                                   \
-  int32_t tile = (TVM_MEMPLAN_PACKED_BYTES / (8 * steps)) & ~1;           \
-  /* a multiple of 4 (no pixels left to pack one by one) where it still unpacks */ \
-  if ((tile & ~3) >= TVM_MEMPLAN_UNPACK_TILE) tile &= ~3;                 \
-  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;                          \
+/* a pointwise kernel's tile: its pixels, the most whose packed steps (of 4 channels) and the unpacked weights (2 words
+ * a step, and the sentinel) fit TVM_MEMPLAN_STACK_BYTES (or, too few to unpack, the packed steps alone; at least 2
+ * pixels), and whether enough pixels a tile to unpack each channel pair's weights once a tile: the fewer tiles, the
+ * fewer times the weights are unpacked (the 25- and 81-pixel layers of wide inputs took 3 to 7 tiles in 4 KiB) */
+#define TVM_MEMPLAN_POINTWISE_TILE                                                                  \
+  const int32_t steps = (cin + 3) >> 2;                                                             \
+  int32_t tile = ((TVM_MEMPLAN_STACK_BYTES / 8 - (2 * steps + 1)) / steps) & ~1;                    \
+  if (tile < TVM_MEMPLAN_UNPACK_TILE) tile = (TVM_MEMPLAN_STACK_BYTES / (8 * steps)) & ~1;          \
+  /* a multiple of 4 (no pixels left to pack one by one) where it still unpacks and takes no more tiles */ \
+  if ((tile & ~3) >= TVM_MEMPLAN_UNPACK_TILE &&                                                     \
+      (pixels + (tile & ~3) - 1) / (tile & ~3) == (pixels + tile - 1) / tile)                       \
+    tile &= ~3;                                                                                     \
+  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;                                                    \
   const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
-/* the most unpacked words: 2 per step (steps * TVM_MEMPLAN_UNPACK_TILE * 8 <= TVM_MEMPLAN_PACKED_BYTES), then the
- * sentinel */
-#define TVM_MEMPLAN_MAX_UNPACKED (2 * (TVM_MEMPLAN_PACKED_BYTES / (8 * TVM_MEMPLAN_UNPACK_TILE)) + 1)
 """
     + "static inline __attribute__((always_inline)) int32_t "
     + f"{POINTWISE_KERNEL}_in(uint64_t* packed, uint64_t* unpacked, "
@@ -1019,7 +1043,17 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
     int32_t a0, a1, b0, b1;                                                                    \
     TVM_MEMPLAN_LDRD_M(starts, a0, a1);                                                        \
     TVM_MEMPLAN_LDRD_M(starts + 2, b0, b1);                                                    \
-    if (unpack) { /* per step the unpacked weights and the packed inputs, eight SMLAD */       \
+    if (unpack && !(both)) { /* the last odd pixel: per step two LDRD of the unpacked weights, one \
+                              * of the pixel's pairs, four SMLAD (7 for 8 MACs; the 2x2 step takes 10) */ \
+      const uint64_t* v = unpacked;                                                            \
+      _Pragma("GCC unroll 4") for (int32_t s = 0; s < steps; ++s) {                            \
+        uint32_t ue, uo, te, to, xe, xo;                                                       \
+        v = tvm_memplan_ldrd(v, &ue, &uo), v = tvm_memplan_ldrd(v, &te, &to);                  \
+        q = tvm_memplan_ldrd_skip(q, &xe, &xo);                                                \
+        a0 = tvm_memplan_smlad(uo, xo, tvm_memplan_smlad(ue, xe, a0));                         \
+        b0 = tvm_memplan_smlad(to, xo, tvm_memplan_smlad(te, xe, b0));                         \
+      }                                                                                        \
+    } else if (unpack) { /* per step the unpacked weights and the packed inputs, eight SMLAD */ \
       const uint64_t* v = unpacked;                                                            \
       TVM_MEMPLAN_STEPS_2X2(steps, v, q, a0, a1, b0, b1);                                      \
     } else {                                                                                   \
@@ -1065,20 +1099,19 @@ _Pragma("GCC unroll 4")                                                         
     + POINTWISE_PARAMETERS
     + r""" {
   TVM_MEMPLAN_POINTWISE_TILE
-  /* the tile's buffers in fixed-size arrays where they fit (the call's arguments are constants, so only one branch
-   * stays): variable-length arrays cost the frame pointer (r7), a register the 2x2 step needs */
-#define TVM_MEMPLAN_IN(packed_words, unpacked_words)                                                           \
-  do {                                                                                                         \
-    uint64_t packed[packed_words], unpacked[unpacked_words];                                                   \
-    return tvm_memplan_pointwise_s8_in(packed, unpacked, x_, w_, bias_, multiplier_, residual_, y_, cin, cout, \
-                                       pixels, y_zp, low, high, add, code_first, ratio_a, ratio_b, constant,   \
-                                       add_low, add_high, fixed_point, y_plane);                               \
+  /* the tile's buffers in one fixed-size array where they fit (the call's arguments are constants, so only one branch
+   * stays): the unpacked weights after the packed tile; variable-length arrays cost the frame pointer (r7), a register
+   * the 2x2 step needs */
+#define TVM_MEMPLAN_IN(words)                                                                                    \
+  do {                                                                                                           \
+    uint64_t buffer[words];                                                                                      \
+    return tvm_memplan_pointwise_s8_in(buffer, buffer + steps * tile, x_, w_, bias_, multiplier_, residual_, y_, \
+                                       cin, cout, pixels, y_zp, low, high, add, code_first, ratio_a, ratio_b,    \
+                                       constant, add_low, add_high, fixed_point, y_plane);                       \
   } while (0)
-  if (steps * tile <= TVM_MEMPLAN_PACKED_BYTES / 8) {
-    if (unpack) TVM_MEMPLAN_IN(TVM_MEMPLAN_PACKED_BYTES / 8, TVM_MEMPLAN_MAX_UNPACKED);
-    TVM_MEMPLAN_IN(TVM_MEMPLAN_PACKED_BYTES / 8, 1);
-  }
-  TVM_MEMPLAN_IN(steps * tile, unpack ? 2 * steps + 1 : 1);
+  const int32_t words = steps * tile + (unpack ? 2 * steps + 1 : 0);
+  if (words <= TVM_MEMPLAN_STACK_BYTES / 8) TVM_MEMPLAN_IN(TVM_MEMPLAN_STACK_BYTES / 8);
+  TVM_MEMPLAN_IN(words);
 #undef TVM_MEMPLAN_IN
 }
 """

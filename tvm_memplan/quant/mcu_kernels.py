@@ -56,7 +56,9 @@ FIXED_POINT_MULTIPLIERS = (2.0**-16, 0.5)
 """The multipliers (``[low, high)``) the fixed-point requantization takes: one ``SMMLAR`` by the multiplier
 times 2^32 needs it under 0.5; from 2^-16 on, that integer (at least 2^16) keeps the products within 0.01 LSB."""
 PACKED_BYTES = 4096
-"""The pointwise kernel's tile of packed input pixels (bytes)."""
+"""The packed input tile (bytes) :func:`dot_conv` allows a pointwise kernel when it routes a layer to it; the kernel
+itself packs as many pixels as :data:`STACK_BYTES` holds beside the unpacked weights (fewer tiles, the weights
+unpacked fewer times)."""
 UNPACK_TILE = 6
 """The fewest pixels a pointwise tile needs for the kernel to unpack each channel pair's weights once per tile:
 unpacking costs 8 instructions a step, and saves 4 a step for each pair of pixels."""
