@@ -1100,16 +1100,20 @@ _Pragma("GCC unroll 4")                                                         
     + r""" {
   TVM_MEMPLAN_POINTWISE_TILE
   /* the tile's buffers in one fixed-size array where they fit (the call's arguments are constants, so only one branch
-   * stays): the unpacked weights after the packed tile; variable-length arrays cost the frame pointer (r7), a register
-   * the 2x2 step needs */
+   * stays): the unpacked weights after the packed tile, which holds no more pixels than the layer has (rounded up to
+   * 4), so a small layer takes a small array; variable-length arrays cost the frame pointer (r7), a register the 2x2
+   * step needs */
 #define TVM_MEMPLAN_IN(words)                                                                                    \
   do {                                                                                                           \
     uint64_t buffer[words];                                                                                      \
-    return tvm_memplan_pointwise_s8_in(buffer, buffer + steps * tile, x_, w_, bias_, multiplier_, residual_, y_, \
+    return tvm_memplan_pointwise_s8_in(buffer, buffer + steps * used, x_, w_, bias_, multiplier_, residual_, y_, \
                                        cin, cout, pixels, y_zp, low, high, add, code_first, ratio_a, ratio_b,    \
                                        constant, add_low, add_high, fixed_point, y_plane);                       \
   } while (0)
-  const int32_t words = steps * tile + (unpack ? 2 * steps + 1 : 0);
+  const int32_t used = ((pixels + 3) & ~3) < tile ? (pixels + 3) & ~3 : tile;
+  const int32_t words = steps * used + (unpack ? 2 * steps + 1 : 0);
+  if (words <= 128) TVM_MEMPLAN_IN(128);
+  if (words <= 512) TVM_MEMPLAN_IN(512);
   if (words <= TVM_MEMPLAN_STACK_BYTES / 8) TVM_MEMPLAN_IN(TVM_MEMPLAN_STACK_BYTES / 8);
   TVM_MEMPLAN_IN(words);
 #undef TVM_MEMPLAN_IN
