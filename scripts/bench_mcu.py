@@ -12,7 +12,8 @@ on random normal calibration inputs) and are checked against onnxruntime's run o
 within its own optimized-vs-unoptimized spread (at least 2 LSB; rows built with ``--requantize fixed``, the
 fixed-point requantization, within that spread as measured, in LSB); their instructions are also given
 as a ratio to the float row of the same model and core, measured in the same run. ``--model PATH``
-adds a float ONNX file (a torchvision export, say) as a float and an int8 row on the Cortex-M7.
+adds a float ONNX file (a torchvision export, say) with the rows MobileNetV2-0.35 @ 144 has on the
+Cortex-M7: float32, int8, int8 as firmware, split for the firmware, the fixed-point requantization.
 Needs gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm.
 """
 
@@ -65,6 +66,15 @@ ROWS = [
     ("zoo:mobilenet_v2?width=0.35&resolution=144", "cortex-m7", None, True, {**FIRMWARE, **FIXED}),
 ]
 """(model, core, memory limit of the split search or None for no split, int8, :func:`emit_c` options)."""
+MODEL_ROWS = [
+    (None, False, {}),
+    (None, True, {}),
+    (None, True, FIRMWARE),
+    (INT8_SPLIT_LIMIT, True, SPLIT_DEVICE),
+    (None, True, FIXED),
+]
+"""Each ``--model``'s rows on the Cortex-M7, as MobileNetV2-0.35 @ 144's: float32, int8, int8 as firmware ships it
+and split for the firmware (its search counting instructions on the core), int8 with the fixed-point requantization."""
 PUBLISHED = (
     "Published int8 figures for comparison (not measured here: other chips, kernels and time, not instructions): "
     "MobileNetV2-w0.35 on an STM32H743 (512 KB SRAM, 2 MB flash), TinyEngine 295 kB peak SRAM and 124 ms, X-CUBE-AI "
@@ -220,7 +230,11 @@ def main() -> None:
     args = parser.parse_args()
     int8_limit = args.int8_split_limit * 1024
     rows = [(s, c, int8_limit if lim == INT8_SPLIT_LIMIT and q else lim, q, o) for s, c, lim, q, o in ROWS]
-    rows += [(path, "cortex-m7", None, int8, {}) for path in args.model for int8 in (False, True)]
+    rows += [
+        (path, "cortex-m7", int8_limit if lim == INT8_SPLIT_LIMIT else lim, q, o)
+        for path in args.model
+        for lim, q, o in MODEL_ROWS
+    ]
     chosen = "" if int8_limit == INT8_SPLIT_LIMIT else f" --int8-split-limit {args.int8_split_limit}"
     if args.rows:
         try:

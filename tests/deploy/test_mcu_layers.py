@@ -390,6 +390,21 @@ def test_the_2x2_blocks_steps_run_as_one_ldm_loop_on_the_emulated_m7(tmp_path, h
 
 @needs_arm
 @pytest.mark.slow
+def test_a_projection_too_wide_to_unpack_builds_for_the_m7_and_gives_onnxruntimes_codes(tmp_path):
+    """576 channels (144 steps, MobileNetV2-1.0's widest projection): too few pixels fit beside the unpacked weights,
+    so the tile holds the packed steps alone and is not unpacked; unpacking it anyway overflowed the fixed-size buffer
+    into a variable-length array, whose frame pointer (r7) the named-register asm loops need: GCC refused the file."""
+    model = models.quantize_qdq(expand_stride_project(hidden=576, out=8, size=6))
+    path = tmp_path / "net.onnx"
+    onnx.save(model, str(path))
+    directory = tmp_path / "c"
+    emit_c(str(path), directory, "cortex-m7", requantize="fixed", order_seconds=1)
+    result = measure_c(directory, "qemu-cortex-m7")
+    assert result.correct and result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
+
+
+@needs_arm
+@pytest.mark.slow
 def test_the_depthwise_ring_copies_16_bytes_by_ldm_and_stm_on_the_emulated_m7(tmp_path):
     """A 48x48 plane goes through the depthwise kernel's ring of window rows (larger than ``MAX_PLANE``): its rows
     of 48 bytes, word-aligned, are copied by one LDM and two STM per 16 bytes; the network gives onnxruntime's codes

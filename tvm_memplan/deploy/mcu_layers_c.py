@@ -674,13 +674,15 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
 #define TVM_MEMPLAN_POINTWISE_TILE                                                                  \
   const int32_t steps = (cin + 3) >> 2;                                                             \
   int32_t tile = ((TVM_MEMPLAN_STACK_BYTES / 8 - (2 * steps + 1)) / steps) & ~1;                    \
-  if (tile < TVM_MEMPLAN_UNPACK_TILE) tile = (TVM_MEMPLAN_STACK_BYTES / (8 * steps)) & ~1;          \
-  /* a multiple of 4 (no pixels left to pack one by one) where it still unpacks and takes no more tiles */ \
-  if ((tile & ~3) >= TVM_MEMPLAN_UNPACK_TILE &&                                                     \
+  const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;                                           \
+  /* too few pixels beside the unpacked weights: the packed steps alone fill the buffer, not unpacked \
+   * (a tile of them and the unpacked weights would overflow it, into a variable-length array) */   \
+  if (!unpack) tile = (TVM_MEMPLAN_STACK_BYTES / (8 * steps)) & ~1;                                 \
+  /* a multiple of 4 (no pixels left to pack one by one) where it unpacks and takes no more tiles */ \
+  if (unpack && (tile & ~3) >= TVM_MEMPLAN_UNPACK_TILE &&                                           \
       (pixels + (tile & ~3) - 1) / (tile & ~3) == (pixels + tile - 1) / tile)                       \
     tile &= ~3;                                                                                     \
-  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;                                                    \
-  const int32_t unpack = tile >= TVM_MEMPLAN_UNPACK_TILE;
+  tile = tile < 2 ? 2 : tile > 256 ? 256 : tile;
 """
     + "static inline __attribute__((always_inline)) int32_t "
     + f"{POINTWISE_KERNEL}_in(uint64_t* packed, uint64_t* unpacked, "
