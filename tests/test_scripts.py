@@ -130,7 +130,7 @@ def test_bench_latency_default_only_times_the_default_build_against_onnxruntime(
         *("--out", str(out), "--log", str(tmp_path / "log.jsonl")),
     )
     text = out.read_text()
-    (row,) = [line.split("|") for line in text.splitlines() if line.startswith("| zoo:mcu_cnn")]
+    (row,) = [line.split("|") for line in text.splitlines() if line.startswith("| mcu_cnn")]
     ratio = float(row[4].strip().removesuffix("x"))
     assert ratio > 0 and row[-3].strip() == "yes" and row[-2].strip() == "yes"
     assert f"Median memplan / onnxruntime over 1 models: {ratio:.2f}x" in text
@@ -158,7 +158,7 @@ def test_bench_latency_times_the_blocked_layout_and_an_earlier_build_beside_nchw
         "--baseline",
         str(earlier),
     )
-    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| mcu_cnn")]
     assert len(rows) == 4  # the NCHW table's row, the blocked table's, and NCHW and blocked against the earlier build
     blocked = rows[1]
     assert float(blocked[4].split()[0]) > 0 and blocked[-3].strip() == "yes" and blocked[-2].strip() == "yes"
@@ -231,6 +231,27 @@ def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
     assert abs(sum(float(call[3].replace(",", "")) for call in calls) / 1e3 - whole) < 0.1 + 0.02 * whole
     floors = [float(call[8]) for call in calls if call[8].strip() != "-"]
     assert floors and all(ratio > 1 for ratio in floors)
+
+
+def test_bench_mcu_gives_a_models_float_int8_and_fixed_point_rows_on_the_m7(tmp_path):
+    """``bench_mcu.py --model`` (mcu_cnn here, a torchvision export for the table) with its float32, int8 and
+    fixed-point rows: each planned arena is what the ELF holds, the int8 ones agree with onnxruntime, and the int8
+    instructions are a ratio of the float row's below 1."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
+        pytest.skip("no arm-none-eabi-gcc or qemu-system-arm")
+    out = tmp_path / "mcu.md"
+    run_script("bench_mcu.py", "--model", "zoo:mcu_cnn", "--rows", "13,14,17", "--out", str(out))
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| mcu_cnn")]
+    assert [row[2].strip() for row in rows] == ["float32", "int8", "int8"], rows
+    assert all(row[5].strip() == "yes" for row in rows)  # = plan
+    assert "--requantize fixed" in rows[2][1]
+    ratios = [float(row[17]) for row in rows[1:]]
+    assert all(0 < ratio < 1 for ratio in ratios), ratios
+    assert "LSB (≤" in rows[2][18] and "NO" not in rows[2][18]
 
 
 def test_bench_mcu_m55_compares_helium_with_the_smlad_kernels_on_the_same_c(tmp_path):
@@ -366,7 +387,7 @@ def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(
         *("--rounds", "2", "--repeat", "2", "--out", str(out)),
         env=env,
     )
-    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| mcu_cnn")]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == 7 and all(float(cells[i]) > 0 for i in (1, 2, 4))
     assert float(cells[-1]) < 1e-4  # the build computes what onnxruntime does
@@ -375,7 +396,7 @@ def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(
 def test_bench_compile_time_times_two_checkouts_side_by_side(tmp_path):
     out = tmp_path / "compile.md"
     run_script("bench_compile_time.py", "zoo:mcu_cnn", "--baseline-src", str(ROOT), "--repeat", "1", "--out", str(out))
-    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| mcu_cnn")]
     baseline_s, current_s, ratio = (cell.strip() for cell in row.strip("|").split("|")[1:])
     assert float(baseline_s) > 0 and float(current_s) > 0
     assert ratio.endswith("x") and float(ratio.removesuffix("x")) > 0 and "Median ratio" in out.read_text()
