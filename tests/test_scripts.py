@@ -402,3 +402,13 @@ def test_bench_compile_time_times_two_checkouts_side_by_side(tmp_path):
     assert ratio.endswith("x") and float(ratio.removesuffix("x")) > 0 and "Median ratio" in out.read_text()
     refused = run_script("bench_compile_time.py", "zoo:mcu_cnn", "--baseline-src", str(tmp_path), returncode=1)
     assert refused.stderr.count("\n") == 1 and "not a checkout of tvm_memplan" in refused.stderr
+
+
+def test_bench_simulator_layout_puts_simulated_peaks_beside_planned_arenas(tmp_path):
+    out = tmp_path / "simulator.md"
+    run_script("bench_simulator_layout.py", "zoo:mcu_cnn", "--splits", "1", "--order-seconds", "1", "--out", str(out))
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| mcu_cnn")]
+    assert len(rows) == 2 and rows[0][1].strip().startswith("unsplit (NCHW")
+    for row in rows:  # the blocked sizes are the planner's, within a few percent
+        simulated, planned = (int(cell.replace(",", "")) for cell in row[3:5])
+        assert abs(planned - simulated) <= 0.07 * simulated

@@ -137,6 +137,23 @@ def test_plan_split_json_reports_peaks_latencies_and_the_front(capsys, tmp_path)
     assert plot.stat().st_size > 0  # the layout of the split plan: its tiles at their offsets
 
 
+def test_plan_split_in_the_blocked_layout_fits_its_limit_in_one_search(capsys, monkeypatch, tmp_path):
+    """The simulator sizes tensors as the blocked build pads them (8 channels take a block of 16 with
+    AVX-512), so the split it fits under 34K plans within 34K: no search again under a lowered limit."""
+    import tvm_memplan.cli.plan as plan_cli
+
+    searched = []
+    search = plan_cli._search_split
+    monkeypatch.setattr(plan_cli, "_search_split", lambda *a: searched.append(a[2]) or search(*a))
+    argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--memory-limit", "34K", "--layout", "blocked", "--json")
+    code, out, err = run_cli(capsys, *argv, "--order-seconds", "1", "--split-cache", str(tmp_path / "c.jsonl"))
+    assert code == 0, err
+    summary = json.loads(out)
+    assert searched == [34 * 1024]
+    assert summary["peak_after_bytes"] <= summary["arena_bytes"] <= 34 * 1024 < summary["peak_before_bytes"]
+    assert summary["arena_bytes"] <= 1.05 * summary["peak_after_bytes"]
+
+
 def test_plan_split_with_fused_tiles_verifies(capsys, tmp_path):
     """``--fused-tiles on``: the chains that can run as one kernel do, and the plan verifies."""
     code, out, err = run_cli(
@@ -199,6 +216,8 @@ def test_a_split_search_that_keeps_the_plan_unsplit_says_why_and_what_to_try(cap
     from tvm_memplan.deploy.chain_latency import ChainLatency
 
     monkeypatch.setattr(ChainLatency, "split_delta", lambda self, choice: 0.2 * self.unsplit_today(self.mod))
+    # and so is each timing again of a decisive split (the search charges the median of three)
+    monkeypatch.setattr(ChainLatency, "retime", lambda self, choice, attempt: 0.2 * self.unsplit_today(self.mod))
     argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), "--order-seconds", "1")
     code, out, err = run_cli(capsys, *argv, "--json")
     assert code == 0, err

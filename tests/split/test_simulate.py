@@ -5,7 +5,17 @@ from hypothesis import strategies as st
 
 from tvm_memplan.planning import Buffer, Operator, Problem, plan_aliased, tensor_lifetimes
 from tvm_memplan.planning.order import OrderGraph
-from tvm_memplan.split.simulate import Branch, Chain, Program, SplitChoice, Step, in_place, peak, split_program
+from tvm_memplan.split.simulate import (
+    Branch,
+    Chain,
+    Program,
+    SplitChoice,
+    Step,
+    blocked_bytes,
+    in_place,
+    peak,
+    split_program,
+)
 
 from .programs import inverted_residual
 
@@ -15,6 +25,23 @@ def test_peak_is_the_largest_live_set():
     p = peak(program)
     assert p.bytes == 6 * 8 * 1000 * 2  # h and d live together
     assert set(p.live) == {"h", "d"}
+
+
+def test_blocked_bytes_round_channels_up_to_whole_blocks():
+    """NCHW16c holds 8 channels in one block of 16, 24 in two; NCHW and other ranks are not padded."""
+    assert blocked_bytes((1, 8, 10, 10), 4) == 8 * 100 * 4
+    assert blocked_bytes((1, 8, 10, 10), 4, 16) == 16 * 100 * 4
+    assert blocked_bytes((1, 24, 10, 10), 1, 16) == 32 * 100
+    assert blocked_bytes((1, 32, 10, 10), 4, 16) == blocked_bytes((1, 32, 10, 10), 4)
+    assert blocked_bytes((1, 3, 5), 4, 16) == blocked_bytes((2, 3, 5, 5), 4, 16) // 2 // 5 == 3 * 5 * 4
+
+
+@given(st.integers(1, 70), st.integers(1, 9), st.sampled_from([4, 8, 16]))
+def test_a_row_tile_of_a_blocked_tensor_is_its_rows_share(channels, rows, block):
+    """A tile of whole rows holds those rows of every block, padded channels included."""
+    whole = blocked_bytes((1, channels, rows, 3), 4, block)
+    assert whole == rows * blocked_bytes((1, channels, 1, 3), 4, block) >= blocked_bytes((1, channels, rows, 3), 4)
+    assert whole < blocked_bytes((1, channels + block, rows, 3), 4, block)
 
 
 def test_split_program_runs_tiles_and_keeps_outside_tensors():

@@ -127,15 +127,16 @@ def search_split(
     options = dict(plan_options or {})
     alignment = options.get("alignment") or DEFAULT_ALIGNMENT
     mod = normalize(to_relax(model))
+    planning_target = target if target == "host" else deploy_target.tvm_target()
+    layout = options.get("layout") or "auto"
+    # the simulator sizes tensors as the model is built: a blocked layout pads channels to whole blocks
+    block = layout_block(resolve_target(planning_target), layout) if mcu_device is None else None
     if options.get("order", "search") == "search" and options.get("groups") is None:
-        order = tuple(memory_order(mod, options.get("order_seconds", 10.0), alignment))
+        order = tuple(memory_order(mod, options.get("order_seconds", 10.0), alignment, block))
     else:  # the planner keeps (or sorts) the program order: so does the simulator
         order = tuple(b.var.name for b in top_level_bindings(mod["main"]))
     mod = in_order(mod, order)
-    chains = find_chains(mod)
-    planning_target = target if target == "host" else deploy_target.tvm_target()
-    layout = options.get("layout") or "auto"
-    block = layout_block(resolve_target(planning_target), layout) if mcu_device is None else None
+    chains = find_chains(mod, block)
     if block is not None:  # a blocked layout cuts channels in whole blocks
         chains = in_channel_blocks(chains, block)
     if mcu_device is not None:
@@ -165,7 +166,7 @@ def search_split(
             layout=layout if block is not None else "nchw",
         )
     before = measurer.model_cost(mod)
-    program = program_of(mod, alignment, inputs_in_arena=io_in_arena)
+    program = program_of(mod, alignment, inputs_in_arena=io_in_arena, block=block)
     limits = SearchOptions(budget=budget, seconds=seconds, memory_limit=memory_limit, progress=progress)
     result = search_phased(program, chains, before, measurer, **limits)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:

@@ -10,6 +10,7 @@ produces is computed for the plan the search keeps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..planning.lifetimes import tensor_lifetimes
@@ -26,11 +27,23 @@ __all__ = [
     "SpatialChain",
     "SplitChoice",
     "Step",
+    "blocked_bytes",
     "disjoint",
     "in_place",
     "peak",
     "split_program",
 ]
+
+
+def blocked_bytes(shape: Sequence[int], itemsize: int, block: int | None = None) -> int:
+    """Bytes of a tensor of ``shape`` as the arena holds it. In a blocked channel layout (NCHW[x]c,
+    ``block`` channels a block) a batch-1 4-D tensor's channels are rounded up to whole blocks: the
+    layout pass pads the last block (:mod:`~tvm_memplan.relax.channel_pad`), and the planner sizes the
+    blocked tensor, padding included."""
+    size = itemsize
+    for i, extent in enumerate(shape):
+        size *= -(-extent // block) * block if block and i == 1 and len(shape) == 4 and shape[0] == 1 else extent
+    return size
 
 
 @dataclass(frozen=True)

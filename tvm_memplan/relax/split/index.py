@@ -38,9 +38,12 @@ class FunctionIndex:
     """Bindings computed from constants alone (:func:`~.normalize.constant_bindings`)."""
     quantized: bool
     """A QDQ module: its float tensors between a dequantize and a quantize live inside integer kernels."""
+    block: int | None = None
+    """Channels per block of the blocked layout the model is built in (None: NCHW): tiles' bytes count
+    their channels rounded up to whole blocks (:func:`~.operators.nbytes`)."""
 
     @classmethod
-    def of(cls, mod: tvm.IRModule) -> FunctionIndex:
+    def of(cls, mod: tvm.IRModule, block: int | None = None) -> FunctionIndex:
         func = mod["main"]
         bindings = top_level_bindings(func)
         uses: dict[relax.Var, list[int]] = {}
@@ -55,6 +58,7 @@ class FunctionIndex:
             axis_graph(mod)[0],
             constant_bindings(func),
             has_qdq(func),
+            block,
         )
 
     def single_consumer(self, var: relax.Var) -> int | None:

@@ -3,10 +3,10 @@ or rows apart, and the axes of the tensors it tiles."""
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 
+from ...split.simulate import blocked_bytes
 from ..ir_utils import static_shape
 
 CHANNEL = 1
@@ -47,10 +47,12 @@ QDQ_OPS = {QUANTIZE, DEQUANTIZE}
 each into the integer kernel that reads or writes the int8 tensor."""
 
 
-def nbytes(var: relax.Expr) -> int:
-    """Bytes of a statically shaped tensor (0 otherwise), as the simulator counts them."""
+def nbytes(var: relax.Expr, block: int | None = None) -> int:
+    """Bytes of a statically shaped tensor (0 otherwise), as the simulator counts them: in a blocked
+    layout of ``block`` channels a block, its channels rounded up to whole blocks
+    (:func:`~tvm_memplan.split.simulate.blocked_bytes`)."""
     shape = static_shape(var.ty)
-    return int(np.prod(shape)) * tvm.runtime.DataType(str(var.ty.dtype)).bits // 8 if shape else 0
+    return blocked_bytes(shape, tvm.runtime.DataType(str(var.ty.dtype)).bits // 8, block) if shape else 0
 
 
 def channels(var: relax.Expr) -> int | None:

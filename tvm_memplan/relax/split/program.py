@@ -23,7 +23,9 @@ from .normalize import constant_bindings
 from .operators import DEQUANTIZE, ELEMENTWISE, QUANTIZE, nbytes
 
 
-def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT, inputs_in_arena: bool = False) -> Program:
+def program_of(
+    mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT, inputs_in_arena: bool = False, block: int | None = None
+) -> Program:
     """``main`` of a normalized module as a simulator program, in binding order.
 
     Approximates TVM's fusion: an elementwise operator runs in its producer's kernel and writes
@@ -38,20 +40,25 @@ def program_of(mod: tvm.IRModule, alignment: int = DEFAULT_ALIGNMENT, inputs_in_
     fuses like an elementwise operator and narrows its kernel's tensor to int8.
 
     ``inputs_in_arena`` (``build --io-in-arena``): the model's inputs count too, until their last reader.
+    ``block``: the model is built in the blocked layout of ``block`` channels a block (NCHW[x]c), whose
+    tensors the arena holds with their channels rounded up to whole blocks (None: NCHW); the inputs stay
+    NCHW (a stem reads its input as ``NCHW1c``, a view).
     """
-    program = _fused_program(mod, alignment)[0]
+    program = _fused_program(mod, alignment, block)[0]
     if inputs_in_arena:
         program.sizes.update({param.name: nbytes(param) for param in mod["main"].params})
     return program
 
 
-def memory_order(mod: tvm.IRModule, seconds: float = 10.0, alignment: int = DEFAULT_ALIGNMENT) -> list[str]:
+def memory_order(
+    mod: tvm.IRModule, seconds: float = 10.0, alignment: int = DEFAULT_ALIGNMENT, block: int | None = None
+) -> list[str]:
     """``main``'s binding names in the order of least simulated peak: the planner's execution-order
     search (Serenity's dynamic programming, beam search, branch grouping) over the simulator's
     kernels, a fused kernel one operator that may write in place, so that the simulator peaks where
     the planner, which reorders the fused module, plans. Program order unless an order lowers the peak
-    (or ``main`` is more than one dataflow block)."""
-    program, kernel_of = _fused_program(mod, alignment)
+    (or ``main`` is more than one dataflow block). ``block``: as :func:`program_of`'s."""
+    program, kernel_of = _fused_program(mod, alignment, block)
     names = [step.name for step in program.steps]
     blocks = mod["main"].body.blocks
     if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
@@ -79,7 +86,9 @@ def memory_order(mod: tvm.IRModule, seconds: float = 10.0, alignment: int = DEFA
     result = search_order(graph, time_budget=seconds)
     order = [name for i in result.order for name in members[heads[i]]]
     program_peak = peak(program).bytes
-    if result.peak >= program_peak or peak(_fused_program(in_order(mod, order), alignment)[0]).bytes >= program_peak:
+    if result.peak >= program_peak:
+        return names
+    if peak(_fused_program(in_order(mod, order), alignment, block)[0]).bytes >= program_peak:
         return names
     return order
 
@@ -127,7 +136,7 @@ def _topological(heads: list[str], needs: dict[str, set[str]]) -> list[str] | No
     return order if len(order) == len(heads) else None
 
 
-def _fused_program(mod: tvm.IRModule, alignment: int) -> tuple[Program, dict[str, str]]:
+def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) -> tuple[Program, dict[str, str]]:
     """The simulator program and, per binding, the first binding of the fused kernel it runs in."""
     func = mod["main"]
     quantized = has_qdq(func)
@@ -199,11 +208,11 @@ def _fused_program(mod: tvm.IRModule, alignment: int) -> tuple[Program, dict[str
             if var in returned:
                 sizes.pop(target, None)
             elif op == QUANTIZE and target in sizes:
-                sizes[target] = nbytes(var)
+                sizes[target] = nbytes(var, block)
         else:
             target = name
             if var not in returned:
-                sizes[target] = nbytes(var)
+                sizes[target] = nbytes(var, block)
         tensor[var] = target
         overwrites = _pointwise_operands(value, var, tensor, target) if op in ELEMENTWISE else ()
         steps.append(Step(name, target, tuple(r for r in reads if r != target), overwrites))
