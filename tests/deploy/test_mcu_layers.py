@@ -327,17 +327,9 @@ def expand_stride_project(channels: int = 8, hidden: int = 24, out: int = 16, si
     return models.float_model(nodes, inits, {"x": [1, 3, size, size]}, {"y": [1, out, half, half]})
 
 
-@needs_arm
-@pytest.mark.slow
-@pytest.mark.parametrize("requantize", ["exact", "fixed"])
-def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emulated_m7(tmp_path, requantize):
-    """The kernels' inline-asm blocks (DSP only, so the host tests above do not run them): 8 pixels of 5-8 input
-    channels to stored codes a loop step (fixed point: one LDM a pixel) or 4 to accumulators, a step of the 2x2
-    pointwise block (one LDM of two pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the
-    packing of a tile's pixels (PKH, SXTB16, one STM a pixel pair, or one STRD a pixel for 5-8 channels), the stem's
-    two pairs of taps (one LDM of both channels' weights), against onnxruntime's run of the same QDQ file (exact: its
-    codes; fixed: within its own spread)."""
-    model = models.quantize_qdq(expand_stride_project())
+def _on_the_m7(tmp_path, model: onnx.ModelProto, requantize: str = "fixed") -> str:
+    """``model`` built for the Cortex-M7 and run on the emulated core: exact, onnxruntime's codes; fixed-point,
+    within onnxruntime's own spread between its optimized and unoptimized runs. The ELF's disassembly."""
     path = tmp_path / "net.onnx"
     onnx.save(model, str(path))
     directory = tmp_path / "c"
@@ -348,9 +340,22 @@ def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emul
         assert result.diff_lsb == 0, result
     else:
         assert result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
-    disassembly = subprocess.run(
+    return subprocess.run(
         ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
     ).stdout
+
+
+@needs_arm
+@pytest.mark.slow
+@pytest.mark.parametrize("requantize", ["exact", "fixed"])
+def test_the_asm_blocks_of_the_smlad_kernels_give_onnxruntimes_codes_on_the_emulated_m7(tmp_path, requantize):
+    """The kernels' inline-asm blocks (DSP only, so the host tests above do not run them): 8 pixels of 5-8 input
+    channels to stored codes a loop step (fixed point: one LDM a pixel) or 4 to accumulators, a step of the 2x2
+    pointwise block (one LDM of two pixels' pairs), the unpacking of a channel pair's weights (one STM a step), the
+    packing of a tile's pixels (PKH, SXTB16, one STM a pixel pair, or one STRD a pixel for 5-8 channels), the stem's
+    two pairs of taps (one LDM of both channels' weights), against onnxruntime's run of the same QDQ file (exact: its
+    codes; fixed: within its own spread)."""
+    disassembly = _on_the_m7(tmp_path, models.quantize_qdq(expand_stride_project()), requantize)
     fixed = requantize == "fixed"
     # the 8-pixel loop: per pixel one LDM of its four packed words, the code stored post-indexed
     assert (
@@ -374,15 +379,7 @@ def test_the_2x2_blocks_steps_run_as_one_ldm_loop_on_the_emulated_m7(tmp_path, h
     asm loop (one LDM of the unpacked weights, one of the packed pixels, eight SMLAD a step), ended by the sentinel
     after the unpacked weights; the network gives onnxruntime's codes within its own spread (fixed point)."""
     model = models.quantize_qdq(expand_stride_project(hidden=hidden))
-    path = tmp_path / "net.onnx"
-    onnx.save(model, str(path))
-    directory = tmp_path / "c"
-    emit_c(str(path), directory, "cortex-m7", requantize="fixed", order_seconds=1)
-    result = measure_c(directory, "qemu-cortex-m7")
-    assert result.correct and result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
-    disassembly = subprocess.run(
-        ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
-    ).stdout
+    disassembly = _on_the_m7(tmp_path, model)
     steps = len(re.findall(r"ldmia(?:\.w)?\s+\w+!, \{r8, r9, sl, fp\}", disassembly))
     assert steps >= {48: 6, 56: 7, 64: 8}[hidden], steps
     assert re.search(r"cmp(?:\.w)?\s+r0, #1073758208", disassembly)  # the sentinel 0x40004000
@@ -395,12 +392,7 @@ def test_a_projection_too_wide_to_unpack_builds_for_the_m7_and_gives_onnxruntime
     so the tile holds the packed steps alone and is not unpacked; unpacking it anyway overflowed the fixed-size buffer
     into a variable-length array, whose frame pointer (r7) the named-register asm loops need: GCC refused the file."""
     model = models.quantize_qdq(expand_stride_project(hidden=576, out=8, size=6))
-    path = tmp_path / "net.onnx"
-    onnx.save(model, str(path))
-    directory = tmp_path / "c"
-    emit_c(str(path), directory, "cortex-m7", requantize="fixed", order_seconds=1)
-    result = measure_c(directory, "qemu-cortex-m7")
-    assert result.correct and result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
+    _on_the_m7(tmp_path, model)
 
 
 @needs_arm
@@ -410,14 +402,6 @@ def test_the_depthwise_ring_copies_16_bytes_by_ldm_and_stm_on_the_emulated_m7(tm
     of 48 bytes, word-aligned, are copied by one LDM and two STM per 16 bytes; the network gives onnxruntime's codes
     within its own spread (fixed point)."""
     model = models.quantize_qdq(expand_stride_project(size=48))
-    path = tmp_path / "net.onnx"
-    onnx.save(model, str(path))
-    directory = tmp_path / "c"
-    emit_c(str(path), directory, "cortex-m7", requantize="fixed", order_seconds=1)
-    result = measure_c(directory, "qemu-cortex-m7")
-    assert result.correct and result.spread_lsb is not None and result.diff_lsb <= result.spread_lsb, result
-    disassembly = subprocess.run(
-        ["arm-none-eabi-objdump", "-d", str(directory / "model.elf")], capture_output=True, text=True, check=True
-    ).stdout
+    disassembly = _on_the_m7(tmp_path, model)
     assert re.search(r"ldmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}\n[^\n]*stmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}\n"
                      r"[^\n]*stmia(?:\.w)?\s+\w+!, \{r0, r1, r2, r3\}", disassembly)  # fmt: skip
