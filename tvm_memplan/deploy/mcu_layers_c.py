@@ -705,20 +705,26 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
       const int32_t there = cin - 4 * s; /* channels of this step that exist */
       int32_t p = 0;
 #if defined(__ARM_FEATURE_DSP)
+      /* a word (4 pixels) of each of the step's 4 channels; their bottom halves of channels 0 and 2 (t), 1 and 3 (w0),
+       * their top halves (w2, w3) */
+#define TVM_MEMPLAN_FOUR_CHANNEL_WORDS(from)                                                    \
+  uint32_t w0 = tvm_memplan_word(from), w1 = tvm_memplan_word(from + pixels);                   \
+  uint32_t w2 = tvm_memplan_word(from + 2 * pixels), w3 = tvm_memplan_word(from + 3 * pixels), t_
+#define TVM_MEMPLAN_PKH_HALVES                                                                  \
+  "pkhbt %[t], %[w0], %[w2], lsl #16\n\t"                                                       \
+  "pkhtb %[w2], %[w2], %[w0], asr #16\n\t"                                                      \
+  "pkhbt %[w0], %[w1], %[w3], lsl #16\n\t"                                                      \
+  "pkhtb %[w3], %[w3], %[w1], asr #16\n\t"
       /* the transpose below in one asm block: PKHBT/PKHTB in place (GCC wrote each as two to four shifts and ORs),
        * then each pixel pair's four words stored by one STM (the list must ascend, so the registers are named) */
       const int8_t* from = c0;
       uint32_t *to = (uint32_t*)(packed + (by_pixel ? s : 2 * s)), *next = to + 4 * steps;
       for (const int8_t* const from_end = c0 + (there >= 4 && by_pixel ? n & ~3 : 0); from != from_end; from += 4) {
         /* by pixel: each pixel's pair by one STRD, 16 bytes apart */
-        uint32_t w0 = tvm_memplan_word(from), w1 = tvm_memplan_word(from + pixels);
-        uint32_t w2 = tvm_memplan_word(from + 2 * pixels), w3 = tvm_memplan_word(from + 3 * pixels), t_;
+        TVM_MEMPLAN_FOUR_CHANNEL_WORDS(from);
         uint32_t e02_, e13_, o02_, o13_;
         __asm__ volatile( /* (it stores) */
-            "pkhbt %[t], %[w0], %[w2], lsl #16\n\t"
-            "pkhtb %[w2], %[w2], %[w0], asr #16\n\t"
-            "pkhbt %[w0], %[w1], %[w3], lsl #16\n\t"
-            "pkhtb %[w3], %[w3], %[w1], asr #16\n\t"
+            TVM_MEMPLAN_PKH_HALVES
             "sxtb16 %[e02], %[t]\n\t"
             "sxtb16 %[e13], %[w0]\n\t"
             "strd %[e02], %[e13], [%[to]]\n\t"
@@ -738,14 +744,10 @@ static inline uint32_t tvm_memplan_pair(int8_t a, int8_t b) {
             : "memory");
       }
       for (const int8_t* const from_end = there >= 4 && !by_pixel ? c0 + (n & ~3) : from; from != from_end; from += 4) {
-        uint32_t w0 = tvm_memplan_word(from), w1 = tvm_memplan_word(from + pixels);
-        uint32_t w2 = tvm_memplan_word(from + 2 * pixels), w3 = tvm_memplan_word(from + 3 * pixels), t_;
+        TVM_MEMPLAN_FOUR_CHANNEL_WORDS(from);
         register uint32_t e02_ __asm__("r0"), e13_ __asm__("r1"), o02_ __asm__("r2"), o13_ __asm__("r3");
         __asm__ volatile( /* (it stores) */
-            "pkhbt %[t], %[w0], %[w2], lsl #16\n\t"
-            "pkhtb %[w2], %[w2], %[w0], asr #16\n\t"
-            "pkhbt %[w0], %[w1], %[w3], lsl #16\n\t"
-            "pkhtb %[w3], %[w3], %[w1], asr #16\n\t"
+            TVM_MEMPLAN_PKH_HALVES
             "sxtb16 %[e02], %[t]\n\t"
             "sxtb16 %[e13], %[w0]\n\t"
             "sxtb16 %[o02], %[t], ror #8\n\t"
