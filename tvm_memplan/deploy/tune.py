@@ -90,14 +90,21 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: dict 
 
 
 def local_builder(timeout_s: float | None = None, cross_compiler: str | None = None):
-    """A LocalBuilder with the fast build function (and a cross-compiling export when asked)."""
+    """A LocalBuilder with the fast build function (and a cross-compiling export when asked).
+
+    Its construction checks a worker process under the builder's limit; that check is given the default limit, and
+    ``timeout_s`` applies to the builds only: a short limit on a loaded machine killed the check itself
+    (``TimeoutError``), where the builds past it are failed trials."""
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.builder.LocalBuilder(
-        timeout_sec=BUILDER_TIMEOUT_S if timeout_s is None else timeout_s,
+    builder = ms.builder.LocalBuilder(
+        timeout_sec=BUILDER_TIMEOUT_S,
         f_build=build_candidate,
         f_export=functools.partial(_export_cross, cross_compiler) if cross_compiler else None,
     )
+    if timeout_s is not None:
+        builder.timeout_sec = timeout_s
+    return builder
 
 
 def local_runner(evaluator_config: Any = None):
