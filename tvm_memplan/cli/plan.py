@@ -460,10 +460,12 @@ def smaller_plan_advice(split) -> str | None:
     smallest point of the front, its estimated cost, and the options that take it. In a blocked layout
     the unsplit model is fast and each tile's fixed cost weighs more (MobileNetV2-0.35 in NCHW16c: every
     split missed 5 %, results/bench_split_blocked_idle.md), so NCHW is named too. None otherwise."""
+    from ..deploy.split import smaller_plan_options, smallest_point
+
     result = split.result
     if split.budget is None or not result.front:
         return None
-    smallest = min(result.front, key=lambda p: (p.peak_bytes, p.latency_ms))
+    smallest = smallest_point(result)
     if smallest.peak_bytes >= result.best.peak_bytes:
         return None
     original = result.original
@@ -479,10 +481,7 @@ def smaller_plan_advice(split) -> str | None:
     # 80 KiB planned against 40 KiB simulated), so the smallest point's peak is no limit that takes it
     # the next hundredth above the cost (0.115 -> 0.12; a cost of 0.2 less a rounding error -> 0.21, not 0.20)
     takes = [f"--latency-budget {math.floor(cost * 100 + 1e-6) / 100 + 0.01:.2f}"] if cost > split.budget else []
-    if split.block is not None:
-        takes.append(f"--layout nchw (slower kernels, cheaper tiles than NCHW{split.block}c)")
-    if "search time limit" in result.stopped:
-        takes.append("a larger --search-seconds (the search stopped at its time limit)")
+    takes += smaller_plan_options(result, split.block)
     return (
         f"{kept}: the smallest plan found peaks at {human_bytes(smallest.peak_bytes)} simulated "
         f"({original.peak_bytes / smallest.peak_bytes:.2f}x lower) for {cost:+.1%} (estimated), {over}"

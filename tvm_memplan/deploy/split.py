@@ -21,7 +21,7 @@ from ..relax.layout import layout_block
 from ..relax.pipeline import resolve_target
 from ..relax.split import describe_tensors, find_chains, in_order, memory_order, normalize, program_of, split_chains
 from ..split.chain import Chain, SplitChoice, in_channel_blocks
-from ..split.search import SearchOptions, SearchResult, search_phased
+from ..split.search import Point, SearchOptions, SearchResult, search_phased
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, STALE_RATIO, ChainLatency, DeviceInstructions
 from .measure import Device
@@ -171,7 +171,7 @@ def search_split(
     result = search_phased(program, chains, before, measurer, **limits)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
-        smallest = min(result.front, key=lambda p: (p.peak_bytes, p.latency_ms))
+        smallest = smallest_point(result)
         raise UserError(
             f"{model.name}: no split plan fits in {memory_limit:,} bytes: the smallest found peaks at "
             f"{smallest.peak_bytes:,} bytes ({at_peak} live at its peak) for "
@@ -204,16 +204,25 @@ def search_split(
     )
 
 
-def unmet_limit_hint(result: SearchResult, block: int | None) -> str:
-    """What may reach a memory limit the search missed: NCHW (channel tiles are whole blocks of a
-    blocked layout, and its channels are padded to blocks), more search time when it ran out."""
-    hints = []
+def smallest_point(result: SearchResult) -> Point:
+    """The point of the search's front with the lowest simulated peak (the faster of equal ones)."""
+    return min(result.front, key=lambda p: (p.peak_bytes, p.latency_ms))
+
+
+def smaller_plan_options(result: SearchResult, block: int | None) -> list[str]:
+    """Options that may take a smaller plan than the search kept: NCHW in a blocked layout (slower kernels but
+    cheaper tiles, channels split finer than blocks and none padded), more search time when it ran out."""
+    options = []
     if block is not None:
-        hints.append(f"--layout nchw (channels split finer than blocks of {block}, none padded)")
+        options.append(f"--layout nchw (slower kernels, cheaper tiles, no channels padded to blocks of {block})")
     if "search time limit" in result.stopped:
-        hints.append("a larger --search-seconds (the search stopped at its time limit)")
-    hints.append("a larger --memory-limit")
-    return "try " + ", or ".join(hints)
+        options.append("a larger --search-seconds (the search stopped at its time limit)")
+    return options
+
+
+def unmet_limit_hint(result: SearchResult, block: int | None) -> str:
+    """What may reach a memory limit the search missed."""
+    return "try " + ", or ".join([*smaller_plan_options(result, block), "a larger --memory-limit"])
 
 
 def _planned(
