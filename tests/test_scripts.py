@@ -130,7 +130,7 @@ def test_bench_latency_default_only_times_the_default_build_against_onnxruntime(
         *("--out", str(out), "--log", str(tmp_path / "log.jsonl")),
     )
     text = out.read_text()
-    (row,) = [line.split("|") for line in text.splitlines() if line.startswith("| mcu_cnn")]
+    (row,) = [line.split("|") for line in text.splitlines() if line.startswith("| zoo:mcu_cnn")]
     ratio = float(row[4].strip().removesuffix("x"))
     assert ratio > 0 and row[-3].strip() == "yes" and row[-2].strip() == "yes"
     assert f"Median memplan / onnxruntime over 1 models: {ratio:.2f}x" in text
@@ -158,7 +158,7 @@ def test_bench_latency_times_the_blocked_layout_and_an_earlier_build_beside_nchw
         "--baseline",
         str(earlier),
     )
-    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| mcu_cnn")]
+    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
     assert len(rows) == 4  # the NCHW table's row, the blocked table's, and NCHW and blocked against the earlier build
     blocked = rows[1]
     assert float(blocked[4].split()[0]) > 0 and blocked[-3].strip() == "yes" and blocked[-2].strip() == "yes"
@@ -387,7 +387,7 @@ def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(
         *("--rounds", "2", "--repeat", "2", "--out", str(out)),
         env=env,
     )
-    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| mcu_cnn")]
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert len(cells) == 7 and all(float(cells[i]) > 0 for i in (1, 2, 4))
     assert float(cells[-1]) < 1e-4  # the build computes what onnxruntime does
@@ -396,7 +396,7 @@ def test_bench_cpu_time_times_built_artifacts_against_onnxruntime_at_one_thread(
 def test_bench_compile_time_times_two_checkouts_side_by_side(tmp_path):
     out = tmp_path / "compile.md"
     run_script("bench_compile_time.py", "zoo:mcu_cnn", "--baseline-src", str(ROOT), "--repeat", "1", "--out", str(out))
-    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| mcu_cnn")]
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| zoo:mcu_cnn")]
     baseline_s, current_s, ratio = (cell.strip() for cell in row.strip("|").split("|")[1:])
     assert float(baseline_s) > 0 and float(current_s) > 0
     assert ratio.endswith("x") and float(ratio.removesuffix("x")) > 0 and "Median ratio" in out.read_text()

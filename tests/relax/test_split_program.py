@@ -2,6 +2,7 @@
 is the arena the planner plans for the unsplit model (fusion, in-place kernels, concat elimination)."""
 
 import pytest
+import tvm
 
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.planner import plan_model
@@ -37,3 +38,16 @@ def test_bert_tiny_is_simulated_in_the_planners_order():
     assert peak(program_of(mod)).bytes > peak(program_of(in_order(mod, order))).bytes
     with pytest.raises(ValueError, match="every binding"):
         in_order(mod, order[1:])
+
+
+@pytest.mark.parametrize("spec", ["zoo:bert_tiny", "zoo:mcu_cnn"])
+def test_the_simulated_blocked_peak_is_the_planned_blocked_arena(spec):
+    """In a blocked build only what follows a convolution is blocked: BERT-tiny's 4-D attention tensors
+    (two heads) stay NCHW, unpadded, so its blocked peak is its NCHW arena; mcu_cnn's 8-channel
+    convolution outputs take a block of 16."""
+    model = load_model(spec)
+    mod = normalize(to_relax(model))
+    ordered = in_order(mod, memory_order(mod, 2.0, block=16))
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    planned = plan_model(model, order_seconds=2, layout="blocked", target=avx512).total("arena_bytes")
+    assert peak(program_of(ordered, block=16)).bytes == planned

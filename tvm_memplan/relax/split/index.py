@@ -13,7 +13,7 @@ from ...split.acg import AxisConnectionGraph, build_acg
 from ..axes import graph_model
 from ..ir_utils import top_level_bindings
 from .normalize import constant_bindings
-from .operators import CHANNEL
+from .operators import CHANNEL, blocked_tensors
 
 
 def axis_graph(mod: tvm.IRModule) -> tuple[AxisConnectionGraph, object]:
@@ -41,6 +41,8 @@ class FunctionIndex:
     block: int | None = None
     """Channels per block of the blocked layout the model is built in (None: NCHW): tiles' bytes count
     their channels rounded up to whole blocks (:func:`~.operators.nbytes`)."""
+    blocked: frozenset[relax.Var] = frozenset()
+    """The tensors that layout holds blocked (:func:`~.operators.blocked_tensors`)."""
 
     @classmethod
     def of(cls, mod: tvm.IRModule, block: int | None = None) -> FunctionIndex:
@@ -59,7 +61,12 @@ class FunctionIndex:
             constant_bindings(func),
             has_qdq(func),
             block,
+            blocked_tensors(func) if block is not None else frozenset(),
         )
+
+    def block_of(self, var: relax.Expr) -> int | None:
+        """The channel block ``var`` is held in: :attr:`block` if the blocked build blocks it, else None."""
+        return self.block if var in self.blocked else None
 
     def single_consumer(self, var: relax.Var) -> int | None:
         users = self.uses.get(var, [])

@@ -7,7 +7,7 @@ import tvm
 from tvm import relax
 
 from ...split.simulate import blocked_bytes
-from ..ir_utils import static_shape
+from ..ir_utils import op_name, static_shape, top_level_bindings
 
 CHANNEL = 1
 """The channel axis of NCHW tensors (and the sequence axis of ``(1, sequence, features)`` ones)."""
@@ -45,6 +45,31 @@ DEQUANTIZE = "relax.dequantize"
 QDQ_OPS = {QUANTIZE, DEQUANTIZE}
 """A QDQ model's (de)quantization of activations: elementwise with a per-tensor scale; ``LowerQDQ`` folds
 each into the integer kernel that reads or writes the int8 tensor."""
+
+
+LAYOUT_FOLLOWERS = PER_CHANNEL_OPS | ROW_OPS | QDQ_OPS | {"relax.concat", "relax.mean", "relax.nn.adaptive_avg_pool2d"}
+"""Operators that carry a convolution's blocked layout on to their output (Relax's ``ConvertLayout``
+infers their layout from their inputs'); any other operator reads NCHW."""
+
+
+def blocked_tensors(func: relax.Function) -> frozenset[relax.Var]:
+    """The 4-D tensors a blocked build holds in NCHW[x]c: convolutions' outputs and what follows them
+    through :data:`LAYOUT_FOLLOWERS`, as ``ConvertLayout`` carries a convolution's layout. A
+    transformer's 4-D attention tensors, or anything after a reshape or a matmul, stay NCHW."""
+    blocked: set[relax.Var] = set()
+    for binding in top_level_bindings(func):
+        var, value = binding.var, binding.value
+        shape = static_shape(var.ty)
+        if shape is None or len(shape) != 4:
+            continue
+        if isinstance(value, relax.Var):
+            if value in blocked:
+                blocked.add(var)
+            continue
+        op = op_name(value)
+        if op == CONV or (op in LAYOUT_FOLLOWERS and any(v in blocked for v in relax.analysis.free_vars(value))):
+            blocked.add(var)
+    return frozenset(blocked)
 
 
 def nbytes(var: relax.Expr, block: int | None = None) -> int:

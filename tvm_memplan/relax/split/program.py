@@ -20,7 +20,7 @@ from ...split.simulate import Program, Step, peak
 from ..ir_utils import op_name, static_shape, top_level_bindings
 from ..module import with_blocks
 from .normalize import constant_bindings
-from .operators import DEQUANTIZE, ELEMENTWISE, QUANTIZE, nbytes
+from .operators import DEQUANTIZE, ELEMENTWISE, QUANTIZE, blocked_tensors, nbytes
 
 
 def program_of(
@@ -140,6 +140,7 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
     """The simulator program and, per binding, the first binding of the fused kernel it runs in."""
     func = mod["main"]
     quantized = has_qdq(func)
+    blocked = blocked_tensors(func) if block is not None else frozenset()
     constants = constant_bindings(func) if quantized else set()
     bindings = [b for b in top_level_bindings(func) if b.var not in constants]
     uses: dict[relax.Var, int] = {}
@@ -208,11 +209,11 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
             if var in returned:
                 sizes.pop(target, None)
             elif op == QUANTIZE and target in sizes:
-                sizes[target] = nbytes(var, block)
+                sizes[target] = nbytes(var, block if var in blocked else None)
         else:
             target = name
             if var not in returned:
-                sizes[target] = nbytes(var, block)
+                sizes[target] = nbytes(var, block if var in blocked else None)
         tensor[var] = target
         overwrites = _pointwise_operands(value, var, tensor, target) if op in ELEMENTWISE else ()
         steps.append(Step(name, target, tuple(r for r in reads if r != target), overwrites))

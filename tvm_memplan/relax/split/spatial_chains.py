@@ -72,7 +72,7 @@ def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.V
     out = nchw(var)
     if out is None or not isinstance(value, relax.Call) or op_name(value) is None:
         return None
-    row_bytes = nbytes(var, index.block) // out[ROWS]
+    row_bytes = nbytes(var, index.block_of(var)) // out[ROWS]
     if index.quantized and str(var.ty.dtype) == "float32":
         row_bytes //= 4  # an integer kernel's int8 tile (the simulator's view of a dequantize is its input)
     if op_name(value) in (CONV, *POOLS):
@@ -116,7 +116,7 @@ def _copied_row_bytes(index: FunctionIndex, data: relax.Expr) -> int:
     in place (:func:`~.rewrite.windows_in_place`)."""
     shape = nchw(data)
     if index.block is not None and not index.quantized and shape is not None:
-        return nbytes(data, index.block if data in index.defined_at else None) // shape[ROWS]
+        return nbytes(data, index.block_of(data)) // shape[ROWS]
     binding = index.bindings[index.defined_at[data]] if data in index.defined_at else None
     if not index.quantized or binding is None or op_name(binding.value) != DEQUANTIZE:
         return 0
@@ -127,7 +127,7 @@ def _copied_row_bytes(index: FunctionIndex, data: relax.Expr) -> int:
     if op_name(producer) == QUANTIZE and producer.args[0] not in index.defined_at:
         return 0
     shape = nchw(source)
-    return nbytes(source, index.block) // shape[ROWS] if shape is not None else 0
+    return nbytes(source, index.block_of(source)) // shape[ROWS] if shape is not None else 0
 
 
 def spatial_chains(index: FunctionIndex) -> list[Chain]:
