@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tvm_memplan.deploy.split import _rewrite
+from tvm_memplan.deploy.split import split_rewriter
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.layout import layout_block
@@ -33,7 +33,7 @@ def rows(spec: str, splits: int, order_seconds: float) -> list[str]:
     options = {"layout": "blocked", "order_seconds": order_seconds}
 
     def row(what: str, choices: list[SplitChoice], nchw_sized: int, blocked_sized: int) -> str:
-        arena = plan_model(model, "host", prepare=_rewrite(order, choices), **options).total("arena_bytes")
+        arena = plan_model(model, "host", prepare=split_rewriter(order, choices), **options).total("arena_bytes")
         ratio = arena / blocked_sized
         return f"| {model.name} | {what} | {nchw_sized:,} | {blocked_sized:,} | {arena:,} | {ratio:.3f} |"
 

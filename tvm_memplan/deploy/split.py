@@ -66,11 +66,12 @@ class SplitOutcome:
 
     def prepare(self) -> Callable[[tvm.IRModule], tvm.IRModule]:
         """The rewrite for :func:`tvm_memplan.planner.plan_model` (``prepare=``)."""
-        return _rewrite(self.order, self.choices)
+        return split_rewriter(self.order, self.choices)
 
 
-def _rewrite(order: tuple[str, ...], choices: list[SplitChoice]) -> Callable[[tvm.IRModule], tvm.IRModule]:
-    """Normalize, put ``main`` in the simulated order, split the chosen chains."""
+def split_rewriter(order: tuple[str, ...], choices: list[SplitChoice]) -> Callable[[tvm.IRModule], tvm.IRModule]:
+    """The ``prepare`` step of :func:`~tvm_memplan.planner.plan_model` for a split plan: normalize, put
+    ``main`` in the simulated order, split the chosen chains."""
     return lambda mod: split_chains(in_order(normalize(mod), order) if order else normalize(mod), choices)
 
 
@@ -146,7 +147,7 @@ def search_split(
             mod,
             spec,
             mcu_device,
-            lambda choices: _rewrite(order, choices),
+            lambda choices: split_rewriter(order, choices),
             cache=cache,
             schedule=schedule,
             fused_tiles=fused_tiles,
@@ -235,7 +236,7 @@ def _planned(
     coarse = plan_model(model, target, **options).total("arena_bytes")
     if not result.best.choices:
         return coarse, coarse, result
-    arena = plan_model(model, target, prepare=_rewrite(order, list(result.best.choices)), **options).total(
+    arena = plan_model(model, target, prepare=split_rewriter(order, list(result.best.choices)), **options).total(
         "arena_bytes"
     )
     if arena < coarse:
