@@ -215,6 +215,23 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd_sk
     low = (uint32_t)tvm_memplan_pair_, high = (uint32_t)(tvm_memplan_pair_ >> 32);      \
   } while (0)
 #endif
+/* the eight SMLADs of a pointwise 2x2 step (the second channel's pair loaded into the first's between them) and
+ * the operands of the asm block that runs them, shared by the two DSP variants of TVM_MEMPLAN_STEP_2X2 below */
+#if defined(__ARM_FEATURE_DSP)
+#define TVM_MEMPLAN_MACS_2X2                                                                                   \
+  "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                       \
+  "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                       \
+  "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                       \
+  "smlad %[a1], %[u1], %[y1], %[a1]\n\t"                                                                       \
+  "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                          \
+  "smlad %[b0], %[u0], %[x0], %[b0]\n\t"                                                                       \
+  "smlad %[b0], %[u1], %[x1], %[b0]\n\t"                                                                       \
+  "smlad %[b1], %[u0], %[y0], %[b1]\n\t"                                                                       \
+  "smlad %[b1], %[u1], %[y1], %[b1]"
+#define TVM_MEMPLAN_OPERANDS_2X2(v, q, a0, a1, b0, b1)                                                         \
+  [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [v] "+r"(v), [q] "+r"(q), [u0] "=&r"(u0_),       \
+  [u1] "=&r"(u1_), [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_)
+#endif
 /* one step of 4 input channels of the pointwise 2x2 block: channels o and o + 1 (their unpacked pairs at v), pixels
  * p and p + 1 (their packed pairs at q), both pointers advanced: one LDM of the two pixels' four words, two LDRD of
  * the channels' pairs, eight SMLAD (11 instructions for 16 MACs; LDM's register list must ascend, so its four
@@ -229,17 +246,8 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd_sk
     __asm__(                                                                                                   \
         "ldm %[q]!, {%[x0], %[x1], %[y0], %[y1]}\n\t"                                                          \
         "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
-        "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                 \
-        "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                 \
-        "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                 \
-        "smlad %[a1], %[u1], %[y1], %[a1]\n\t"                                                                 \
-        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
-        "smlad %[b0], %[u0], %[x0], %[b0]\n\t"                                                                 \
-        "smlad %[b0], %[u1], %[x1], %[b0]\n\t"                                                                 \
-        "smlad %[b1], %[u0], %[y0], %[b1]\n\t"                                                                 \
-        "smlad %[b1], %[u1], %[y1], %[b1]"                                                                     \
-        : [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [v] "+r"(v), [q] "+r"(q), [u0] "=&r"(u0_), \
-          [u1] "=&r"(u1_), [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_)                   \
+        TVM_MEMPLAN_MACS_2X2                                                                                   \
+        : TVM_MEMPLAN_OPERANDS_2X2(v, q, a0, a1, b0, b1)                                                       \
         :                                                                                                      \
         : "memory");                                                                                           \
   } while (0)
@@ -253,17 +261,8 @@ static inline __attribute__((always_inline)) const uint64_t* tvm_memplan_ldrd_sk
         "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
         "ldrd %[x0], %[x1], [%[q]], #8\n\t"                                                                    \
         "ldrd %[y0], %[y1], [%[q]], #8\n\t"                                                                    \
-        "smlad %[a0], %[u0], %[x0], %[a0]\n\t"                                                                 \
-        "smlad %[a0], %[u1], %[x1], %[a0]\n\t"                                                                 \
-        "smlad %[a1], %[u0], %[y0], %[a1]\n\t"                                                                 \
-        "smlad %[a1], %[u1], %[y1], %[a1]\n\t"                                                                 \
-        "ldrd %[u0], %[u1], [%[v]], #8\n\t"                                                                    \
-        "smlad %[b0], %[u0], %[x0], %[b0]\n\t"                                                                 \
-        "smlad %[b0], %[u1], %[x1], %[b0]\n\t"                                                                 \
-        "smlad %[b1], %[u0], %[y0], %[b1]\n\t"                                                                 \
-        "smlad %[b1], %[u1], %[y1], %[b1]"                                                                     \
-        : [a0] "+r"(a0), [a1] "+r"(a1), [b0] "+r"(b0), [b1] "+r"(b1), [v] "+r"(v), [q] "+r"(q), [u0] "=&r"(u0_), \
-          [u1] "=&r"(u1_), [x0] "=&r"(x0_), [x1] "=&r"(x1_), [y0] "=&r"(y0_), [y1] "=&r"(y1_)                   \
+        TVM_MEMPLAN_MACS_2X2                                                                                   \
+        : TVM_MEMPLAN_OPERANDS_2X2(v, q, a0, a1, b0, b1)                                                       \
         :                                                                                                      \
         : "memory");                                                                                           \
   } while (0)
