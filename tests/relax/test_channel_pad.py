@@ -14,6 +14,7 @@ from tvm_memplan.planner import plan_model
 from tvm_memplan.relax.channel_pad import PadChannels, padded_channels
 from tvm_memplan.relax.fold import FoldDataMovementConstants
 from tvm_memplan.relax.layout import BlockedLayout, channel_block
+from tvm_memplan.schedule.cpu import CpuSpec
 from tvm_memplan.verify import verify_plan
 
 from .modules import op_calls, save_graph
@@ -147,3 +148,53 @@ def test_a_per_channel_divisor_is_padded_with_ones_and_one_with_zeros_is_not_car
     (divide,) = op_calls(padded, "relax.divide")
     assert divide.args[1].ty.shape[1] == 24  # real channels, sliced out of the padded conv
     assert len(op_calls(padded, "relax.strided_slice")) == 1
+
+
+def _conv_104(path) -> str:
+    """A 3x3 convolution of 64 to 104 channels (13 blocks of 8) at 14x14, a ReLU and a global pool."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+        for name, shape in (("w", [104, 64, 3, 3]), ("b", [104]))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["y"]),
+    ]
+    return save_graph(path, "conv_104", nodes, ([1, 64, 14, 14], [1, 104, 1, 1]), weights)
+
+
+AVX2_SPEC = CpuSpec(lanes=8, registers=16, threads=1, vector_codegen=True)
+AVX512_SPEC = CpuSpec(lanes=16, registers=32, threads=1, vector_codegen=True)
+
+
+@pytest.mark.parametrize(("block", "spec", "channels"), [(8, AVX2_SPEC, 112), (8, None, 104), (16, AVX512_SPEC, 112)])
+def test_output_blocks_no_register_tile_divides_get_one_more_block_of_zero_weights(
+    tmp_path, block, spec, channels
+) -> None:
+    """13 blocks of 8 take one-block register tiles, bound by loads at AVX2's 16 registers: 14 blocks are
+    computed and the real 104 channels sliced out after the pool. At AVX-512, 104 channels are 7 blocks of 16."""
+    mod = to_relax(load_model(_conv_104(tmp_path / "c.onnx")))
+    (conv,) = op_calls(PadChannels(block, spec)(FoldDataMovementConstants()(mod)), "relax.nn.conv2d")
+    kernel = conv.args[1].value.numpy()
+    assert kernel.shape[0] == channels and not np.any(kernel[104:])
+
+
+def test_a_convolution_padded_for_its_register_tiles_runs_as_onnxruntime_with_the_planned_allocations(
+    tmp_path,
+) -> None:
+    if channel_block(HOST) is None:
+        pytest.skip("this CPU has no vectors of 8 or more float32 lanes")
+    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+    plan = plan_model(load_model(_conv_104(tmp_path / "c.onnx")), avx2, layout="blocked", order="program")
+    shapes = [
+        [int(d) for d in p.shape]
+        for f in plan.planned.functions.values()
+        if isinstance(f, tvm.tirx.PrimFunc)
+        for p in f.params
+    ]
+    assert [14, 8, 3, 3, 8, 8] in shapes  # 14 blocks of weights: 14 computed, the real 13 written
+    result = verify_plan(plan, stock=False)
+    assert result.problems == []
+    assert result.trace_matches_plan

@@ -13,6 +13,9 @@ broadcast multiplies, pools, spatial means) carry a padded tensor; any other use
 reshape, dense, the function's outputs) reads the real channels through a ``strided_slice``.
 A convolution whose input is not padded gets it padded with zeros (``nn.pad``) where that at most
 doubles its input; a stem's 3 input channels stay as they are and only its outputs are padded.
+Given the target's :class:`~tvm_memplan.schedule.cpu.CpuSpec`, a convolution whose output blocks no register tile
+of several blocks divides gets one block more where the register-tile cycle model says so
+(:func:`~tvm_memplan.schedule.cpu.blocked_conv.tile_padded_blocks`: SqueezeNet's 1000 classes, 125 blocks of 8).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
+
+from ..schedule.cpu.blocked_conv import tile_padded_blocks
+from ..schedule.cpu.spec import CpuSpec
 
 UNARY_OPS = frozenset({"relax.nn.relu", "relax.sigmoid", "relax.nn.silu", "relax.tanh", "relax.negative"})
 """Channel-wise ops finite on every finite input."""
@@ -60,9 +66,10 @@ class _PadChannels(relax.PyExprMutator):
     original tensor to its padded twin and real channel count; a use the rewrite cannot carry
     reads the real channels, sliced once."""
 
-    def __init__(self, mod: tvm.IRModule, block: int) -> None:
+    def __init__(self, mod: tvm.IRModule, block: int, spec: CpuSpec | None = None) -> None:
         super().__init__(mod)
         self.block = block
+        self.spec = spec
         self.padded: dict[relax.Var, tuple[relax.Var, int]] = {}
         self.sliced: set[relax.Var] = set()
 
@@ -174,6 +181,9 @@ class _PadChannels(relax.PyExprMutator):
                 pad_width = [0, 0, 0, in_padded - in_channels, 0, 0, 0, 0]
                 data = self.builder_.emit(relax.op.nn.pad(data, pad_width))
         out_padded = in_padded if depthwise else padded_channels(out_channels, self.block)
+        if not depthwise and self.spec is not None:
+            out_width, reduction = _shape(call)[3], in_padded * weight_shape[2] * weight_shape[3]
+            out_padded = self.block * tile_padded_blocks(out_padded // self.block, out_width, reduction, self.spec)
         if in_padded == in_channels and out_padded == out_channels:
             return None
         kernel = weight.value.numpy()
@@ -216,12 +226,13 @@ def _constant_operand(arg: relax.Expr, channels: int, padded_to: int, divisor: b
     return relax.const(_pad_axis(value, axis, padded_to, fill=1.0 if divisor else 0.0))
 
 
-def PadChannels(block: int) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
-    """Convolution channels rounded up to whole blocks of ``block`` (see the module docstring)."""
+def PadChannels(block: int, spec: CpuSpec | None = None) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+    """Convolution channels rounded up to whole blocks of ``block``, and where ``spec``'s register tiles
+    want it one block more (see the module docstring)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_memplan.PadChannels")
     def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        rewriter = _PadChannels(mod, block)
+        rewriter = _PadChannels(mod, block, spec)
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))

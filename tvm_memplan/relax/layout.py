@@ -27,7 +27,7 @@ import tvm
 from tvm import relax, s_tir, te, tirx, topi
 
 from ..schedule.blocks import NotApplicable, top_level_blocks
-from ..schedule.cpu import cpu_spec
+from ..schedule.cpu import CpuSpec, cpu_spec
 from ..schedule.cpu.blocked_conv import BLOCKED_CONV
 from .channel_pad import PadChannels
 from .fold import FoldDataMovementConstants
@@ -295,14 +295,16 @@ def _rewrite(mutator: type, name: str) -> tvm.transform.Pass:
     return _pass
 
 
-def BlockedLayout(block: int) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
-    """Convolutions and what follows them in NCHW[block]c (see the module docstring)."""
+def BlockedLayout(block: int, spec: CpuSpec | None = None) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
+    """Convolutions and what follows them in NCHW[block]c (see the module docstring); with the target's ``spec``,
+    output channel blocks that no register tile divides get one block more where that pays
+    (:func:`~.channel_pad.PadChannels`)."""
     return tvm.transform.Sequential(
         [
             _rewrite(_ClipBoundsAsOps, "tvm_memplan.ClipBoundsAsOps"),
             fold_inference_batch_norms,  # Relax's batch_norm keeps NCHW: DenseNet's pre-activations
             relax.transform.DeadCodeElimination(),  # the Clip bounds' PrimFuncs, the batch norms' tuples
-            PadChannels(block),
+            PadChannels(block, spec),
             relax.transform.ConvertLayout({}, _desired_layouts(block)),
             FoldDataMovementConstants(),
             BlockedTiles(conv2d_nchwc),

@@ -103,7 +103,7 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: s
         ]
     quantized = [LowerQDQ(target=target)] if target.kind.name in ("llvm", "c") else []
     block = layout_block(target, layout)
-    blocked = [BlockedLayout(block)] if block else []
+    blocked = [BlockedLayout(block, cpu_spec(target))] if block else []
     before = (
         quantized
         + [FoldDataMovementConstants()]

@@ -11,7 +11,7 @@ import tvm
 from tvm import tirx
 
 from tvm_memplan.schedule import CpuSpec, schedule_function
-from tvm_memplan.schedule.cpu.blocked_conv import balanced, register_tile
+from tvm_memplan.schedule.cpu.blocked_conv import balanced, register_tile, tile_padded_blocks
 
 from ...kernels import conv_body, kernels_of
 
@@ -195,3 +195,23 @@ def test_the_threads_get_tasks_alike(shape) -> None:
 def test_balanced_tasks(tasks, expected) -> None:
     assert balanced(tasks, 2) == expected
     assert balanced(tasks, 1) == (tasks >= 4)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "columns", "reduction", "spec", "padded"),
+    [
+        (125, 13, 512, AVX2_SPEC, 126),  # SqueezeNet's 1000 classes: 1 x 7 tiles bound by loads; 126 take 2 x 5
+        (13, 14, 576, AVX2_SPEC, 14),
+        (13, 14, 576, AVX512, 13),  # 1 x 14 loses less than a 13th block costs
+        (5, 7, 100, AVX2_SPEC, 5),  # a sixth block costs more than 3 x 4 saves
+        (24, 56, 576, AVX2_SPEC, 24),  # 3 x 4 divides
+        (3, 56, 576, AVX2_SPEC, 3),  # a tile of all the blocks
+        (5, 1, 288, AVX2_SPEC, 5),  # one column: a matrix-vector product, bound by its weight loads
+    ],
+)
+def test_output_blocks_no_tile_divides_get_one_more_where_the_cycle_model_says_so(
+    blocks, columns, reduction, spec: CpuSpec, padded
+) -> None:
+    assert tile_padded_blocks(blocks, columns, reduction, spec) == padded
+    channel_tile, _ = register_tile(padded, columns, 1, spec, tails=True, reduction=reduction)
+    assert channel_tile > 1 or padded == blocks

@@ -228,6 +228,28 @@ def register_tile(
     return tailed if cycles[0] < cycles[1] else best
 
 
+def tile_padded_blocks(blocks: int, columns: int, reduction: int, spec: CpuSpec) -> int:
+    """Output channel blocks a convolution should compute: ``blocks``, or one more where no register tile of
+    several blocks divides them (125 blocks: SqueezeNet's 1000 classes at AVX2; 29: ShuffleNetV2's 232 channels)
+    and the cycle model (:func:`register_tile`, :func:`_row_cycles`) puts the padded convolution ahead by more than
+    the extra block's share (1 / ``blocks``), which the padded tensor's consumers pay once more (the next
+    convolution's reduction, the slice of the real channels). A one-block tile loads a weight vector and a broadcast
+    per column for one multiply-add each, so at 16 registers (1 x 7) it is bound by loads, not multiply-adds; at 32
+    (1 x 14 or wider) it loses less (the AVX-512 block counts of the torchvision exports, 5, 7 and 13, keep
+    theirs). Measured at AVX2 (one thread, Zen 5): SqueezeNet's 1x1 512 -> 1000 at 13x13, 125 blocks 1787 us,
+    126 blocks 1376 us (:mod:`tvm_memplan.relax.channel_pad` pads them). Not at one output column (a
+    squeeze-and-excitation convolution after a global pool): a matrix-vector product, whose every weight vector
+    serves one multiply-add whatever the tile, is bound by loading the weights."""
+    if columns == 1 or blocks <= MAX_CHANNEL_TILE or any(blocks % d == 0 for d in range(2, MAX_CHANNEL_TILE + 1)):
+        return blocks
+
+    def cycles(count: int) -> float:
+        tile = register_tile(count, columns, 1, spec, tails=True, reduction=reduction)
+        return _row_cycles(count, columns, tile, 1, reduction)
+
+    return blocks + 1 if cycles(blocks + 1) < (1 - 1 / blocks) * cycles(blocks) else blocks
+
+
 def row_steps(channels: int, columns: int, channel_tile: int, column_tile: int, vectors: int) -> float:
     """Cycles per reduction step of an output row's tiles, as the micro-kernel is bound: :data:`FMA_PIPES`
     vector multiply-adds a cycle, one weight vector or two broadcasts loaded a cycle, and at least the
