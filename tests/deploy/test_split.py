@@ -126,6 +126,7 @@ def test_confirmation_falls_back_to_the_channel_plan():
 
     class Timer:
         tried = []
+        round_samples = 1
 
         def compare_split(self, mod, choices):
             after = choices[0].chain.head
@@ -167,6 +168,7 @@ def test_a_missed_confirmation_tries_the_decisive_chain_in_fewer_tiles_before_th
 
     class StemCostsMore:
         tried: list[int] = []
+        round_samples = 1
 
         def compare_split(self, mod, choices, rounds: int = 3):
             self.tried.append(choices[0].parts)

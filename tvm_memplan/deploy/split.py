@@ -297,7 +297,7 @@ def _confirm(
     (:func:`overhead_and_noise`, read round by round) is timed again, up to ``retimes`` times more, and
     judged on all its samples (a 5 % budget on a busy machine is within one confirmation's spread)."""
     candidates = confirmation_order(result, attempts)
-    per_round = getattr(measurer, "round_samples", None)
+    per_round = measurer.round_samples
     before: list[float] = []
     after: list[float] = []
     for point in candidates:
