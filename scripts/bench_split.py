@@ -53,7 +53,7 @@ from tvm import relax
 from tvm_memplan.deploy.chain_latency import ChainLatency
 from tvm_memplan.deploy.measure import Device
 from tvm_memplan.deploy.results import write_atomically
-from tvm_memplan.deploy.split import SplitOutcome, overhead_and_noise, search_split
+from tvm_memplan.deploy.split import SplitOutcome, search_split
 from tvm_memplan.deploy.targets import get_target
 from tvm_memplan.frontend import LoadedModel, load_model, to_relax
 from tvm_memplan.planner import plan_model
@@ -206,7 +206,7 @@ def bench(
         "split_arena": split.total("arena_bytes"),
         "before": _spread(outcome.samples_before_ms),
         "after": _spread(outcome.samples_after_ms),
-        "fastest": overhead_and_noise(outcome.samples_before_ms, outcome.samples_after_ms)[0],
+        "fastest": outcome.overhead,
         "estimate": result.best.latency_ms / result.original.latency_ms - 1 if result.original.latency_ms else 0.0,
         "onnxruntime": (ort_ms, ort_spread),
         "chains": len(outcome.chains),
@@ -257,7 +257,7 @@ def markdown(rows: list[dict], budget: float, command: str) -> str:
         "(coarse: order search + in-place + concat elimination; split: the same on the split model). Latency: "
         "whole model, default CPU schedules, median (IQR) over 3 interleaved rounds (up to 9 where the split's "
         "overhead was within the samples' noise of the budget) x 25 single runs; overhead: of the medians / of the "
-        "fastest runs (what the search's confirmation judges). Search: seconds "
+        "fastest runs, round by round, median of the rounds (what the search's confirmation judges). Search: seconds "
         "of a first search (empty latency cache) / a second one (cache filled by the first). Floor: the "
         "simulator's lowest peak with every chain free to split and latency ignored, against its coarse peak. "
         "Split: each chain kept, its parts, and whether its tiles run fused (one kernel) or per kernel. Target: "

@@ -16,6 +16,7 @@ class TilesCost:
 
     hits = misses = stale = 0
     per_tile = 0.01
+    round_samples = 1
 
     def __init__(self, *args, **kwargs) -> None:
         pass

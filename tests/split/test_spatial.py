@@ -129,6 +129,41 @@ def test_phased_search_under_a_memory_limit_keeps_the_fastest_fitting_plan():
     assert phased.best.latency_ms < plain.best.latency_ms
 
 
+def _tall_stem() -> tuple[Program, Chain]:
+    """:func:`_stem` four times as tall (24 rows a tensor): tiles of 2 to 16 parts, each lower than the last."""
+    ops = (
+        RowOp("a", 24, 100, window=RowWindow(3, 2, 1, 1, 48), outside=("x",)),
+        RowOp("d", 24, 100, reads=("a",), window=RowWindow(3, 1, 1, 1, 24)),
+        RowOp("y", 24, 20, reads=("d",), window=RowWindow(1, 1, 0, 1, 24)),
+    )
+    sizes = {"a": 2400, "d": 2400, "y": 480, "z": 480}
+    steps = [Step("a", "a", ("x",)), Step("d", "d", ("a",)), Step("y", "y", ("d",)), Step("z", "z", ("y",))]
+    return Program(steps, sizes), Chain((Branch("a", ("d", "y"), 24, 2),), None, (), None, 4800, spatial=ops)
+
+
+def test_a_channel_phase_over_its_time_does_not_take_the_spatial_phases(monkeypatch):
+    """A channel chain's timing that starts within the first phase's half of a 120 s search and ends 100 s into
+    it: the spatial phase still has its 60 s. Its first move times the stem in 2 tiles, then in 16 (over the
+    budget), 30 s each; the 20 s the channel phase left would stop it there, its 60 s time 8 tiles and keep them."""
+    from tvm_memplan.split import search as search_module
+
+    program, spatial = _tall_stem()
+    channel = Chain((Branch("a", ("d",), 2, 8),), None, (), None, 4800)
+    clock = [0.0]
+    monkeypatch.setattr(search_module.time, "monotonic", lambda: clock[0])
+    timed: dict[tuple[Chain, int], float] = {}
+
+    def cost(chain, parts):
+        if (chain, parts) not in timed:  # cached, as the measurer's cache answers the second phase
+            clock[0] += 100.0 if chain is channel else 30.0
+            timed[(chain, parts)] = 0.5 if parts == 16 else 0.01
+        return timed[(chain, parts)]
+
+    result = search_phased(program, [channel, spatial], 1.0, cost, budget=0.2, seconds=120.0)
+    assert [parts for chain, parts in timed if chain is spatial] == [2, 16, 8]
+    assert result.best.choices == (SplitChoice(spatial, 8),)
+
+
 def test_chain_kinds_name_the_axis_and_the_tail():
     """``plan --json`` reports each split sub-graph's kind from :attr:`Chain.kind`."""
     _, spatial = _stem()

@@ -109,6 +109,12 @@ class ChainLatency:
         """The unsplit model timed by this measurer (:meth:`unsplit_today`)."""
         self.timers: dict[str, object] = {}
 
+    @property
+    def round_samples(self) -> int:
+        """Samples a side per interleaved round of :meth:`compare_split` (the confirmation reads them round by
+        round: :func:`~tvm_memplan.deploy.split.overhead_and_noise`)."""
+        return self.repeat
+
     def __call__(self, chain: Chain, parts: int) -> float:
         """The fastest of the variants (:meth:`splits`) as measured; :meth:`choice` says which."""
         times = {split: self.split_delta(split) for split in self.splits(chain, parts)}
