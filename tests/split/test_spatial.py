@@ -45,16 +45,17 @@ def test_input_rows_with_border_padding_reproduce_the_output_rows(
     np.testing.assert_array_equal(tile, whole[lo:hi])
 
 
-def _stem() -> tuple[Program, Chain]:
-    """x (3 rows-in-12) -> conv k3 s2 -> a (6 rows) -> depthwise k3 -> d (6 rows) -> 1x1 -> y -> z."""
+def _stem(rows: int = 6) -> tuple[Program, Chain]:
+    """x (3 rows-in-12) -> conv k3 s2 -> a (6 rows) -> depthwise k3 -> d (6 rows) -> 1x1 -> y -> z; ``rows``
+    scales every tensor's height (24: tiles of 2 to 16 parts, each lower than the last)."""
     ops = (
-        RowOp("a", 6, 100, window=RowWindow(3, 2, 1, 1, 12), outside=("x",)),
-        RowOp("d", 6, 100, reads=("a",), window=RowWindow(3, 1, 1, 1, 6)),
-        RowOp("y", 6, 20, reads=("d",), window=RowWindow(1, 1, 0, 1, 6)),
+        RowOp("a", rows, 100, window=RowWindow(3, 2, 1, 1, 2 * rows), outside=("x",)),
+        RowOp("d", rows, 100, reads=("a",), window=RowWindow(3, 1, 1, 1, rows)),
+        RowOp("y", rows, 20, reads=("d",), window=RowWindow(1, 1, 0, 1, rows)),
     )
-    sizes = {"a": 600, "d": 600, "y": 120, "z": 120}
+    sizes = {"a": 100 * rows, "d": 100 * rows, "y": 20 * rows, "z": 20 * rows}
     steps = [Step("a", "a", ("x",)), Step("d", "d", ("a",)), Step("y", "y", ("d",)), Step("z", "z", ("y",))]
-    chain = Chain((Branch("a", ("d", "y"), 6, 2),), None, (), None, 1200, spatial=ops)
+    chain = Chain((Branch("a", ("d", "y"), rows, 2),), None, (), None, 200 * rows, spatial=ops)
     return Program(steps, sizes), chain
 
 
@@ -129,25 +130,13 @@ def test_phased_search_under_a_memory_limit_keeps_the_fastest_fitting_plan():
     assert phased.best.latency_ms < plain.best.latency_ms
 
 
-def _tall_stem() -> tuple[Program, Chain]:
-    """:func:`_stem` four times as tall (24 rows a tensor): tiles of 2 to 16 parts, each lower than the last."""
-    ops = (
-        RowOp("a", 24, 100, window=RowWindow(3, 2, 1, 1, 48), outside=("x",)),
-        RowOp("d", 24, 100, reads=("a",), window=RowWindow(3, 1, 1, 1, 24)),
-        RowOp("y", 24, 20, reads=("d",), window=RowWindow(1, 1, 0, 1, 24)),
-    )
-    sizes = {"a": 2400, "d": 2400, "y": 480, "z": 480}
-    steps = [Step("a", "a", ("x",)), Step("d", "d", ("a",)), Step("y", "y", ("d",)), Step("z", "z", ("y",))]
-    return Program(steps, sizes), Chain((Branch("a", ("d", "y"), 24, 2),), None, (), None, 4800, spatial=ops)
-
-
 def test_a_channel_phase_over_its_time_does_not_take_the_spatial_phases(monkeypatch):
     """A channel chain's timing that starts within the first phase's half of a 120 s search and ends 100 s into
     it: the spatial phase still has its 60 s. Its first move times the stem in 2 tiles, then in 16 (over the
     budget), 30 s each; the 20 s the channel phase left would stop it there, its 60 s time 8 tiles and keep them."""
     from tvm_memplan.split import search as search_module
 
-    program, spatial = _tall_stem()
+    program, spatial = _stem(24)
     channel = Chain((Branch("a", ("d",), 2, 8),), None, (), None, 4800)
     clock = [0.0]
     monkeypatch.setattr(search_module.time, "monotonic", lambda: clock[0])
