@@ -7,14 +7,21 @@ The sum is the kernels' time without the VM's own overhead. ``--int8`` quantizes
 
     TVM_NUM_THREADS=1 python scripts/profile_kernels.py exports/mobilenet_v2_035.torchscript.onnx --int8 \\
         --out results/profile_int8_mobilenet_v2_035.md
+
+On a loaded machine ``--cpu-time`` times each kernel in process CPU time instead (best of 5 runs of at least
+20 ms; holds at one thread, as ``bench_cpu_time.py``), and ``--rotate-mib N`` runs it on copies of its
+arguments that together exceed N MiB, so that they come from a cache level that size spills (8 on a core with
+1 MiB of L2: from L3, as a network's weights do between inferences) rather than staying warm in L1/L2.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -43,9 +50,18 @@ def _random_argument(buffer, rng: np.random.Generator) -> np.ndarray:
     return rng.random(shape).astype(dtype)
 
 
-def profile(model, repeat: int = 5, number: int = 20, layout: str = "nchw", target=None) -> list[dict]:
+def profile(
+    model,
+    repeat: int = 5,
+    number: int = 20,
+    layout: str = "nchw",
+    target=None,
+    cpu_time: bool = False,
+    rotate_mib: float = 0.0,
+) -> list[dict]:
     """One row per kernel: name, calls, microseconds over all its calls, parameter shapes, kind; for ``target``
-    (a ``tvm.target.Target`` this machine runs; this CPU by default)."""
+    (a ``tvm.target.Target`` this machine runs; this CPU by default). ``cpu_time`` and ``rotate_mib`` as the
+    module docstring says."""
     import tvm
     from tvm import tirx
 
@@ -61,8 +77,17 @@ def profile(model, repeat: int = 5, number: int = 20, layout: str = "nchw", targ
         if not isinstance(func, tirx.PrimFunc) or gvar.name_hint not in calls:
             continue
         library = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=plan.target)
-        arguments = [tvm.runtime.tensor(_random_argument(p, rng), dev) for p in func.params]
-        seconds = library.time_evaluator("main", dev, number=number, repeat=repeat)(*arguments).min
+        nbytes = sum(math.prod(int(d) for d in p.shape) * p.dtype.bits // 8 for p in func.params)
+        copies = max(1, math.ceil(rotate_mib * 2**20 / max(nbytes, 1))) if rotate_mib else 1
+        argument_sets = [
+            [tvm.runtime.tensor(_random_argument(p, rng), dev) for p in func.params] for _ in range(copies)
+        ]
+        if cpu_time or copies > 1:
+            seconds = _best_call(
+                library["main"], argument_sets, repeat, time.process_time if cpu_time else time.perf_counter
+            )
+        else:
+            seconds = library.time_evaluator("main", dev, number=number, repeat=repeat)(*argument_sets[0]).min
         script = func.script()
         rows.append(
             {
@@ -74,6 +99,20 @@ def profile(model, repeat: int = 5, number: int = 20, layout: str = "nchw", targ
             }
         )
     return sorted(rows, key=lambda row: -row["us"])
+
+
+def _best_call(kernel, argument_sets: list, repeat: int, clock, least: float = 0.02) -> float:
+    """Seconds of one call by ``clock`` (``time.process_time``: CPU time): the best of ``repeat`` runs of at least
+    ``least`` seconds, each call on the next of ``argument_sets`` (which ``time_evaluator`` cannot rotate)."""
+    kernel(*argument_sets[0])
+    best = math.inf
+    for _ in range(repeat):
+        calls, started = 0, clock()
+        while (elapsed := clock() - started) < least or calls < 3:
+            kernel(*argument_sets[calls % len(argument_sets)])
+            calls += 1
+        best = min(best, elapsed / calls)
+    return best
 
 
 def _integer_path(script: str) -> str:
@@ -88,7 +127,7 @@ def family(kernel: str) -> str:
     return re.sub(r"_?\d+$", "", kernel)
 
 
-def table(name: str, rows: list[dict], threads: str, top: int) -> str:
+def table(name: str, rows: list[dict], threads: str, top: int, timing: str = "wall clock, best of 5 x 20 runs") -> str:
     total = sum(row["us"] for row in rows)
     families: dict[str, list[float]] = {}
     for row in rows:
@@ -97,7 +136,7 @@ def table(name: str, rows: list[dict], threads: str, top: int) -> str:
         entry[1] += row["calls"]
     lines = [
         f"## Kernel time of {name} (TVM_NUM_THREADS={threads})\n",
-        f"Sum over the kernels: {total:,.0f} us (each kernel timed alone, best of 5 x 20 runs, times its calls).\n",
+        f"Sum over the kernels: {total:,.0f} us (each kernel timed alone, {timing}, times its calls).\n",
         "| kernels | calls | us | share |",
         "|---|---:|---:|---:|",
     ]
@@ -127,6 +166,10 @@ def main() -> None:
         "--target",
         help='a TVM target this machine runs (default: this CPU), e.g. \'{"kind": "llvm", "mcpu": "znver2"}\'',
     )
+    parser.add_argument("--cpu-time", action="store_true", help="process CPU time (a loaded machine, one thread)")
+    parser.add_argument(
+        "--rotate-mib", type=float, default=0.0, help="rotate copies of each kernel's arguments over this many MiB"
+    )
     parser.add_argument("--top", type=int, default=12, help="kernels listed one by one")
     parser.add_argument("--out", type=Path, help="write the table here (default: print it)")
     args = parser.parse_args()
@@ -149,7 +192,13 @@ def main() -> None:
     threads = os.environ.get("TVM_NUM_THREADS", "unset")
     target = get_target(args.target).tvm_target() if args.target else None
     name = f"{model.name} ({args.layout}{', ' + str(target.attrs.get('mcpu', '')) if target else ''})"
-    text = table(name, profile(model, layout=args.layout, target=target), threads, args.top)
+    rows = profile(model, layout=args.layout, target=target, cpu_time=args.cpu_time, rotate_mib=args.rotate_mib)
+    timed = args.cpu_time or args.rotate_mib
+    timing = ("process CPU time" if args.cpu_time else "wall clock") + (
+        f", arguments rotated over {args.rotate_mib:g} MiB" if args.rotate_mib else ""
+    )
+    timing += ", best of 5 runs of 20 ms or more" if timed else ", best of 5 x 20 runs"
+    text = table(name, rows, threads, args.top, timing)
     if args.out:
         write_atomically(args.out, text)
     else:

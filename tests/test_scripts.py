@@ -211,6 +211,19 @@ def test_profile_kernels_takes_a_target_such_as_avx2_kernels_on_an_avx512_host(t
     assert any(line.startswith("| fused_conv2d") for line in text.splitlines())
 
 
+def test_profile_kernels_in_cpu_time_on_rotated_arguments(tmp_path):
+    """--cpu-time --rotate-mib: each kernel timed in process CPU time on copies of its arguments; the table
+    says so and its shares add up."""
+    out = tmp_path / "profile.md"
+    run_script(
+        "profile_kernels.py", "zoo:mcu_cnn", "--layout", "blocked", "--cpu-time", "--rotate-mib", "1", "--out", str(out)
+    )
+    text = out.read_text()
+    assert "process CPU time, arguments rotated over 1 MiB" in text
+    shares = [float(line.split("|")[4].strip(" %")) for line in text.splitlines() if line.endswith("% |")]
+    assert shares and abs(sum(shares) - 100) < 1
+
+
 def test_profile_mcu_counts_each_kernel_on_the_emulated_m7(tmp_path):
     """mcu_cnn quantized on the emulated Cortex-M7: the calls' instructions add up to the whole run's,
     the outputs agree with onnxruntime, and each whole-layer C kernel has a floor below what it retires."""

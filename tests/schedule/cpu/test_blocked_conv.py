@@ -11,11 +11,12 @@ import tvm
 from tvm import tirx
 
 from tvm_memplan.schedule import CpuSpec, schedule_function
-from tvm_memplan.schedule.cpu.blocked_conv import balanced, register_tile, tile_padded_blocks
+from tvm_memplan.schedule.cpu.blocked_conv import balanced, channel_tiles, register_tile, tile_padded_blocks
 
 from ...kernels import conv_body, kernels_of
 
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+AVX512_TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
 AVX512 = CpuSpec(lanes=16, registers=32, threads=2, vector_codegen=True)
 
 
@@ -215,3 +216,43 @@ def test_output_blocks_no_tile_divides_get_one_more_where_the_cycle_model_says_s
     assert tile_padded_blocks(blocks, columns, reduction, spec) == padded
     channel_tile, _ = register_tile(padded, columns, 1, spec, tails=True, reduction=reduction)
     assert channel_tile > 1 or padded == blocks
+
+
+@pytest.mark.parametrize(
+    ("channels", "spec", "tiles"),
+    [
+        (5, AVX512, [1, 5]),  # 80 channels at 16 lanes: 5 x 4 instead of 1 x 28
+        (7, AVX512, [1, 7]),  # 7 x 3: 21 accumulators, 7 weights and a broadcast
+        (13, AVX512, [1]),  # 13 x 2 does not fit: 13 x 1 would load a weight vector per multiply-add
+        (25, AVX512, [1, 5]),
+        (8, AVX512, [1, 2, 4]),  # 2 and 4 divide: no wider tile
+        (5, AVX2_SPEC, [1]),  # at 16 registers channel_pad pads the count instead
+    ],
+)
+def test_a_block_count_no_small_tile_divides_may_take_its_smallest_divisor(channels, spec: CpuSpec, tiles) -> None:
+    assert channel_tiles(channels, 1, spec) == tiles
+
+
+@pytest.mark.parametrize(
+    ("channels", "columns", "reduction", "tile"),
+    [(5, 56, 32, (5, 4)), (5, 14, 480, (5, 5)), (7, 14, 672, (7, 3)), (13, 14, 512, (1, 14))],
+)
+def test_a_wide_channel_tile_replaces_the_one_block_tile_at_32_registers(channels, columns, reduction, tile) -> None:
+    assert register_tile(channels, columns, 1, AVX512, tails=True, reduction=reduction) == tile
+    channel_tile, column_tile = tile
+    assert channel_tile * column_tile <= AVX512.accumulators
+    assert channel_tile * (column_tile + 1) + 1 <= AVX512.registers
+
+
+@pytest.mark.parametrize(("channels_out", "shape"), [(80, (1, 32, 8, 8)), (112, (1, 16, 6, 6)), (80, (1, 16, 14, 9))])
+def test_a_wide_channel_tile_computes_what_the_unscheduled_kernel_computes(channels_out, shape) -> None:
+    """80 and 112 output channels are 5 and 7 blocks of 16: the tile holds all of them, unrolled."""
+    (func,) = (
+        f
+        for name, f in kernels_of(conv_body(channels_out, 1), shape, AVX512_TARGET, "blocked").items()
+        if "conv2d_nchwc" in name
+    )
+    new_func, rule = schedule_function(func, AVX512)
+    assert rule == "blocked_conv"
+    assert f"T.unroll(T.int64({channels_out // 16}))" in new_func.script()
+    np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)

@@ -35,6 +35,9 @@ BLOCKED_CONV = "conv2d_NCHWc"
 """The reduction block's name in :func:`tvm_memplan.relax.layout.conv2d_nchwc`."""
 MAX_CHANNEL_TILE = 4
 """Channel blocks per register tile (MLAS's AVX-512 kernel holds up to 4 filter blocks)."""
+WIDE_TILE_REGISTERS = 32
+"""Vector registers from which a block count that no tile of 2 to :data:`MAX_CHANNEL_TILE` blocks divides (5, 7,
+13, 29 ...) may take a tile of its smallest divisor's blocks instead of one block (:func:`channel_tiles`)."""
 TAIL_VECTOR_CYCLES = 7.0
 """Cycles a row with a narrower last tile spends per output vector beyond its tiles' multiply-adds: its own
 loop nest and a row-wide accumulator buffer that the epilogue reloads. Fitted to one thread on Zen 4 at AVX2
@@ -197,8 +200,9 @@ def register_tile(
         accumulators = channel_tile * column_tile * vectors
         return accumulators <= spec.accumulators and accumulators + channel_tile * vectors + 1 <= spec.registers
 
+    candidates = channel_tiles(channels, vectors, spec)
     best, best_score = (1, 1), (0.0, 0)
-    for channel_tile in (d for d in range(1, min(channels, MAX_CHANNEL_TILE) + 1) if channels % d == 0):
+    for channel_tile in candidates:
         for column_tile in (d for d in range(1, columns + 1) if columns % d == 0):
             if not fits(channel_tile, column_tile):
                 continue
@@ -208,13 +212,7 @@ def register_tile(
                 best, best_score = (channel_tile, column_tile), score
     if not tails:
         return best
-    tiles = [
-        (c, w)
-        for c in range(1, min(channels, MAX_CHANNEL_TILE) + 1)
-        if channels % c == 0
-        for w in range(1, columns + 1)
-        if columns % w and fits(c, w)
-    ]
+    tiles = [(c, w) for c in candidates for w in range(1, columns + 1) if columns % w and fits(c, w)]
     if not tiles:
         return best
     tailed = min(tiles, key=lambda tile: row_steps(channels, columns, *tile, vectors))
@@ -228,18 +226,35 @@ def register_tile(
     return tailed if cycles[0] < cycles[1] else best
 
 
+def channel_tiles(channels: int, vectors: int, spec: CpuSpec) -> list[int]:
+    """Channel blocks a register tile may take: the divisors of ``channels`` up to :data:`MAX_CHANNEL_TILE`, and
+    where those leave only one block (5, 7, 13 or 29 blocks: 80, 112, 208 or 464 channels at 16 lanes) and the
+    target has :data:`WIDE_TILE_REGISTERS`, the smallest divisor above it as well if it fits two columns (13
+    blocks do not: 13 x 1 loads a weight vector for every multiply-add). A one-block tile loads a broadcast for
+    every multiply-add (1 x 28: 29 loads for 28), 5 x 4 loads 9 for 20; :func:`register_tile`'s score and cycle
+    model, unchanged, choose among the candidates. One thread, CPU time, Zen 5 (loaded), kernels alone: MnasNet's
+    1x1 24 -> 72 at 56x56 (5 output blocks) 240 -> 200 us, 480 -> 72 at 14x14 129 -> 122 us. At 16 registers
+    such a tile leaves two columns at most; there :func:`tile_padded_blocks` pads the count instead."""
+    tiles = [d for d in range(1, min(channels, MAX_CHANNEL_TILE) + 1) if channels % d == 0]
+    if tiles == [1] and channels > 1 and spec.registers >= WIDE_TILE_REGISTERS:
+        wide = next(d for d in range(MAX_CHANNEL_TILE + 1, channels + 1) if channels % d == 0)
+        if 2 * wide * vectors <= spec.accumulators and 3 * wide * vectors + 1 <= spec.registers:
+            tiles.append(wide)
+    return tiles
+
+
 def tile_padded_blocks(blocks: int, columns: int, reduction: int, spec: CpuSpec) -> int:
-    """Output channel blocks a convolution should compute: ``blocks``, or one more where no register tile of
-    several blocks divides them (125 blocks: SqueezeNet's 1000 classes at AVX2; 29: ShuffleNetV2's 232 channels)
-    and the cycle model (:func:`register_tile`, :func:`_row_cycles`) puts the padded convolution ahead by more than
-    the extra block's share (1 / ``blocks``), which the padded tensor's consumers pay once more (the next
-    convolution's reduction, the slice of the real channels). A one-block tile loads a weight vector and a broadcast
-    per column for one multiply-add each, so at 16 registers (1 x 7) it is bound by loads, not multiply-adds; at 32
-    (1 x 14 or wider) it loses less (the AVX-512 block counts of the torchvision exports, 5, 7 and 13, keep
-    theirs). Measured at AVX2 (one thread, Zen 5): SqueezeNet's 1x1 512 -> 1000 at 13x13, 125 blocks 1787 us,
-    126 blocks 1376 us (:mod:`tvm_memplan.relax.channel_pad` pads them). Not at one output column (a
-    squeeze-and-excitation convolution after a global pool): a matrix-vector product, whose every weight vector
-    serves one multiply-add whatever the tile, is bound by loading the weights."""
+    """Output channel blocks a convolution should compute: ``blocks``, or one more where no register tile of several
+    blocks divides them (125 blocks: SqueezeNet's 1000 classes at AVX2; 29: ShuffleNetV2's 232 channels) and the
+    cycle model (:func:`register_tile`, :func:`_row_cycles`) puts the padded convolution ahead by more than the
+    extra block's share (1 / ``blocks``), which the padded tensor's consumers pay once more (the next convolution's
+    reduction, the slice of the real channels). A one-block tile loads a weight vector and a broadcast per column
+    for one multiply-add each, so at 16 registers (1 x 7) it is bound by loads, not multiply-adds; at 32 (1 x 14 or
+    wider) it loses less (the AVX-512 block counts of the torchvision exports keep theirs: 13 takes 1 x 14, 5 and 7
+    a tile of all their blocks, :func:`channel_tiles`). Measured at AVX2 (one thread, Zen 5): SqueezeNet's 1x1 512
+    -> 1000 at 13x13, 125 blocks 1787 us, 126 blocks 1376 us (:mod:`tvm_memplan.relax.channel_pad` pads them). Not
+    at one output column (a squeeze-and-excitation convolution after a global pool): a matrix-vector product, whose
+    every weight vector serves one multiply-add whatever the tile, is bound by loading the weights."""
     if columns == 1 or blocks <= MAX_CHANNEL_TILE or any(blocks % d == 0 for d in range(2, MAX_CHANNEL_TILE + 1)):
         return blocks
 
