@@ -45,8 +45,9 @@ def program_of(
     NCHW (a stem reads its input as ``NCHW1c``, a view).
     """
     program = _fused_program(mod, alignment, block)[0]
-    if inputs_in_arena:
+    if inputs_in_arena:  # the input itself is in the arena (a blocked copy beside it is not simulated)
         program.sizes.update({param.name: nbytes(param) for param in mod["main"].params})
+        program.layout_copies = frozenset()
     return program
 
 
@@ -163,7 +164,8 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
     # a blocked build writes a returned blocked tensor into the arena and transforms it to the NCHW output
     returned -= {v for v in blocked if not any(b.var == v and isinstance(b.value, relax.Var) for b in bindings)}
     tensor: dict[relax.Var, str] = {p: p.name for p in func.params}
-    sizes: dict[str, int] = _blocked_inputs(func, bindings, block) if block is not None else {}
+    copies = _blocked_inputs(func, bindings, block) if block is not None else {}
+    sizes: dict[str, int] = dict(copies)
     aliases: dict[str, str] = {}
     kernel_of: dict[str, str] = {}
     steps: list[Step] = []
@@ -230,7 +232,7 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
         kept = tuple(t for t in step.overwrites if t not in reduced.get(kernel_of[step.name], ()))
         if kept != step.overwrites:
             steps[i] = replace(step, overwrites=kept)
-    return Program(steps, sizes, aliases), kernel_of
+    return Program(steps, sizes, aliases, frozenset(copies)), kernel_of
 
 
 def _blocked_inputs(func: relax.Function, bindings: list[relax.VarBinding], block: int) -> dict[str, int]:
