@@ -145,9 +145,10 @@ def floor_report(
     ``--fused-tiles``), else per kernel."""
     mod = normalize(to_relax(model))
     mod = in_order(mod, outcome.order) if outcome.order else mod
-    program = program_of(mod, DEFAULT_ALIGNMENT)
-    chains = find_chains(mod)
+    # the search's program and chains (deploy.split): tensors sized as the layout holds them
     block = layout_block(tvm.target.Target.from_device("cpu"), layout)
+    program = program_of(mod, DEFAULT_ALIGNMENT, block=block)
+    chains = find_chains(mod, block)
     chains = in_channel_blocks(chains, block) if block else chains
     floor = simulated_floor(program, chains, floor_seconds)
     report = {"floor": (peak(program).bytes, floor.peak_bytes), "held": None}

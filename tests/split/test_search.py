@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tvm_memplan.split.search import Point, _fewer_tiles, pareto, search
 from tvm_memplan.split.simulate import Branch, Chain, Program, SplitChoice, Step, peak, split_program
 
-from .programs import inverted_residual
+from .programs import inverted_residual, row_pipeline
 
 
 @settings(max_examples=60, deadline=None)
@@ -305,3 +305,20 @@ def test_two_searches_that_read_the_same_retimings_return_the_same_plan(firsts, 
 
     one, two = runs(), runs()
     assert one.best == two.best and one.front == two.front and one.retimed == two.retimed
+
+
+def test_a_chain_that_moves_a_border_leaves_the_chain_it_cuts_into_its_other_bindings():
+    """Chosen: a..b and c..f in 4 row tiles each, b whole between them. a..d alone (c..f dropped leaves e
+    whole) and e..f alone (c whole beside b) each raise the peak; a..d with the rest of c..f, e..f, split
+    as c..f was, lowers it: the border moves from b to d in one step."""
+    program, chains = row_pipeline({"a": 64, "b": 24, "c": 64, "d": 4, "e": 96, "f": 4})
+    chosen = (SplitChoice(chains["a", "b"], 4), SplitChoice(chains["c", "f"], 4))
+    now = peak(split_program(program, list(chosen))).bytes
+    for alone in ([SplitChoice(chains["a", "d"], 4)], [chosen[0], SplitChoice(chains["e", "f"], 4)]):
+        assert peak(split_program(program, alone)).bytes > now
+    moved = [SplitChoice(chains["a", "d"], 4), SplitChoice(chains["e", "f"], 4)]
+    assert peak(split_program(program, moved)).bytes < now
+    candidates = [chains["a", "b"], chains["c", "f"], chains["a", "d"], chains["e", "f"]]
+    result = search(program, candidates, 1.0, lambda chain, parts: 0.0, budget=1e9, start_from=chosen)
+    assert {c.chain for c in result.best.choices} == {chains["a", "d"], chains["e", "f"]}
+    assert result.best.peak_bytes <= peak(split_program(program, moved)).bytes

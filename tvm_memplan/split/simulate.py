@@ -75,6 +75,10 @@ class Program:
     """Bytes of every tensor the arena holds (absent: outside the arena)."""
     aliases: dict[str, str] = field(default_factory=dict)
     """Binding name → the tensor it writes (fused elementwise ops write their producer's)."""
+    layout_copies: frozenset[str] = frozenset()
+    """Inputs the arena holds as a copy in the build's blocked layout for the whole kernels that read them. A
+    tile slices its rows out of the NCHW input and transforms the slice (both live at the transform), so a
+    copy that only tiles read is not made."""
 
     def tensor(self, binding: str) -> str:
         return self.aliases.get(binding, binding)
@@ -185,7 +189,10 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
         chain = choice.chain
         for name in {program.tensor(b) for b in chain.tiled} - {program.tensor(chain.final)}:
             sizes.pop(name, None)
-    return Program(steps, sizes, dict(program.aliases))
+    for name in program.layout_copies:  # read by tiles alone, which slice the NCHW input: no whole copy
+        if not any(name in s.reads for s in steps if s.name in position):
+            sizes.pop(name, None)
+    return Program(steps, sizes, dict(program.aliases), program.layout_copies)
 
 
 def _branch_steps(
@@ -322,7 +329,12 @@ def _spatial_op_steps(
         if (lo, hi) != (0, op.window.rows_in):
             copy = f"{op.outside[0]}#{chain.head}#{t}"
             sizes[copy] = (hi - lo) * op.copied_row_bytes * at_once
-            steps.append(Step(copy, copy, outer))
+            if op.outside[0] in program.layout_copies:  # the NCHW slice, then its blocked copy
+                sizes[f"{copy}#nchw"] = sizes[copy]
+                steps.append(Step(f"{copy}#nchw", f"{copy}#nchw", outer))
+                steps.append(Step(copy, copy, (f"{copy}#nchw",)))
+            else:
+                steps.append(Step(copy, copy, outer))
             reads += (copy,)
     accumulated = (final,) if into_final and t else ()
     steps.append(Step(f"{tensor}#{chain.head}#{t}", tile, reads + outer + accumulated + placed))

@@ -20,7 +20,7 @@ from ...split.simulate import Program, Step, peak
 from ..ir_utils import op_name, static_shape, top_level_bindings
 from ..module import with_blocks
 from .normalize import constant_bindings
-from .operators import DEQUANTIZE, ELEMENTWISE, QUANTIZE, blocked_tensors, nbytes
+from .operators import CONV, DEQUANTIZE, ELEMENTWISE, QUANTIZE, blocked_tensors, nbytes
 
 
 def program_of(
@@ -45,8 +45,9 @@ def program_of(
     NCHW (a stem reads its input as ``NCHW1c``, a view).
     """
     program = _fused_program(mod, alignment, block)[0]
-    if inputs_in_arena:
+    if inputs_in_arena:  # the input itself is in the arena (a blocked copy beside it is not simulated)
         program.sizes.update({param.name: nbytes(param) for param in mod["main"].params})
+        program.layout_copies = frozenset()
     return program
 
 
@@ -160,8 +161,11 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
     for b in reversed(bindings):  # ``gv = lv4``: the tensor returned is lv4's
         if b.var in returned and isinstance(b.value, relax.Var):
             returned.add(b.value)
+    # a blocked build writes a returned blocked tensor into the arena and transforms it to the NCHW output
+    returned -= {v for v in blocked if not any(b.var == v and isinstance(b.value, relax.Var) for b in bindings)}
     tensor: dict[relax.Var, str] = {p: p.name for p in func.params}
-    sizes: dict[str, int] = {}
+    copies = _blocked_inputs(func, bindings, block) if block is not None else {}
+    sizes: dict[str, int] = dict(copies)
     aliases: dict[str, str] = {}
     kernel_of: dict[str, str] = {}
     steps: list[Step] = []
@@ -228,7 +232,26 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
         kept = tuple(t for t in step.overwrites if t not in reduced.get(kernel_of[step.name], ()))
         if kept != step.overwrites:
             steps[i] = replace(step, overwrites=kept)
-    return Program(steps, sizes, aliases), kernel_of
+    return Program(steps, sizes, aliases, frozenset(copies)), kernel_of
+
+
+def _blocked_inputs(func: relax.Function, bindings: list[relax.VarBinding], block: int) -> dict[str, int]:
+    """Inputs a blocked build copies into the arena as NCHW[x]c, by name, with their blocked bytes: those a
+    depthwise convolution, or a convolution whose input channels fill whole blocks, reads (the layout
+    pass's rule, :func:`~tvm_memplan.relax.layout.BlockedLayout`; a stem's 3 channels are read in place as
+    ``NCHW1c``). The copy lives from its first reader to its last, as the input does in the simulator."""
+    copied: dict[str, int] = {}
+    for b in bindings:
+        value = b.value
+        if op_name(value) != CONV or not isinstance(value.args[0], relax.Var) or value.args[0] not in func.params:
+            continue
+        data = static_shape(value.args[0].ty)
+        if data is None or len(data) != 4:
+            continue
+        depthwise = int(value.attrs.groups) == data[1] > 1
+        if depthwise or (data[1] % block == 0 and int(value.attrs.groups) == 1):
+            copied[value.args[0].name] = nbytes(value.args[0], block)
+    return copied
 
 
 def _pointwise_operands(value: relax.Call, var: relax.Var, tensor: dict, target: str) -> tuple[str, ...]:
