@@ -30,8 +30,9 @@ from ..schedule.blocks import NotApplicable, top_level_blocks
 from ..schedule.cpu import CpuSpec, cpu_spec
 from ..schedule.cpu.blocked_conv import BLOCKED_CONV
 from .channel_pad import PadChannels
+from .conv_layouts import CONV2D, conv2d_layouts, is_conv2d
 from .fold import FoldDataMovementConstants
-from .ir_utils import fold_inference_batch_norms
+from .ir_utils import fold_inference_batch_norms, static_shape
 from .tile_layout import BlockedTiles
 
 _BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
@@ -139,40 +140,12 @@ def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides, padding,
     )
 
 
-def _is_conv2d(call: relax.Call) -> bool:
-    return isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"
-
-
-def _static_shape(expr: relax.Expr) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    values = getattr(shape, "values", None)
-    if values is None or not all(isinstance(d, tirx.IntImm) for d in values):
-        return None
-    return [int(d) for d in values]
-
-
-def _is_depthwise(call: relax.Call) -> bool:
-    data, kernel = (_static_shape(arg) for arg in call.args[:2])
-    if data is None or kernel is None:
-        return False
-    return int(call.attrs.groups) == data[1] == kernel[0] and kernel[1] == 1
-
-
 def _desired_layouts(block: int):
-    """``ConvertLayout``'s per-call callback: depthwise convolutions keep one weight per channel
-    (``OIHW[x]o``), the others take ``OIHW[x]i[x]o``; a convolution whose input channels do not fill a
-    block (a stem's 3, which :func:`~.channel_pad.PadChannels` leaves) reads ``NCHW1c``, a view of NCHW,
-    with weights ``OIHW1i[x]o``, and writes ``NCHW[x]c``, as MLAS's NCHW-input convolution does."""
+    """``ConvertLayout``'s per-call callback: each convolution's :func:`~.conv_layouts.conv2d_layouts`."""
 
     def layouts(call: relax.Call) -> dict[str, list[str]]:
-        if not _is_conv2d(call) or str(call.attrs.data_layout) != "NCHW" or str(call.attrs.kernel_layout) != "OIHW":
-            return {}
-        if _is_depthwise(call):
-            return {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}o"]}
-        data = _static_shape(call.args[0])
-        if data is not None and data[1] % block and int(call.attrs.groups) == 1:
-            return {"relax.nn.conv2d": ["NCHW1c", f"OIHW1i{block}o", f"NCHW{block}c"]}
-        return {"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
+        chosen = conv2d_layouts(call, block)
+        return {CONV2D: chosen} if chosen else {}
 
     return layouts
 
@@ -240,7 +213,7 @@ class _LowerBlockedConv(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not _is_conv2d(call):
+        if not is_conv2d(call):
             return call
         attrs = call.attrs
         if not all(_BLOCKED_DATA.fullmatch(str(layout)) for layout in (attrs.data_layout, attrs.out_layout)):
@@ -277,7 +250,7 @@ class _UnitBlocksAsReshape(relax.PyExprMutator):
             return call
         if call.attrs.pad_value is not None or not unit_axes_dropped(call.attrs.index_map):
             return call
-        shape = _static_shape(call)
+        shape = static_shape(call.ty)
         return call if shape is None else relax.op.reshape(call.args[0], shape)
 
 

@@ -17,10 +17,11 @@ from ...planning.concat import concat_slices
 from ...planning.order import OrderGraph, search_order
 from ...quant.qdq_graph import has_qdq
 from ...split.simulate import Program, Step, peak
+from ..conv_layouts import conv2d_layouts
 from ..ir_utils import op_name, static_shape, top_level_bindings
 from ..module import with_blocks
 from .normalize import constant_bindings
-from .operators import CONV, DEQUANTIZE, ELEMENTWISE, QUANTIZE, blocked_tensors, nbytes
+from .operators import DEQUANTIZE, ELEMENTWISE, QUANTIZE, blocked_tensors, nbytes
 
 
 def program_of(
@@ -162,7 +163,7 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
         if b.var in returned and isinstance(b.value, relax.Var):
             returned.add(b.value)
     # a blocked build writes a returned blocked tensor into the arena and transforms it to the NCHW output
-    returned -= {v for v in blocked if not any(b.var == v and isinstance(b.value, relax.Var) for b in bindings)}
+    returned -= {b.var for b in bindings if b.var in blocked and not isinstance(b.value, relax.Var)}
     tensor: dict[relax.Var, str] = {p: p.name for p in func.params}
     copies = _blocked_inputs(func, bindings, block) if block is not None else {}
     sizes: dict[str, int] = dict(copies)
@@ -237,19 +238,16 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
 
 def _blocked_inputs(func: relax.Function, bindings: list[relax.VarBinding], block: int) -> dict[str, int]:
     """Inputs a blocked build copies into the arena as NCHW[x]c, by name, with their blocked bytes: those a
-    depthwise convolution, or a convolution whose input channels fill whole blocks, reads (the layout
-    pass's rule, :func:`~tvm_memplan.relax.layout.BlockedLayout`; a stem's 3 channels are read in place as
-    ``NCHW1c``). The copy lives from its first reader to its last, as the input does in the simulator."""
+    convolution reads in ``NCHW[x]c`` (:func:`~..conv_layouts.conv2d_layouts`, the layout pass's rule; a
+    stem's 3 channels are read in place as ``NCHW1c``). The copy lives from its first reader to its last,
+    as the input does in the simulator."""
     copied: dict[str, int] = {}
     for b in bindings:
         value = b.value
-        if op_name(value) != CONV or not isinstance(value.args[0], relax.Var) or value.args[0] not in func.params:
+        if not isinstance(value, relax.Call) or not value.args or value.args[0] not in func.params:
             continue
-        data = static_shape(value.args[0].ty)
-        if data is None or len(data) != 4:
-            continue
-        depthwise = int(value.attrs.groups) == data[1] > 1
-        if depthwise or (data[1] % block == 0 and int(value.attrs.groups) == 1):
+        layouts = conv2d_layouts(value, block)
+        if layouts is not None and layouts[0] == f"NCHW{block}c":
             copied[value.args[0].name] = nbytes(value.args[0], block)
     return copied
 
