@@ -208,6 +208,7 @@ def test_plan_split_bad_requests_give_one_line_and_exit_2(capsys, tmp_path, argv
         assert "the smallest found peaks at" in err and "latency (estimated); try" in err
         blocked = channel_block(tvm.target.Target.from_device("cpu")) is not None
         assert ("--layout nchw" in err) == blocked and "a larger --memory-limit" in err
+        assert "--fused-tiles auto" in err
 
 
 def test_a_split_search_that_keeps_the_plan_unsplit_says_why_and_what_to_try(capsys, monkeypatch, tmp_path):
@@ -230,6 +231,7 @@ def test_a_split_search_that_keeps_the_plan_unsplit_says_why_and_what_to_try(cap
     assert advice.startswith("kept unsplit: the smallest plan found peaks at") and "+20.0% (estimated)" in advice
     assert re.search(r"--latency-budget 0\.21\b", advice)  # the next hundredth over +20 %: a budget that admits it
     assert ("--layout nchw" in advice) == summary["layout"].startswith("blocked")
+    assert "--fused-tiles auto" in advice  # the search ran per kernel (the default) on a float model
     code, out, _ = run_cli(capsys, *argv)  # the text report: the same line in the split rows
     assert code == 0 and "smaller plan" in out and "kept unsplit: the smallest plan found" in " ".join(out.split())
 

@@ -481,7 +481,7 @@ def smaller_plan_advice(split) -> str | None:
     # 80 KiB planned against 40 KiB simulated), so the smallest point's peak is no limit that takes it
     # the next hundredth above the cost (0.115 -> 0.12; a cost of 0.2 less a rounding error -> 0.21, not 0.20)
     takes = [f"--latency-budget {math.floor(cost * 100 + 1e-6) / 100 + 0.01:.2f}"] if cost > split.budget else []
-    takes += smaller_plan_options(result, split.block)
+    takes += smaller_plan_options(result, split.block, split.fusable)
     return (
         f"{kept}: the smallest plan found peaks at {human_bytes(smallest.peak_bytes)} simulated "
         f"({original.peak_bytes / smallest.peak_bytes:.2f}x lower) for {cost:+.1%} (estimated), {over}"
