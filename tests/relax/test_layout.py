@@ -205,3 +205,40 @@ def test_a_dense_block_runs_blocked_as_onnxruntime_with_the_planned_allocations(
     result = verify_plan(plan, stock=False)
     assert result.problems == []
     assert result.trace_matches_plan
+
+
+def _fire_module(path) -> str:
+    """SqueezeNet's fire module on a 16-channel input: two expand convolutions read the input, a concat joins them,
+    a squeeze convolution reduces them."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["e1"]),
+        helper.make_node("Relu", ["e1"], ["r1"]),
+        helper.make_node("Conv", ["x", "w3"], ["e3"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["e3"], ["r3"]),
+        helper.make_node("Concat", ["r1", "r3"], ["c"], axis=1),
+        helper.make_node("Conv", ["c", "ws"], ["y"]),
+    ]
+    shapes = {"w1": [32, 16, 1, 1], "w3": [32, 16, 3, 3], "ws": [16, 64, 1, 1]}
+    initializers = [
+        numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n) for n, s in shapes.items()
+    ]
+    return save_graph(path, "fire", nodes, ([1, 16, 12, 12], [1, 16, 12, 12]), initializers)
+
+
+def test_an_input_read_by_two_blocked_convolutions_is_transformed_once(tmp_path) -> None:
+    """ConvertLayout transforms an input once per blocked consumer; a split chain measured alone read its input
+    through one transform per tile."""
+    model = load_model(_fire_module(tmp_path / "fire.onnx"))
+    with HOST:
+        blocked = BlockedLayout(16)(to_relax(model))
+    param = blocked["main"].params[0]
+    transforms = op_calls(blocked, "relax.layout_transform")
+    assert len([c for c in transforms if c.args[0].same_as(param)]) == 1
+    assert len(transforms) == 2  # the input into blocks, the output out of them
+    if channel_block(HOST) is None:
+        pytest.skip("this CPU has no vectors of 8 or more float32 lanes")
+    plan = plan_model(model, HOST, layout="blocked", order="program")
+    result = verify_plan(plan, stock=False)
+    assert result.problems == []
+    assert result.trace_matches_plan

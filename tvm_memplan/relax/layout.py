@@ -254,6 +254,36 @@ class _UnitBlocksAsReshape(relax.PyExprMutator):
         return call if shape is None else relax.op.reshape(call.args[0], shape)
 
 
+@relax.expr_functor.mutator
+class _ParameterTransformOnce(relax.PyExprMutator):
+    """A parameter that several consumers read blocked is transformed once, not once per consumer
+    (``ConvertLayout`` inserts a ``layout_transform`` before each): a split chain measured alone
+    (:func:`~tvm_memplan.relax.split.chain_module`) read its NCHW input through one transform per
+    tile's head convolution, which the chain in its model, whose input is already blocked, never runs."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.params: set[relax.Var] = set()
+        self.done: dict[tuple[relax.Var, str], relax.Var] = {}
+
+    def visit_function_(self, func: relax.Function) -> relax.Expr:
+        self.params, self.done = set(func.params), {}
+        return super().visit_function_(func)
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        is_transform = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+        if not (is_transform and value.op.name == "relax.layout_transform" and value.args[0] in self.params):
+            super().visit_var_binding_(binding)
+            return
+        key = (value.args[0], str(value.attrs.index_map) + str(value.attrs.pad_value))
+        if key in self.done:
+            self.set_var_remap(binding.var, self.done[key])
+            return
+        super().visit_var_binding_(binding)
+        self.done[key] = self.visit_expr(binding.var)
+
+
 def _rewrite(mutator: type, name: str) -> tvm.transform.Pass:
     """A module pass that runs ``mutator`` over every Relax function."""
 
@@ -279,6 +309,7 @@ def BlockedLayout(block: int, spec: CpuSpec | None = None) -> tvm.transform.Pass
             relax.transform.DeadCodeElimination(),  # the Clip bounds' PrimFuncs, the batch norms' tuples
             PadChannels(block, spec),
             relax.transform.ConvertLayout({}, _desired_layouts(block)),
+            _rewrite(_ParameterTransformOnce, "tvm_memplan.ParameterTransformOnce"),
             FoldDataMovementConstants(),
             BlockedTiles(conv2d_nchwc),
             _rewrite(_UnitBlocksAsReshape, "tvm_memplan.UnitBlocksAsReshape"),
