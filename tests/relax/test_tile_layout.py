@@ -139,7 +139,7 @@ def test_a_fused_chain_takes_and_gives_blocked_tensors(net):
     (chain,) = [name for name in counts if name.startswith("chain_tiles")]
     assert chain.endswith("_blocked")
     assert counts[chain] == 4  # one per tile, of the input's rows
-    assert counts["main"] < _all_transforms(_blocked(net))["main"]
+    assert counts["main"] <= _all_transforms(_blocked(net))["main"]
     with TARGET:  # the tiles read their rows of the input in place: no copy of them in the tile loop
         fused = tvm.transform.Sequential(stage_passes(TARGET, layout="blocked").dataflow)(split)
     (kernel,) = [f for gv, f in fused.functions.items() if gv.name_hint.endswith("_fused")]
