@@ -203,12 +203,15 @@ def _branch_steps(
     chain, parts = choice.chain, choice.parts
     by_name = {s.name: s for s in program.steps}
     final = program.tensor(chain.final)
+    links = (branch.head, *branch.mids)
     joined = []
     if isinstance(chain, ChannelChain):
-        joined = ([program.tensor(chain.concat)] if chain.concat else []) + [program.tensor(b) for b in chain.post]
+        # a concat's tile is the branch's last tile: a tensor of its own only where the branch writes into it
+        concat = [program.tensor(chain.concat)] if chain.concat else []
+        own_tensors = {program.tensor(b) for b in links}
+        joined = [t for t in concat if t in own_tensors] + [program.tensor(b) for b in chain.post]
     shared = [t for t in dict.fromkeys(joined) if t != final]
     group = {program.tensor(b) for b in chain.tiled}
-    links = (branch.head, *branch.mids)
     own = [t for t in dict.fromkeys(program.tensor(b) for b in links) if t not in shared and t != final]
     readers = links + ((branch.pool,) if branch.pool else ())
     outer = list(dict.fromkeys(r for b in readers for r in by_name[b].reads if r not in group))
