@@ -164,7 +164,9 @@ class ChannelChain(Chain):
 
     @property
     def fusable(self) -> bool:
-        return self.tail is not None and len(self.branches) == 1
+        """With a tail (its tiles accumulate into the tail's output in place); a branching chain's
+        branches then run one after another in its kernel, where its last head ran."""
+        return self.tail is not None
 
     def channel_offset(self, index: int) -> int:
         """Where branch ``index``'s channels start in the joined tensor."""

@@ -11,7 +11,7 @@ produces is computed for the plan the search keeps.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..planning.lifetimes import tensor_lifetimes
 from .chain import SPATIAL_PARTS, Branch, Chain, ChannelChain, RowChain, SpatialChain, SplitChoice, disjoint
@@ -150,17 +150,21 @@ def in_place(program: Program, lifetimes: dict[str, tuple[int, int]]) -> dict[st
 
 def split_program(program: Program, choices: list[SplitChoice]) -> Program:
     """The program with every chosen chain run tile by tile: each branch's tiles where its head
-    ran, or a chain with an anchor right after the anchor (as the rewriter emits them), the
-    chains' other bindings gone."""
+    ran (a branching chain run as one kernel: all of them where its last head ran), or a chain with
+    an anchor right after the anchor (as the rewriter emits them), the chains' other bindings gone."""
     position = {step.name: i for i, step in enumerate(program.steps)}
-    at: dict[int, tuple[SplitChoice, Branch]] = {}
+    at: dict[int, list[tuple[SplitChoice, Branch]]] = {}
     anchored: dict[str, SplitChoice] = {}
     for choice in choices:
         if choice.chain.anchor is not None:
             anchored[choice.chain.anchor] = choice
             continue
         for branch in choice.chain.branches:
-            at[position[branch.head]] = (choice, branch)
+            if choice.fused:  # one kernel: every branch where the last head ran, as the rewriter emits them
+                last = max(position[b.head] for b in choice.chain.branches)
+                at.setdefault(last, []).append((choice, branch))
+            else:
+                at.setdefault(position[branch.head], []).append((choice, branch))
     inside = {name for c in choices for name in c.chain.bindings}
     steps: list[Step] = []
     sizes = dict(program.sizes)
@@ -176,7 +180,10 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
     for i, step in enumerate(program.steps):
         done = []
         if i in at:
-            done = emit(*at[i])
+            start = len(steps)
+            done = [name for choice, branch in at[i] for name in emit(choice, branch)]
+            if any(choice.fused and len(choice.chain.branches) > 1 for choice, _ in at[i]):
+                _inputs_live_to_the_end(steps, start)
         elif step.name not in inside:
             steps.append(step)
             done = [step.name]
@@ -193,6 +200,15 @@ def split_program(program: Program, choices: list[SplitChoice]) -> Program:
         if not any(name in s.reads for s in steps if s.name in position):
             sizes.pop(name, None)
     return Program(steps, sizes, dict(program.aliases), program.layout_copies)
+
+
+def _inputs_live_to_the_end(steps: list[Step], start: int) -> None:
+    """A branching chain run as one kernel (``steps[start:]``) takes every branch's inputs as arguments of
+    one call: they live until its last step, not only until their branch's last tile."""
+    inner = {s.writes for s in steps[start:]}
+    outer = [r for s in steps[start:] for r in s.reads if r not in inner]
+    last = steps[-1]
+    steps[-1] = replace(last, reads=tuple(dict.fromkeys(last.reads + tuple(outer))))
 
 
 def _branch_steps(

@@ -136,6 +136,14 @@ class _SplitRewriter(PyExprMutator):
         # a chain module (the chain alone) has its anchor as a parameter: tiles run at the head
         self.anchored = {c.chain.anchor: c for c in choices if c.chain.anchor in self.table}
         self.deferred = {c.chain for c in self.anchored.values()}
+        position = {name: i for i, name in enumerate(self.table)}
+        self.last_head = {
+            c.chain: max((b.head for b in c.chain.branches), key=position.__getitem__)
+            for c in choices
+            if c.fused and len(c.chain.branches) > 1
+        }
+        """A branching chain run as one kernel: all its branches run where its last head was (the
+        bindings between its heads, which may compute a branch's input, before them)."""
         self.begins: dict[Chain, relax.Var] = {}
         self.markers: list[tuple[relax.Var, relax.Var, int, int]] = []
         """Where the tiles of each chain to run as one kernel begin and end (see :mod:`.outline`)."""
@@ -150,6 +158,12 @@ class _SplitRewriter(PyExprMutator):
             done = [name]
         elif entry[0].chain in self.deferred:
             return
+        elif entry[0].chain in self.last_head:
+            if name != self.last_head[entry[0].chain]:
+                return
+            for index in range(len(entry[0].chain.branches)):
+                self._emit_branch(entry[0], index)
+            done = list(entry[0].chain.bindings)
         else:
             self._emit_branch(*entry)
             done = list(entry[0].chain.bindings) if not self.left[entry[0].chain] else []
