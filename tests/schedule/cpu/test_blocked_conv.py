@@ -256,3 +256,27 @@ def test_a_wide_channel_tile_computes_what_the_unscheduled_kernel_computes(chann
     assert rule == "blocked_conv"
     assert f"T.unroll(T.int64({channels_out // 16}))" in new_func.script()
     np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
+
+
+def _partial_sum_conv() -> tirx.PrimFunc:
+    """SqueezeNet's classifier in 2 channel tiles in NCHW16c, as the blocked split tiles build it: a partial sum
+    over 8 input blocks added to the running sum (63 output blocks at 13x13), whose column partition TVM's
+    ``loop_partition`` rejects."""
+    from tvm import te
+
+    from tvm_memplan.relax.layout import conv2d_nchwc
+
+    x, w, acc = (
+        te.placeholder([tirx.IntImm("int64", d) for d in shape], "float32")
+        for shape in ((1, 8, 13, 13, 16), (63, 8, 1, 1, 16, 16), (1, 63, 13, 13, 16))
+    )
+    conv = conv2d_nchwc(x, w, [1, 1], [0, 0, 0, 0], [1, 1], "float32")
+    out = te.compute(acc.shape, lambda *i: conv(*i) + acc(*i), name="T_add")
+    return te.create_prim_func([x, w, acc, out]).with_attr("tirx.noalias", True)
+
+
+def test_a_partial_sum_whose_columns_tvm_cannot_partition_is_left_to_the_next_rule() -> None:
+    func = _partial_sum_conv()
+    scheduled = schedule_function(func, AVX512)
+    assert scheduled is not None and scheduled[1] != "blocked_conv"
+    np.testing.assert_allclose(_run(scheduled[0]), _run(func), rtol=1e-5, atol=1e-5)
