@@ -181,9 +181,11 @@ def test_per_kernel_tiles_with_a_line_buffer_compute_each_row_once_and_take_more
     more tiles than it recomputes its halos in."""
     program, chain = _stem(rows=24)
     spatial = replace(chain, line_buffer_parts=64)
-    assert chain.parts_ladder() == [2, 4, 8, 16] and spatial.parts_ladder() == [2, 4, 8, 16]
+    assert chain.parts_ladder() == [2, 4, 8, 16] and spatial.parts_ladder() == [2, 4, 8, 16, 24]
     more = replace(_stem(rows=96)[1], line_buffer_parts=64)
     assert more.parts_ladder() == [2, 4, 8, 16, 32, 64]
+    assert replace(_stem(rows=28)[1], line_buffer_parts=64).parts_ladder() == [2, 4, 8, 16, 28]  # a tile a row
+    assert _stem(rows=28)[1].parts_ladder() == [2, 4, 8, 16]
     rolling = SplitChoice(spatial, 8, rolling=True)
     assert not rolling.fused and rolling.concurrent_tiles == 1
     plan = spatial.rolling_rows(8)
