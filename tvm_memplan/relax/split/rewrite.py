@@ -364,7 +364,8 @@ class _SplitRewriter(PyExprMutator):
             if kept is not None and value.args[0].name in tiles:
                 # its readers' rows are cut from the int8 buffer and dequantized again (see _rows_of)
                 tiles[value.args[0].name] = (buffer, rows.held)
-            dequantized = bb.emit(relax.Call(value.op, [buffer, *value.args[1:]], value.attrs, value.ty_args))
+            args = [buffer, *(self.visit_expr(a) for a in value.args[1:])]
+            dequantized = bb.emit(relax.Call(value.op, args, value.attrs, value.ty_args))
             return buffer, dequantized
         new = None
         if lo < hi:
