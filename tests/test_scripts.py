@@ -320,22 +320,25 @@ def _table_rows(text: str, heading: str) -> list[list[str]]:
 
 def test_bench_mcu_split_floor_names_what_holds_it(tmp_path):
     """The simulator's splitting floor of an int8 MobileNetV2 stem: below the unsplit peak, with the tensors that
-    hold it; chains of 9 windows tile the tensor that 6-window chains leave whole."""
+    hold it; chains of 9 windows tile the tensor that 6-window chains leave whole, and the device search's
+    line buffer (first row) goes below the floors of tiles that recompute their halos."""
     out = tmp_path / "floor.md"
     fixture = ROOT / "tests" / "fixtures" / "torchvision_mobilenet_v2_stem.torchscript.onnx"
     run_script("bench_mcu_split.py", str(fixture), "--out", str(out), "--floor-only", "--floor-seconds", "60")
     text = out.read_text()
     unsplit = float(text.split("Unsplit, the simulated peak is ", 1)[1].split(" KiB")[0].replace(",", ""))
     rows = _table_rows(text, "## The splitting floor")
-    assert [(r[0], r[1]) for r in rows] == [("6", "16"), ("6", "64"), ("9", "16"), ("9", "64")]
-    floors = {(r[0], r[1]): float(r[2].split()[0].replace(",", "")) for r in rows}
+    assert [(r[0], r[1]) for r in rows] == [("12", "64"), ("6", "16"), ("6", "64"), ("9", "16"), ("9", "64")]
+    assert [r[2] for r in rows] == ["line buffer or recomputed"] + ["recomputed"] * 4
+    floors = {(r[0], r[1]): float(r[3].split()[0].replace(",", "")) for r in rows}
     assert all(value < unsplit for value in floors.values())
-    assert all(r[4] != "none" and "KiB" in r[5] for r in rows)
-    searched = rows[0][5]
-    whole = [part for part in searched.split("; ") if not part.startswith("tile ")]
-    assert whole and whole[0].split(" (")[0] not in rows[2][5]  # left whole at 6 windows, tiled at 9
+    assert all(r[5] != "none" and "KiB" in r[6] for r in rows)
+    recomputed = rows[1][6]
+    whole = [part for part in recomputed.split("; ") if not part.startswith("tile ")]
+    assert whole and whole[0].split(" (")[0] not in rows[3][6]  # left whole at 6 windows, tiled at 9
     assert floors[("9", "16")] < floors[("6", "16")]
-    assert "rolling line buffer" in text
+    assert floors[("12", "64")] < min(v for k, v in floors.items() if k != ("12", "64"))
+    assert "line buffer" in rows[0][5] and "What holds it: tile " in text
 
 
 @pytest.mark.slow

@@ -14,10 +14,11 @@ import tvm
 
 from tvm_memplan.deploy.emit_c import emit_c
 from tvm_memplan.deploy.standalone import measure_c
-from tvm_memplan.quant.mcu_kernels import C_KERNELS, POINTWISE_KERNEL, ROW_COPY_KERNEL
+from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.quant.mcu_kernels import C_KERNELS, POINTWISE_KERNEL, ROW_COPY_KERNEL, ROW_PLACE_KERNEL
 from tvm_memplan.relax.ir_utils import top_level_bindings
-from tvm_memplan.relax.split import find_chains, normalize, split_chains
-from tvm_memplan.split.simulate import SplitChoice
+from tvm_memplan.relax.split import find_chains, normalize, program_of, split_chains
+from tvm_memplan.split.simulate import SplitChoice, peak, split_program
 
 from .conftest import SPLIT_LIMIT, needs_arm, run_cli_json
 
@@ -44,12 +45,17 @@ def test_split_int8_model_runs_on_the_emulated_m7_within_the_memory_limit(capsys
     assert measured["arena_bytes"] == measured["planned_arena_bytes"] == built["arena_bytes"]
 
 
+def _stem_choice(mod: tvm.IRModule, rolling: bool = False) -> SplitChoice:
+    """The first chain of three window kernels (the stem's) in three row tiles (``mod`` normalized)."""
+    order = {b.var.name: i for i, b in enumerate(top_level_bindings(mod["main"]))}
+    chains = [c for c in find_chains(mod) if not c.gathered and sum(op.window is not None for op in c.ops) == 3]
+    return SplitChoice(min(chains, key=lambda c: order[c.ops[0].name]), 3, rolling=rolling)
+
+
 def _stem_in_three_row_tiles(mod: tvm.IRModule) -> tvm.IRModule:
     """The first chain of three window kernels (the stem's), split into three row tiles."""
     mod = normalize(mod)
-    order = {b.var.name: i for i, b in enumerate(top_level_bindings(mod["main"]))}
-    chains = [c for c in find_chains(mod) if not c.gathered and sum(op.window is not None for op in c.ops) == 3]
-    return split_chains(mod, [SplitChoice(min(chains, key=lambda c: order[c.ops[0].name]), 3)])
+    return split_chains(mod, [_stem_choice(mod)])
 
 
 @needs_cc
@@ -81,3 +87,26 @@ def test_row_tiles_read_their_int8_input_rows_by_word_copies_on_the_emulated_m7(
     assert "strided_slice" not in kernels
     result = measure_c(directory, "qemu-cortex-m7")
     assert result.correct and result.arena_bytes == result.planned_arena_bytes, result
+
+
+@needs_arm
+def test_row_tiles_with_a_line_buffer_of_int8_rows_on_the_emulated_m7(int8_model, tmp_path):
+    """The stem's three row tiles keeping a line buffer, per kernel: each tile's kept int8 rows go to the top of
+    the next tile's buffer through :data:`ROW_PLACE_KERNEL` (not TVM's byte loop); the outputs agree with
+    onnxruntime as the unsplit build's do, and the arena is the plan's and the simulator's."""
+
+    def rolling(mod: tvm.IRModule) -> tvm.IRModule:
+        mod = normalize(mod)
+        return split_chains(mod, [_stem_choice(mod, rolling=True)])
+
+    split_dir, whole_dir = tmp_path / "rolling", tmp_path / "whole"
+    emitted = emit_c(str(int8_model), split_dir, "cortex-m7", prepare=rolling, order="program", int8_io=True)
+    emit_c(str(int8_model), whole_dir, "cortex-m7", order="program", int8_io=True)
+    assert [n for n in emitted.model.kernel_names if n.startswith("place_rows")] == ["place_rows"] * 2  # tiles 1, 2
+    kernels = (split_dir / "kernels.c").read_text()
+    assert len(re.findall(rf"\b{ROW_PLACE_KERNEL}\(", kernels)) == 1 + 1  # its definition, the kernel's call
+    split, whole = measure_c(split_dir, "qemu-cortex-m7"), measure_c(whole_dir, "qemu-cortex-m7")
+    assert split.correct and whole.correct and split.diff_lsb == whole.diff_lsb, (split, whole)
+    normalized = normalize(to_relax(load_model(str(int8_model))))
+    simulated = peak(split_program(program_of(normalized), [_stem_choice(normalized, rolling=True)])).bytes
+    assert split.arena_bytes == split.planned_arena_bytes == simulated < whole.arena_bytes

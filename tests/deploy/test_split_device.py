@@ -9,6 +9,7 @@ from pathlib import Path
 from tvm_memplan.deploy.chain_latency import DeviceInstructions
 from tvm_memplan.frontend import load_model, to_relax
 from tvm_memplan.relax.split import find_chains, normalize, split_chains
+from tvm_memplan.split.chain import SplitChoice
 
 from .conftest import SPLIT_LIMIT, needs_arm, run_cli, run_cli_json
 
@@ -53,8 +54,9 @@ def test_build_json_reports_the_device_search_in_instructions(capsys, int8_model
 
 
 @needs_arm
-def test_more_tiles_cost_more_instructions(int8_model, tmp_path):
-    """Each tile repeats its halo rows and its kernel calls: on the core, 4 tiles cost more than 2."""
+def test_more_tiles_cost_more_instructions_and_a_line_buffer_fewer(int8_model, tmp_path):
+    """Each tile repeats its halo rows and its kernel calls: on the core, 4 tiles cost more than 2; tiles that
+    keep a line buffer recompute no halo and cost fewer, and the measurer offers and keeps them."""
     mod = normalize(to_relax(load_model(str(int8_model))))
     chain = next(c for c in find_chains(mod) if not c.gathered and c.kind == "spatial")
     measurer = DeviceInstructions(
@@ -64,10 +66,14 @@ def test_more_tiles_cost_more_instructions(int8_model, tmp_path):
         lambda choices: lambda m: split_chains(normalize(m), choices),
         cache=tmp_path / "cache.jsonl",
     )
-    two, four = measurer(chain, 2), measurer(chain, 4)
+    two, four = (measurer.split_delta(SplitChoice(chain, parts)) for parts in (2, 4))
     assert 0 < two < four
     assert measurer.misses == 5  # the unsplit program, two split programs, two chain costs
-    assert measurer(chain, 4) == four and measurer.misses == 5
+    rolling = SplitChoice(chain, 4, rolling=True)
+    assert measurer.splits(chain, 4) == [SplitChoice(chain, 4), rolling]
+    assert measurer.split_delta(rolling) < four
+    assert measurer(chain, 4) == measurer.split_delta(rolling) and measurer.choice(chain, 4) == rolling
+    assert measurer.misses == 7
 
 
 def test_device_needs_its_core_as_target(capsys, int8_model):

@@ -84,11 +84,15 @@ def test_the_memory_order_of_an_int8_module_keeps_its_weights_first(normalized):
     assert peak(program_of(ordered)).bytes <= peak(program_of(normalized)).bytes
 
 
-@pytest.mark.parametrize("parts, gathered", [(2, False), (3, False), (3, True)])
-def test_int8_row_tiles_are_bit_identical_and_the_arena_shrinks(normalized, parts, gathered):
+@pytest.mark.parametrize(
+    "parts, gathered, rolling",
+    [(2, False, False), (3, False, False), (3, True, False), (3, False, True), (4, True, True)],
+)
+def test_int8_row_tiles_are_bit_identical_and_the_arena_shrinks(normalized, parts, gathered, rolling):
+    """Also with a line buffer (``rolling``): the rows a tile keeps for the next are int8 codes."""
     x = np.random.default_rng(1).standard_normal((1, 3, 24, 24)).astype("float32")
     (expected,), unsplit_trace = _run(normalized, x)
-    choice = SplitChoice(_stem_chain(normalized, gathered), parts)
+    choice = SplitChoice(_stem_chain(normalized, gathered), parts, rolling=rolling)
     split = split_chains(normalized, [choice])
     # every tile is an integer kernel; the float ops left are the rows of the float input each tile quantizes
     assert set(_kept_float(split)) == {"relax.strided_slice"}

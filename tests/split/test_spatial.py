@@ -173,3 +173,24 @@ def test_fused_tiles_on_workers_keep_a_tile_per_worker_live():
     assert SplitChoice(chain, 3, workers=2).concurrent_tiles == 1  # per-kernel tiles: one at a time
     assert two.sizes["a#a#1"] == 2 * one.sizes["a#a#1"] and two.sizes["d#a#1"] == 2 * one.sizes["d#a#1"]
     assert peak(two).bytes == 2 * (4 * 100 + 2 * 100) + 120
+
+
+def test_per_kernel_tiles_with_a_line_buffer_compute_each_row_once_and_take_more_tiles():
+    """Per-kernel tiles (not fused) may keep a line buffer too (a microcontroller's way): every row of the
+    depthwise input is computed once over the tiles, and with :attr:`line_buffer_parts` the chain is offered in
+    more tiles than it recomputes its halos in."""
+    program, chain = _stem(rows=24)
+    spatial = replace(chain, line_buffer_parts=64)
+    assert chain.parts_ladder() == [2, 4, 8, 16] and spatial.parts_ladder() == [2, 4, 8, 16, 24]
+    more = replace(_stem(rows=96)[1], line_buffer_parts=64)
+    assert more.parts_ladder() == [2, 4, 8, 16, 32, 64]
+    assert replace(_stem(rows=28)[1], line_buffer_parts=64).parts_ladder() == [2, 4, 8, 16, 28]  # a tile a row
+    assert _stem(rows=28)[1].parts_ladder() == [2, 4, 8, 16]
+    rolling = SplitChoice(spatial, 8, rolling=True)
+    assert not rolling.fused and rolling.concurrent_tiles == 1
+    plan = spatial.rolling_rows(8)
+    assert sum(hi - lo for lo, hi in (t["a"].computed for t in plan)) == 24  # each row of a once
+    assert sum(hi - lo for lo, hi in (t["a"] for t in spatial.tile_rows(8))) > 24  # recomputed halos
+    split = split_program(program, [rolling])
+    assert peak(split).bytes < peak(program).bytes
+    assert any(s.name.endswith("#kept") for s in split.steps)  # kept rows live between tiles

@@ -343,6 +343,25 @@ class DeviceInstructions(ChainLatency):
         fixed = [] if self.emit_options.get("requantize", "exact") == "exact" else ["fixed"]  # (the caches' old keys)
         self.context = "|".join((self.target.name, device, schedule, checks, *fixed, "instructions"))
 
+    def splits(self, chain: Chain, parts: int) -> list[SplitChoice]:
+        """The ways of :meth:`ChainLatency.splits` within the host's limits (spatial chains of at most
+        :data:`~tvm_memplan.relax.split.spatial_chains.SPATIAL_WINDOWS` windows in at most
+        :attr:`SpatialChain.max_parts` tiles: each recomputes its halos), and for a spatial chain whose tiles
+        share rows, per-kernel tiles with a rolling line buffer (TinyEngine's and MCUNetV2's way on a core
+        where a kernel call costs a few instructions): the longer chains and more tiles of
+        :data:`~tvm_memplan.relax.split.spatial_chains.LINE_BUFFER_WINDOWS` and
+        :attr:`SpatialChain.line_buffer_parts` run that way only."""
+        from ..relax.split import spatial_chains as spatial_module
+
+        if not isinstance(chain, SpatialChain):
+            return super().splits(chain, parts)
+        windows = sum(op.window is not None for op in chain.ops)
+        within = windows <= spatial_module.SPATIAL_WINDOWS and parts <= chain.max_parts
+        variants = super().splits(chain, parts) if within else []
+        if chain.has_halo(parts):
+            variants.append(SplitChoice(chain, parts, rolling=True))
+        return variants
+
     def split_delta(self, choice: SplitChoice) -> float:
         alone = chain_module(self.mod, choice.chain)
         key = "|".join((chain_signature(split_chains(alone, [choice])), f"delta{choice.parts}", self.context))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from ..quant.mcu_kernels import C_KERNELS, ROW_COPY_KERNEL
+from ..quant.mcu_kernels import C_KERNELS, ROW_KERNELS
 from ..schedule.cpu.int8_smlad import SMLAD_MICRO_KERNELS
 from .mcu_layers_c import LAYER_KERNELS
 
@@ -91,7 +91,7 @@ static inline __attribute__((always_inline)) int32_t {SMLAD_MICRO_KERNELS[2]}(
 }}
 """
 
-_EXTERNAL = (*SMLAD_MICRO_KERNELS.values(), *C_KERNELS, ROW_COPY_KERNEL)
+_EXTERNAL = (*SMLAD_MICRO_KERNELS.values(), *C_KERNELS, *ROW_KERNELS)
 _DECLARATION = re.compile(
     r'#ifdef __cplusplus\nextern "C"\n#endif\nTVM_DLL int32_t ' + f"(?:{'|'.join(_EXTERNAL)})" + r"\([^)]*\);\n"
 )
@@ -115,7 +115,7 @@ def with_micro_kernels(source: str, requantize: str = "exact") -> str:
         text
         for names, text in (
             (SMLAD_MICRO_KERNELS.values(), MICRO_KERNELS),
-            ((*C_KERNELS, ROW_COPY_KERNEL), LAYER_KERNELS),
+            ((*C_KERNELS, *ROW_KERNELS), LAYER_KERNELS),
         )
         if any(name in source for name in names)
     )

@@ -419,6 +419,15 @@ static inline __attribute__((always_inline)) int32_t tvm_memplan_copy_rows(
   for (int32_t p = 0; p < planes; ++p, x += x_plane, y += n) tvm_memplan_copy_row(y, x, n);
   return 0;
 }
+/* tvm_memplan_place_rows (mcu_kernels.ROW_PLACE_KERNEL): n bytes of each of `planes` planes packed in x, to y,
+ * y_plane bytes apart (a line buffer's kept rows at the top of the next row tile's buffer) */
+static inline __attribute__((always_inline)) int32_t tvm_memplan_place_rows(
+    void* x_, void* y_, int32_t planes, int32_t n, int32_t y_plane) {
+  const int8_t* x = (const int8_t*)x_;
+  int8_t* y = (int8_t*)y_;
+  for (int32_t p = 0; p < planes; ++p, x += n, y += y_plane) tvm_memplan_copy_row(y, x, n);
+  return 0;
+}
 /* a float rounded half to even (the FPSCR's default mode) to int32, saturating: VCVTR on a Cortex-M FPU */
 static inline __attribute__((always_inline)) int32_t tvm_memplan_round(float value) {
 #if defined(__ARM_FP) && (__ARM_FP & 4)

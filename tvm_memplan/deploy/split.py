@@ -20,7 +20,8 @@ from ..relax.ir_utils import top_level_bindings
 from ..relax.layout import layout_block
 from ..relax.pipeline import resolve_target
 from ..relax.split import describe_tensors, find_chains, in_order, memory_order, normalize, program_of, split_chains
-from ..split.chain import Chain, SplitChoice, in_channel_blocks
+from ..relax.split.spatial_chains import LINE_BUFFER_WINDOWS
+from ..split.chain import LINE_BUFFER_PARTS, Chain, SpatialChain, SplitChoice, in_channel_blocks
 from ..split.search import Point, SearchOptions, SearchResult, search_phased
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, STALE_RATIO, ChainLatency, DeviceInstructions
@@ -144,7 +145,13 @@ def search_split(
     else:  # the planner keeps (or sorts) the program order: so does the simulator
         order = tuple(b.var.name for b in top_level_bindings(mod["main"]))
     mod = in_order(mod, order)
-    chains = find_chains(mod, block)
+    if mcu_device is None:
+        chains = find_chains(mod, block)
+    else:  # longer spatial chains in more tiles, which keep a line buffer (DeviceInstructions.splits)
+        chains = [
+            replace(c, line_buffer_parts=LINE_BUFFER_PARTS) if isinstance(c, SpatialChain) else c
+            for c in find_chains(mod, block, LINE_BUFFER_WINDOWS)
+        ]
     if block is not None:  # a blocked layout cuts channels in whole blocks
         chains = in_channel_blocks(chains, block)
     if mcu_device is not None:

@@ -45,6 +45,11 @@ ROW_COPY_KERNEL = "tvm_memplan_copy_rows"
 """``(x, y, planes, n, x_plane, offset)``: ``n`` bytes of each of ``planes`` planes, from ``x + offset + p * x_plane``
 to ``y + p * n``: a row band of an NCHW tensor (a split row tile's input) copied as whole rows, a word or
 four (``LDM``/``STM``) at a time, where TVM's sliced copy moves a byte per loop step."""
+ROW_PLACE_KERNEL = "tvm_memplan_place_rows"
+"""``(x, y, planes, n, y_plane)``: ``n`` bytes of each of ``planes`` planes packed in ``x``, to ``y + p * y_plane``: the
+rows a line buffer kept from the previous row tile placed at the top of the next tile's buffer, copied as
+:data:`ROW_COPY_KERNEL` copies them."""
+ROW_KERNELS = (ROW_COPY_KERNEL, ROW_PLACE_KERNEL)
 MAX_WINDOW = 8
 """The largest window height the row caches hold."""
 MAX_ROWS = 32
@@ -174,6 +179,13 @@ def row_band(x: te.Tensor, begin: int, end: int) -> te.Tensor:
     return _extern((n, c, end - begin, w), [x], ROW_COPY_KERNEL, args, str(x.dtype))
 
 
+def placed_rows(x: te.Tensor, rows: int) -> te.Tensor:
+    """A batch-1 NCHW tensor of bytes as the first rows of a ``rows``-row tensor (the rows after them left for
+    the tile's new rows) as one call of :data:`ROW_PLACE_KERNEL`."""
+    n, c, kept, w = (int(d) for d in x.shape)
+    return _extern((n, c, rows, w), [x], ROW_PLACE_KERNEL, (n * c, kept * w, rows * w), str(x.dtype))
+
+
 def _constants(values: relax.Expr) -> list[int] | None:
     """The integers of a tuple of constants (None for anything else)."""
     fields = values.fields if isinstance(values, relax.Tuple) else None
@@ -254,10 +266,10 @@ def layer_written_into_rows(func: tirx.PrimFunc, full: tirx.Buffer, offset: int)
 
 
 def is_row_band(func: tirx.PrimFunc) -> bool:
-    """Whether ``func`` is :func:`row_band`'s call of :data:`ROW_COPY_KERNEL`."""
+    """Whether ``func`` is :func:`row_band`'s call of :data:`ROW_COPY_KERNEL` (or :func:`placed_rows`')."""
     block = getattr(func.body, "block", None)
     call = getattr(getattr(block, "body", None), "value", None)
-    return isinstance(call, tvm.ir.Call) and getattr(call.args[0], "value", None) == ROW_COPY_KERNEL
+    return isinstance(call, tvm.ir.Call) and getattr(call.args[0], "value", None) in ROW_KERNELS
 
 
 def is_layer_call(func: tirx.PrimFunc) -> bool:

@@ -25,7 +25,7 @@ from .offsets import BakeKernelOffsets, KernelOffsetParams, kernels_take_offsets
 from .passes import ArenaPlanBlockMemory, PlanReport
 from .reorder import OrderReport, ReorderForMemory
 from .tile_kernels import MergeTileKernels
-from .tile_writes import WriteTilesInPlace
+from .tile_writes import PlaceRowsByCopies, WriteTilesInPlace
 from .vector_math import VECTOR_MATH_LEGALIZE
 
 _SPBM = "StaticPlanBlockMemory"
@@ -88,20 +88,23 @@ def stage_passes(target: tvm.target.Target, schedule: str = "default", layout: s
     target whose vectors hold a channel block (:func:`~.layout.channel_block`), convolutions run in
     blocked channel layouts (:func:`~.layout.BlockedLayout`).
     On ``llvm`` targets float32 ``exp``, ``sigmoid``, SiLU and ``erf`` are legalized as arithmetic that vectorizes
-    (:mod:`.vector_math`); on a Cortex-M with the DSP extension, int8 row slices as whole-row copies
-    (:func:`~tvm_memplan.quant.mcu_kernels.legalize_row_slice`)."""
+    (:mod:`.vector_math`); on a Cortex-M with the DSP extension, int8 row slices and a line buffer's placed
+    rows as whole-row copies (:func:`~tvm_memplan.quant.mcu_kernels.legalize_row_slice`,
+    :func:`~.tile_writes.PlaceRowsByCopies`)."""
     backend = _backend_module(target)
     legalize = with_gpu_schedules(list(backend.legalize_passes(target)), backend.__name__.split(".")[-2], schedule)
     own_legalizations = {}
     if target.kind.name == "llvm":
         own_legalizations.update(VECTOR_MATH_LEGALIZE)
-    if target.kind.name == "c" and cpu_spec(target).int8_dot == "dsp-smlad":  # split row tiles' input rows
+    row_copies = target.kind.name == "c" and cpu_spec(target).int8_dot == "dsp-smlad"
+    if row_copies:  # split row tiles' input rows
         own_legalizations["relax.strided_slice"] = legalize_row_slice
     if own_legalizations:
         legalize = [
             tvm.relax.transform.LegalizeOps(own_legalizations) if p.info.name == "LegalizeOps" else p for p in legalize
         ]
     quantized = [LowerQDQ(target=target)] if target.kind.name in ("llvm", "c") else []
+    quantized += [PlaceRowsByCopies()] if row_copies else []  # an int8 line buffer's kept rows
     block = layout_block(target, layout)
     blocked = [BlockedLayout(block, cpu_spec(target))] if block else []
     before = (

@@ -22,6 +22,9 @@ from .spatial import RollingRows, RowOp, Rows, rolling_rows, tile_rows
 
 SPATIAL_PARTS = 16
 """Most row tiles a spatial chain is cut into: thinner tiles mostly recompute halos."""
+LINE_BUFFER_PARTS = 64
+"""Row tiles of a spatial chain whose tiles keep a line buffer, on a microcontroller (a kernel call costs a
+few instructions there, and a line buffer recomputes no halo: what more tiles pay is their kept rows' copies)."""
 
 
 def tile_ranges(parts: int, units: int, extent: int) -> list[tuple[int, int]]:
@@ -215,9 +218,26 @@ class SpatialChain(_OneBranch):
     instead of existing whole from the first tile on (the middle tiles, where the chain's peak is,
     hold less), for its size again at the end and a concat kernel (offered where strides made that
     tensor small)."""
+    line_buffer_parts: int = 0
+    """Tiles it may be cut into beyond :attr:`max_parts` when they keep a rolling line buffer
+    (:attr:`SplitChoice.rolling`: more tiles recompute no more rows, only copy the kept ones; offered on
+    microcontrollers, :data:`LINE_BUFFER_PARTS`); 0: none."""
 
     kind = "spatial"
     max_parts = SPATIAL_PARTS
+
+    def parts_ladder(self, limit: int = 64) -> list[int]:
+        """Powers of two up to the rows, :attr:`max_parts` or, with a line buffer, :attr:`line_buffer_parts`;
+        with a line buffer also a tile per row of the last tensor (MobileNetV2-1.0's chain from the stem to
+        a 28-row tensor: 28 tiles, where 16 left the 96x112x112 expansion's tile 9 rows and 32 do not fit)."""
+        most = min(self.units, limit, max(self.max_parts, self.line_buffer_parts))
+        ladder, parts = [], 2
+        while parts <= most:
+            ladder.append(parts)
+            parts *= 2
+        if self.line_buffer_parts and self.units == most and ladder and ladder[-1] < most:
+            ladder.append(most)
+        return ladder
 
     @property
     def name(self) -> str:
@@ -277,13 +297,14 @@ class SplitChoice:
     """Fused tiles of a spatial chain (independent tiles) run on this many threads at once, each
     worker with a scratch region of its own for its tile's buffers; 1: one tile at a time."""
     rolling: bool = False
-    """Fused tiles of a spatial chain keep the halo rows their next tile reads in a rolling line buffer
-    instead of recomputing them (:meth:`SpatialChain.rolling_rows`): the tiles of each worker run in
-    order, the first of them computing its halo."""
+    """The tiles of a spatial chain keep the halo rows their next tile reads in a rolling line buffer
+    instead of recomputing them (:meth:`SpatialChain.rolling_rows`): the tiles (of each worker, when fused)
+    run in order, the first of them computing its halo. Per kernel (not fused) on microcontrollers: one
+    call per operator and tile, the kept rows copied to the top of the next tile's buffer."""
 
     def __post_init__(self) -> None:
-        if self.rolling and not (self.fused and isinstance(self.chain, SpatialChain)):
-            raise ValueError("a rolling line buffer is for the fused tiles of a spatial chain")
+        if self.rolling and not isinstance(self.chain, SpatialChain):
+            raise ValueError("a rolling line buffer is for the tiles of a spatial chain")
 
     @property
     def concurrent_tiles(self) -> int:

@@ -46,22 +46,23 @@ _DIAMOND_OPS = 8
 """Operators an activation diamond may have (hard-swish has four): a longer walk is not one."""
 
 
-def find_chains(mod: tvm.IRModule, block: int | None = None) -> list[Chain]:
+def find_chains(mod: tvm.IRModule, block: int | None = None, windows: int | None = None) -> list[Chain]:
     """Every chain of ``main`` whose tensors the axis connection graph joins: channel chains
     (single branches from each ``groups=1`` convolution, and the branches of a channel concat with
     the per-channel operators after it), row chains and spatial chains. A QDQ (int8) module has
     spatial chains only: a row tile runs each integer kernel on some of its rows, exactly, where a
     channel chain's partial sums would be float tensors no integer kernel computes. ``block``: the
-    blocked layout's channels per block, whose padding a spatial chain's row tiles hold (None: NCHW)."""
+    blocked layout's channels per block, whose padding a spatial chain's row tiles hold (None: NCHW).
+    ``windows``: the most convolutions and pools of a spatial chain (:func:`spatial_chains`)."""
     index = FunctionIndex.of(mod, block)
     if has_qdq(mod["main"]):
-        return spatial_chains(index)
+        return spatial_chains(index, windows)
     branches = _channel_branches(index)
     return [
         *_channel_chains(index, branches),
         *_concat_chains(index, branches),
         *_row_chains(index),
-        *spatial_chains(index),
+        *spatial_chains(index, windows),
     ]
 
 

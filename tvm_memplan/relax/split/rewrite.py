@@ -334,17 +334,18 @@ class _SplitRewriter(PyExprMutator):
         carried: dict[str, relax.Expr] = {}  # rows an operator's previous tile kept for this one
         for t, need in enumerate(plan):
             tiles: dict[str, tuple[relax.Expr, Rows]] = {}
+            buffers: dict[str, relax.Expr] = {}  # the line buffer of each tile, int8 under a dequantize
             for i, op in enumerate(ops):
                 if op.name in need:
-                    tiles[op.name] = (
-                        self._emit_spatial_op(op, need[op.name], tiles, carried.pop(op.name, None)),
-                        need[op.name].held,
+                    buffers[op.name], value = self._emit_spatial_op(
+                        op, need[op.name], tiles, carried.pop(op.name, None)
                     )
+                    tiles[op.name] = (value, need[op.name].held)
                 following = plan[t + 1] if t + 1 < len(plan) else {}
                 for name, reader in last_reader.items():
                     rows = following.get(name)
                     if reader == i and name in tiles and rows is not None and rows.kept is not None:
-                        buffer, (lo, hi) = tiles[name]
+                        buffer, (lo, hi) = buffers[name], tiles[name][1]
                         if rows.kept == (lo, hi):  # the whole buffer is carried over (a full slice is a view)
                             carried[name] = buffer
                             continue
@@ -362,12 +363,24 @@ class _SplitRewriter(PyExprMutator):
 
     def _emit_spatial_op(
         self, op, rows: RollingRows, tiles: dict[str, tuple[relax.Expr, Rows]], kept: relax.Expr | None
-    ) -> relax.Expr:
+    ) -> tuple[relax.Expr, relax.Expr]:
         """One operator of a spatial chain on its rows of a tile: the rows it computes, under the rows
-        ``kept`` from its previous tile (a line buffer) when there are any."""
+        ``kept`` from its previous tile (a line buffer) when there are any. Returns the tile's line buffer
+        (the rows a next tile may keep) and its value. A QDQ model's ``dequantize`` keeps int8 rows: its
+        buffer is the int8 tile it dequantizes, so ``LowerQDQ`` still finds the integer kernel that reads it
+        and the rows kept are int8, as the simulator counts them."""
         bb = self.builder_
         value = self.table[op.name].value
         lo, hi = rows.computed
+        if self._dequantized(self.table[op.name].var):
+            codes = self._rows_of(value.args[0], (lo, hi), tiles) if lo < hi else None
+            buffer = codes if kept is None else self._place_kept(kept, rows, codes, lo)
+            if kept is not None and value.args[0].name in tiles:
+                # its readers' rows are cut from the int8 buffer and dequantized again (see _rows_of)
+                tiles[value.args[0].name] = (buffer, rows.held)
+            args = [buffer, *(self.visit_expr(a) for a in value.args[1:])]
+            dequantized = bb.emit(relax.Call(value.op, args, value.attrs, value.ty_args))
+            return buffer, dequantized
         new = None
         if lo < hi:
             if op.window is None:
@@ -386,8 +399,12 @@ class _SplitRewriter(PyExprMutator):
                     new = _emit_windowed_rows(bb, value, self.visit_expr(data), in_rows, top, bottom)
                 else:
                     new = bb.emit(_windowed(value, self._rows_of(data, in_rows, tiles), top, bottom))
-        if kept is None:
-            return new
+        buffer = new if kept is None else self._place_kept(kept, rows, new, lo)
+        return buffer, buffer
+
+    def _place_kept(self, kept: relax.Expr, rows: RollingRows, new: relax.Expr | None, lo: int) -> relax.Expr:
+        """A line buffer: the rows ``kept`` from the previous tile at its top, the ``new`` rows from ``lo`` below."""
+        bb = self.builder_
         shape = list(nchw(kept))
         shape[ROWS] = rows.held[1] - rows.held[0]
         ty = relax.TensorType(shape, str(kept.ty.dtype))

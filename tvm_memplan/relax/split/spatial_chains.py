@@ -29,7 +29,12 @@ from .operators import (
 SPATIAL_WINDOWS = 6
 """Convolutions and pools one spatial chain may span (a MobileNetV2 stem and its first block):
 each adds its halo to the rows the earlier ones recompute."""
+LINE_BUFFER_WINDOWS = 12
+"""Convolutions and pools a spatial chain may span on a microcontroller, whose tiles keep a line buffer
+(:attr:`~tvm_memplan.split.chain.SplitChoice.rolling`): no halo grows with the windows, and the 9 of a
+MobileNetV2 stem and its first three blocks cut the 96x112x112 expansion into tiles (MCUNetV2's patches)."""
 _SPATIAL_BINDINGS = 40
+"""Bindings a chain of :data:`SPATIAL_WINDOWS` windows may span (longer chains: as many per window)."""
 GATHER_BELOW = 4
 """A spatial chain is also offered with its last tiles concatenated once at the end when its last
 tensor is this many times smaller than its largest."""
@@ -130,13 +135,15 @@ def _copied_row_bytes(index: FunctionIndex, data: relax.Expr) -> int:
     return nbytes(source, index.block_of(source)) // shape[ROWS] if shape is not None else 0
 
 
-def spatial_chains(index: FunctionIndex) -> list[Chain]:
+def spatial_chains(index: FunctionIndex, windows: int | None = None) -> list[Chain]:
     """Spatial chains: from each convolution or pool reading a tensor from outside, the operators
     that read the chain and can be cut into rows (convolutions, pools, elementwise), up to every
     prefix whose tensors reach the rest of the program through its last one alone (made tile by
     tile into its rows). At least two convolutions or pools (one and its epilogue gain nothing),
-    at most :data:`SPATIAL_WINDOWS`; the rows of all tensors in one component of the axis
+    at most ``windows`` (None: :data:`SPATIAL_WINDOWS`); the rows of all tensors in one component of the axis
     connection graph (sliding-window axes join a tensor's rows to its consumer's)."""
+    most = SPATIAL_WINDOWS if windows is None else windows
+    most_bindings = max(_SPATIAL_BINDINGS, _SPATIAL_BINDINGS * most // SPATIAL_WINDOWS)
     bindings = index.bindings
     found = []
     for i, head in enumerate(bindings):
@@ -147,23 +154,23 @@ def spatial_chains(index: FunctionIndex) -> list[Chain]:
         if first is None or comp is None:
             continue
         ops, members, inside = [first], [i], {head.var}
-        windows = 1
+        count = 1
         for j in range(i + 1, len(bindings)):
             binding = bindings[j]
             if not any(v in inside for v in relax.analysis.free_vars(binding.value)):
                 continue
             op = _row_op(index, binding, inside, i)
-            if op is None or index.component(binding.var, ROWS) != comp or len(ops) == _SPATIAL_BINDINGS:
+            if op is None or index.component(binding.var, ROWS) != comp or len(ops) == most_bindings:
                 break
-            windows += op.window is not None
-            if windows > SPATIAL_WINDOWS:
+            count += op.window is not None
+            if count > most:
                 break
             ops.append(op)
             members.append(j)
             inside.add(binding.var)
             if (
                 index.escaping(members) != [binding.var]
-                or windows < 2
+                or count < 2
                 or op.rows < 2
                 or _epilogue_follows(index, binding.var)
                 or op_name(binding.value) == DEQUANTIZE
