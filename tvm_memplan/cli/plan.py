@@ -85,7 +85,7 @@ def split_search_options(group: argparse._ArgumentGroup, split_help: str) -> arg
         default=None,
         help="with --split acg: run a split chain's tiles as one kernel (every stage of a tile before the next): "
         "off (one kernel per operator and tile), on, or auto (per chain, the faster as measured; the default for "
-        "float models timed on this machine, off for int8 models and --device)",
+        "float models on llvm CPU targets, off for int8 models, other targets and --device)",
     )
     group.add_argument(
         "--device",
@@ -380,7 +380,7 @@ def run_split_search(
             schedule=args.schedule,
             progress=progress,
             cache=Path(args.split_cache) if args.split_cache else default_cache(),
-            fused_tiles=args.fused_tiles or default_fused_tiles(model, mcu_device),
+            fused_tiles=args.fused_tiles or default_fused_tiles(model, target, mcu_device),
             plan_options=plan_options,
             io_in_arena=io_in_arena,
             mcu_device=mcu_device,
@@ -393,14 +393,16 @@ def run_split_search(
         )
 
 
-def default_fused_tiles(model, mcu_device: str | None) -> str:
-    """``auto`` where the search times chains on this machine for a float model (a fused chain pays no
-    launch per tile: a blocked MobileNetV2-0.35 export keeps 3.49x, per-kernel tiles 1.07x); ``off`` for
-    int8 models (no merged tile kernel for them) and for an emulated core, where a call costs a few
-    instructions and the per-kernel tiles keep a line buffer."""
+def default_fused_tiles(model, target: str, mcu_device: str | None) -> str:
+    """``auto`` where the search times a float model's chains for an ``llvm`` CPU target (a fused chain pays no
+    launch per tile: a blocked MobileNetV2-0.35 export keeps 3.49x, per-kernel tiles 1.07x); ``off`` for int8
+    models (no merged tile kernel for them), the ``c`` targets and GPUs, and an emulated core, where a call
+    costs a few instructions and the per-kernel tiles keep a line buffer."""
+    from ..deploy.targets import get_target
     from ..quant.reference import is_quantized
 
-    return "off" if mcu_device is not None or is_quantized(model.onnx_model) else "auto"
+    host_cpu = get_target(target).kind == "llvm"
+    return "auto" if host_cpu and mcu_device is None and not is_quantized(model.onnx_model) else "off"
 
 
 def _check_split_device(args: argparse.Namespace, device: str) -> None:

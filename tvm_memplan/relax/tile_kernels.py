@@ -59,7 +59,8 @@ from ..schedule.passes import schedule_function
 from .inplace import inplace_safe
 from .ir_utils import static_shape, top_level_bindings
 from .module import referenced_globals, relax_functions, with_blocks
-from .split.outline import CARRIED_ROWS_ATTR, TILES_ATTR, WORKERS_ATTR, rebind
+from .split.outline import TILES_ATTR, WORKERS_ATTR, rebind
+from .tile_writes import CARRIED_ROWS_ATTR
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
@@ -268,7 +269,7 @@ def _substitute(stmt: tirx.Stmt, mapping: dict) -> tirx.Stmt:
 
 def _linked_runs(kernels: list[_Kernel], inside: list[relax.Var], cut_carries: bool) -> list[list[int]] | None:
     """The kernels linked by the inner tensors they share (with ``cut_carries``, save the rows a line
-    buffer's ``place_rows``, :data:`~.split.outline.CARRIED_ROWS_ATTR`, takes over from the tile before),
+    buffer's ``place_rows``, :data:`~.tile_writes.CARRIED_ROWS_ATTR`, takes over from the tile before),
     each group a run of consecutive kernels; None where a group is not."""
     group = list(range(len(kernels)))
 

@@ -20,10 +20,13 @@ from tvm.tirx import buffer as tir_buffer
 
 from ..quant.mcu_kernels import is_layer_call, layer_written_into_rows, placed_rows
 from .module import relax_functions, with_blocks
-from .split.outline import CARRIED_ROWS_ATTR
 
 ROW_OFFSET_ATTR = "tvm_memplan.row_offset"
 """Marks a ``write_rows`` copy kernel: the first row of the full tensor the tile is copied to."""
+CARRIED_ROWS_ATTR = "tvm_memplan.carried_rows"
+"""Marks a line buffer's ``place_rows`` kernel: its input is the rows a tile kept from the tile before,
+so it is the one link between two tiles of a run (:func:`~tvm_memplan.relax.tile_kernels.merge_chain`
+cuts the run into its tiles there)."""
 
 ROW_WRITER_ATTR = "tvm_memplan.row_writer"
 """Marks every kernel of the split rewriter that copies a tile into rows of a larger tensor (the
@@ -183,7 +186,7 @@ def _called(functions: dict) -> set[str]:
 @tvm.transform.module_pass(opt_level=0, name="PlaceRowsByCopies")
 class PlaceRowsByCopies:
     """On a Cortex-M with the DSP extension (``build --target cortex-m7 --emit-c``), the ``place_rows`` kernel of an
-    int8 line buffer (:data:`~.split.outline.CARRIED_ROWS_ATTR`: a row tile's kept rows placed at the top of
+    int8 line buffer (:data:`CARRIED_ROWS_ATTR`: a row tile's kept rows placed at the top of
     the next tile's buffer) as one call of :data:`~tvm_memplan.quant.mcu_kernels.ROW_PLACE_KERNEL`, whole rows
     a word or four at a time: TVM's loop moves a byte per step (10.6 M of MobileNetV2-1.0's 353 M
     instructions with its first chain in 32 row tiles)."""

@@ -23,11 +23,6 @@ WORKERS_ATTR = "tvm_memplan.tile_workers"
 """On such a function: its tiles are independent (a spatial chain's row tiles), and this many may run
 at once on threads of their own (see :func:`~tvm_memplan.relax.tile_kernels.merge_chain`)."""
 
-CARRIED_ROWS_ATTR = "tvm_memplan.carried_rows"
-"""Marks a line buffer's ``place_rows`` kernel: its input is the rows a tile kept from the tile before,
-so it is the one link between two tiles of a run (:func:`~tvm_memplan.relax.tile_kernels.merge_chain`
-cuts the run into its tiles there)."""
-
 
 @mutator
 class _Rebind(PyExprMutator):

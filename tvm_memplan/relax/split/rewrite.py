@@ -24,10 +24,10 @@ from ...errors import UserError
 from ...split.chain import Branch, Chain, ChannelChain, RowChain, SpatialChain, SplitChoice, disjoint, tile_ranges
 from ...split.spatial import RollingRows, Rows
 from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
-from ..tile_writes import ACCUMULATE_ATTR, ROW_OFFSET_ATTR, ROW_WRITER_ATTR
+from ..tile_writes import ACCUMULATE_ATTR, CARRIED_ROWS_ATTR, ROW_OFFSET_ATTR, ROW_WRITER_ATTR
 from .chains import row_axis
 from .operators import CHANNEL, CONV, DEQUANTIZE, POOLS, QUANTIZE, ROWS, channels, nchw, padding
-from .outline import CARRIED_ROWS_ATTR, marker, outline_marked
+from .outline import marker, outline_marked
 
 
 def _outside_row_axis(
