@@ -23,7 +23,7 @@ def with_blocks(func: relax.Function, blocks: Sequence[relax.BindingBlock]) -> r
     )
 
 
-def with_functions(mod: tvm.IRModule, updates: Mapping[tvm.ir.GlobalVar, relax.Function]) -> tvm.IRModule:
+def with_functions(mod: tvm.IRModule, updates: Mapping[tvm.ir.GlobalVar, tvm.ir.BaseFunc]) -> tvm.IRModule:
     """A copy of ``mod`` with some functions replaced; ``mod`` itself is left as it was.
 
     (Assigning into a module inside a module pass mutates the caller's module.)

@@ -19,7 +19,7 @@ from tvm.ir.expr import TensorLoad, TensorRegion
 from tvm.tirx import buffer as tir_buffer
 
 from ..quant.mcu_kernels import is_layer_call, layer_written_into_rows, placed_rows
-from .module import relax_functions, with_blocks
+from .module import relax_functions, with_blocks, with_functions
 
 ROW_OFFSET_ATTR = "tvm_memplan.row_offset"
 """Marks a ``write_rows`` copy kernel: the first row of the full tensor the tile is copied to."""
@@ -204,9 +204,4 @@ class PlaceRowsByCopies:
             for key, value in func.attrs.items():
                 kernel = kernel.with_attr(key, value)
             placed[gvar] = kernel
-        if not placed:
-            return mod
-        mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-        for gvar, kernel in placed.items():
-            mod[gvar] = kernel
-        return mod
+        return with_functions(mod, placed)
