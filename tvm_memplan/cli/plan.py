@@ -363,7 +363,7 @@ def run_split_search(
     latencies measured on ``device`` (default: here) for ``target``, cached in ``--split-cache`` (default:
     the user's cache); ``io_in_arena`` counts the model's inputs as arena tensors."""
     from ..deploy.chain_latency import default_cache
-    from ..deploy.split import search_split
+    from ..deploy.split import default_fused_tiles, search_split
 
     mcu_device = getattr(args, "device", None)
     if mcu_device is not None:
@@ -391,18 +391,6 @@ def run_split_search(
                 "requantize": getattr(args, "requantize", "exact"),
             },
         )
-
-
-def default_fused_tiles(model, target: str, mcu_device: str | None) -> str:
-    """``auto`` where the search times a float model's chains for an ``llvm`` CPU target (a fused chain pays no
-    launch per tile: a blocked MobileNetV2-0.35 export keeps 3.49x, per-kernel tiles 1.07x); ``off`` for int8
-    models (no merged tile kernel for them), the ``c`` targets and GPUs, and an emulated core, where a call
-    costs a few instructions and the per-kernel tiles keep a line buffer."""
-    from ..deploy.targets import get_target
-    from ..quant.reference import is_quantized
-
-    host_cpu = get_target(target).kind == "llvm"
-    return "auto" if host_cpu and mcu_device is None and not is_quantized(model.onnx_model) else "off"
 
 
 def _check_split_device(args: argparse.Namespace, device: str) -> None:

@@ -32,6 +32,7 @@ from ..errors import UserError
 from ..paths import cache_dir
 from ..relax.layout import layout_block
 from ..relax.split import chain_module, chain_signature, split_chains
+from ..relax.split.spatial_chains import SPATIAL_WINDOWS
 from ..schedule.cpu import cpu_spec
 from ..split.chain import FUSED_TILES, Chain, SpatialChain, SplitChoice
 from .measure import Device
@@ -351,12 +352,10 @@ class DeviceInstructions(ChainLatency):
         where a kernel call costs a few instructions): the longer chains and more tiles of
         :data:`~tvm_memplan.relax.split.spatial_chains.LINE_BUFFER_WINDOWS` and
         :attr:`SpatialChain.line_buffer_parts` run that way only."""
-        from ..relax.split import spatial_chains as spatial_module
-
         if not isinstance(chain, SpatialChain):
             return super().splits(chain, parts)
         windows = sum(op.window is not None for op in chain.ops)
-        within = windows <= spatial_module.SPATIAL_WINDOWS and parts <= chain.max_parts
+        within = windows <= SPATIAL_WINDOWS and parts <= chain.max_parts
         variants = super().splits(chain, parts) if within else []
         if chain.has_halo(parts):
             variants.append(SplitChoice(chain, parts, rolling=True))
