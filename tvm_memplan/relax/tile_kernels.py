@@ -505,6 +505,8 @@ def merge_chain(
     offsets, in_output, elements, dtype = planned
     workers = int(func.attrs[WORKERS_ATTR]) if threads and WORKERS_ATTR in func.attrs else 1
     groups = _tile_groups(kernels, inside) if workers > 1 and spec is not None else None
+    if groups is not None and any(_writes_whole_output(k, output, in_output) for k in kernels):
+        groups = None  # a tile writing rows of the output that other workers' tiles own: tiles run in turn
     worker = tirx.Var("worker", "int64")
     regions = min(workers, len(groups)) if groups is not None else 1
     params = [_param(f"input{i}", static_shape(t.ty), str(t.ty.dtype)) for i, t in enumerate(inputs)]
@@ -570,6 +572,18 @@ def merge_chain(
     merged = tirx.PrimFunc([*params, out, scratch], s_tir.SBlockRealize([], True, root))
     merged = merged.with_attrs({"tir.is_scheduled": True, "tirx.noalias": True})
     return MergedChain(merged, inputs, relax.TensorType((elements * regions,), dtype))
+
+
+def _writes_whole_output(kernel: _Kernel, output: relax.Var, in_output: set[relax.Var]) -> bool:
+    """``kernel`` makes the chain's output (or a tensor in its bytes) from a tensor of as many rows: all its
+    rows, not one tile's. The blocked layout makes the first tile's rows in a whole blocked tensor and
+    unblocks all of it (:mod:`~.tile_layout`): run in parallel with other workers' tiles, that copy would
+    overwrite their rows."""
+    written = kernel.tensors[-1]
+    if not kernel.writes_new or not (written.same_as(output) or written in in_output):
+        return False
+    rows = [static_shape(t.ty) for t in kernel.tensors]
+    return all(r is not None and len(r) >= 3 for r in rows) and rows[0][2] == rows[-1][2]
 
 
 def _inlined(call: relax.Call, var: relax.Var, func: relax.Function) -> list[relax.Binding]:
