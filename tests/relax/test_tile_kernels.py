@@ -1,7 +1,10 @@
 """One kernel per split chain: a chain's tiles merged into one PrimFunc compute what the unsplit model
 computes, bit for bit, in one VM call, with the tiles' buffers in a scratch tensor the arena plans."""
 
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -428,3 +431,75 @@ def test_a_fused_branching_chain_equals_its_per_kernel_tiles(
     simulated = peak(split_program(program_of(mod, block=block), [fused])).bytes
     aligned = 64 * 2 * len(chain.bindings)
     assert simulated <= report.arena_bytes <= simulated + aligned
+
+
+@pytest.mark.parametrize("blocked, rolling", [(False, False), (True, False), (True, True)])
+def test_an_inception_module_in_row_tiles_runs_as_one_kernel(blocked, rolling):
+    """Row tiles through an inception module (its branches' siblings, the concat, the pool after it) in one
+    kernel: equal to the per-kernel tiles bit for bit, to the unsplit model within float tolerance, and the
+    VM asks for the planned arena."""
+    from tvm_memplan.relax.split import program_of
+    from tvm_memplan.split.simulate import peak, split_program
+
+    from .test_split_spatial import INCEPTION_SHAPE, _inception_module, _through_concat
+
+    mod = _inception_module()
+    chain = _through_concat(mod)
+    layout = "blocked" if blocked else "nchw"
+    fused, per_kernel = SplitChoice(chain, 4, fused=True, rolling=rolling), SplitChoice(chain, 4, rolling=rolling)
+
+    def run(module: tvm.IRModule) -> tuple[np.ndarray, list[int], list[PlanReport]]:
+        reports: list[PlanReport] = []
+        with TARGET:
+            executable = tvm.compile(
+                module, TARGET, relax_pipeline=pipeline(TARGET, reports.append, order="program", layout=layout)
+            )
+        (out,), trace = run_vm(executable, [x])
+        return out, trace.storage_bytes, reports
+
+    x = np.random.default_rng(6).standard_normal(INCEPTION_SHAPE).astype("float32")
+    expected, unsplit, _ = run(mod)
+    in_tiles, _, _ = run(split_chains(mod, [per_kernel], windows_in_place=not blocked))
+    split = split_chains(mod, [fused], windows_in_place=not blocked)
+    assert sum(name.endswith("_fused") for name in _kernel_calls(split)) == 1
+    got, requested, (report,) = run(split)
+    np.testing.assert_array_equal(got, in_tiles)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert requested == [report.arena_bytes, got.nbytes] and report.arena_bytes < unsplit[0]
+    simulated = peak(split_program(program_of(mod, block=4 if blocked else None), [fused])).bytes
+    assert abs(report.arena_bytes - simulated) <= 0.15 * simulated
+
+
+_TWO_WORKERS = """
+import numpy as np, tvm
+from tvm import relax
+from tvm_memplan.deploy.chain_latency import chain_module
+from tvm_memplan.frontend import load_model, to_relax
+from tvm_memplan.relax.pipeline import pipeline
+from tvm_memplan.relax.split import find_chains, normalize, split_chains
+from tvm_memplan.split.simulate import SplitChoice
+mod = normalize(to_relax(load_model("zoo:googlenet")))
+chain = {c.name: c for c in find_chains(mod)}["lv5..lv13 (rows)"]
+alone = chain_module(mod, chain)
+from tvm_memplan.deploy.targets import get_target
+target = get_target("host").tvm_target()
+shapes = [[int(d) for d in p.ty.shape.values] for p in alone["main"].params]
+inputs = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal(s).astype("float32")) for s in shapes]
+def run(m):
+    with target:
+        ex = tvm.compile(m, target, relax_pipeline=pipeline(target, order="program", layout="blocked"))
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](*inputs).numpy()
+split = split_chains(alone, [SplitChoice(chain, 4, True, 2, rolling=True)], False)
+print(float(np.abs(run(split) - run(alone)).max()))
+"""
+
+
+def test_tiles_on_two_threads_never_write_rows_another_worker_owns():
+    """GoogLeNet's 1x1, 3x3 and max pool chain alone, its four line-buffer tiles on two workers in NCHW16c:
+    the blocked layout makes the first tile's rows in a whole blocked tensor and unblocks all of it into the
+    output, which would overwrite the rows the other worker writes at the same time (NaN rows, seen only
+    with two threads in the pool). Run where the pool has two threads, it equals the unsplit chain."""
+    env = {**os.environ, "TVM_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", _TWO_WORKERS], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) == 0.0

@@ -94,8 +94,17 @@ def _all_transforms(mod: tvm.IRModule) -> dict[str, int]:
 
 
 def _spatial(mod: tvm.IRModule) -> SpatialChain:
+    """The longest spatial chain from the stem convolution (not the one from the side convolution, which
+    takes the stem as its sibling: both read x)."""
     return max(
-        (c for c in find_chains(mod) if isinstance(c, SpatialChain) and not c.gathered), key=lambda c: len(c.spatial)
+        (
+            c
+            for c in find_chains(mod)
+            if isinstance(c, SpatialChain)
+            and not c.gathered
+            and sum(bool(op.window and op.outside) for op in c.ops) == 1
+        ),
+        key=lambda c: len(c.spatial),
     )
 
 

@@ -136,7 +136,7 @@ def test_a_fused_variant_that_misses_is_retried_with_per_kernel_tiles():
     assert per_kernel < base <= on_workers  # the premise: only the per-kernel tiles lower it
     added = {
         (v, n): cost
-        for n in (2, 4, 8)
+        for n in chain.parts_ladder()
         for v, cost in (("per-kernel", 0.04), ("fused", 0.0), ("fused, line buffer", 0.0))
     }
     measurer = _Variants(chain, added)
@@ -151,7 +151,7 @@ def test_of_a_moves_variants_with_the_same_peak_the_fastest_is_kept_and_recorded
     program, chain = _stem()
     added = {
         (v, n): cost
-        for n in (2, 4, 8)
+        for n in chain.parts_ladder()
         for v, cost in (("per-kernel", 0.03), ("fused", 0.02), ("fused, line buffer", 0.01))
     }
     measurer = _Variants(chain, added)
@@ -188,7 +188,7 @@ def test_two_searches_with_the_same_measurements_return_the_same_plan(costs, bud
     latencies it keeps the same plan and front."""
     program, chain = _stem()
     variants = ("per-kernel", "fused", "fused, line buffer")
-    added = {(v, n): costs[3 * i + j] for i, n in enumerate((2, 4, 8, 16, 32)) for j, v in enumerate(variants)}
+    added = {(v, n): costs[3 * i + j] for i, n in enumerate(chain.parts_ladder()) for j, v in enumerate(variants)}
     first = search(program, [chain], 1.0, _Variants(chain, added), budget=budget)
     second = search(program, [chain], 1.0, _Variants(chain, added), budget=budget)
     assert first.best == second.best and first.front == second.front
@@ -216,8 +216,8 @@ def test_the_time_limit_stops_timing_a_moves_variants(monkeypatch):
             return 0.01
 
     result = search(program, [chain], 1.0, OneWorker(chain, {}), budget=0.05, seconds=90.0)
-    # the first move (4 parts, the lowest peak): its fewest tiles (2) probed, then one variant, then the limit
-    assert [(c.parts, c.variant) for c in timed] == [(2, "per-kernel"), (4, "per-kernel")]
+    # the first move (a tile per row, the lowest peak): its fewest tiles (2) probed, then one variant, then the limit
+    assert [(c.parts, c.variant) for c in timed] == [(2, "per-kernel"), (chain.parts_ladder()[-1], "per-kernel")]
     assert result.stopped == "search time limit" and result.best.choices == (timed[-1],)
 
 
@@ -285,7 +285,7 @@ def test_a_split_timed_dear_once_does_not_use_up_the_budget_of_the_next():
     """The second block's split costs 0.005 ms but was timed at 0.04 once: charged as timed, it would leave
     too little of the 0.05 ms budget for the first block's split (0.02 ms)."""
     program, first, second = _two_blocks()
-    measurer = _Noisy(lambda c: 0.005 if c.chain == second else 0.02, first={("h2", n): 0.04 for n in (2, 4, 8)})
+    measurer = _Noisy(lambda c: 0.005 if c.chain == second else 0.02, first={("h2", n): 0.04 for n in (2, 4, 6, 8)})
     result = search(program, [first, second], 1.0, measurer, budget=0.05)
     assert {c.chain for c in result.best.choices} == {first, second}
     assert result.best.latency_ms <= 1.05

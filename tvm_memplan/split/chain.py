@@ -228,14 +228,15 @@ class SpatialChain(_OneBranch):
 
     def parts_ladder(self, limit: int = 64) -> list[int]:
         """Powers of two up to the rows, :attr:`max_parts` or, with a line buffer, :attr:`line_buffer_parts`;
-        with a line buffer also a tile per row of the last tensor (MobileNetV2-1.0's chain from the stem to
-        a 28-row tensor: 28 tiles, where 16 left the 96x112x112 expansion's tile 9 rows and 32 do not fit)."""
+        also a tile per row of the last tensor where its rows are fewer (MobileNetV2-1.0's chain from the stem
+        to a 28-row tensor with a line buffer: 28 tiles, where 16 left the 96x112x112 expansion's tile 9 rows and
+        32 do not fit; GoogLeNet's inception modules to a 14-row pool: 14)."""
         most = min(self.units, limit, max(self.max_parts, self.line_buffer_parts))
         ladder, parts = [], 2
         while parts <= most:
             ladder.append(parts)
             parts *= 2
-        if self.line_buffer_parts and self.units == most and ladder and ladder[-1] < most:
+        if self.units == most and ladder and ladder[-1] < most:
             ladder.append(most)
         return ladder
 

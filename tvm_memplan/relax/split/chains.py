@@ -30,6 +30,7 @@ from ..ir_utils import constant_value, op_name, static_shape
 from .index import FunctionIndex
 from .operators import (
     CHANNEL,
+    CONCAT,
     CONV,
     ELEMENTWISE_PER_CHANNEL,
     PER_CHANNEL_OPS,
@@ -235,7 +236,7 @@ def _concat_chains(index: FunctionIndex, branches: dict[int, _FoundBranch]) -> l
     found = []
     for j, binding in enumerate(index.bindings):
         value = binding.value
-        if op_name(value) != "relax.concat" or channels(binding.var) is None:
+        if op_name(value) != CONCAT or channels(binding.var) is None:
             continue
         shape = static_shape(value.ty)
         if int(value.attrs.axis) % len(shape) != CHANNEL:

@@ -14,6 +14,7 @@ CHANNEL = 1
 ROWS = 2
 """The H axis of NCHW tensors."""
 CONV = "relax.nn.conv2d"
+CONCAT = "relax.concat"
 POOLS = {"relax.nn.max_pool2d", "relax.nn.avg_pool2d"}
 ELEMENTWISE_MATH = {
     "relax.add",
@@ -47,7 +48,7 @@ QDQ_OPS = {QUANTIZE, DEQUANTIZE}
 each into the integer kernel that reads or writes the int8 tensor."""
 
 
-LAYOUT_FOLLOWERS = PER_CHANNEL_OPS | ROW_OPS | QDQ_OPS | {"relax.concat", "relax.mean", "relax.nn.adaptive_avg_pool2d"}
+LAYOUT_FOLLOWERS = PER_CHANNEL_OPS | ROW_OPS | QDQ_OPS | {CONCAT, "relax.mean", "relax.nn.adaptive_avg_pool2d"}
 """Operators that carry a convolution's blocked layout on to their output (Relax's ``ConvertLayout``
 infers their layout from their inputs'); any other operator reads NCHW."""
 

@@ -21,7 +21,7 @@ from ..conv_layouts import conv2d_layouts
 from ..ir_utils import op_name, static_shape, top_level_bindings
 from ..module import with_blocks
 from .normalize import constant_bindings
-from .operators import DEQUANTIZE, ELEMENTWISE, QUANTIZE, blocked_tensors, nbytes
+from .operators import CONCAT, DEQUANTIZE, ELEMENTWISE, QUANTIZE, blocked_tensors, nbytes
 
 
 def program_of(
@@ -222,7 +222,7 @@ def _fused_program(mod: tvm.IRModule, alignment: int, block: int | None = None) 
         tensor[var] = target
         overwrites = _pointwise_operands(value, var, tensor, target) if op in ELEMENTWISE else ()
         steps.append(Step(name, target, tuple(r for r in reads if r != target), overwrites))
-        if op == "relax.concat" and target in sizes and not fused_into_consumer(var):
+        if op == CONCAT and target in sizes and not fused_into_consumer(var):
             _eliminate_concat(value, target, tensor, sizes, aliases, steps, alignment, placed)
     # a tensor a kernel also reads in a reduction (a matmul's operand) may not be overwritten in place
     reduced: dict[str, set[str]] = {}

@@ -26,7 +26,7 @@ from ...split.spatial import RollingRows, Rows
 from ..ir_utils import constant_value, op_name, static_shape, top_level_bindings
 from ..tile_writes import ACCUMULATE_ATTR, CARRIED_ROWS_ATTR, ROW_OFFSET_ATTR, ROW_WRITER_ATTR
 from .chains import row_axis
-from .operators import CHANNEL, CONV, DEQUANTIZE, POOLS, QUANTIZE, ROWS, channels, nchw, padding
+from .operators import CHANNEL, CONCAT, CONV, DEQUANTIZE, POOLS, QUANTIZE, ROWS, channels, nchw, padding
 from .outline import marker, outline_marked
 
 
@@ -127,6 +127,9 @@ class _SplitRewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, choices: list[SplitChoice], windows_in_place: bool = True) -> None:
         super().__init__(mod)
         self.windows_in_place = windows_in_place
+        self.outside_rows: dict[tuple[str, Rows], relax.Expr] = {}
+        """Rows of tensors from outside a spatial chain cut out in the current tile: branches that start from
+        the same tensor (an inception module's) read one copy."""
         self.table = {b.var.name: b for b in top_level_bindings(mod["main"])}
         self.branch_at = {b.head: (c, i) for c in choices for i, b in enumerate(c.chain.branches)}
         self.skip = {name for c in choices for name in c.chain.bindings} - set(self.branch_at)
@@ -334,6 +337,7 @@ class _SplitRewriter(PyExprMutator):
         carried: dict[str, relax.Expr] = {}  # rows an operator's previous tile kept for this one
         for t, need in enumerate(plan):
             tiles: dict[str, tuple[relax.Expr, Rows]] = {}
+            self.outside_rows = {}
             buffers: dict[str, relax.Expr] = {}  # the line buffer of each tile, int8 under a dequantize
             for i, op in enumerate(ops):
                 if op.name in need:
@@ -383,7 +387,10 @@ class _SplitRewriter(PyExprMutator):
             return buffer, dequantized
         new = None
         if lo < hi:
-            if op.window is None:
+            if op.window is None and op_name(value) == CONCAT:
+                fields = [self._rows_of(f, (lo, hi), tiles) for f in value.args[0].fields]
+                new = bb.emit(relax.op.concat(fields, axis=int(value.attrs.axis)))
+            elif op.window is None:
                 args = [self._rows_of(a, (lo, hi), tiles) for a in value.args]
                 new = bb.emit(relax.Call(value.op, args, value.attrs, value.ty_args))
             else:
@@ -419,7 +426,8 @@ class _SplitRewriter(PyExprMutator):
         tensor's rows are cut from its int8 input and dequantized again, so that ``LowerQDQ`` still
         finds each integer kernel's ``dequantize`` operand (a cut float tensor would stay float)."""
         bb = self.builder_
-        if isinstance(arg, relax.Var) and arg.name in tiles:
+        outside = not (isinstance(arg, relax.Var) and arg.name in tiles)
+        if not outside:
             tile, (lo, _) = tiles[arg.name]
             whole, cut, total = tile, (rows[0] - lo, rows[1] - lo), nchw(tile)[ROWS]
         else:
@@ -433,7 +441,12 @@ class _SplitRewriter(PyExprMutator):
             value = self.table[arg.name].value
             data = self._rows_of(value.args[0], rows, tiles)
             return bb.emit(relax.Call(value.op, [data, *value.args[1:]], value.attrs, value.ty_args))
-        return bb.emit(relax.op.strided_slice(whole, axes=[ROWS], begin=[cut[0]], end=[cut[1]]))
+        if not outside:
+            return bb.emit(relax.op.strided_slice(whole, axes=[ROWS], begin=[cut[0]], end=[cut[1]]))
+        if (arg.name, cut) not in self.outside_rows:
+            sliced = relax.op.strided_slice(whole, axes=[ROWS], begin=[cut[0]], end=[cut[1]])
+            self.outside_rows[(arg.name, cut)] = bb.emit(sliced)
+        return self.outside_rows[(arg.name, cut)]
 
     def _dequantized(self, arg: relax.Expr) -> bool:
         """``arg`` is a binding that dequantizes a tensor (a QDQ model's activation)."""

@@ -1,6 +1,8 @@
 """Spatial chains: runs of convolutions, pools and elementwise operators along the rows (H axis)
 of NCHW tensors, each tile recomputing the halo its windows need (MCUNetV2's patch-based
-inference; docs/design.md, "Fine-grained splitting")."""
+inference; docs/design.md, "Fine-grained splitting"). A chain may branch and join: the parallel paths
+of an inception or fire module start from the same tensor and meet in a channel concat, whose row ``r``
+is row ``r`` of every path, so a tile runs every path on its rows and concatenates them."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ..ir_utils import constant_value, op_name, static_shape
 from .index import FunctionIndex
 from .operators import (
     CHANNEL,
+    CONCAT,
     CONV,
     DEQUANTIZE,
     ELEMENTWISE_PER_CHANNEL,
@@ -33,8 +36,9 @@ LINE_BUFFER_WINDOWS = 12
 """Convolutions and pools a spatial chain may span on a microcontroller, whose tiles keep a line buffer
 (:attr:`~tvm_memplan.split.chain.SplitChoice.rolling`): no halo grows with the windows, and the 9 of a
 MobileNetV2 stem and its first three blocks cut the 96x112x112 expansion into tiles (MCUNetV2's patches)."""
-_SPATIAL_BINDINGS = 40
-"""Bindings a chain of :data:`SPATIAL_WINDOWS` windows may span (longer chains: as many per window)."""
+_SPATIAL_BINDINGS = 64
+"""Bindings a chain of :data:`SPATIAL_WINDOWS` windows may span (longer chains: as many per window): two
+inception modules and the pool after them (GoogLeNet's 3a, 3b and its 3x3 max pool: 42)."""
 GATHER_BELOW = 4
 """A spatial chain is also offered with its last tiles concatenated once at the end when its last
 tensor is this many times smaller than its largest."""
@@ -90,6 +94,8 @@ def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.V
             return None
         copied = _copied_row_bytes(index, data)
         return RowOp(var.name, out[ROWS], row_bytes, window=window, outside=(data.name,), copied_row_bytes=copied)
+    if op_name(value) == CONCAT:
+        return _concat_row_op(value, var, inside, row_bytes)
     if op_name(value) not in ELEMENTWISE_PER_CHANNEL | QDQ_OPS:
         return None
     reads, outside = [], []
@@ -110,6 +116,20 @@ def _row_op(index: FunctionIndex, binding: relax.VarBinding, inside: set[relax.V
         elif shape is None or (len(shape) >= 2 and shape[-2] != 1):  # not broadcast along the rows
             return None
     return RowOp(var.name, out[ROWS], row_bytes, reads=tuple(dict.fromkeys(reads)), outside=tuple(outside))
+
+
+def _concat_row_op(value: relax.Call, var: relax.Var, inside: set[relax.Var], row_bytes: int) -> RowOp | None:
+    """A channel concat of the chain's own tensors (an inception module's or a fire module's branches
+    meeting): output row ``r`` is row ``r`` of every input, so a tile concatenates its inputs' tiles."""
+    fields = value.args[0].fields if isinstance(value.args[0], relax.Tuple) else None
+    if (
+        fields is None
+        or int(value.attrs.axis) % 4 != CHANNEL
+        or not all(isinstance(f, relax.Var) and f in inside and nchw(f) is not None for f in fields)
+        or any(nchw(f)[ROWS] != nchw(var)[ROWS] for f in fields)
+    ):
+        return None
+    return RowOp(var.name, nchw(var)[ROWS], row_bytes, reads=tuple(dict.fromkeys(f.name for f in fields)))
 
 
 def _copied_row_bytes(index: FunctionIndex, data: relax.Expr) -> int:
@@ -137,11 +157,13 @@ def _copied_row_bytes(index: FunctionIndex, data: relax.Expr) -> int:
 
 def spatial_chains(index: FunctionIndex, windows: int | None = None) -> list[Chain]:
     """Spatial chains: from each convolution or pool reading a tensor from outside, the operators
-    that read the chain and can be cut into rows (convolutions, pools, elementwise), up to every
-    prefix whose tensors reach the rest of the program through its last one alone (made tile by
-    tile into its rows). At least two convolutions or pools (one and its epilogue gain nothing),
-    at most ``windows`` (None: :data:`SPATIAL_WINDOWS`); the rows of all tensors in one component of the axis
-    connection graph (sliding-window axes join a tensor's rows to its consumer's)."""
+    that read the chain and can be cut into rows (convolutions, pools, elementwise, channel concats of the
+    chain's tensors), and the convolutions and pools that start another path from a tensor a path of the
+    chain starts from (its siblings), up to every prefix whose tensors reach the rest of the program through
+    its last one alone (made tile by tile into its rows). At least two and at most ``windows`` (None:
+    :data:`SPATIAL_WINDOWS`) convolutions or pools on its deepest path (one and its epilogue gain nothing;
+    the halo grows with the windows along a path, not across parallel paths); the rows of all tensors in one
+    component of the axis connection graph (sliding-window axes join a tensor's rows to its consumer's)."""
     most = SPATIAL_WINDOWS if windows is None else windows
     most_bindings = max(_SPATIAL_BINDINGS, _SPATIAL_BINDINGS * most // SPATIAL_WINDOWS)
     bindings = index.bindings
@@ -154,23 +176,27 @@ def spatial_chains(index: FunctionIndex, windows: int | None = None) -> list[Cha
         if first is None or comp is None:
             continue
         ops, members, inside = [first], [i], {head.var}
-        count = 1
+        depth = {first.name: 1}  # windows on the longest path to each operator (each adds its halo)
+        siblings = set(first.outside)  # tensors a branch of the chain starts from (an inception module's input)
         for j in range(i + 1, len(bindings)):
             binding = bindings[j]
-            if not any(v in inside for v in relax.analysis.free_vars(binding.value)):
-                continue
+            free = relax.analysis.free_vars(binding.value)
+            if not any(v in inside for v in free):
+                if not _sibling(binding, siblings):
+                    continue
             op = _row_op(index, binding, inside, i)
             if op is None or index.component(binding.var, ROWS) != comp or len(ops) == most_bindings:
                 break
-            count += op.window is not None
-            if count > most:
+            depth[op.name] = max((depth[r] for r in op.reads), default=0) + (op.window is not None)
+            if depth[op.name] > most:
                 break
             ops.append(op)
             members.append(j)
             inside.add(binding.var)
+            siblings.update(op.outside if op.window is not None else ())
             if (
                 index.escaping(members) != [binding.var]
-                or count < 2
+                or depth[op.name] < 2
                 or op.rows < 2
                 or _epilogue_follows(index, binding.var)
                 or op_name(binding.value) == DEQUANTIZE
@@ -183,6 +209,18 @@ def spatial_chains(index: FunctionIndex, windows: int | None = None) -> list[Cha
             if GATHER_BELOW * nbytes(binding.var) <= max(nbytes(bindings[k].var) for k in members):
                 found.append(replace(chain, gathered=True))
     return found
+
+
+def _sibling(binding: relax.VarBinding, starts: set[str]) -> bool:
+    """``binding`` is a convolution or pool that starts another branch from a tensor a branch of the chain
+    starts from (the parallel paths of an inception or fire module, joined later by a concat)."""
+    value = binding.value
+    return (
+        isinstance(value, relax.Call)
+        and op_name(value) in (CONV, *POOLS)
+        and isinstance(value.args[0], relax.Var)
+        and value.args[0].name in starts
+    )
 
 
 def _epilogue_follows(index: FunctionIndex, var: relax.Var) -> bool:
