@@ -44,6 +44,11 @@ DECISIVE_SHARE = 0.1
 """A split's timing is decisive when it adds or saves this share of the latency budget (in ms) or more:
 smaller ones cannot mislead the search much, and timing again costs runs, not compiles."""
 
+EQUAL_PEAK_MOVES = 3
+"""Moves to one peak timed side by side, the fastest within the budget taken: of equal peaks the fewest
+tiles is not always the cheapest (a chain's 16 fused line-buffer tiles cost less than its 4 per-kernel
+tiles, SqueezeNet's stem), and a move that spends the budget leaves none for the next."""
+
 
 class SearchOptions(TypedDict, total=False):
     """The keyword arguments :func:`search_phased` passes on to :func:`search`."""
@@ -215,9 +220,16 @@ def search(
                     evaluated += 1
                     if (p.bytes, p.steps_at_peak) < (current.bytes, current.steps_at_peak):
                         moves.setdefault((chain, parts, p.bytes, p.steps_at_peak), []).append((chain, trial, p))
-        # Lowest peak first; of equal peaks, the fewest tiles (the cheapest).
+        # Lowest peak first; of equal peaks, a chain's tiles as one kernel before its per-kernel tiles (on a CPU
+        # the cheaper, as timed on every zoo model), then the fewest tiles.
         ordered = sorted(
-            moves.values(), key=lambda m: (m[0][2].bytes, m[0][2].steps_at_peak, sum(s.parts for s in m[0][1].values()))
+            moves.values(),
+            key=lambda m: (
+                m[0][2].bytes,
+                m[0][2].steps_at_peak,
+                not any(trial[chain].fused for chain, trial, _ in m),
+                sum(s.parts for s in m[0][1].values()),
+            ),
         )
         # per chain and way of running its tiles, the move with the fewest tiles (timed first)
         cheapest: dict[tuple[Chain, str], tuple[dict[Chain, SplitChoice], Peak]] = {}
@@ -239,7 +251,7 @@ def search(
             _, _, state, current = min(timed, key=lambda t: (t[0], t[1]))
             accepted = True
             ordered = []
-        for variants in ordered:
+        for variants in _equal_peaks(ordered):
             if time.monotonic() - start > seconds:
                 stopped = "search time limit"
                 break
@@ -285,6 +297,22 @@ def search(
         pruned=pruned,
         retimed=retimed,
     )
+
+
+def _equal_peaks(ordered: list[list]) -> list[list]:
+    """Moves in peak order, those that reach the same peak (up to :data:`EQUAL_PEAK_MOVES`) as one move
+    whose variants are all of theirs."""
+    groups: list[list] = []
+    sizes: list[int] = []
+    for variants in ordered:
+        key = (variants[0][2].bytes, variants[0][2].steps_at_peak)
+        if groups and (groups[-1][0][2].bytes, groups[-1][0][2].steps_at_peak) == key and sizes[-1] < EQUAL_PEAK_MOVES:
+            groups[-1] = groups[-1] + variants
+            sizes[-1] += 1
+        else:
+            groups.append(list(variants))
+            sizes.append(1)
+    return groups
 
 
 def _shape_key(chain: Chain, bindings: tuple[str, ...]) -> tuple:
