@@ -505,8 +505,15 @@ def merge_chain(
     offsets, in_output, elements, dtype = planned
     workers = int(func.attrs[WORKERS_ATTR]) if threads and WORKERS_ATTR in func.attrs else 1
     groups = _tile_groups(kernels, inside) if workers > 1 and spec is not None else None
-    if groups is not None and any(_writes_whole_output(k, output, in_output) for k in kernels):
-        groups = None  # a tile writing rows of the output that other workers' tiles own: tiles run in turn
+    # kernels that write rows of the output other workers own run before the workers start
+    whole = [i for i, k in enumerate(kernels) if _writes_whole_output(k, output, in_output)]
+    first: list[int] = []
+    if groups is not None and whole:
+        if all(i in groups[0] for i in whole):
+            first = groups[0][: groups[0].index(max(whole)) + 1]
+            groups = [g for g in [groups[0][len(first) :], *groups[1:]] if g]
+        else:
+            groups = None  # tiles run in turn
     worker = tirx.Var("worker", "int64")
     regions = min(workers, len(groups)) if groups is not None else 1
     params = [_param(f"input{i}", static_shape(t.ty), str(t.ty.dtype)) for i, t in enumerate(inputs)]
@@ -554,19 +561,21 @@ def merge_chain(
             mapping[param] = view
         body = _substitute(prim.body, mapping)
         bodies.append(tirx.SeqStmt([*views, _serial(body) if groups is not None else body]))
-    tiles = _tiles(kernels, inside)
+    tiles = _tiles(kernels, inside) if not first else None
     if tiles is not None and (groups is None or all(any(t[0] == g[0] for t in tiles) for g in groups)):
         stmts = [tirx.SeqStmt([bodies[i] for i in t]) if len(t) > 1 else bodies[t[0]] for t in tiles]
         runs = [[j for j, t in enumerate(tiles) if g[0] <= t[0] <= g[-1]] for g in groups] if groups else None
         bodies = [_tile_loop(stmts, runs, worker, regions)]
     elif groups is not None:
+        hoisted = [_substitute(bodies[i], {worker: tirx.IntImm("int64", 0)}) for i in first]  # worker 0's region
         bodies = [
+            *hoisted,
             _tile_loop(
                 [tirx.SeqStmt([bodies[i] for i in g]) for g in groups],
                 [[i] for i in range(len(groups))],
                 worker,
                 regions,
-            )
+            ),
         ]
     root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(bodies) if len(bodies) > 1 else bodies[0])
     merged = tirx.PrimFunc([*params, out, scratch], s_tir.SBlockRealize([], True, root))
@@ -577,8 +586,9 @@ def merge_chain(
 def _writes_whole_output(kernel: _Kernel, output: relax.Var, in_output: set[relax.Var]) -> bool:
     """``kernel`` makes the chain's output (or a tensor in its bytes) from a tensor of as many rows: all its
     rows, not one tile's. The blocked layout makes the first tile's rows in a whole blocked tensor and
-    unblocks all of it (:mod:`~.tile_layout`): run in parallel with other workers' tiles, that copy would
-    overwrite their rows."""
+    unblocks all of it (:mod:`~.tile_layout`) where the chain's result leaves it NCHW: run in parallel with
+    other workers' tiles, that copy would overwrite their rows, so the first worker's kernels up to it run
+    before the workers start."""
     written = kernel.tensors[-1]
     if not kernel.writes_new or not (written.same_as(output) or written in in_output):
         return False

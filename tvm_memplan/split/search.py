@@ -44,11 +44,6 @@ DECISIVE_SHARE = 0.1
 """A split's timing is decisive when it adds or saves this share of the latency budget (in ms) or more:
 smaller ones cannot mislead the search much, and timing again costs runs, not compiles."""
 
-EQUAL_PEAK_MOVES = 3
-"""Moves to one peak timed side by side, the fastest within the budget taken: of equal peaks the fewest
-tiles is not always the cheapest (a chain's 16 fused line-buffer tiles cost less than its 4 per-kernel
-tiles, SqueezeNet's stem), and a move that spends the budget leaves none for the next."""
-
 
 class SearchOptions(TypedDict, total=False):
     """The keyword arguments :func:`search_phased` passes on to :func:`search`."""
@@ -251,7 +246,7 @@ def search(
             _, _, state, current = min(timed, key=lambda t: (t[0], t[1]))
             accepted = True
             ordered = []
-        for variants in _equal_peaks(ordered):
+        for variants in ordered:
             if time.monotonic() - start > seconds:
                 stopped = "search time limit"
                 break
@@ -297,22 +292,6 @@ def search(
         pruned=pruned,
         retimed=retimed,
     )
-
-
-def _equal_peaks(ordered: list[list]) -> list[list]:
-    """Moves in peak order, those that reach the same peak (up to :data:`EQUAL_PEAK_MOVES`) as one move
-    whose variants are all of theirs."""
-    groups: list[list] = []
-    sizes: list[int] = []
-    for variants in ordered:
-        key = (variants[0][2].bytes, variants[0][2].steps_at_peak)
-        if groups and (groups[-1][0][2].bytes, groups[-1][0][2].steps_at_peak) == key and sizes[-1] < EQUAL_PEAK_MOVES:
-            groups[-1] = groups[-1] + variants
-            sizes[-1] += 1
-        else:
-            groups.append(list(variants))
-            sizes.append(1)
-    return groups
 
 
 def _shape_key(chain: Chain, bindings: tuple[str, ...]) -> tuple:
