@@ -375,6 +375,33 @@ def _branching_module(
     return normalize(bb.get())
 
 
+def _fused_like_per_kernel(
+    mod: tvm.IRModule, fused: SplitChoice, per_kernel: SplitChoice, x: np.ndarray, blocked: bool
+) -> tuple[PlanReport, list[int]]:
+    """``fused`` runs as one kernel, bit for bit what its ``per_kernel`` tiles compute and within float
+    tolerance of the unsplit ``mod``, and the VM asks for the planned arena and the output alone, in NCHW4c
+    where ``blocked``. Returns the split's plan report and the unsplit model's VM requests."""
+    layout = "blocked" if blocked else "nchw"
+
+    def run(module: tvm.IRModule) -> tuple[np.ndarray, list[int], list[PlanReport]]:
+        reports: list[PlanReport] = []
+        passes = pipeline(TARGET, reports.append, order="program", layout=layout)
+        with TARGET:
+            executable = tvm.compile(module, TARGET, relax_pipeline=passes)
+        (out,), trace = run_vm(executable, [x])
+        return out, trace.storage_bytes, reports
+
+    expected, unsplit, _ = run(mod)
+    in_tiles, _, _ = run(split_chains(mod, [per_kernel], windows_in_place=not blocked))
+    split = split_chains(mod, [fused], windows_in_place=not blocked)
+    assert sum(name.endswith("_fused") for name in _kernel_calls(split)) == 1
+    got, requested, (report,) = run(split)
+    np.testing.assert_array_equal(got, in_tiles)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert requested == [report.arena_bytes, got.nbytes]
+    return report, unsplit
+
+
 @settings(max_examples=6, deadline=None)
 @given(
     height=st.integers(6, 12),
@@ -409,25 +436,8 @@ def test_a_fused_branching_chain_equals_its_per_kernel_tiles(
     assume(ladder)
     parts = ladder[pick % len(ladder)]
     fused, per_kernel = SplitChoice(chain, parts, fused=True), SplitChoice(chain, parts)
-    layout = "blocked" if blocked else "nchw"
-
-    def run(module: tvm.IRModule) -> tuple[np.ndarray, list[int], list[PlanReport]]:
-        reports: list[PlanReport] = []
-        passes = pipeline(TARGET, reports.append, order="program", layout=layout)
-        with TARGET:
-            executable = tvm.compile(module, TARGET, relax_pipeline=passes)
-        (out,), trace = run_vm(executable, [x])
-        return out, trace.storage_bytes, reports
-
     x = np.random.default_rng(seed).standard_normal((1, 8, height, height)).astype("float32")
-    expected, _, _ = run(mod)
-    in_tiles, _, _ = run(split_chains(mod, [per_kernel], windows_in_place=not blocked))
-    split = split_chains(mod, [fused], windows_in_place=not blocked)
-    assert sum(name.endswith("_fused") for name in _kernel_calls(split)) == 1
-    got, requested, (report,) = run(split)
-    np.testing.assert_array_equal(got, in_tiles)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
-    assert requested == [report.arena_bytes, got.nbytes]
+    report, _ = _fused_like_per_kernel(mod, fused, per_kernel, x, blocked)
     simulated = peak(split_program(program_of(mod, block=block), [fused])).bytes
     aligned = 64 * 2 * len(chain.bindings)
     assert simulated <= report.arena_bytes <= simulated + aligned
@@ -445,27 +455,10 @@ def test_an_inception_module_in_row_tiles_runs_as_one_kernel(blocked, rolling):
 
     mod = _inception_module()
     chain = _through_concat(mod)
-    layout = "blocked" if blocked else "nchw"
     fused, per_kernel = SplitChoice(chain, 4, fused=True, rolling=rolling), SplitChoice(chain, 4, rolling=rolling)
-
-    def run(module: tvm.IRModule) -> tuple[np.ndarray, list[int], list[PlanReport]]:
-        reports: list[PlanReport] = []
-        with TARGET:
-            executable = tvm.compile(
-                module, TARGET, relax_pipeline=pipeline(TARGET, reports.append, order="program", layout=layout)
-            )
-        (out,), trace = run_vm(executable, [x])
-        return out, trace.storage_bytes, reports
-
     x = np.random.default_rng(6).standard_normal(INCEPTION_SHAPE).astype("float32")
-    expected, unsplit, _ = run(mod)
-    in_tiles, _, _ = run(split_chains(mod, [per_kernel], windows_in_place=not blocked))
-    split = split_chains(mod, [fused], windows_in_place=not blocked)
-    assert sum(name.endswith("_fused") for name in _kernel_calls(split)) == 1
-    got, requested, (report,) = run(split)
-    np.testing.assert_array_equal(got, in_tiles)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
-    assert requested == [report.arena_bytes, got.nbytes] and report.arena_bytes < unsplit[0]
+    report, unsplit = _fused_like_per_kernel(mod, fused, per_kernel, x, blocked)
+    assert report.arena_bytes < unsplit[0]
     simulated = peak(split_program(program_of(mod, block=4 if blocked else None), [fused])).bytes
     assert abs(report.arena_bytes - simulated) <= 0.15 * simulated
 
