@@ -322,19 +322,3 @@ def test_a_chain_that_moves_a_border_leaves_the_chain_it_cuts_into_its_other_bin
     result = search(program, candidates, 1.0, lambda chain, parts: 0.0, budget=1e9, start_from=chosen)
     assert {c.chain for c in result.best.choices} == {chains["a", "d"], chains["e", "f"]}
     assert result.best.peak_bytes <= peak(split_program(program, moved)).bytes
-
-
-def test_of_moves_to_one_peak_fused_tiles_are_timed_before_fewer_per_kernel_tiles():
-    """A tensor after the chain holds the peak once the chain is cut at all, so 2, 4, 8 and 16 tiles reach
-    the same peak: the 2 per-kernel tiles (fewest) would spend most of the budget where 4 fused tiles spend
-    little (SqueezeNet's stem chain in NCHW16c: 8 fused tiles +0.012 ms, 4 per-kernel tiles +0.073 ms)."""
-    from .test_spatial import _stem as stem_of
-
-    program, chain = stem_of(24)
-    program = Program([*program.steps, Step("w", "big", ("z",))], {**program.sizes, "big": 3000})
-    added = {(v, n): 0.045 for n in chain.parts_ladder() for v in ("per-kernel", "fused", "fused, line buffer")}
-    added[("fused", 4)] = 0.005
-    result = search(program, [chain], 1.0, _Variants(chain, added), budget=0.05)
-    (choice,) = result.best.choices
-    assert (choice.parts, choice.variant) == (4, "fused")
-    assert result.best.latency_ms == pytest.approx(1.005)

@@ -215,16 +215,9 @@ def search(
                     evaluated += 1
                     if (p.bytes, p.steps_at_peak) < (current.bytes, current.steps_at_peak):
                         moves.setdefault((chain, parts, p.bytes, p.steps_at_peak), []).append((chain, trial, p))
-        # Lowest peak first; of equal peaks, a chain's tiles as one kernel before its per-kernel tiles (on a CPU
-        # the cheaper, as timed on every zoo model), then the fewest tiles.
+        # Lowest peak first; of equal peaks, the fewest tiles (the cheapest).
         ordered = sorted(
-            moves.values(),
-            key=lambda m: (
-                m[0][2].bytes,
-                m[0][2].steps_at_peak,
-                not any(trial[chain].fused for chain, trial, _ in m),
-                sum(s.parts for s in m[0][1].values()),
-            ),
+            moves.values(), key=lambda m: (m[0][2].bytes, m[0][2].steps_at_peak, sum(s.parts for s in m[0][1].values()))
         )
         # per chain and way of running its tiles, the move with the fewest tiles (timed first)
         cheapest: dict[tuple[Chain, str], tuple[dict[Chain, SplitChoice], Peak]] = {}
