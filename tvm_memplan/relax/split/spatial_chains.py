@@ -180,10 +180,9 @@ def spatial_chains(index: FunctionIndex, windows: int | None = None) -> list[Cha
         siblings = set(first.outside)  # tensors a branch of the chain starts from (an inception module's input)
         for j in range(i + 1, len(bindings)):
             binding = bindings[j]
-            free = relax.analysis.free_vars(binding.value)
-            if not any(v in inside for v in free):
-                if not _sibling(binding, siblings):
-                    continue
+            reads_chain = any(v in inside for v in relax.analysis.free_vars(binding.value))
+            if not reads_chain and not _sibling(binding, siblings):
+                continue
             op = _row_op(index, binding, inside, i)
             if op is None or index.component(binding.var, ROWS) != comp or len(ops) == most_bindings:
                 break
