@@ -584,16 +584,20 @@ def merge_chain(
 
 
 def _writes_whole_output(kernel: _Kernel, output: relax.Var, in_output: set[relax.Var]) -> bool:
-    """``kernel`` makes the chain's output (or a tensor in its bytes) from a tensor of as many rows: all its
-    rows, not one tile's. The blocked layout makes the first tile's rows in a whole blocked tensor and
-    unblocks all of it (:mod:`~.tile_layout`) where the chain's result leaves it NCHW: run in parallel with
-    other workers' tiles, that copy would overwrite their rows, so the first worker's kernels up to it run
-    before the workers start."""
+    """``kernel`` makes all the rows of the chain's output (or of a tensor in its bytes), not one tile's.
+    The blocked layout makes the first tile's rows in a whole blocked tensor and unblocks all of it
+    (:mod:`~.tile_layout`) where the chain's result leaves it NCHW: run in parallel with other workers'
+    tiles, that copy would overwrite their rows, so the first worker's kernels up to it run before the
+    workers start."""
     written = kernel.tensors[-1]
     if not kernel.writes_new or not (written.same_as(output) or written in in_output):
         return False
-    rows = [static_shape(t.ty) for t in kernel.tensors]
-    return all(r is not None and len(r) >= 3 for r in rows) and rows[0][2] == rows[-1][2]
+    read, made, whole = (static_shape(t.ty) for t in (kernel.tensors[0], written, output))
+    if any(s is None or len(s) < 3 for s in (read, made, whole)):
+        return False
+    # a change of layout (NCHW[x]c to NCHW) of all the output's rows; a tile's kernel that writes its
+    # rows through the whole output's buffer keeps its layout, even where its input has as many rows
+    return len(read) != len(made) and read[2] == made[2] == whole[2]
 
 
 def _inlined(call: relax.Call, var: relax.Var, func: relax.Function) -> list[relax.Binding]:
