@@ -63,8 +63,8 @@ from tvm_memplan.relax.layout import layout_block
 from tvm_memplan.relax.pipeline import stage_passes
 from tvm_memplan.relax.split import find_chains, in_order, normalize, program_of
 from tvm_memplan.relax.split.rewrite import windows_in_place
-from tvm_memplan.split.chain import Chain, SplitChoice, in_channel_blocks
-from tvm_memplan.split.search import Point, search_phased
+from tvm_memplan.split.chain import SplitChoice, in_channel_blocks
+from tvm_memplan.split.search import Point, simulated_floor
 from tvm_memplan.split.simulate import Program, peak, split_program
 from tvm_memplan.verify import verify_plan
 
@@ -108,11 +108,6 @@ def model_key(spec: str) -> str:
         width = dict(part.partition("=")[::2] for part in query.split("&") if part).get("width")
         return f"{name}_{width.replace('.', '')}" if width and float(width) != 1.0 else name
     return re.sub(r"(\.torchscript)?\.onnx$", "", Path(spec).name)
-
-
-def simulated_floor(program: Program, chains: list[Chain], seconds: float) -> Point:
-    """The simulator's lowest peak with every chain free to split (each split costing nothing)."""
-    return search_phased(program, chains, 1.0, lambda chain, parts: 0.0, budget=1e9, seconds=seconds).best
 
 
 def holding_chain(program: Program, floor: Point, kept_live: tuple[str, ...]) -> SplitChoice | None:

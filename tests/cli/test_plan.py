@@ -232,8 +232,11 @@ def test_a_split_search_that_keeps_the_plan_unsplit_says_why_and_what_to_try(cap
     assert re.search(r"--latency-budget 0\.21\b", advice)  # the next hundredth over +20 %: a budget that admits it
     assert ("--layout nchw" in advice) == summary["layout"].startswith("blocked")
     assert "--fused-tiles auto" in advice  # the search ran per kernel (asked for) on a float model
+    # the simulator's floor, latency ignored, that the search was guided toward
+    assert 0 < summary["peak_floor_bytes"] <= smallest["peak_bytes"]
     code, out, _ = run_cli(capsys, *argv)  # the text report: the same line in the split rows
     assert code == 0 and "smaller plan" in out and "kept unsplit: the smallest plan found" in " ".join(out.split())
+    assert "simulated floor" in out
 
 
 def test_plan_split_of_a_model_without_chains_keeps_the_plan(capsys, tmp_path):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tvm_memplan.split.search import Point, _fewer_tiles, pareto, search
+from tvm_memplan.split.search import Point, _fewer_tiles, pareto, search, simulated_floor
 from tvm_memplan.split.simulate import Branch, Chain, Program, SplitChoice, Step, peak, split_program
 
 from .programs import inverted_residual, row_pipeline
@@ -322,3 +322,27 @@ def test_a_chain_that_moves_a_border_leaves_the_chain_it_cuts_into_its_other_bin
     result = search(program, candidates, 1.0, lambda chain, parts: 0.0, budget=1e9, start_from=chosen)
     assert {c.chain for c in result.best.choices} == {chains["a", "d"], chains["e", "f"]}
     assert result.best.peak_bytes <= peak(split_program(program, moved)).bytes
+
+
+def test_a_search_toward_the_floor_times_the_floor_plans_moves_first():
+    """Guided by the simulator's floor, the search takes the floor plan's splits without timing the tiles
+    on the way to them (which may each take a minute to compile), and keeps the same plan."""
+    program, first, second = _two_blocks()
+    floor = simulated_floor(program, [first, second], 10.0)
+    timed: dict[bool, list[tuple[str, int]]] = {}
+    results = {}
+    for guided in (False, True):
+        timed[guided] = []
+
+        def cost(chain, parts, calls=timed[guided]):
+            calls.append((chain.tail, parts))
+            return 0.01
+
+        results[guided] = search(
+            program, [first, second], 1.0, cost, budget=0.05, toward=floor.choices if guided else ()
+        )
+    assert results[True].best == results[False].best and results[True].best.peak_bytes == floor.peak_bytes
+    assert set(timed[True]) < set(timed[False])
+    # after the cheapest probe, the floor's parts of the second block before any other of its ladder
+    (floor_parts,) = [c.parts for c in floor.choices if c.chain == second]
+    assert timed[True][:2] == [("y2", 2), ("y2", floor_parts)] and floor_parts > 4

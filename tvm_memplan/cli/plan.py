@@ -433,6 +433,7 @@ def split_summary(split) -> dict:
         "split_advice": smaller_plan_advice(split),
         "peak_before_bytes": result.original.peak_bytes,
         "peak_after_bytes": result.best.peak_bytes,
+        "peak_floor_bytes": split.floor.peak_bytes if split.floor is not None else None,
         f"latency_before_{unit}": _latency(split.latency_before_ms, unit),
         f"latency_after_{unit}": _latency(split.latency_after_ms, unit),
         f"latency_estimated_{unit}": _latency(result.best.latency_ms, unit),
@@ -628,6 +629,11 @@ def _split_rows(summary: dict) -> list[tuple[str, str]]:
     return [
         ("split (axis connection graph)", f"{summary['split_candidates']} candidate chains; split: {chosen}"),
         ("simulated peak", f"{human_bytes(before)} -> {human_bytes(after)}  ({before / after:.2f}x)" if after else "-"),
+        *(
+            [("simulated floor", f"{human_bytes(floor)}  ({before / floor:.2f}x), latency ignored")]
+            if (floor := summary.get("peak_floor_bytes"))
+            else []
+        ),
         (
             "latency (measured)" if unit == "ms" else "instructions (emulated core)",
             (f"{was:.3f} ms -> {now:.3f} ms  " if unit == "ms" else f"{was:,} -> {now:,}  ")

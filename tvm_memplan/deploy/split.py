@@ -4,6 +4,7 @@ rewrite to the planner."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from ..relax.pipeline import resolve_target
 from ..relax.split import describe_tensors, find_chains, in_order, memory_order, normalize, program_of, split_chains
 from ..relax.split.spatial_chains import LINE_BUFFER_WINDOWS
 from ..split.chain import LINE_BUFFER_PARTS, Chain, SpatialChain, SplitChoice, in_channel_blocks
-from ..split.search import Point, SearchOptions, SearchResult, search_phased
+from ..split.search import Point, SearchOptions, SearchResult, search_phased, simulated_floor
 from ..split.simulate import peak, split_program
 from .chain_latency import DEFAULT_CACHE, STALE_RATIO, ChainLatency, DeviceInstructions
 from .measure import Device
@@ -66,6 +67,9 @@ class SplitOutcome:
     fusable: bool = False
     """The search ran each chain's tiles per kernel (``--fused-tiles off``) on a model whose chains can run
     fused (a float model timed here), so ``--fused-tiles auto`` may keep a smaller plan."""
+    floor: Point | None = None
+    """The simulator's floor (:func:`~tvm_memplan.split.search.simulated_floor`), latency ignored: the plan
+    whose moves the search timed first."""
 
     @property
     def choices(self) -> list[SplitChoice]:
@@ -91,6 +95,11 @@ def default_fused_tiles(model: LoadedModel, target: str, mcu_device: str | None)
 
     host_cpu = get_target(target).kind == "llvm"
     return "auto" if host_cpu and mcu_device is None and not is_quantized(model.onnx_model) else "off"
+
+
+FLOOR_SHARE = 0.2
+"""The share of ``--search-seconds`` the simulated floor may take (SqueezeNet's: 24 s on a 2-core Zen 5);
+the floor search ends sooner where no split lowers its peak any more."""
 
 
 def search_split(
@@ -193,7 +202,12 @@ def search_split(
         )
     before = measurer.model_cost(mod)
     program = program_of(mod, alignment, inputs_in_arena=io_in_arena, block=block)
-    limits = SearchOptions(budget=budget, seconds=seconds, memory_limit=memory_limit, progress=progress)
+    started = time.monotonic()
+    floor = simulated_floor(program, chains, seconds * FLOOR_SHARE)
+    left = max(seconds - (time.monotonic() - started), seconds * (1 - FLOOR_SHARE))
+    limits = SearchOptions(
+        budget=budget, seconds=left, memory_limit=memory_limit, progress=progress, toward=floor.choices
+    )
     result = search_phased(program, chains, before, measurer, **limits)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
         at_peak = "; ".join(describe_tensors(mod, list(result.bottleneck.live[:4])))
@@ -229,6 +243,7 @@ def search_split(
         block,
         overhead_and_noise(before, after, measurer.round_samples)[0],
         fusable,
+        floor,
     )
 
 
