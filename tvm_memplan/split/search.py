@@ -51,6 +51,10 @@ DECISIVE_SHARE = 0.1
 smaller ones cannot mislead the search much, and timing again costs runs, not compiles."""
 
 
+NOTHING_WITHIN = "no split lowers the peak within the budget"
+"""Why a search ended that had time left."""
+
+
 class SearchOptions(TypedDict, total=False):
     """The keyword arguments :func:`search_phased` passes on to :func:`search`."""
 
@@ -102,7 +106,7 @@ def pareto(points: list[Point]) -> list[Point]:
     return front
 
 
-def _with_original(front: list[Point], original: Point) -> list[Point]:
+def with_original(front: list[Point], original: Point) -> list[Point]:
     """The front with the unsplit plan kept as its last point, the reference every split is read
     against (chains timed a little faster split than whole, within noise, would drop it)."""
     return front if original in front else [p for p in front if p.peak_bytes < original.peak_bytes] + [original]
@@ -191,7 +195,7 @@ def search(
     def over_budget(choice: SplitChoice, rest: float) -> bool:
         """Already known to miss: the same chain, run the same way, in no more parts, timed over."""
         return memory_limit is None and any(
-            c.chain == choice.chain and c.variant == choice.variant and c.parts <= choice.parts and rest + d > allowed
+            c.chain == choice.chain and _way(c) == _way(choice) and c.parts <= choice.parts and rest + d > allowed
             for c, d in deltas.items()
         )
 
@@ -200,7 +204,7 @@ def search(
     original = Point((), peak(program).bytes, base_latency_ms)
     current = peak(split_program(program, list(start_from)))
     points = [original] + ([Point(tuple(start_from), current.bytes, latency_of(state))] if start_from else [])
-    stopped = "no split lowers the peak within the budget"
+    stopped = NOTHING_WITHIN
     while True:
         if memory_limit is not None and current.bytes <= memory_limit:
             stopped = "memory limit met"
@@ -236,10 +240,10 @@ def search(
             ),
         )
         # per chain and way of running its tiles, the move with the fewest tiles (timed first)
-        cheapest: dict[tuple[Chain, str], tuple[dict[Chain, SplitChoice], Peak]] = {}
+        cheapest: dict[tuple[Chain, tuple[str, int]], tuple[dict[Chain, SplitChoice], Peak]] = {}
         for variants in moves.values():
             for chain, trial, p in variants:
-                key = (chain, trial[chain].variant)
+                key = (chain, _way(trial[chain]))
                 if key not in cheapest or trial[chain].parts < cheapest[key][0][chain].parts:
                     cheapest[key] = (trial, p)
         accepted = False
@@ -267,7 +271,7 @@ def search(
                     stopped = "search time limit"
                     break
                 rest = latency_of({c: s for c, s in trial.items() if c != chain})
-                probe, probe_peak = cheapest[(chain, trial[chain].variant)]
+                probe, probe_peak = cheapest[(chain, _way(trial[chain]))]
                 if probe[chain] not in deltas and probe[chain].parts < trial[chain].parts:
                     # its fewest tiles first: if those miss, no more tiles are timed
                     points.append(Point(tuple(probe.values()), probe_peak.bytes, latency_of(probe)))
@@ -287,7 +291,7 @@ def search(
         report()
     if memory_limit is not None and current.bytes <= memory_limit and state:
         state, current = _fewer_tiles(program, state, current, memory_limit, latency_of, points)
-    front = _with_original(pareto(points), original)
+    front = with_original(pareto(points), original)
     final = _fastest_fitting(front, memory_limit, Point(tuple(state.values()), current.bytes, latency_of(state)))
     return SearchResult(
         final,
@@ -307,6 +311,11 @@ def simulated_floor(program: Program, chains: list[Chain], seconds: float) -> Po
     """The simulator's lowest peak with every chain free to split (each split costing nothing): the
     greedy descent without a latency budget, stopped after ``seconds`` if it has not ended by then."""
     return search_phased(program, chains, 1.0, lambda chain, parts: 0.0, budget=1e9, seconds=seconds).best
+
+
+def _way(choice: SplitChoice) -> tuple[str, int]:
+    """How a split's tiles run: per kernel or fused (line buffer or not), and on how many workers at once."""
+    return choice.variant, choice.concurrent_tiles
 
 
 def _shape_key(chain: Chain, bindings: tuple[str, ...]) -> tuple:
@@ -403,7 +412,7 @@ def search_phased(
     start_from = () if memory_limit is not None else first.best.choices
     phase = {**options, "seconds": left, "progress": second_progress}
     second = search(program, chains, base_latency_ms, chain_delta_ms, start_from=start_from, **phase)
-    front = _with_original(pareto(first.front + second.front), first.original)
+    front = with_original(pareto(first.front + second.front), first.original)
     best = _fastest_fitting(front, memory_limit, second.best)
     return SearchResult(
         best,
