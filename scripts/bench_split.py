@@ -164,6 +164,7 @@ def bench(
     floor_seconds: float = 120.0,
     target: float | None = None,
     layout: str = "auto",
+    floor_guided: bool = False,
 ) -> dict:
     model = load_model(spec)
     options = {"layout": layout, "order_seconds": order_seconds}
@@ -171,12 +172,24 @@ def bench(
         cache = Path(scratch) / "latency.jsonl"
         started = time.perf_counter()
         outcome = search_split(
-            model, budget=budget, seconds=seconds, cache=cache, fused_tiles=fused_tiles, plan_options=options
+            model,
+            budget=budget,
+            seconds=seconds,
+            cache=cache,
+            fused_tiles=fused_tiles,
+            plan_options=options,
+            floor_guided=floor_guided,
         )
         cold = time.perf_counter() - started
         started = time.perf_counter()
         again = search_split(
-            model, budget=budget, seconds=seconds, cache=cache, fused_tiles=fused_tiles, plan_options=options
+            model,
+            budget=budget,
+            seconds=seconds,
+            cache=cache,
+            fused_tiles=fused_tiles,
+            plan_options=options,
+            floor_guided=floor_guided,
         )
         warm = time.perf_counter() - started
         floor = floor_report(model, outcome, cache, floor_seconds, measure=target is not None, layout=layout)
@@ -333,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="activation layout of the search's timings, the coarse and the split plans (default auto)",
     )
+    parser.add_argument("--floor-guided", action="store_true", help="the search times the floor plan's moves first")
     parser.add_argument("--out", type=Path, default=Path("results") / "bench_split.md")
     args = parser.parse_args(argv)
     targets = {**TARGETS, **dict(args.target)}
@@ -350,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.floor_seconds,
                     targets.get(model_key(spec)),
                     args.layout,
+                    args.floor_guided,
                 )
             )
     threads = os.environ.get("TVM_NUM_THREADS")

@@ -221,7 +221,7 @@ def test_a_split_search_that_keeps_the_plan_unsplit_says_why_and_what_to_try(cap
     # and so is each timing again of a decisive split (the search charges the median of three)
     monkeypatch.setattr(ChainLatency, "retime", lambda self, choice, attempt: 0.2 * self.unsplit_today(self.mod))
     argv = ("plan", "zoo:mcu_cnn", "--split", "acg", "--split-cache", str(tmp_path / "c.jsonl"), "--order-seconds", "1")
-    code, out, err = run_cli(capsys, *argv, "--fused-tiles", "off", "--json")
+    code, out, err = run_cli(capsys, *argv, "--fused-tiles", "off", "--floor-guided", "--json")
     assert code == 0, err
     summary = json.loads(out)
     assert summary["split_subgraphs"] == [] and summary["peak_after_bytes"] == summary["peak_before_bytes"]
@@ -234,7 +234,7 @@ def test_a_split_search_that_keeps_the_plan_unsplit_says_why_and_what_to_try(cap
     assert "--fused-tiles auto" in advice  # the search ran per kernel (asked for) on a float model
     # the simulator's floor, latency ignored, that the search was guided toward
     assert 0 < summary["peak_floor_bytes"] <= smallest["peak_bytes"]
-    code, out, _ = run_cli(capsys, *argv)  # the text report: the same line in the split rows
+    code, out, _ = run_cli(capsys, *argv, "--floor-guided")  # the text report: the same line in the split rows
     assert code == 0 and "smaller plan" in out and "kept unsplit: the smallest plan found" in " ".join(out.split())
     assert "simulated floor" in out
 

@@ -213,14 +213,11 @@ def test_auto_fused_tiles_keep_the_faster_of_fused_and_per_kernel_tiles(mcu, tmp
     measurer = ChainLatency(mod, get_target("host"), Device(), cache=tmp_path / "c.jsonl", fused_tiles="auto")
     chain = next(c for c in find_chains(mod) if c.fusable and c.spatial and c.has_halo(4, measurer.workers))
     splits = measurer.splits(chain, 4)
-    # fused tiles a tile per worker and, on a host with several, also one tile at a time (one tile's buffers)
-    ways = [(c.variant, c.concurrent_tiles) for c in splits]
-    fused = [("fused", w) for w in sorted({measurer.workers, 1}, reverse=True)]
-    assert ways == [("per-kernel", 1), *((v, w) for _, w in fused for v in ("fused", "fused, line buffer"))]
+    assert [c.variant for c in splits] == ["per-kernel", "fused", "fused, line buffer"]
     added = measurer(chain, 4)
-    assert measurer.misses == len(splits)  # each variant timed beside the chain whole
+    assert measurer.misses == 3  # each variant timed beside the chain whole
     deltas = {c: measurer.split_delta(c) for c in splits}
-    assert measurer.misses == len(splits)  # (cached)
+    assert measurer.misses == 3  # (cached)
     choice = measurer.choice(chain, 4)
     assert added == deltas[choice] == min(deltas.values())
 

@@ -346,3 +346,27 @@ def test_a_search_toward_the_floor_times_the_floor_plans_moves_first():
     # after the cheapest probe, the floor's parts of the second block before any other of its ladder
     (floor_parts,) = [c.parts for c in floor.choices if c.chain == second]
     assert timed[True][:2] == [("y2", 2), ("y2", floor_parts)] and floor_parts > 4
+
+
+def test_once_a_floor_move_misses_the_budget_the_search_takes_the_lowest_peaks_first_again():
+    """The floor plan is out of reach once one of its moves misses the budget: from there the search times
+    moves as unguided does, lowest peak first (the floor's other moves would each be compiled first otherwise)."""
+    program, first, second = _two_blocks()
+    floor = simulated_floor(program, [first, second], 10.0)
+    parts = {c.chain: c.parts for c in floor.choices}
+    timed: dict[bool, list[tuple[str, int]]] = {}
+    results = {}
+    for guided in (True, False):
+        timed[guided] = []
+
+        def cost(chain, n, calls=timed[guided]):
+            calls.append((chain.tail, n))
+            return 0.2 if n == parts[chain] else 0.001  # each floor move misses the 5 % budget
+
+        results[guided] = search(
+            program, [first, second], 1.0, cost, budget=0.05, toward=floor.choices if guided else ()
+        )
+    assert results[True].best == results[False].best
+    missed = ("y2", parts[second])
+    assert timed[True][:2] == [("y2", 2), missed]  # the cheapest probe, then the floor's move, which misses
+    assert timed[True][2:] == [t for t in timed[False] if t not in timed[True][:2]]

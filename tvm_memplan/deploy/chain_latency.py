@@ -155,21 +155,16 @@ class ChainLatency:
     def splits(self, chain: Chain, parts: int) -> list[SplitChoice]:
         """The ways ``fused_tiles`` lets ``chain`` run in ``parts`` tiles, none timed yet: per-kernel tiles
         (``off``, ``auto``), fused tiles (``on``, ``auto``; where :attr:`Chain.fusable`) with halos
-        recomputed and, for a spatial chain whose tiles share rows, kept in a rolling line buffer. A spatial
-        chain's fused tiles run a tile per worker and, where the host has several, also one tile at a time
-        with each stage parallel within it: that holds one tile's buffers, not one per worker (SqueezeNet's
-        simulated floor in NCHW16c, 7.73x, is all fused tiles one at a time; a tile per worker reaches it only
-        with per-kernel tiles gathered at the chain's end)."""
+        recomputed and, for a spatial chain whose tiles share rows, kept in a rolling line buffer."""
         per_kernel = SplitChoice(chain, parts, False, self.workers)
         if self.fused_tiles == "off" or not chain.fusable:
             return [per_kernel]
-        spatial = isinstance(chain, SpatialChain)
-        fused = []
-        for workers in sorted({self.workers, 1}, reverse=True) if spatial else [self.workers]:
-            fused.append(SplitChoice(chain, parts, True, workers))
-            rolling = SplitChoice(chain, parts, True, workers, rolling=True) if spatial else None
-            if rolling is not None and chain.has_halo(parts, rolling.concurrent_tiles):  # else the same kernel
-                fused.append(rolling)
+        fused = [SplitChoice(chain, parts, True, self.workers)]
+        rolling = (
+            SplitChoice(chain, parts, True, self.workers, rolling=True) if isinstance(chain, SpatialChain) else None
+        )
+        if rolling is not None and chain.has_halo(parts, rolling.concurrent_tiles):  # else the same kernel
+            fused.append(rolling)
         return fused if self.fused_tiles == "on" else [per_kernel, *fused]
 
     def _workers(self) -> int:

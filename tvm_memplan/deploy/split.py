@@ -77,8 +77,8 @@ class SplitOutcome:
     """The search ran each chain's tiles per kernel (``--fused-tiles off``) on a model whose chains can run
     fused (a float model timed here), so ``--fused-tiles auto`` may keep a smaller plan."""
     floor: Point | None = None
-    """The simulator's floor (:func:`~tvm_memplan.split.search.simulated_floor`), latency ignored: the plan
-    whose moves the search timed first."""
+    """With ``floor_guided``: the simulator's floor (:func:`~tvm_memplan.split.search.simulated_floor`),
+    latency ignored, whose plan's moves the search timed first."""
 
     @property
     def choices(self) -> list[SplitChoice]:
@@ -169,6 +169,7 @@ def search_split(
     emit_options: Mapping[str, Any] | None = None,
     refresh_confirmations: bool = False,
     stale_ratio: float = STALE_RATIO,
+    floor_guided: bool = False,
 ) -> SplitOutcome:
     """Search the split plan of ``model``; latencies are measured on ``device`` (default: here).
     ``progress(candidates timed, lowest peak so far)`` follows the search. ``fused_tiles`` (``off``,
@@ -183,6 +184,11 @@ def search_split(
     ``mcu_device`` (``qemu-cortex-m7``, ``qemu-cortex-m4``, ``qemu-cortex-m55``): costs are the instructions
     the emulated core retires running the model ``spec`` as standalone C (:class:`DeviceInstructions`,
     with :func:`~tvm_memplan.deploy.emit_c.emit_c`'s ``emit_options``), and the budget is in instructions.
+
+    With ``floor_guided`` the simulator's floor is computed first (:data:`FLOOR_SHARE` of ``seconds``) and the
+    moves of its plan are timed before the others (:func:`~tvm_memplan.split.search.search`'s ``toward``): on
+    a 2-core Zen 5, SqueezeNet in NCHW16c kept 4.35x-4.95x guided against 2.73x, but MobileNetV2 2.14x against
+    4.04x (``results/bench_split_floor_guided.md``), so it is asked for, not the default.
 
     Cached whole-model times (the unsplit model's cost, the confirmations) are timed again when the
     unsplit model timed now is more than ``1 + stale_ratio`` times faster or slower than what they were
@@ -252,10 +258,10 @@ def search_split(
     before = measurer.model_cost(mod)
     program = program_of(mod, alignment, inputs_in_arena=io_in_arena, block=block)
     started = time.monotonic()
-    floor = simulated_floor(program, chains, seconds * FLOOR_SHARE)
+    floor = simulated_floor(program, chains, seconds * FLOOR_SHARE) if floor_guided else None
     left = max(seconds - (time.monotonic() - started), seconds * (1 - FLOOR_SHARE))
     limits = SearchOptions(
-        budget=budget, seconds=left, memory_limit=memory_limit, progress=progress, toward=floor.choices
+        budget=budget, seconds=left, memory_limit=memory_limit, progress=progress, toward=floor.choices if floor else ()
     )
     result = search_phased(program, chains, before, measurer, **limits)
     if memory_limit is not None and result.best.peak_bytes > memory_limit:
