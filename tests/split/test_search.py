@@ -324,23 +324,27 @@ def test_a_chain_that_moves_a_border_leaves_the_chain_it_cuts_into_its_other_bin
     assert result.best.peak_bytes <= peak(split_program(program, moved)).bytes
 
 
+def _guided_and_not(program, chains, floor, cost):
+    """Searches toward ``floor`` and unguided, with the same made-up costs: their results and what each timed."""
+    results, timed = {}, {}
+    for guided in (True, False):
+        calls = timed[guided] = []
+
+        def recorded(chain, parts, calls=calls):
+            calls.append((chain.tail, parts))
+            return cost(chain, parts)
+
+        toward = floor.choices if guided else ()
+        results[guided] = search(program, chains, 1.0, recorded, budget=0.05, toward=toward)
+    return results, timed
+
+
 def test_a_search_toward_the_floor_times_the_floor_plans_moves_first():
     """Guided by the simulator's floor, the search takes the floor plan's splits without timing the tiles
     on the way to them (which may each take a minute to compile), and keeps the same plan."""
     program, first, second = _two_blocks()
     floor = simulated_floor(program, [first, second], 10.0)
-    timed: dict[bool, list[tuple[str, int]]] = {}
-    results = {}
-    for guided in (False, True):
-        timed[guided] = []
-
-        def cost(chain, parts, calls=timed[guided]):
-            calls.append((chain.tail, parts))
-            return 0.01
-
-        results[guided] = search(
-            program, [first, second], 1.0, cost, budget=0.05, toward=floor.choices if guided else ()
-        )
+    results, timed = _guided_and_not(program, [first, second], floor, lambda chain, parts: 0.01)
     assert results[True].best == results[False].best and results[True].best.peak_bytes == floor.peak_bytes
     assert set(timed[True]) < set(timed[False])
     # after the cheapest probe, the floor's parts of the second block before any other of its ladder
@@ -354,18 +358,8 @@ def test_once_a_floor_move_misses_the_budget_the_search_takes_the_lowest_peaks_f
     program, first, second = _two_blocks()
     floor = simulated_floor(program, [first, second], 10.0)
     parts = {c.chain: c.parts for c in floor.choices}
-    timed: dict[bool, list[tuple[str, int]]] = {}
-    results = {}
-    for guided in (True, False):
-        timed[guided] = []
-
-        def cost(chain, n, calls=timed[guided]):
-            calls.append((chain.tail, n))
-            return 0.2 if n == parts[chain] else 0.001  # each floor move misses the 5 % budget
-
-        results[guided] = search(
-            program, [first, second], 1.0, cost, budget=0.05, toward=floor.choices if guided else ()
-        )
+    # each floor move misses the 5 % budget
+    results, timed = _guided_and_not(program, [first, second], floor, lambda c, n: 0.2 if n == parts[c] else 0.001)
     assert results[True].best == results[False].best
     missed = ("y2", parts[second])
     assert timed[True][:2] == [("y2", 2), missed]  # the cheapest probe, then the floor's move, which misses
