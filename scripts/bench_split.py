@@ -211,11 +211,7 @@ def bench(
         "estimate": result.best.latency_ms / result.original.latency_ms - 1 if result.original.latency_ms else 0.0,
         "onnxruntime": (ort_ms, ort_spread),
         "chains": len(outcome.chains),
-        "split": "; ".join(
-            f"{c.chain.name} x{c.parts} {c.variant}" + (f" ({c.concurrent_tiles} at once)" if c.fused else "")
-            for c in outcome.choices
-        )
-        or "none",
+        "split": "; ".join(f"{c.chain.name} x{c.parts} {c.variant}" for c in outcome.choices) or "none",
         "search_s": (cold, warm),
         "warm_measurements": again.cache_misses,
         "correct": verified.ok,

@@ -1,7 +1,6 @@
 """The export-checking script end to end on a fixture (the full run is minutes per network)."""
 
 import os
-import re
 import shutil
 
 import pytest
@@ -382,9 +381,7 @@ def test_bench_split_reports_the_floor_and_what_holds_a_missed_target(tmp_path):
     assert "ms (" in cells["target"] and cells["correct, VM = plan"] == "yes"
     assert cells["layout"].startswith("NCHW")  # the layout the plans are built and timed in
     split = cells["chains found / split"].split(" / ", 1)[1]
-    # each chain's tiles: per kernel, or fused (line buffer or not) with how many tiles run at once
-    tiles = re.compile(r".+ x\d+ (per-kernel|fused(, line buffer)? \(\d+ at once\))$")
-    assert split == "none" or all(tiles.match(c) for c in split.split("; ")), split
+    assert split == "none" or all(c.endswith(("fused", "fused, line buffer", "per-kernel")) for c in split.split("; "))
     command = text.split("Command: `", 1)[1]  # (after TVM_NUM_THREADS=N where the caller set it)
     assert "python scripts/bench_split.py zoo:mcu_cnn " in command.split("`")[0]
 

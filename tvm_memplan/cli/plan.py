@@ -434,7 +434,6 @@ def split_summary(split) -> dict:
                 "kind": c.chain.kind,
                 "fused": c.fused,
                 "tiles": c.variant,
-                "tiles_at_once": c.concurrent_tiles,
             }
             for c in split.choices
         ],
@@ -624,19 +623,17 @@ def _groups_rows(summary: dict) -> list[tuple[str, str]]:
 _HOW_TILES_RUN = {"fused": " (one kernel)", "fused, line buffer": " (one kernel, line buffer)"}
 
 
-def _how_tiles_run(subgraph: dict) -> str:
-    """`` (one kernel, line buffer, 2 tiles at once)`` for a split chain of the report (nothing per kernel)."""
-    how = _HOW_TILES_RUN.get(subgraph.get("tiles"), "")
-    at_once = subgraph.get("tiles_at_once", 1)
-    return how[:-1] + f", {at_once} tiles at once)" if how and at_once > 1 else how
-
-
 def _split_rows(summary: dict) -> list[tuple[str, str]]:
     before, after = summary["peak_before_bytes"], summary["peak_after_bytes"]
     unit = summary["latency_unit"]
     counts = "latencies" if unit == "ms" else "instruction counts"
     was, now = summary[f"latency_before_{unit}"], summary[f"latency_after_{unit}"]
-    chosen = ", ".join(f"{s['chain']} x{s['parts']}{_how_tiles_run(s)}" for s in summary["split_subgraphs"]) or "none"
+    chosen = (
+        ", ".join(
+            f"{s['chain']} x{s['parts']}{_HOW_TILES_RUN.get(s.get('tiles'), '')}" for s in summary["split_subgraphs"]
+        )
+        or "none"
+    )
     return [
         ("split (axis connection graph)", f"{summary['split_candidates']} candidate chains; split: {chosen}"),
         ("simulated peak", f"{human_bytes(before)} -> {human_bytes(after)}  ({before / after:.2f}x)" if after else "-"),

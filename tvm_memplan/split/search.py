@@ -195,7 +195,7 @@ def search(
     def over_budget(choice: SplitChoice, rest: float) -> bool:
         """Already known to miss: the same chain, run the same way, in no more parts, timed over."""
         return memory_limit is None and any(
-            c.chain == choice.chain and _way(c) == _way(choice) and c.parts <= choice.parts and rest + d > allowed
+            c.chain == choice.chain and c.variant == choice.variant and c.parts <= choice.parts and rest + d > allowed
             for c, d in deltas.items()
         )
 
@@ -233,17 +233,17 @@ def search(
         ordered = sorted(
             moves.values(),
             key=lambda m: (
-                (m[0][0], m[0][1][m[0][0]].parts) not in floor_moves,
+                _chain_parts(m) not in floor_moves,
                 m[0][2].bytes,
                 m[0][2].steps_at_peak,
                 sum(s.parts for s in m[0][1].values()),
             ),
         )
         # per chain and way of running its tiles, the move with the fewest tiles (timed first)
-        cheapest: dict[tuple[Chain, tuple[str, int]], tuple[dict[Chain, SplitChoice], Peak]] = {}
+        cheapest: dict[tuple[Chain, str], tuple[dict[Chain, SplitChoice], Peak]] = {}
         for variants in moves.values():
             for chain, trial, p in variants:
-                key = (chain, _way(trial[chain]))
+                key = (chain, trial[chain].variant)
                 if key not in cheapest or trial[chain].parts < cheapest[key][0][chain].parts:
                     cheapest[key] = (trial, p)
         accepted = regroup = False
@@ -271,7 +271,7 @@ def search(
                     stopped = "search time limit"
                     break
                 rest = latency_of({c: s for c, s in trial.items() if c != chain})
-                probe, probe_peak = cheapest[(chain, _way(trial[chain]))]
+                probe, probe_peak = cheapest[(chain, trial[chain].variant)]
                 if probe[chain] not in deltas and probe[chain].parts < trial[chain].parts:
                     # its fewest tiles first: if those miss, no more tiles are timed
                     points.append(Point(tuple(probe.values()), probe_peak.bytes, latency_of(probe)))
@@ -286,7 +286,7 @@ def search(
                 _, state, current = best
                 accepted = True
                 break
-            if (variants[0][0], variants[0][1][variants[0][0]].parts) in floor_moves:
+            if _chain_parts(variants) in floor_moves:
                 # a move of the floor plan missed the budget: the floor is out of reach, and the lowest peaks
                 # first are the better guide from here (MobileNetV2's floor splits two long chains gathered,
                 # per kernel, +15 % each: followed on, the search spent its time compiling them, 2.14x
@@ -323,9 +323,10 @@ def simulated_floor(program: Program, chains: list[Chain], seconds: float) -> Po
     return search_phased(program, chains, 1.0, lambda chain, parts: 0.0, budget=1e9, seconds=seconds).best
 
 
-def _way(choice: SplitChoice) -> tuple[str, int]:
-    """How a split's tiles run: per kernel or fused (line buffer or not), and on how many workers at once."""
-    return choice.variant, choice.concurrent_tiles
+def _chain_parts(variants: list[tuple[Chain, dict[Chain, SplitChoice], Peak]]) -> tuple[Chain, int]:
+    """The chain a move splits and into how many parts (what a floor plan's move is matched on)."""
+    chain, trial, _ = variants[0]
+    return chain, trial[chain].parts
 
 
 def _shape_key(chain: Chain, bindings: tuple[str, ...]) -> tuple:
