@@ -29,8 +29,10 @@ against the plan.
 The floor is the simulator's lowest peak with every chain free to split, latency ignored (the same
 search with every split costing nothing): what splitting can reach at most. Where a model misses its
 reduction target (:data:`TARGETS`, or ``--target NAME=X``), the last column names the chain that holds
-the kept plan's peak and that the floor plan splits, with its measured cost as the floor plan splits
-it (fused where it can be) against the whole model's latency and the budget.
+the kept plan's peak and that the floor plan splits, in the floor plan's parts: its measured cost against
+the whole model's latency and the budget, and the reduction the floor plan simulates with it, as the floor
+plan runs its tiles, fused one tile at a time and fused with a tile per worker. The floor runs every chain
+one tile at a time; the kernels fast enough for the budget run a tile per worker and hold that many tiles.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import shlex
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +66,7 @@ from tvm_memplan.relax.layout import layout_block
 from tvm_memplan.relax.pipeline import stage_passes
 from tvm_memplan.relax.split import find_chains, in_order, normalize, program_of
 from tvm_memplan.relax.split.rewrite import windows_in_place
-from tvm_memplan.split.chain import SplitChoice, in_channel_blocks
+from tvm_memplan.split.chain import SpatialChain, SplitChoice, in_channel_blocks
 from tvm_memplan.split.search import Point, simulated_floor
 from tvm_memplan.split.simulate import Program, peak, split_program
 from tvm_memplan.verify import verify_plan
@@ -134,10 +137,11 @@ def floor_report(
     floor_seconds: float,
     measure: bool = True,
     layout: str = "nchw",
+    fusable: bool = True,
 ) -> dict:
-    """The simulator's floor and (with ``measure``: for a model with a target) the chain that holds the kept
-    plan above it, with its measured cost: fused where its tiles can run as one kernel (whatever the row's
-    ``--fused-tiles``), else per kernel."""
+    """The simulator's floor (with ``fusable``, tiles may also run as one kernel) and (with ``measure``: for a
+    model with a target) the chain that holds the kept plan above it, timed the ways it can run
+    (:func:`holding_variants`)."""
     mod = normalize(to_relax(model))
     mod = in_order(mod, outcome.order) if outcome.order else mod
     # the search's program and chains (deploy.split): tensors sized as the layout holds them
@@ -145,14 +149,43 @@ def floor_report(
     program = program_of(mod, DEFAULT_ALIGNMENT, block=block)
     chains = find_chains(mod, block)
     chains = in_channel_blocks(chains, block) if block else chains
-    floor = simulated_floor(program, chains, floor_seconds)
+    floor = simulated_floor(program, chains, floor_seconds, fused=fusable)
     report = {"floor": (peak(program).bytes, floor.peak_bytes), "held": None}
     held = holding_chain(program, floor, outcome.result.bottleneck.live) if measure else None
     if held is not None:
-        fused = "on" if held.chain.fusable else "off"
-        measurer = ChainLatency(mod, get_target("host"), Device(), cache=cache, fused_tiles=fused, layout=layout)
-        report["held"] = (held.chain.name, held.parts, fused == "on", measurer(held.chain, held.parts))
+        measurer = ChainLatency(mod, get_target("host"), Device(), cache=cache, layout=layout)
+        report["held"] = (held.chain.name, held.parts, holding_variants(program, floor, held, measurer))
     return report
+
+
+def holding_variants(
+    program: Program, floor: Point, held: SplitChoice, measurer: ChainLatency
+) -> list[tuple[str, float, int]]:
+    """``(how, measured ms, simulated peak)`` of the floor plan's chain ``held`` in its parts, each way its tiles
+    can run, the rest of the floor plan as it is: as the floor plan runs it; and where its tiles can be one
+    kernel (a gathered chain's written where they end up instead), fused one tile at a time (each stage
+    parallel within the tile: the floor's memory) and fused with a tile per worker (one tile's buffers per
+    worker), each the faster of halos recomputed and kept in a line buffer. The floor lets every chain run
+    one tile at a time: where only the per-worker kernel is within the budget, this says what that costs in
+    memory."""
+    rest = [c for c in floor.choices if c is not held]
+    chain = replace(held.chain, gathered=False) if isinstance(held.chain, SpatialChain) else held.chain
+    ways = [("as the floor plan runs it" + (", per kernel" if not held.fused else ", fused"), [held])]
+    if chain.fusable:
+        spatial = isinstance(chain, SpatialChain)
+        for workers in sorted({1, measurer.workers} if spatial else {1}):
+            tried = [SplitChoice(chain, held.parts, True, workers)]
+            if spatial and chain.has_halo(held.parts, tried[0].concurrent_tiles):
+                tried.append(SplitChoice(chain, held.parts, True, workers, rolling=True))
+            at_once = "one tile at a time" if workers == 1 else f"{workers} tiles at once"
+            ways.append((f"fused, {at_once}" if spatial else "fused", tried))
+    found = []
+    for how, tried in ways:
+        timed = {choice: measurer.split_delta(choice) for choice in tried}
+        fastest = min(timed, key=timed.get)
+        label = how + (", line buffer" if fastest.rolling and len(tried) > 1 else "")
+        found.append((label, timed[fastest], peak(split_program(program, [*rest, fastest])).bytes))
+    return found
 
 
 def bench(
@@ -184,7 +217,7 @@ def bench(
             )
             searches.append((found, time.perf_counter() - started))
         (outcome, cold), (again, warm) = searches
-        floor = floor_report(model, outcome, cache, floor_seconds, measure=target is not None, layout=layout)
+        floor = floor_report(model, outcome, cache, floor_seconds, target is not None, layout, fused_tiles != "off")
     coarse = plan_model(model, **options)
     split = plan_model(model, prepare=outcome.prepare(), **options)
     verified = verify_plan(split)
@@ -242,10 +275,13 @@ def missed(r: dict, budget: float) -> str:
     )
     if r["held"] is None:
         return text + "; no floor chain at the kept plan's peak"
-    name, parts, fused, delta = r["held"]
-    share = delta / r["original_ms"] if r["original_ms"] else 0.0
-    how = "fused" if fused else "per kernel"
-    return f"{text}; held by {name} x{parts}, {how}: {delta:+.3f} ms ({share:+.1%} of the model, budget {budget:.0%})"
+    name, parts, ways = r["held"]
+    timed = "; ".join(
+        f"{how}: {delta:+.3f} ms ({delta / r['original_ms'] if r['original_ms'] else 0.0:+.1%} of the model), "
+        f"{coarse / bytes_:.2f}x"
+        for how, delta, bytes_ in ways
+    )
+    return f"{text}; held by {name} x{parts} (budget {budget:.0%}): {timed}"
 
 
 def markdown(rows: list[dict], budget: float, command: str) -> str:
@@ -263,8 +299,10 @@ def markdown(rows: list[dict], budget: float, command: str) -> str:
         "simulator's lowest peak with every chain free to split and latency ignored, against its coarse peak. "
         "Split: each chain kept, its parts, and whether its tiles run fused (one kernel) or per kernel. Target: "
         "the reduction asked of the model; where missed, the chain of the floor plan that holds the kept plan's "
-        "peak, split as the floor plan splits it (fused where it can be), and its measured cost (chain timed "
-        "alone, split minus whole). Produced by `scripts/bench_split.py`.",
+        "peak, in the floor plan's parts, with its measured cost (chain timed alone, split minus whole) and the "
+        "reduction the floor plan simulates with it, for each way its tiles can run: as the floor plan runs them, "
+        "fused one tile at a time (stages parallel within a tile) and fused with a tile per worker (each worker "
+        "holding a tile's buffers). Produced by `scripts/bench_split.py`.",
         "",
         "| model | layout | fused tiles | coarse arena KiB | split arena KiB | reduction | floor (simulated) "
         "| latency before ms | after ms | overhead median / fastest (search's estimate) "

@@ -368,7 +368,7 @@ def test_bench_mcu_split_builds_the_kept_plan_on_the_emulated_m7(tmp_path):
 def test_bench_split_reports_the_floor_and_what_holds_a_missed_target(tmp_path):
     """mcu_cnn with a target it cannot reach: the row has the simulator's floor, each split chain says
     whether it runs fused, and the target column names the floor and the chain holding the kept plan
-    above it with its measured cost; the command that made the table is in its text."""
+    above it with its measured cost each way its tiles can run; the command that made the table is in its text."""
     out = tmp_path / "split.md"
     args = ["zoo:mcu_cnn", "--search-seconds", "2", "--order-seconds", "1", "--floor-seconds", "2"]
     run_script("bench_split.py", *args, "--target", "mcu_cnn=100", "--fused-tiles", "auto", "--out", str(out))
@@ -379,6 +379,11 @@ def test_bench_split_reports_the_floor_and_what_holds_a_missed_target(tmp_path):
     assert floor >= float(cells["reduction"].rstrip("x")) * 0.5 and floor > 1.0
     assert cells["target"].startswith("100x: missed; floor") and "held by" in cells["target"]
     assert "ms (" in cells["target"] and cells["correct, VM = plan"] == "yes"
+    # each way the holding chain's tiles can run: its measured cost and the floor plan's reduction with it
+    ways = cells["target"].split("(budget 5%): ", 1)[1].split("; ")
+    assert ways[0].startswith("as the floor plan runs it") and len(ways) >= 2
+    assert all(" ms (" in way and way.endswith("x") for way in ways)
+    assert any(way.startswith("fused") for way in ways[1:])
     assert cells["layout"].startswith("NCHW")  # the layout the plans are built and timed in
     split = cells["chains found / split"].split(" / ", 1)[1]
     assert split == "none" or all(c.endswith(("fused", "fused, line buffer", "per-kernel")) for c in split.split("; "))

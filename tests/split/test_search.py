@@ -364,3 +364,17 @@ def test_once_a_floor_move_misses_the_budget_the_search_takes_the_lowest_peaks_f
     missed = ("y2", parts[second])
     assert timed[True][:2] == [("y2", 2), missed]  # the cheapest probe, then the floor's move, which misses
     assert timed[True][2:] == [t for t in timed[False] if t not in timed[True][:2]]
+
+
+def test_the_floor_with_fused_ways_keeps_a_line_buffer_where_it_holds_less_than_recomputed_halos():
+    """Three 3x3 convolutions recompute their halos in every per-kernel tile; fused one tile at a time with a
+    line buffer, each keeps two rows instead: the floor with fused ways is lower and runs the chain that way.
+    It is never above the per-kernel floor (two descents, the lower kept)."""
+    program, chains = row_pipeline({"a": 100, "b": 100, "c": 100, "d": 10}, rows=32)
+    per_kernel = simulated_floor(program, list(chains.values()), 5.0)
+    fused = simulated_floor(program, list(chains.values()), 5.0, fused=True)
+    assert fused.peak_bytes < per_kernel.peak_bytes < peak(program).bytes
+    assert [c.variant for c in per_kernel.choices] == ["per-kernel"]
+    (choice,) = fused.choices
+    assert choice.rolling and choice.fused and choice.concurrent_tiles == 1
+    assert peak(split_program(program, [choice])).bytes == fused.peak_bytes

@@ -258,7 +258,7 @@ def search_split(
     before = measurer.model_cost(mod)
     program = program_of(mod, alignment, inputs_in_arena=io_in_arena, block=block)
     started = time.monotonic()
-    floor = simulated_floor(program, chains, seconds * FLOOR_SHARE) if floor_guided else None
+    floor = simulated_floor(program, chains, seconds * FLOOR_SHARE, fused_tiles != "off") if floor_guided else None
     left = max(seconds - (time.monotonic() - started), seconds * (1 - FLOOR_SHARE))
     limits = SearchOptions(
         budget=budget, seconds=left, memory_limit=memory_limit, progress=progress, toward=floor.choices if floor else ()
