@@ -56,7 +56,7 @@ from tvm import relax
 from tvm_memplan.deploy.chain_latency import ChainLatency
 from tvm_memplan.deploy.measure import Device
 from tvm_memplan.deploy.results import write_atomically
-from tvm_memplan.deploy.split import SplitOutcome, search_split
+from tvm_memplan.deploy.split import SplitOutcome, overhead_and_noise, search_split
 from tvm_memplan.deploy.targets import get_target
 from tvm_memplan.frontend import LoadedModel, load_model, to_relax
 from tvm_memplan.planner import plan_model
@@ -152,10 +152,39 @@ def floor_report(
     floor = simulated_floor(program, chains, floor_seconds, fused=fusable)
     report = {"floor": (peak(program).bytes, floor.peak_bytes), "held": None}
     held = holding_chain(program, floor, outcome.result.bottleneck.live) if measure else None
+    report["built"] = []
     if held is not None:
         measurer = ChainLatency(mod, get_target("host"), Device(), cache=cache, layout=layout)
         report["held"] = (held.chain.name, held.parts, holding_variants(program, floor, held, measurer))
+        report["built"] = floor_plan_built(mod, program, floor, measurer)
     return report
+
+
+def floor_plan_built(
+    mod: tvm.IRModule, program: Program, floor: Point, measurer: ChainLatency
+) -> list[tuple[str, float, int]]:
+    """``(how, measured overhead, simulated peak)`` of the whole floor plan, built and timed against the unsplit
+    model side by side (3 interleaved rounds, read as the search's confirmation reads them): its tiles as the
+    floor plan runs them (one at a time), and every chain that can be one kernel fused with a tile per worker
+    (a gathered chain's tiles written where they end up; halos kept in a line buffer where tiles share rows).
+    Whether the floor is out of the budget's reach, and what the fast kernels' parallel tiles cost in memory."""
+    per_worker = []
+    for choice in floor.choices:
+        chain = replace(choice.chain, gathered=False) if isinstance(choice.chain, SpatialChain) else choice.chain
+        if not chain.fusable:
+            per_worker.append(choice)
+            continue
+        rolling = isinstance(chain, SpatialChain) and chain.has_halo(choice.parts, measurer.workers)
+        per_worker.append(SplitChoice(chain, choice.parts, True, measurer.workers, rolling))
+    ways = [("as the floor plan runs its tiles", list(floor.choices))]
+    if per_worker != list(floor.choices):
+        ways.append((f"fused, {measurer.workers} tiles at once", per_worker))
+    built = []
+    for how, choices in ways:
+        before, after = measurer.compare_split(mod, choices)
+        overhead = overhead_and_noise(before, after, measurer.round_samples)[0]
+        built.append((how, overhead, peak(split_program(program, choices)).bytes))
+    return built
 
 
 def holding_variants(
@@ -262,6 +291,12 @@ def _layout_name(layout: str) -> str:
     return f"NCHW{block}c" if block else "NCHW"
 
 
+def built(r: dict) -> str:
+    """The floor plan built column: each way, the whole model's measured overhead and the simulated reduction."""
+    coarse = r["floor"][0]
+    return "; ".join(f"{how}: {overhead:+.1%}, {coarse / bytes_:.2f}x" for how, overhead, bytes_ in r["built"]) or "—"
+
+
 def missed(r: dict, budget: float) -> str:
     """The target column: met, or the floor, the chain holding the kept plan above it and its measured cost."""
     reduction = r["coarse_arena"] / r["split_arena"]
@@ -302,13 +337,17 @@ def markdown(rows: list[dict], budget: float, command: str) -> str:
         "peak, in the floor plan's parts, with its measured cost (chain timed alone, split minus whole) and the "
         "reduction the floor plan simulates with it, for each way its tiles can run: as the floor plan runs them, "
         "fused one tile at a time (stages parallel within a tile) and fused with a tile per worker (each worker "
-        "holding a tile's buffers). Produced by `scripts/bench_split.py`.",
+        "holding a tile's buffers). Floor plan built: the whole floor plan against the unsplit model, side by "
+        "side (3 rounds, read as the confirmation reads them), as the floor runs its tiles and with every chain "
+        "that can be one kernel fused with a tile per worker, with the reduction the simulator gives each. "
+        "Produced by `scripts/bench_split.py`.",
         "",
         "| model | layout | fused tiles | coarse arena KiB | split arena KiB | reduction | floor (simulated) "
         "| latency before ms | after ms | overhead median / fastest (search's estimate) "
         "| onnxruntime ms | chains found / split | launches unsplit / split "
-        "| search s cold / warm | correct, VM = plan | smaller on the front | bottleneck now | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| search s cold / warm | correct, VM = plan | smaller on the front | bottleneck now | target "
+        "| floor plan built: overhead, reduction |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         before, after = r["before"], r["after"]
@@ -329,7 +368,7 @@ def markdown(rows: list[dict], budget: float, command: str) -> str:
             f"{r['chains']} / {r['split']} | {r['launches'][1]} / {r['launches'][0]} | "
             f"{r['search_s'][0]:.0f} / {r['search_s'][1]:.0f} | "
             f"{'yes' if r['correct'] else 'NO: ' + '; '.join(r['problems'])} | {front} | {r['bottleneck']} | "
-            f"{missed(r, budget)} |"
+            f"{missed(r, budget)} | {built(r)} |"
         )
     lines.append("")
     lines.append(

@@ -384,6 +384,11 @@ def test_bench_split_reports_the_floor_and_what_holds_a_missed_target(tmp_path):
     assert ways[0].startswith("as the floor plan runs it") and len(ways) >= 2
     assert all(" ms (" in way and way.endswith("x") for way in ways)
     assert any(way.startswith("fused") for way in ways[1:])
+    # the whole floor plan built and timed against the unsplit model, with its simulated reduction
+    built = cells["floor plan built: overhead, reduction"].split("; ")
+    assert built[0].startswith("as the floor plan runs its tiles: ")
+    assert float(built[0].rsplit(", ", 1)[1].rstrip("x")) == pytest.approx(floor, abs=0.01)
+    assert all(way.endswith("x") and "%, " in way for way in built)
     assert cells["layout"].startswith("NCHW")  # the layout the plans are built and timed in
     split = cells["chains found / split"].split(" / ", 1)[1]
     assert split == "none" or all(c.endswith(("fused", "fused, line buffer", "per-kernel")) for c in split.split("; "))
