@@ -320,7 +320,8 @@ def search(
 class _FreeSplits:
     """Every way a chain's tiles can run one tile at a time, each costing nothing: per kernel and, where the
     tiles can be one kernel (``fused``), fused with halos recomputed or kept in a line buffer (a spatial
-    chain's line buffer holds fewer rows than its recomputed halos: MobileNetV2-0.35's stem chain)."""
+    chain's line buffer can hold fewer rows than its recomputed halos: mcu_cnn's stem chain in NCHW16c, 3.81x
+    against 3.48x per kernel)."""
 
     def __init__(self, fused: bool) -> None:
         self.fused = fused
