@@ -9,6 +9,9 @@ Reads the Markdown tables the benchmark scripts wrote (nothing is measured here)
   from ``results/bench_memory.md``;
 - ``latency.png``: onnxruntime, TVM as it ships and tvm_memplan per zoo model, from
   ``results/bench_latency.md`` (log scale: TVM's unscheduled loops are 20-100x slower);
+- ``parity.png``: tvm_memplan's latency over onnxruntime's per torchvision and transformers export on each
+  AVX-512 machine measured (:data:`PARITY_RUNS`: ``results/bench_latency_all_exports.md``,
+  ``results/bench_latency_xeon_emeraldrapids.md``), with the 1.0x and 1.3x lines;
 - ``memory_layout_mobilenet_v2.png``: the arena of MobileNetV2 (``--layout-model``; the same picture as
   ``tvm-memplan plan zoo:mobilenet_v2 --plot FILE``), planned now.
 """
@@ -27,18 +30,25 @@ import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
+def tables(markdown: str, header_start: str) -> list[list[dict[str, str]]]:
+    """The rows of every Markdown table whose header line starts with ``header_start``, in the file's order."""
+    lines = markdown.splitlines()
+    found = []
+    for start in (i for i, line in enumerate(lines) if line.startswith(header_start)):
+        header = [cell.strip() for cell in lines[start].strip().strip("|").split("|")]
+        rows = []
+        for line in lines[start + 2 :]:
+            if not line.startswith("|"):
+                break
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            rows.append(dict(zip(header, cells, strict=True)))
+        found.append(rows)
+    return found
+
+
 def table(markdown: str, header_start: str) -> list[dict[str, str]]:
     """The rows of the first Markdown table whose header line starts with ``header_start``."""
-    lines = markdown.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
-    header = [cell.strip() for cell in lines[start].strip().strip("|").split("|")]
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        rows.append(dict(zip(header, cells, strict=True)))
-    return rows
+    return tables(markdown, header_start)[0]
 
 
 def _first_number(cell: str) -> float:
@@ -69,8 +79,37 @@ def latency_chart(bench_latency: Path, out: Path) -> Path:
     return _bars(models, series, "ms (median, 2 threads, log scale)", "Latency on the CPU", out, log=True)
 
 
+PARITY_RUNS = (
+    ("bench_latency_all_exports.md", 0, "AMD Zen 5"),
+    ("bench_latency_xeon_emeraldrapids.md", 0, "Intel Xeon (Emerald Rapids), run 1"),
+    ("bench_latency_xeon_emeraldrapids.md", 1, "Intel Xeon (Emerald Rapids), run 2"),
+)
+"""The AVX-512 runs the parity chart draws: (file, which of its latency tables, label); the first table of
+``bench_latency_all_exports.md`` is its newest run."""
+
+
+def parity_chart(results: Path, out: Path) -> Path:
+    """memplan / onnxruntime per torchvision and transformers export on each machine of :data:`PARITY_RUNS`, with
+    issue 22's bars (every model within 1.3x, the median at most 1.0x) as lines."""
+    runs = {}
+    for name, index, label in PARITY_RUNS:
+        rows = tables((results / name).read_text(), "| model | onnxruntime ms |")[index]
+        runs[label] = {r["model"].removesuffix(".onnx").removesuffix(".torchscript"): r for r in rows}
+    models = [m for m in next(iter(runs.values())) if all(m in rows for rows in runs.values())]
+    series = {label: [_first_number(rows[m]["memplan / onnxruntime"]) for m in models] for label, rows in runs.items()}
+    lines = {"onnxruntime (1.0x)": 1.0, "the 1.3x bar": 1.3}
+    title = "tvm_memplan / onnxruntime, AVX-512, 2 threads (lower is faster)"
+    return _bars(models, series, "latency ratio", title, out, lines=lines)
+
+
 def _bars(
-    models: list[str], series: dict[str, list[float]], ylabel: str, title: str, out: Path, log: bool = False
+    models: list[str],
+    series: dict[str, list[float]],
+    ylabel: str,
+    title: str,
+    out: Path,
+    log: bool = False,
+    lines: dict[str, float] | None = None,
 ) -> Path:
     fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
     width = 0.8 / len(series)
@@ -81,6 +120,10 @@ def _bars(
     ax.set_title(title)
     if log:
         ax.set_yscale("log")
+    for style, (label, value) in zip(("-", "--"), (lines or {}).items(), strict=False):
+        ax.axhline(value, color="gray", linestyle=style, linewidth=1, label=label)
+    if lines:  # room above the bars and lines for the legend
+        ax.set_ylim(0, 1.4 * max([*lines.values(), *(v for values in series.values() for v in values)]))
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -111,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     written = [
         memory_chart(args.results / "bench_memory.md", args.out / "memory.png"),
         latency_chart(args.results / "bench_latency.md", args.out / "latency.png"),
+        parity_chart(args.results, args.out / "parity.png"),
         layout_picture(args.layout_model, args.out / f"memory_layout_{slug}.png"),
     ]
     for path in written:

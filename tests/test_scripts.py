@@ -107,7 +107,7 @@ def test_plot_results_draws_the_charts_from_the_tables(tmp_path):
         "--layout-model",
         "zoo:mcu_cnn",
     )
-    for name in ("memory.png", "latency.png", "memory_layout_mcu_cnn.png"):
+    for name in ("memory.png", "latency.png", "parity.png", "memory_layout_mcu_cnn.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
