@@ -441,3 +441,15 @@ def test_bench_simulator_layout_puts_simulated_peaks_beside_planned_arenas(tmp_p
     for row in rows:  # the blocked sizes are the planner's, within a few percent
         simulated, planned = (int(cell.replace(",", "")) for cell in row[3:5])
         assert abs(planned - simulated) <= 0.07 * simulated
+
+
+def test_time_parallel_regions_times_launches_barriers_and_serial_stages_alike(tmp_path):
+    """The three ways of running a tile's stages give the same tensor (the script checks) and one table row per
+    stage size, each with the three times and the per-stage differences against serial."""
+    out = tmp_path / "regions.md"
+    args = ["--tiles", "2", "--stages", "3", "--rows", "4,8", "--cols", "16", "--number", "3", "--repeat", "2"]
+    run_script("time_parallel_regions.py", *args, "--out", str(out), env={**os.environ, "TVM_NUM_THREADS": "2"})
+    rows = _table_rows(out.read_text(), "## Parallel stages")
+    assert [r[0] for r in rows] == ["4", "8"]
+    assert all(float(cell) > 0 for r in rows for cell in r[2:5])
+    assert "6 parallel loops" in out.read_text() and "TVM_NUM_THREADS=2" in out.read_text()
