@@ -10,7 +10,10 @@ Per model, in one run on one machine:
   what the default ``layout="auto"`` runs on AVX2 and AVX-512);
 - with ``--baseline DIR``, the artifacts an earlier checkout built (``tvm-memplan build MODEL --layout
   nchw -o DIR/STEM.memplan.so``, and ``--layout blocked -o DIR/STEM.memplan_blocked.so``, STEM the file name
-  without ``.onnx``), so that a change is timed against the code before it in the same rounds.
+  without ``.onnx``), so that a change is timed against the code before it in the same rounds;
+- with ``--as-avx2`` on an AVX-512 machine, both sides on AVX2: the script runs with AVX-512 hidden from CPUID
+  (``scripts/cpuid_without_avx512.c``), so that onnxruntime's MLAS picks its AVX2 kernels, as on an AVX2 CPU
+  of the same microarchitecture, beside our kernels built for the AVX2 CPU ``--target`` names.
 Latencies are measured in interleaved rounds (TVM, memplan, onnxruntime, then reversed) so that
 drift on a shared machine hits all alike; each TVM round is appended to the results log, as
 ``tvm-memplan measure`` does. Compile time is ``tvm.compile`` from the imported Relax module:
@@ -20,6 +23,7 @@ TVM's default pipeline against ``tvm_memplan.pipeline`` with and without default
     python scripts/bench_latency.py zoo:squeezenet1_0 --rounds 5 --repeat 10
     python scripts/bench_latency.py resnet50.onnx --blocked                  # NCHW and blocked layouts side by side
     python scripts/bench_latency.py resnet50.onnx --blocked --baseline before/   # and an earlier build of both
+    python scripts/bench_latency.py resnet50.onnx --default-only --as-avx2 --target '{"kind":"llvm","mcpu":"skylake"}'
     python scripts/bench_latency.py zoo:mcu_cnn --rpc-tracker 127.0.0.1:9190 --rpc-key arm64-emu   # no onnxruntime
 """
 
@@ -30,6 +34,7 @@ import datetime
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +55,8 @@ TVM_PIPELINES = (TVM_STOCK, "memplan")
 BLOCKED = "memplan_blocked"
 DEFAULT = "memplan_default"
 """``--default-only``'s one pipeline: ``tvm_memplan.pipeline`` as it builds by default (``layout="auto"``)."""
+AS_AVX2 = "TVM_MEMPLAN_AVX512_HIDDEN"
+"""Set in the environment of the process ``--as-avx2`` starts with AVX-512 hidden from CPUID."""
 EARLIER = {"memplan": "earlier_memplan", BLOCKED: "earlier_blocked"}
 """Our pipelines → the names of their ``--baseline`` artifacts' columns."""
 
@@ -182,14 +189,33 @@ def _ms(entry: dict | None) -> str:
 
 
 def _host_isa() -> str:
-    """The widest x86 vector ISA this host's CPU reports (what onnxruntime's MLAS dispatches to: it
-    reads CPUID and offers no option to use a narrower one), or the machine name elsewhere."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
-    except (OSError, StopIteration):
+    """The widest x86 vector ISA CPUID reports to this process (what onnxruntime's MLAS dispatches to: it reads
+    CPUID and offers no option to use a narrower one), or the machine name elsewhere. numpy reads the same CPUID
+    bits at import, so a process under ``--as-avx2`` reports AVX2 here."""
+    from numpy._core._multiarray_umath import __cpu_features__ as features
+
+    if platform.machine() not in ("x86_64", "AMD64"):
         return platform.machine()
-    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
+    isa = "AVX-512" if features.get("AVX512F") else "AVX2" if features.get("AVX2") else platform.machine()
+    return isa + (" (the CPU's AVX-512 hidden from CPUID by `--as-avx2`)" if os.environ.get(AS_AVX2) else "")
+
+
+def _hide_avx512(argv: list[str]) -> None:
+    """Runs this script again with AVX-512 hidden from CPUID (``scripts/cpuid_without_avx512.c`` preloaded),
+    so that onnxruntime's MLAS runs its AVX2 kernels as on an AVX2 CPU; never returns. One-line error where
+    there is no C compiler; the library itself exits 2 with one line where the machine has no CPUID faulting."""
+    source = Path(__file__).with_name("cpuid_without_avx512.c")
+    library = Path(tempfile.gettempdir()) / "tvm_memplan_cpuid_without_avx512.so"
+    partial = library.with_name(f"{library.name}.{os.getpid()}")
+    compiler = os.environ.get("CC", "cc")
+    try:
+        subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(partial), str(source)], check=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        sys.exit(f"bench_latency.py: --as-avx2 needs a C compiler ({compiler}) to build {source.name}: {error}")
+    partial.replace(library)
+    preload = " ".join(filter(None, [str(library), os.environ.get("LD_PRELOAD")]))
+    env = {**os.environ, "LD_PRELOAD": preload, AS_AVX2: "1"}
+    os.execve(sys.executable, [sys.executable, *argv], env)
 
 
 def _target_isa(target: str) -> str:
@@ -395,9 +421,24 @@ def main() -> int:
         action="store_true",
         help="time only the default build (layout=auto) against onnxruntime: no TVM or NCHW columns, no compile times",
     )
+    parser.add_argument(
+        "--as-avx2",
+        action="store_true",
+        help="on an AVX-512 x86 machine, hide AVX-512 from CPUID (Linux CPUID faulting) so that onnxruntime runs "
+        "its AVX2 kernels beside ours; needs --target naming an AVX2 CPU",
+    )
     args = parser.parse_args()
     if args.default_only and (args.blocked or args.baseline):
         parser.error("--default-only goes without --blocked and --baseline")
+    if args.as_avx2 and not _target_isa(args.target).startswith("AVX2"):
+        parser.error(
+            "--as-avx2 times AVX2 kernels on both sides: name an AVX2 CPU in --target, e.g. "
+            """'{"kind":"llvm","mcpu":"skylake"}'"""
+        )
+    if args.as_avx2 and not os.environ.get(AS_AVX2):
+        _hide_avx512(sys.argv)
+    if args.as_avx2 and _host_isa().startswith("AVX-512"):
+        sys.exit("bench_latency.py: --as-avx2: CPUID still reports AVX-512 to this process")
 
     if not args.rpc_tracker:
         os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))

@@ -12,6 +12,8 @@ Reads the Markdown tables the benchmark scripts wrote (nothing is measured here)
 - ``parity.png``: tvm_memplan's latency over onnxruntime's per torchvision and transformers export on each
   AVX-512 machine measured (:data:`PARITY_RUNS`: ``results/bench_latency_all_exports.md``,
   ``results/bench_latency_xeon_emeraldrapids.md``), with the 1.0x and 1.3x lines;
+- ``parity_avx2.png``: the same for our AVX2 kernels (:data:`AVX2_PARITY_RUNS`), against onnxruntime's AVX-512
+  kernels and, with AVX-512 hidden from CPUID, its AVX2 ones;
 - ``memory_layout_mobilenet_v2.png``: the arena of MobileNetV2 (``--layout-model``; the same picture as
   ``tvm-memplan plan zoo:mobilenet_v2 --plot FILE``), planned now.
 """
@@ -83,22 +85,31 @@ PARITY_RUNS = (
     ("bench_latency_all_exports.md", 0, "AMD Zen 5"),
     ("bench_latency_xeon_emeraldrapids.md", 0, "Intel Xeon (Emerald Rapids), run 1"),
     ("bench_latency_xeon_emeraldrapids.md", 1, "Intel Xeon (Emerald Rapids), run 2"),
+    ("bench_latency_xeon_emeraldrapids.md", 3, "Intel Xeon (Emerald Rapids), run 3"),
 )
 """The AVX-512 runs the parity chart draws: (file, which of its latency tables, label); the first table of
 ``bench_latency_all_exports.md`` is its newest run."""
+AVX2_PARITY_RUNS = (
+    ("bench_latency_all_exports_avx2.md", 0, "AMD Zen 5, onnxruntime on AVX-512"),
+    ("bench_latency_xeon_emeraldrapids.md", 2, "Intel Xeon, onnxruntime on AVX-512"),
+    ("bench_latency_xeon_emeraldrapids.md", 4, "Intel Xeon, onnxruntime on AVX2 (--as-avx2)"),
+)
+"""The runs of our AVX2 kernels the AVX2 parity chart draws: against onnxruntime's AVX-512 kernels (what MLAS picks
+on an AVX-512 CPU) and against its AVX2 ones (``bench_latency.py --as-avx2``)."""
 
 
-def parity_chart(results: Path, out: Path) -> Path:
-    """memplan / onnxruntime per torchvision and transformers export on each machine of :data:`PARITY_RUNS`, with
-    issue 22's bars (every model within 1.3x, the median at most 1.0x) as lines."""
+def parity_chart(results: Path, out: Path, runs_drawn=PARITY_RUNS, isa: str = "AVX-512") -> Path:
+    """memplan / onnxruntime per torchvision and transformers export in each run of ``runs_drawn``
+    (:data:`PARITY_RUNS`, :data:`AVX2_PARITY_RUNS`), with issue 22's bars (every model within 1.3x, the median at
+    most 1.0x) as lines."""
     runs = {}
-    for name, index, label in PARITY_RUNS:
+    for name, index, label in runs_drawn:
         rows = tables((results / name).read_text(), "| model | onnxruntime ms |")[index]
         runs[label] = {r["model"].removesuffix(".onnx").removesuffix(".torchscript"): r for r in rows}
     models = [m for m in next(iter(runs.values())) if all(m in rows for rows in runs.values())]
     series = {label: [_first_number(rows[m]["memplan / onnxruntime"]) for m in models] for label, rows in runs.items()}
     lines = {"onnxruntime (1.0x)": 1.0, "the 1.3x bar": 1.3}
-    title = "tvm_memplan / onnxruntime, AVX-512, 2 threads (lower is faster)"
+    title = f"tvm_memplan / onnxruntime, our {isa} kernels, 2 threads (lower is faster)"
     return _bars(models, series, "latency ratio", title, out, lines=lines)
 
 
@@ -155,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         memory_chart(args.results / "bench_memory.md", args.out / "memory.png"),
         latency_chart(args.results / "bench_latency.md", args.out / "latency.png"),
         parity_chart(args.results, args.out / "parity.png"),
+        parity_chart(args.results, args.out / "parity_avx2.png", AVX2_PARITY_RUNS, "AVX2"),
         layout_picture(args.layout_model, args.out / f"memory_layout_{slug}.png"),
     ]
     for path in written:

@@ -107,7 +107,7 @@ def test_plot_results_draws_the_charts_from_the_tables(tmp_path):
         "--layout-model",
         "zoo:mcu_cnn",
     )
-    for name in ("memory.png", "latency.png", "parity.png", "memory_layout_mcu_cnn.png"):
+    for name in ("memory.png", "latency.png", "parity.png", "parity_avx2.png", "memory_layout_mcu_cnn.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -453,3 +453,108 @@ def test_time_parallel_regions_times_launches_barriers_and_serial_stages_alike(t
     assert [r[0] for r in rows] == ["4", "8"]
     assert all(float(cell) > 0 for r in rows for cell in r[2:5])
     assert "6 parallel loops" in out.read_text() and "TVM_NUM_THREADS=2" in out.read_text()
+
+
+CPUID_HARNESS = r"""
+#include "cpuid_without_avx512.c"
+int main(void) {
+    static const unsigned char instruction[2] = {0x0f, 0xa2};
+    const uint32_t leaves[][2] = {{0, 0}, {7, 0}, {7, 1}, {0xd, 0}};
+    for (int i = 0; i < 4; i++) {
+        ucontext_t uc;
+        memset(&uc, 0, sizeof uc);
+        greg_t *regs = uc.uc_mcontext.gregs;
+        regs[REG_RIP] = (greg_t)instruction;
+        regs[REG_RAX] = leaves[i][0];
+        regs[REG_RCX] = leaves[i][1];
+        siginfo_t info = {.si_code = SI_KERNEL};
+        answer_cpuid(SIGSEGV, &info, &uc);
+        uint32_t a, b, c, d;
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(leaves[i][0]), "c"(leaves[i][1]));
+        printf("%u %u %u %u %u %u %u %u %u %u %ld\n", leaves[i][0], leaves[i][1], a, b, c, d, (uint32_t)regs[REG_RAX],
+               (uint32_t)regs[REG_RBX], (uint32_t)regs[REG_RCX], (uint32_t)regs[REG_RDX],
+               (long)(regs[REG_RIP] - (greg_t)instruction));
+    }
+    return 0;
+}
+"""
+x86_linux = pytest.mark.skipif(
+    os.uname().machine != "x86_64" or shutil.which("cc") is None, reason="CPUID masking is for x86-64 Linux with cc"
+)
+
+
+@x86_linux
+def test_cpuid_without_avx512_clears_avx512_and_keeps_avx2(tmp_path):
+    """The SIGSEGV handler's answer, on a made-up CPUID fault: real values, AVX-512/AMX bits cleared, RIP past it."""
+    import subprocess
+
+    (tmp_path / "harness.c").write_text(CPUID_HARNESS)
+    binary = tmp_path / "harness"
+    # The library's constructor (which would turn faulting on, or exit where there is none) is left out.
+    subprocess.run(
+        ["cc", "-O2", "-Dconstructor=unused", f"-I{ROOT / 'scripts'}", "-o", str(binary), str(tmp_path / "harness.c")],
+        check=True,
+    )
+    rows = [list(map(int, line.split())) for line in subprocess.check_output([str(binary)], text=True).splitlines()]
+    answers = {(row[0], row[1]): (row[2:6], row[6:10], row[10]) for row in rows}
+    assert all(advanced == 2 for _, _, advanced in answers.values())
+    real, masked, _ = answers[(0, 0)]
+    assert masked == real
+    real, masked, _ = answers[(7, 0)]
+    avx512_ebx = sum(1 << bit for bit in (16, 17, 21, 26, 27, 28, 30, 31))
+    assert masked[1] == real[1] & ~avx512_ebx & 0xFFFFFFFF
+    assert masked[1] & (1 << 5) == real[1] & (1 << 5)  # AVX2 stays
+    assert masked[2] & (1 << 11) == 0 and masked[3] & (1 << 23) == 0  # AVX512-VNNI, AVX512-FP16
+    assert masked[0] == real[0]
+    real, masked, _ = answers[(0xD, 0)]
+    assert masked[0] & 0xE0 == 0 and masked[0] & 0x7 == real[0] & 0x7  # ZMM state gone, x87/SSE/AVX kept
+
+
+@x86_linux
+def test_cpuid_without_avx512_hides_avx512_from_numpy_or_says_why_not(tmp_path):
+    """Preloaded: numpy (which reads CPUID as MLAS does) sees AVX2 only; on a machine without CPUID faulting the
+    process stops with one line and status 2 rather than run unmasked."""
+    import subprocess
+    import sys
+
+    library = tmp_path / "cpuid_without_avx512.so"
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O2", "-o", str(library), str(ROOT / "scripts" / "cpuid_without_avx512.c")],
+        check=True,
+    )
+    probe = "from numpy._core._multiarray_umath import __cpu_features__ as f; print(f['AVX512F'], f['AVX2'])"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "LD_PRELOAD": str(library)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    if "cpuid_fault" in flags:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["False", str("avx2" in flags)]
+    else:
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.count("\n") == 1 and "no CPUID faulting" in done.stderr
+
+
+def test_bench_latency_as_avx2_wants_an_avx2_target(tmp_path):
+    done = run_script(
+        "bench_latency.py",
+        *("zoo:mcu_cnn", "--default-only", "--as-avx2", "--target", '{"kind":"llvm","mcpu":"znver4"}'),
+        *("--out", str(tmp_path / "latency.md")),
+        returncode=2,
+    )
+    assert "name an AVX2 CPU in --target" in done.stderr
+
+
+def test_profile_onnxruntime_lists_every_node_and_sums_them_per_operator(tmp_path):
+    out = tmp_path / "ort.md"
+    run_script("profile_onnxruntime.py", "zoo:mcu_cnn", "--runs", "3", "--warmup", "1", "--out", str(out))
+    text = out.read_text()
+    total = float(text.split("Sum over the nodes: ")[1].split(" us")[0].replace(",", ""))
+    nodes = [line.split("|") for line in text.split("In the order they ran:")[1].splitlines() if line.startswith("| ")]
+    node_us = [float(row[3].replace(",", "")) for row in nodes[2:]]
+    assert any(row[2].strip() == "Conv" for row in nodes[2:])
+    assert abs(sum(node_us) - total) <= len(node_us)  # each row rounded to a microsecond
