@@ -179,6 +179,27 @@ def test_a_rows_task_runs_its_channel_tiles_outside_its_column_tiles() -> None:
     assert "for oc_0, ow_0 in T.grid" in script  # tasks: rows (parallel); in a row, channel tiles, then columns
 
 
+@pytest.mark.parametrize(
+    ("body", "shape", "tasks"),
+    [
+        # 2 MiB of weights, 392 KiB of input: channel tiles, so that the weights are read once (by rows, once
+        # per output row from beyond L2)
+        (conv_body(1024, 1, stride=2), (1, 512, 14, 14), "b_oc_0"),
+        # 576 KiB of weights, 1.6 MiB of padded input: rows, so that the input is read once (by channel tiles,
+        # once per tile from beyond L2)
+        (conv_body(128, 3, stride=2, padding=1), (1, 128, 56, 56), "b_oh"),
+    ],
+)
+def test_the_tasks_reread_what_fits_the_l2_cache(body, shape, tasks) -> None:
+    """Where the weights or the input fit L2 and the other does not, the tasks reread the one that fits."""
+    (func,) = (f for name, f in kernels_of(body, shape, AVX512_TARGET, "blocked").items() if "conv2d_nchwc" in name)
+    new_func, rule = schedule_function(func, AVX512)
+    assert rule == "blocked_conv"
+    parallel = re.findall(r"for (\w+) in T\.parallel", new_func.script())[-1]  # after the padding's
+    assert parallel.startswith(tasks), parallel
+    np.testing.assert_allclose(_run(new_func), _run(func), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("shape", [(1, 64, 13, 13), (1, 256, 7, 7), (1, 32, 27, 27)])
 def test_the_threads_get_tasks_alike(shape) -> None:
     """A parallel loop is split statically: an odd number of tasks under 16 (13 rows) leaves a thread idle for
