@@ -90,10 +90,10 @@ def main() -> None:
     threads = int(os.environ.get("TVM_NUM_THREADS", 0) or 0) or os.cpu_count() or 1
     rows = profile(model.onnx_model.SerializeToString(), inputs, threads, args.runs, args.warmup)
     text = table(model.name, rows, threads, args.runs)
-    if args.out:
-        write_atomically(args.out, text)
-    else:
+    if not args.out:
         print(text, end="")
+        return
+    write_atomically(args.out, text)
 
 
 if __name__ == "__main__":
