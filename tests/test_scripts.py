@@ -558,3 +558,22 @@ def test_profile_onnxruntime_lists_every_node_and_sums_them_per_operator(tmp_pat
     node_us = [float(row[3].replace(",", "")) for row in nodes[2:]]
     assert any(row[2].strip() == "Conv" for row in nodes[2:])
     assert abs(sum(node_us) - total) <= len(node_us)  # each row rounded to a microsecond
+
+
+def test_time_blocked_conv_times_the_forced_tiles_and_orders_beside_the_default(tmp_path):
+    out = tmp_path / "variants.md"
+    run_script(
+        "time_blocked_conv.py",
+        *("32x8x8:32:3", "--tiles", "1x8", "--orders", "rows", "--repeat", "1", "--rotate-mib", "1"),
+        *("--target", '{"kind":"llvm","mcpu":"haswell"}', "--out", str(out)),
+    )
+    rows = {line.split("|")[2].strip(): line.split("|") for line in out.read_text().splitlines() if "| 32x8x8" in line}
+    assert set(rows) == {"default", "tile 1x8", "order rows"}
+    assert rows["tile 1x8"][3].strip() == "1 x 8"
+    assert rows["order rows"][4].strip().startswith("`b_oh")
+    assert float(rows["default"][7]) == 1.0 and float(rows["tile 1x8"][6].replace(",", "")) > 0
+
+
+def test_time_blocked_conv_says_what_a_convolution_spec_looks_like(tmp_path):
+    done = run_script("time_blocked_conv.py", "64x56:64:3", returncode=1)
+    assert "is not CINxHxW:COUT:K[sSTRIDE]" in done.stderr and "Traceback" not in done.stderr

@@ -351,9 +351,9 @@ def _weights_first(block: s_tir.SBlock, rows: int) -> bool:
     """Whether tasks should run channel tiles outermost (each rereads all inputs) rather than rows
     (each rereads all weights): whichever rereads fewer bytes. Where one of the two fits :data:`L2_BYTES` and the
     other does not, only the rereads from beyond L2 count: ResNet-50's 1024 -> 2048 stride-2 shortcut (8 MiB of
-    weights, 784 KiB of input, 7 output rows) read its weights 7 times a call by rows, 696 us, and its input once per
-    channel tile from L2 by channel tiles, 540 us (``profile_kernels.py --rotate-mib 96``: arguments from beyond the
-    caches, as a network's weights come; 2 threads, Zen 5). ResNeXt-50's 1024 -> 2048 shortcut: 633 -> 513 us."""
+    weights, 784 KiB of input, 7 output rows) read its weights 7 times a call by rows, 623 us, and its input once per
+    channel tile from L2 by channel tiles, 523 us (``scripts/time_blocked_conv.py 1024x14x14:2048:1s2``: the weights
+    from memory, as a network's come, the input warm; 2 threads, Zen 5); the 512 -> 2048 1x1 at 7x7 318 -> 275 us."""
     data, weights = (next(r.source for r in block.reads if len(r.source.shape) == rank) for rank in (5, 6))
     data_bytes, weight_bytes = (_nbytes(buffer) for buffer in (data, weights))
     channel_blocks = constant(weights.shape[0])
