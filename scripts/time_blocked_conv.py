@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,7 +208,7 @@ def main() -> None:
             lines.append(
                 f"| {spec} | {name} | {shown} | `{tasks}` | {warm:,.0f} | {cold:,.0f} | {cold / default_cold:.2f} |"
             )
-            print(lines[-1], flush=True)
+            print(lines[-1], file=sys.stderr, flush=True)  # progress; the table itself goes to --out or stdout
     text = "\n".join(lines) + "\n"
     if not args.out:
         print(text, end="")
