@@ -175,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     import onnx
 
-    from tvm_memplan.deploy.results import write_atomically
+    from tvm_memplan.deploy.results import write_or_print
     from tvm_memplan.deploy.targets import get_target
     from tvm_memplan.frontend import LoadedModel, load_model
     from tvm_memplan.quant.calibrate import quantize_int8
@@ -199,10 +199,7 @@ def main() -> None:
     )
     timing += ", best of 5 runs of 20 ms or more" if timed else ", best of 5 x 20 runs"
     text = table(name, rows, threads, args.top, timing)
-    if args.out:
-        write_atomically(args.out, text)
-    else:
-        print(text, end="")
+    write_or_print(args.out, text)
 
 
 if __name__ == "__main__":

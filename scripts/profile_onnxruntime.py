@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the table here (default: print it)")
     args = parser.parse_args()
 
-    from tvm_memplan.deploy.results import write_atomically
+    from tvm_memplan.deploy.results import write_or_print
     from tvm_memplan.frontend import load_model
 
     model = load_model(args.model)
@@ -90,10 +90,7 @@ def main() -> None:
     threads = int(os.environ.get("TVM_NUM_THREADS", 0) or 0) or os.cpu_count() or 1
     rows = profile(model.onnx_model.SerializeToString(), inputs, threads, args.runs, args.warmup)
     text = table(model.name, rows, threads, args.runs)
-    if not args.out:
-        print(text, end="")
-        return
-    write_atomically(args.out, text)
+    write_or_print(args.out, text)
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def main() -> None:
     args = parser.parse_args()
     import tvm
 
-    from tvm_memplan.deploy.results import write_atomically
+    from tvm_memplan.deploy.results import write_or_print
     from tvm_memplan.deploy.targets import get_target
 
     target = get_target(args.target).tvm_target() if args.target else tvm.target.Target.from_device("cpu")
@@ -210,10 +210,7 @@ def main() -> None:
             )
             print(lines[-1], file=sys.stderr, flush=True)  # progress; the table itself goes to --out or stdout
     text = "\n".join(lines) + "\n"
-    if not args.out:
-        print(text, end="")
-        return
-    write_atomically(args.out, text)
+    write_or_print(args.out, text)
 
 
 if __name__ == "__main__":

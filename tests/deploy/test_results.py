@@ -22,3 +22,12 @@ def test_a_line_cut_by_an_older_writer_does_not_swallow_the_next_record(tmp_path
     log.path.write_text(json.dumps({"a": 1}))  # no trailing newline
     log.append({"b": 2})
     assert list(log.records()) == [{"a": 1}, {"b": 2}]
+
+
+def test_write_or_print_writes_the_table_where_told_and_prints_it_otherwise(tmp_path, capsys):
+    from tvm_memplan.deploy.results import write_or_print
+
+    write_or_print(tmp_path / "t" / "table.md", "| a |\n")
+    assert (tmp_path / "t" / "table.md").read_text() == "| a |\n" and capsys.readouterr().out == ""
+    write_or_print(None, "| b |\n")
+    assert capsys.readouterr().out == "| b |\n"

@@ -27,6 +27,14 @@ def write_atomically(path: Path, text: str) -> None:
     temporary.replace(path)
 
 
+def write_or_print(path: Path | None, text: str) -> None:
+    """A script's table: written atomically to ``path`` (its ``--out``), or printed where there is none."""
+    if path is None:
+        print(text, end="")
+    else:
+        write_atomically(path, text)
+
+
 class ResultsLog:
     """JSON-lines file of measurement records (dicts), appended atomically."""
 
