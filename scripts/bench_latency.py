@@ -192,10 +192,12 @@ def _host_isa() -> str:
     """The widest x86 vector ISA CPUID reports to this process (what onnxruntime's MLAS dispatches to: it reads
     CPUID and offers no option to use a narrower one), or the machine name elsewhere. numpy reads the same CPUID
     bits at import, so a process under ``--as-avx2`` reports AVX2 here."""
-    from numpy._core._multiarray_umath import __cpu_features__ as features
-
     if platform.machine() not in ("x86_64", "AMD64"):
         return platform.machine()
+    try:  # numpy 2's module, then numpy 1's
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:
+        from numpy.core._multiarray_umath import __cpu_features__ as features
     isa = "AVX-512" if features.get("AVX512F") else "AVX2" if features.get("AVX2") else platform.machine()
     return isa + (" (the CPU's AVX-512 hidden from CPUID by `--as-avx2`)" if os.environ.get(AS_AVX2) else "")
 

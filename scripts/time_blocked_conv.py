@@ -37,38 +37,19 @@ SPEC = re.compile(r"^(\d+)x(\d+)x(\d+):(\d+):(\d+)(?:s(\d+))?$")
 
 
 def conv_model(spec: str):
-    """The one-layer model of ``spec``: Conv (padding K // 2) + bias, then ReLU, random weights."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
+    """The one-layer model of ``spec``: Conv (padding K // 2) + bias, then ReLU, random weights, built by the
+    zoo's :class:`~tvm_memplan.zoo.graph.GraphBuilder`."""
     from tvm_memplan.frontend import LoadedModel
+    from tvm_memplan.zoo.graph import GraphBuilder
 
     match = SPEC.match(spec)
     if not match:
         raise SystemExit(f"time_blocked_conv.py: {spec!r} is not CINxHxW:COUT:K[sSTRIDE], e.g. 64x56x56:64:3")
     cin, height, width, cout, kernel = (int(g) for g in match.groups()[:5])
-    stride = int(match.group(6) or 1)
-    rng = np.random.default_rng(0)
-    weights = numpy_helper.from_array((rng.standard_normal((cout, cin, kernel, kernel)) * 0.05).astype("float32"), "W")
-    bias = numpy_helper.from_array(rng.standard_normal(cout).astype("float32"), "B")
-    pad = kernel // 2
-    out_h, out_w = ((size + 2 * pad - kernel) // stride + 1 for size in (height, width))
-    nodes = [
-        helper.make_node(
-            "Conv", ["x", "W", "B"], ["c"], kernel_shape=[kernel] * 2, pads=[pad] * 4, strides=[stride] * 2
-        ),
-        helper.make_node("Relu", ["c"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, height, width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, out_h, out_w])],
-        [weights, bias],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    return LoadedModel(spec, model)
+    builder = GraphBuilder(spec)
+    x = builder.input((1, cin, height, width))
+    y = builder.conv(x, cout, kernel, stride=int(match.group(6) or 1), bias=True, act="relu")
+    return LoadedModel(spec, builder.finish(y))
 
 
 @contextlib.contextmanager
