@@ -49,6 +49,21 @@ CASES = {
         (3, 64),
         "tiled_reduction",
     ),
+    "dense_prime_rows": (  # 29 rows: padded to whole register tiles
+        lambda bb, x: relax.op.add(
+            relax.op.matmul(x, relax.const(np.random.default_rng(2).standard_normal((64, 64)).astype("float32"))),
+            relax.const(np.random.default_rng(3).standard_normal(64).astype("float32")),
+        ),
+        (1, 29, 64),
+        "tiled_reduction",
+    ),
+    "attention_scores_prime_tokens": (  # 29 x 29 per head: padded rows, and a width no vector divides
+        lambda bb, x: relax.op.matmul(
+            x, relax.const(np.random.default_rng(2).standard_normal((2, 16, 29)).astype("float32"))
+        ),
+        (2, 29, 16),
+        "tiled_reduction",
+    ),
     "softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (2, 1000), "row_wise"),
     "attention_softmax": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (1, 2, 16, 32), "row_wise"),
     "softmax_short_rows": (lambda bb, x: relax.op.nn.softmax(x, axis=-1), (8, 3), "generic"),
@@ -85,6 +100,21 @@ def test_tiled_kernels_are_parallel_vectorized_and_register_tiled() -> None:
     script = new_func.script()
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
     assert 'scope="local"' in script  # accumulators of a tile, not a full-size buffer
+
+
+@pytest.mark.parametrize("target", [AVX2, tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})])
+def test_rows_no_register_tile_divides_are_padded_to_whole_tiles(target: tvm.target.Target) -> None:
+    """29 rows (as a ViT's 197 tokens, a prime) take tiles of several rows over a padded copy, not tiles of one."""
+    weights = relax.const(np.random.default_rng(2).standard_normal((64, 64)).astype("float32"))
+    (func,) = kernels_of(lambda bb, x: relax.op.matmul(x, weights), (1, 29, 64)).values()
+    new_func, rule = schedule_function(func, cpu_spec(target))
+    assert rule == "tiled_reduction"
+    script = new_func.script()
+    rows = [int(extent) for extent in re.findall(r"T\.unroll\((?:T\.int64\()?(\d+)", script)]
+    assert rows and min(rows) > 1 and 29 % min(rows) != 0, script
+    assert "x_pad" in script  # the padded copy of the rows
+    host = tvm.target.Target.from_device("cpu")
+    np.testing.assert_allclose(_run(new_func, host), _run(func, host), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
