@@ -113,6 +113,16 @@ NETWORKS: dict[str, Factory] = {
     "timm_mobilenetv3_large_100": _timm("mobilenetv3_large_100"),
     "timm_efficientnet_lite0": _timm("efficientnet_lite0"),
     "hf_bert_tiny": _bert(),
+    # beyond the parity issue's list: transformers on 197 tokens, windowed attention, LayerNorm and GELU
+    # convolution blocks, grouped convolutions with squeeze-and-excitation, a mobile vision transformer
+    "vit_b_16": _torchvision("vit_b_16"),
+    "swin_t": _torchvision("swin_t"),
+    "convnext_tiny": _torchvision("convnext_tiny"),
+    "regnet_y_400mf": _torchvision("regnet_y_400mf"),
+    "efficientnet_v2_s": _torchvision("efficientnet_v2_s"),
+    "mobilenet_v3_large": _torchvision("mobilenet_v3_large"),
+    "timm_mobilevit_s": _timm("mobilevit_s"),
+    "timm_ghostnet_100": _timm("ghostnet_100"),
 }
 
 
@@ -202,7 +212,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="folder for full networks")
     parser.add_argument("--fixtures", type=Path, help="folder for the small test fixtures")
-    parser.add_argument("--models", nargs="*", default=list(NETWORKS))
+    parser.add_argument("--models", nargs="*", default=list(NETWORKS), choices=list(NETWORKS))
     parser.add_argument("--fixture-names", nargs="*", default=list(FIXTURES), help="which fixtures to write")
     parser.add_argument("--exporter", choices=["torchscript", "dynamo", "both"], default="both")
     args = parser.parse_args()

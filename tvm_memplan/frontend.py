@@ -243,8 +243,9 @@ def to_relax(model: LoadedModel):
 
     Exporters compute some shapes at run time (the TorchScript exporter's ``chunk`` is
     ``Shape -> Gather -> Div -> Slice``); TVM's importer leaves such computations in the graph and
-    its legalization then fails. When the inputs are static and onnxruntime's constant folding
-    resolves them all, the folded graph is imported instead."""
+    its legalization then fails, and some it cannot import at all (a Reshape of a computed shape). When
+    the inputs are static and onnxruntime's constant folding resolves them, the folded graph is
+    imported instead."""
     from tvm.relax.frontend.onnx import from_onnx
 
     from .quant.validate import check_quantization
@@ -255,15 +256,25 @@ def to_relax(model: LoadedModel):
         raise UserError(f"{model.name}: unsupported ONNX operator(s) {', '.join(missing)} (TVM 0.27 Relax frontend)")
     try:
         mod = from_onnx(model.onnx_model, keep_params_in_input=False)
-        if computes_shapes(mod) and _static_inputs(model):
+    except Exception as exc:
+        if not _static_inputs(model):
+            raise UserError(f"{model.name}: TVM could not import the model: {_first_line(exc)}") from None
+        # a shape the importer cannot infer (Swin's window partition: Reshape of a computed shape), which
+        # onnxruntime's folding resolves
+        mod = None
+    try:
+        if mod is None or (computes_shapes(mod) and _static_inputs(model)):
             folded = from_onnx(fold_constants(model.onnx_model), keep_params_in_input=False)
-            mod = mod if computes_shapes(folded) else folded
+            mod = folded if mod is None or not computes_shapes(folded) else mod
     except UserError:
         raise
     except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{model.name}: TVM could not import the model: {first_line}") from None
+        raise UserError(f"{model.name}: TVM could not import the model: {_first_line(exc)}") from None
     return mod
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 _SHAPE_OPS = {"relax.shape_of", "relax.shape_to_tensor", "relax.tensor_to_shape"}

@@ -7,6 +7,7 @@ check it against a local reference without the user repeating any of it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ import onnx
 import tvm
 
 from ..errors import UserError
-from ..frontend import LoadedModel, load_model
+from ..frontend import LoadedModel, fold_constants, load_model
 from ..planner import ModelPlan
 from . import error_line
 from .artifact import constant_bytes, library_constants
@@ -80,7 +81,12 @@ def model_reference(spec: str) -> str:
 
 
 def output_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the graph outputs (static shapes; a dynamic output cannot be measured anyway)."""
+    """Bytes of the graph outputs (static shapes; a dynamic output cannot be measured anyway). An exporter that
+    left an output's shape symbolic although the inputs are static (the TorchScript exporter's Swin) has it
+    from onnxruntime's constant folding, as :func:`~tvm_memplan.frontend.to_relax` imports such graphs."""
+    if not all(d.dim_value for value in model.graph.output for d in value.type.tensor_type.shape.dim):
+        with contextlib.suppress(UserError):
+            model = fold_constants(model)
     total = 0
     for value in model.graph.output:
         tensor_type = value.type.tensor_type

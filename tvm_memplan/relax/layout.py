@@ -22,6 +22,8 @@ TVM 0.27's ``LegalizeOps`` has no lowering for.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 
 import tvm
 from tvm import relax, s_tir, te, tirx, topi
@@ -33,6 +35,7 @@ from .channel_pad import PadChannels
 from .conv_layouts import CONV2D, conv2d_layouts, is_conv2d
 from .fold import FoldDataMovementConstants
 from .ir_utils import fold_inference_batch_norms, static_shape
+from .matmul_layout import PackMatmulWeights
 from .tile_layout import BlockedTiles
 
 _BLOCKED_DATA = re.compile(r"NCHW(\d+)c")
@@ -284,7 +287,7 @@ class _ParameterTransformOnce(relax.PyExprMutator):
         self.done[key] = self.visit_expr(binding.var)
 
 
-def _rewrite(mutator: type, name: str) -> tvm.transform.Pass:
+def _rewrite(mutator: Callable[[tvm.IRModule], relax.PyExprMutator], name: str) -> tvm.transform.Pass:
     """A module pass that runs ``mutator`` over every Relax function."""
 
     @tvm.transform.module_pass(opt_level=0, name=name)
@@ -301,7 +304,8 @@ def _rewrite(mutator: type, name: str) -> tvm.transform.Pass:
 def BlockedLayout(block: int, spec: CpuSpec | None = None) -> tvm.transform.Pass:  # noqa: N802 - named like TVM's passes
     """Convolutions and what follows them in NCHW[block]c (see the module docstring); with the target's ``spec``,
     output channel blocks that no register tile divides get one block more where that pays
-    (:func:`~.channel_pad.PadChannels`)."""
+    (:func:`~.channel_pad.PadChannels`). Matmuls with constant weights read them packed in panels
+    (:class:`~.matmul_layout.PackMatmulWeights`)."""
     return tvm.transform.Sequential(
         [
             _rewrite(_ClipBoundsAsOps, "tvm_memplan.ClipBoundsAsOps"),
@@ -314,6 +318,7 @@ def BlockedLayout(block: int, spec: CpuSpec | None = None) -> tvm.transform.Pass
             BlockedTiles(conv2d_nchwc),
             _rewrite(_UnitBlocksAsReshape, "tvm_memplan.UnitBlocksAsReshape"),
             _rewrite(_LowerBlockedConv, "tvm_memplan.LowerBlockedConv"),
+            _rewrite(partial(PackMatmulWeights, lanes=block), "tvm_memplan.PackMatmulWeights"),
         ],
         name="tvm_memplan.BlockedLayout",
     )

@@ -35,7 +35,7 @@ from ..blocks import (
     the_reduction,
     top_level_blocks,
 )
-from .base import PARALLEL_MIN_WORK, CPUScheduleRule, fuse_parallel, product, vectorize
+from .base import PARALLEL_MIN_WORK, CPUScheduleRule, fuse_parallel, product, schedule_loop_nest, vectorize
 from .spec import CpuSpec
 
 IN_PLACE_REGISTERS = 16
@@ -66,7 +66,8 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     main = the_reduction(sch, blocks)
     extents = iter_extents(sch.get(main))
     axes = reduction_axes(sch.get(main), extents)
-    if _pad_to_register_tiles(sch, main, extents, axes, spec):
+    padded_rows = _pad_to_register_tiles(sch, main, extents, axes, spec)
+    if padded_rows:
         blocks = top_level_blocks(sch)
         main = the_reduction(sch, blocks)
         extents = iter_extents(sch.get(main))
@@ -82,6 +83,10 @@ def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
     staged = []
     in_place = False  # a padding read in place, its bounds checked per channel vector
     for producer in reversed(blocks[:position]):
+        if rows_first and sch.get(producer).name_hint in padded_rows:
+            # every task (a panel of columns) reads all the padded rows: one copy before the tasks
+            schedule_loop_nest(sch, producer, spec)
+            continue
         stride = strides.get(sch.get(producer).writes[0].source.name, 1)
         padding = is_padding(sch.get(producer))
         if padding and not _pads_innermost(sch.get(producer)) and _reads_padding_in_place(block, axes):
@@ -261,26 +266,27 @@ def _pad_to_register_tiles(sch: s_tir.Schedule, main, extents: list[int], axes: 
     tile that did not divide its extent instead masked each row's multiply-adds, which LLVM compiled into
     branches within the reduction for some tiles (11 tokens: 1.4x the time of 14). Whether it pays: the tile's
     multiply-adds per load, counting the padded rows as work, beat the best divisor's by
-    :data:`RAGGED_TILE_GAIN`."""
+    :data:`RAGGED_TILE_GAIN`. Returns the names of the padded copies' blocks (none where it does not pad)."""
     if axes.reuse is None or not spec.vector_codegen:
-        return False
+        return set()
     vectors = -(-vector_parts(extents[axes.vector], spec.lanes)[0] // spec.lanes)
     rows = extents[axes.reuse]
     score = _best_register_tile(extents, axes, vectors, spec, _divisors(rows))[1]
     candidates = range(1, min(rows, spec.accumulators) + 1)
     (tile, _), padded_score = _best_register_tile(extents, axes, vectors, spec, candidates)
     if rows % tile == 0 or padded_score <= RAGGED_TILE_GAIN * score:
-        return False
+        return set()
     multiples = [tile if i == axes.reuse else 1 for i in range(len(extents))]
+    producers = {sch.get(b).name_hint for b in sch.get_producers(main)}
     try:
         sch.pad_einsum(main, multiples)
     except s_tir.ScheduleError:  # not an einsum TVM can pad (its operands' indices): keep the divisor
-        return False
+        return set()
     # the padded result's copy into the real rows: inlined into the epilogue, or the epilogue itself
     for consumer in sch.get_consumers(main):
         if not is_output(sch, consumer):
             sch.compute_inline(consumer)
-    return True
+    return {sch.get(b).name_hint for b in sch.get_producers(main)} - producers
 
 
 def _register_tile(extents: list[int], axes: ReductionAxes, vectors: int, spec: CpuSpec) -> tuple[int, int]:
