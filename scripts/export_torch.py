@@ -173,6 +173,9 @@ def export(factory: Factory, path: Path, dynamo: bool) -> None:
     """Write ``path`` atomically: a failed export leaves no half-written file behind."""
     model, inputs = factory()
     model.eval()
+    # eval mode without gradients sends torch.nn.MultiheadAttention (torchvision's ViT) to a fused kernel that
+    # has no ONNX export; the exporters need its decomposition
+    torch.backends.mha.set_fastpath_enabled(False)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         scratch = Path(tmp) / path.name
