@@ -117,6 +117,29 @@ def test_rows_no_register_tile_divides_are_padded_to_whole_tiles(target: tvm.tar
     np.testing.assert_allclose(_run(new_func, host), _run(func, host), rtol=1e-4, atol=1e-4)
 
 
+def test_a_grouped_convolution_tiles_the_channels_of_a_group() -> None:
+    """8 channels a group (RegNetY's): split into groups and channels within a group, the channels are the register
+    tile's reuse axis; unsplit, no axis was (every multiply-add loaded both operands)."""
+    from tvm_memplan.schedule.blocks import iter_extents, reduction_axes, the_reduction, top_level_blocks
+    from tvm_memplan.schedule.cpu.tiled_reduction import _split_groups
+
+    def axes(func):
+        sch = s_tir.Schedule(func)
+        block = sch.get(the_reduction(sch, top_level_blocks(sch)))
+        return reduction_axes(block, iter_extents(block))
+
+    (func,) = kernels_of(conv_body(48, 3, stride=2, padding=1, groups=6), (1, 48, 28, 28)).values()
+    split = _split_groups(func)
+    assert axes(func).reuse is None and axes(split).reuse is not None
+    new_func, rule = schedule_function(func, cpu_spec(AVX2))
+    assert rule == "tiled_reduction" and "T.unroll" in new_func.script()
+    host = tvm.target.Target.from_device("cpu")
+    np.testing.assert_allclose(_run(new_func, host), _run(func, host), rtol=1e-4, atol=1e-4)
+    # a regular convolution reads no channel that way and is left as it is
+    (regular,) = kernels_of(conv_body(16, 3, padding=1), (1, 8, 12, 12)).values()
+    assert _split_groups(regular).same_as(regular)
+
+
 @pytest.mark.parametrize(
     "index_map",
     [lambda n, c, h, w: (n, c // 8, h, w, c % 8), lambda n, c, h, w, i: (n, c * 8 + i, h, w)],

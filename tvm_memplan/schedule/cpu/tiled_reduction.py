@@ -57,8 +57,63 @@ class TiledReduction(CPUScheduleRule):
 
     name = "tiled_reduction"
 
+    def schedule(self, func: tirx.PrimFunc, spec: CpuSpec) -> s_tir.Schedule | None:
+        return super().schedule(_split_groups(func) if spec.vector_codegen else func, spec)
+
     def transform(self, sch: s_tir.Schedule, spec: CpuSpec) -> None:
         _tile(sch, spec)
+
+
+def _split_groups(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A grouped convolution with its output channels ``f`` split into groups and channels within a group,
+    ``(f // k, f % k)``, where its input is read at ``f // k``: no operand then varies with all of ``f``, so no
+    axis could keep a register tile's weights or inputs (each multiply-add loaded both, as in a depthwise
+    convolution); split, the channels within a group are the tile's reuse axis, as a regular convolution's output
+    channels. RegNetY-400MF's first grouped convolution (48 channels, 8 a group, 3x3 stride 2 at 112x112): 1,825 ->
+    324 us on two Zen 5 cores. The function as it was where no iterator is read that way."""
+    sch = s_tir.Schedule(func)
+    try:
+        main = the_reduction(sch, top_level_blocks(sch))
+    except NotApplicable:
+        return func
+    block = sch.get(main)
+    for position, iter_var in enumerate(block.iter_vars):
+        extent = iter_var.dom.extent
+        group = _group_size(block, iter_var.var)
+        if int(iter_var.iter_type) != DATA_PAR or group is None or not isinstance(extent, tirx.IntImm):
+            continue
+        if not 1 < group < int(extent) or int(extent) % group:
+            continue
+        sch.transform_block_layout(main, _split_map(len(block.iter_vars), position, group))
+        # the reads' ``(g * k + j) // k`` become ``g`` only once simplified with the iterators' ranges
+        split = tvm.s_tir.transform.StmtSimplify()(sch.mod)["main"]
+        grouped = s_tir.Schedule(split)
+        reduction = grouped.get(the_reduction(grouped, top_level_blocks(grouped)))
+        axes = reduction_axes(reduction, iter_extents(reduction))
+        return split if axes.reuse == position + 1 else func
+    return func
+
+
+def _split_map(ndim: int, at: int, k: int) -> tirx.IndexMap:
+    """``[..., f, ...] -> [..., f // k, f % k, ...]`` over ``ndim`` iterators, ``f`` the one at ``at``."""
+
+    def split(*index):
+        return (*index[:at], index[at] // k, index[at] % k, *index[at + 1 :])
+
+    return tirx.IndexMap.from_func(split, ndim=ndim)
+
+
+def _group_size(block: s_tir.SBlock, var: tirx.Var) -> int | None:
+    """``k`` where a read's index divides ``var`` by the constant ``k`` (``f // k * c + r``), else None."""
+
+    def divisor(expr: tirx.PrimExpr) -> int | None:
+        if isinstance(expr, tirx.FloorDiv) and expr.a.same_as(var) and isinstance(expr.b, tirx.IntImm):
+            return int(expr.b)
+        if isinstance(expr, (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod)):
+            return divisor(expr.a) or divisor(expr.b)
+        return None
+
+    return next((k for read in block.reads for dim in read.region if (k := divisor(dim.min))), None)
 
 
 def _tile(sch: s_tir.Schedule, spec: CpuSpec) -> None:
