@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,7 +257,9 @@ def to_relax(model: LoadedModel):
     if missing:
         raise UserError(f"{model.name}: unsupported ONNX operator(s) {', '.join(missing)} (TVM 0.27 Relax frontend)")
     try:
-        mod = from_onnx(model.onnx_model, keep_params_in_input=False)
+        # the importer prints the IR of an operator it fails on before raising; the folded graph is tried next
+        with contextlib.redirect_stdout(io.StringIO()):
+            mod = from_onnx(model.onnx_model, keep_params_in_input=False)
     except Exception as exc:
         if not _static_inputs(model):
             raise UserError(f"{model.name}: TVM could not import the model: {_first_line(exc)}") from None
