@@ -7,7 +7,9 @@ Tasks run rows or channel tiles outermost, whichever rereads fewer bytes; paddin
 row (zero fill plus copy; a blocked depthwise convolution reads it in place), an input read with a
 stride is stored de-interleaved, a width no vector divides gets tail loops of its own, and the
 epilogue (bias, activation, residual add) runs on the tile before it is stored. A dense layer at
-batch 1 reads its weight rows in memory order instead.
+batch 1 reads its weight rows in memory order instead. Rows that no good tile divides (a ViT's 197
+tokens) are padded to whole tiles, and a grouped convolution's output channels are split into groups
+and channels within a group, which share their input and so make the tile's reuse axis.
 """
 
 from __future__ import annotations
@@ -79,10 +81,10 @@ def _split_groups(func: tirx.PrimFunc) -> tirx.PrimFunc:
     block = sch.get(main)
     for position, iter_var in enumerate(block.iter_vars):
         extent = iter_var.dom.extent
-        group = _group_size(block, iter_var.var)
-        if int(iter_var.iter_type) != DATA_PAR or group is None or not isinstance(extent, tirx.IntImm):
+        if int(iter_var.iter_type) != DATA_PAR or not isinstance(extent, tirx.IntImm):
             continue
-        if not 1 < group < int(extent) or int(extent) % group:
+        group = _group_size(block, iter_var.var)
+        if group is None or not 1 < group < int(extent) or int(extent) % group:
             continue
         sch.transform_block_layout(main, _split_map(len(block.iter_vars), position, group))
         # the reads' ``(g * k + j) // k`` become ``g`` only once simplified with the iterators' ranges
@@ -313,7 +315,9 @@ def _vector_rows(sch: s_tir.Schedule, block, vector_loop, parts: list[int], spec
         sch.decompose_reduction(part_block, reduction)
 
 
-def _pad_to_register_tiles(sch: s_tir.Schedule, main, extents: list[int], axes: ReductionAxes, spec: CpuSpec) -> bool:
+def _pad_to_register_tiles(
+    sch: s_tir.Schedule, main, extents: list[int], axes: ReductionAxes, spec: CpuSpec
+) -> set[str]:
     """Pad the reuse axis up to whole register tiles where no divisor of its extent makes a good tile (a ViT's
     197 tokens, a prime, left tiles of one token: its 197 x 768 x 3072 matmul ran 19.2 ms on two Zen 5 cores,
     the same at 196 tokens 1.9 ms). TVM's ``pad_einsum`` computes over a padded copy of the row operand, which
