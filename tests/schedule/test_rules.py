@@ -157,6 +157,17 @@ def test_layout_transforms_iterate_over_their_output(index_map) -> None:
     np.testing.assert_array_equal(_run(new_func, host), _run(func, host))
 
 
+def test_a_transform_out_of_channel_blocks_transposes_tiles() -> None:
+    """NCHW8c -> NCHW as 8 x 6 tiles: the block's 8 lanes a vector (contiguous loads), the 6 columns unrolled."""
+    to_nchw = tirx.IndexMap.from_func(lambda n, c, h, w, i: (n, c * 8 + i, h, w))
+    (func,) = kernels_of(lambda bb, x: relax.op.layout_transform(x, to_nchw), (1, 2, 5, 6, 8)).values()
+    new_func, rule = schedule_function(func, cpu_spec(AVX2))
+    script = new_func.script()
+    assert rule == "spatial" and "T.unroll(T.int64(6))" in script and "T.vectorized(T.int64(8))" in script, script
+    host = tvm.target.Target.from_device("cpu")
+    np.testing.assert_array_equal(_run(new_func, host), _run(func, host))
+
+
 def test_a_layout_transform_into_a_row_range_keeps_its_loops() -> None:
     """A split tile converted back from NCHW[x]c and written into rows 1.. of a larger NCHW tensor: its stores
     cover a range that does not start at 0, which TVM's transform_block_layout rejects (an InternalError, not a
