@@ -138,6 +138,20 @@ def test_confirmation_falls_back_to_the_channel_plan():
     assert kept.best is channel and "channel chains' plan" in kept.stopped and after == [1.02]
 
 
+def test_no_search_is_re_based_on_a_model_its_chains_alone_outlast():
+    """A tiny model on a loaded machine: its chains timed alone summed to 1.5 ms more than unsplit, the whole model
+    with them cost 1 % more. No base makes that plan cost what was confirmed (it would be below 0 ms and the budget
+    negative: a search then stopped with a ValueError), so the search is not re-based."""
+    from tvm_memplan.deploy import split as split_module
+    from tvm_memplan.split.search import Point, SearchResult
+    from tvm_memplan.split.simulate import Branch, Chain
+
+    chain = Chain((Branch("lv", (), 8, 8),), None, (), None, 100)
+    original, split = Point((), 1000, 1.0), Point((SplitChoice(chain, 2),), 500, 2.5)
+    result = SearchResult(split, original, [split, original], 1, 1, 0.1, "done")
+    assert split_module._rebased(None, [chain], result, 0.01, 0.05, None, {}) is None
+
+
 def _stem_front():
     """The blocked MobileNetV2-0.35 search's result in miniature: the stem chain in 16 tiles in the three
     smallest points of the front, in 8 fused tiles in the fourth, and the channel phase's plan."""

@@ -136,6 +136,8 @@ def _rebased(
         return None
     # the same allowance (unsplit x (1 + budget)) over a base that makes the kept plan cost what was confirmed
     base = unsplit + confirmed - estimated
+    if base <= 0:  # its chains timed alone summed to more than the whole model (a tiny model, a loaded machine)
+        return None
     options = {**limits, "budget": unsplit * (1 + budget) / base - 1}
     again = search(program, chains, base, measurer, start_from=result.best.choices, **options)
     front = [p for p in again.front if p.choices]
